@@ -1,0 +1,110 @@
+"""Wiring and lifecycle of ``llama-kv-sidecar run``.
+
+One ``aiohttp.ClientSession`` for the whole process; the HTTP server starts
+first so /healthz answers while llama-server is still down; then a
+``TaskGroup`` runs the named tasks ``poller`` (which hands every
+observation to the engine), ``watcher`` and ``stopper``. SIGTERM/SIGINT set
+the stop flag; the stopper then raises :class:`Terminate` to cancel the
+group (Python 3.11 has no ``TaskGroup.cancel``). After the group, whether it
+ended by signal or by a crash, the final snapshots run under a time budget,
+then the watchdog observer, the HTTP server and the session are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+
+import aiohttp
+import prometheus_client
+import structlog
+from prometheus_client import CollectorRegistry
+
+import sidecar
+from sidecar import config, engine, errors, metrics, poller, server, store, upstream, watcher
+
+log = structlog.get_logger("sidecar.app")
+
+
+class Terminate(Exception):
+    """Raised inside the task group to stop it on a signal."""
+
+
+async def _stopper(stop: asyncio.Event) -> None:
+    await stop.wait()
+    raise Terminate
+
+
+async def main(settings: config.Settings, *, ready: asyncio.Event | None = None) -> None:
+    prometheus_client.disable_created_metrics()
+    registry = CollectorRegistry()
+    stats = metrics.Metrics(registry, version=sidecar.__version__)
+    snapshots = store.SnapshotStore(settings.snapshots.slot_dir, clock=time.time)
+    snapshots.on_quarantine = lambda file, reason, detail: _quarantined(stats, file, reason, detail)
+    problem = snapshots.check_writable()
+    if problem:
+        raise errors.ConfigError(problem + ": create it, or fix --slot-dir / LLAMA_SIDECAR_SLOT_DIR")
+    for finding in await asyncio.to_thread(snapshots.scan, clean=True):
+        log.info("slot_dir_cleaned", finding=finding)
+    log.info(
+        "snapshots_loaded",
+        slot_dir=str(snapshots.dir),
+        snapshots=len(snapshots.snapshots()),
+        server=settings.upstream.url,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with aiohttp.ClientSession(raise_for_status=False) as session:
+        client = upstream.LlamaClient(session, settings.upstream)
+        core = engine.Engine(client=client, snapshots=snapshots, stats=stats, settings=settings)
+        poll = poller.Poller(client, settings.poll, wants_counters=core.wants_counters)
+        watch = watcher.Watcher(snapshots, stats)
+        app = server.make_app(
+            core=core, snapshots=snapshots, registry=registry, admin_token=settings.server.admin_token
+        )
+        handle = await server.start(app, settings.server)
+        log.info("listening", host=handle.host, port=handle.port)
+        watch.start()
+        if ready is not None:
+            ready.set()
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(poll.run(core.handle), name="poller")
+                group.create_task(watch.run(), name="watcher")
+                group.create_task(_stopper(stop), name="stopper")
+        except* Terminate:
+            log.info("stopping", reason="signal")
+        finally:
+            await _shutdown(core, settings, watch, handle)
+
+
+async def _shutdown(
+    core: engine.Engine, settings: config.Settings, watch: watcher.Watcher, handle: server.Handle
+) -> None:
+    try:
+        async with asyncio.timeout(settings.snapshots.final_timeout):
+            await core.final_snapshots()
+    except TimeoutError:
+        log.error(
+            "final_snapshot_timeout",
+            seconds=settings.snapshots.final_timeout,
+            hint="raise --final-timeout (and the container's stop grace period) for big models",
+        )
+    except Exception as exc:  # noqa: BLE001 -- shutdown must go on to close everything
+        log.error("final_snapshot_failed", error=repr(exc))
+    finally:
+        with contextlib.suppress(Exception):
+            await watch.stop()
+        await handle.close()
+        log.info("stopped")
+
+
+def _quarantined(stats: metrics.Metrics, file: str, reason: str, detail: str) -> None:
+    label = reason if reason in metrics.QUARANTINE_REASONS else "manifest"
+    stats.quarantined.labels(label).inc()
+    log.error("snapshot_quarantined", file=file, reason=reason, detail=detail,
+              effect="never restored; kept with a .quarantined suffix for inspection")

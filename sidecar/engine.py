@@ -1,0 +1,207 @@
+"""What the sidecar does with each observation: log, count, restore, save.
+
+The :class:`Engine` is the consumer of the poller. It is the only place
+that holds the state of the current server process (its identity, the
+slots restored into it, whether its slot dir link has been proven) and it
+calls the pure policy for decisions and the snapshotter and restorer for
+effects. Observations are handled one at a time, so actions never overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+
+from sidecar import config, errors, events, metrics, policy, restorer, snapshotter, store, upstream
+
+log = structlog.get_logger("sidecar.engine")
+RETRY_AFTER = 30.0
+"""Seconds before a slot whose save failed is tried again."""
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        client: upstream.LlamaClient,
+        snapshots: store.SnapshotStore,
+        stats: metrics.Metrics,
+        settings: config.Settings,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        s = settings.snapshots
+        self._client = client
+        self._store = snapshots
+        self._metrics = stats
+        self._mono = mono
+        self.policy = policy.Policy(policy.Timing(s.idle_seconds, s.interval, s.min_tokens))
+        self.saver = snapshotter.Snapshotter(client=client, snapshots=snapshots, stats=stats, settings=s)
+        self.restorer = restorer.Restorer(
+            client=client, snapshots=snapshots, stats=stats, lock=self.saver.lock, mono=mono
+        )
+        self.latest: events.Observation | None = None
+        self.identity: events.Identity | None = None
+        self.healthy_at: float | None = None
+        self.restore_due = True
+        """A restore round is owed: at start-up, and after each detected restart."""
+        self.link_ok: bool | None = None
+        """Whether the server is known to write into our slot dir (None: not yet known)."""
+        self.link_problem = ""
+        self._first = True
+        self._slot_count = 0
+
+    @property
+    def server_url(self) -> str:
+        return self._client.url
+
+    async def restore_now(self) -> list[restorer.RestoreRecord]:
+        """An admin's restore round into the slots that are empty now."""
+        obs = self.latest
+        if obs is None or obs.slots is None or self.identity is None:
+            return []
+        await self.restorer.restore_all(obs.slots, self.identity, healthy_at=None, counters=obs.counters)
+        return self.restorer.last
+
+    def wants_counters(self) -> bool:
+        return bool(self.restorer.pending)
+
+    async def handle(self, obs: events.Observation, evts: list[events.Event]) -> None:
+        for event in evts:
+            self._on_event(event, obs)
+        self.latest = obs
+        if obs.identity is not None:
+            self.identity = obs.identity
+        if obs.health is not events.Health.OK or obs.slots is None or self.identity is None:
+            return
+        if len(obs.slots) != self._slot_count:
+            self._slot_count = len(obs.slots)
+            self._metrics.init_slots(range(self._slot_count))
+        if self._first:
+            self._first = False
+            self._adopt_existing(obs.slots)
+        self.policy.observe(obs.slots, obs.at)
+        if self.restore_due:
+            self.restore_due = False
+            await self._restore(obs)
+        if self.restorer.pending:
+            self.restorer.verify(obs.slots, obs.counters)
+        if self.link_ok is None:
+            await self._probe(obs.slots)
+        for action in self.policy.due(self._mono()):
+            await self._act(action, obs)
+
+    def _on_event(self, event: events.Event, obs: events.Observation) -> None:
+        kind = event.transition
+        if kind is events.Transition.CAME_UP:
+            self._metrics.server_up.set(1)
+            self.healthy_at = event.at
+            log.info("server_up", server=self._client.url)
+        elif kind is events.Transition.WENT_DOWN:
+            self._metrics.server_up.set(0)
+            log.warning("server_down", server=self._client.url, state=obs.health.value, problem=obs.problem)
+        elif kind is events.Transition.RESTARTED:
+            self._metrics.server_restarts.inc()
+            log.warning("server_restarted", reasons=list(event.reasons))
+            self.policy.reset()
+            self.restorer.pending.clear()
+            self.restore_due = True
+            self.link_ok = None
+            if self.healthy_at is None or (self.latest and self.latest.health is events.Health.OK):
+                self.healthy_at = event.at  # restarted between two polls: first seen healthy now
+        elif kind is events.Transition.BECAME_BUSY:
+            log.debug("slot_busy", slot=event.slot)
+        elif kind is events.Transition.BECAME_IDLE:
+            log.debug("slot_idle", slot=event.slot, changed=event.changed)
+
+    def _adopt_existing(self, slots: tuple[events.SlotView, ...]) -> None:
+        """At start-up, treat slots whose content matches their newest snapshot as saved."""
+        for view in slots:
+            newest = next(iter(self._store.snapshots(view.id)), None)
+            if newest is None or view.task is None:
+                continue
+            if newest.task == view.task and newest.tokens == view.tokens:
+                self.policy.settle(view.id, view.signature)
+                log.info("slot_already_saved", slot=view.id, file=newest.file)
+
+    async def _restore(self, obs: events.Observation) -> None:
+        assert obs.slots is not None and self.identity is not None
+        targets = tuple(v for v in obs.slots if v.virgin)
+        if not self._store.snapshots():
+            return
+        if not targets:
+            log.info("restore_round_skipped", reason="every slot already ran a request in this server process")
+            return
+        done = await self.restorer.restore_all(
+            obs.slots, self.identity, healthy_at=self.healthy_at, counters=obs.counters
+        )
+        if done:
+            self.link_ok = True
+
+    async def _probe(self, slots: tuple[events.SlotView, ...]) -> None:
+        """Prove once per server process that the server writes into our slot dir."""
+        target = next((v for v in slots if v.virgin and not v.processing and v.id not in self.restorer.pending), None)
+        if target is None:
+            return  # the first real save will prove or disprove the link
+        name = self._store.probe_name()
+        try:
+            await self._client.save(target.id, name)
+        except errors.UpstreamNotSupported:
+            self._link(False, "llama-server refuses slot saves (HTTP 501): start it with "
+                       f"--slot-save-path {self._store.dir} (the sidecar's --slot-dir, same directory)")
+            return
+        except errors.UpstreamError as exc:
+            log.warning("slot_dir_probe_failed", error=str(exc))
+            return
+        seen = await asyncio.to_thread(self._store.exists, name)
+        await asyncio.to_thread(self._store.remove, name)
+        if seen:
+            self._link(True, "")
+        else:
+            self._link(False, f"llama-server saved a probe file that did not appear in {self._store.dir}: "
+                       "--slot-dir must be the directory llama-server was given as --slot-save-path "
+                       "(the same volume, seen from both)")
+
+    def _link(self, ok: bool, problem: str) -> None:
+        self.link_ok, self.link_problem = ok, problem
+        if ok:
+            log.info("slot_dir_linked", slot_dir=str(self._store.dir))
+        else:
+            log.error("slot_dir_not_linked", problem=problem)
+
+    async def _act(self, action: policy.Save | policy.Skip, obs: events.Observation) -> None:
+        if isinstance(action, policy.Skip):
+            self.saver.skip(action)
+            self.policy.settle(action.slot, action.signature)
+            return
+        await self.save(action, obs)
+
+    async def save(self, action: policy.Save, obs: events.Observation | None = None) -> bool:
+        obs = obs or self.latest
+        if self.identity is None or obs is None:
+            log.warning("snapshot_postponed", slot=action.slot, reason="server identity (/props) not read yet")
+            return False
+        view = obs.slot(action.slot)
+        n_ctx = view.n_ctx if view else self.identity.n_ctx
+        record = await self.saver.save(action, identity=self.identity, slot_n_ctx=n_ctx)
+        last = self.saver.last
+        if record is not None:
+            self.link_ok = True
+            self.policy.settle(action.slot, action.signature)
+        elif last is not None and last.result == "skipped" and "empty" in last.detail:
+            self.policy.settle(action.slot, action.signature)
+        elif last is not None and last.result == "failed":
+            self.policy.defer(action.slot, self._mono() + RETRY_AFTER)
+            if "--slot-dir must be" in last.detail:
+                self._link(False, last.detail)
+        return record is not None
+
+    async def final_snapshots(self) -> None:
+        """Save every changed slot once more before the process exits."""
+        actions = self.policy.final()
+        if not actions:
+            log.info("final_snapshot_nothing_to_save")
+        for action in actions:
+            await self.save(action)

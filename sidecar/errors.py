@@ -1,0 +1,61 @@
+"""The sidecar's own error tree.
+
+Transport errors (aiohttp, OSError) never leak past the module that caught
+them: they are wrapped and chained with ``raise ... from exc`` so callers
+handle a closed set of types::
+
+    SidecarError
+    ├── UpstreamError              llama-server did not give a usable answer
+    │   ├── UpstreamUnavailable    connection refused/reset, timeout, 5xx
+    │   ├── UpstreamNotSupported   501: the feature is switched off on the server
+    │   ├── UpstreamRejected       4xx: the server refused the request
+    │   └── UpstreamProtocolError  an answer we cannot parse or that lacks fields
+    ├── SnapshotError              a snapshot file failed a check or an I/O step
+    └── ConfigError                a flag or environment variable is unusable
+
+The poller turns ``UpstreamError`` into an observation ("server down");
+anything else is a bug and crashes the process loudly.
+"""
+
+from __future__ import annotations
+
+
+class SidecarError(Exception):
+    """Base of every error the sidecar raises on purpose."""
+
+
+class UpstreamError(SidecarError):
+    """llama-server did not give a usable answer."""
+
+    def __init__(self, message: str, *, endpoint: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.status = status
+
+
+class UpstreamUnavailable(UpstreamError):
+    """Connection refused or reset, a timeout, or a 5xx answer."""
+
+
+class UpstreamNotSupported(UpstreamError):
+    """501: the server runs without the flag that enables this endpoint."""
+
+
+class UpstreamRejected(UpstreamError):
+    """A 4xx answer: the server understood the request and refused it."""
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The answer was not JSON, lacked fields, or had fields of the wrong type."""
+
+
+class SnapshotError(SidecarError):
+    """A snapshot file failed a check (size, checksum, manifest) or an I/O step."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ConfigError(SidecarError):
+    """A flag or environment variable cannot be used as given."""

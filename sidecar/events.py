@@ -1,0 +1,183 @@
+"""What the poller saw, and what changed between two sightings: pure code.
+
+An :class:`Observation` is one poll of llama-server. :func:`detect` compares
+the newest observation with the ones before it and names the transitions.
+Nothing here does I/O or reads a clock, so every rule can be tested with
+hand-made observations.
+
+Restart detection combines signals because none alone is proof:
+
+* the ``Process-Start-Time-Unix`` header of /metrics changed (definitive);
+* the server identity from /props changed (build, model, context, slots);
+* /metrics counters went backwards;
+* a slot that had run a task shows no task any more (``id_task`` is only
+  ever absent in a process that has not served that slot yet);
+* the server was unreachable and came back with every slot empty.
+
+A slot whose tokens drop to 0 while it keeps its ``id_task`` was cleared by
+``--cache-idle-slots`` (or an erase) and is *not* a restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Health(enum.StrEnum):
+    OK = "ok"
+    LOADING = "loading"
+    DOWN = "down"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SlotView:
+    """One entry of /slots."""
+
+    id: int
+    n_ctx: int
+    processing: bool
+    task: int | None
+    """``id_task`` of the slot's last task; None if it never ran one in this process."""
+    tokens: int
+    """Tokens in the slot's cache (``n_prompt_tokens``); 0 when ``task`` is None."""
+
+    @property
+    def signature(self) -> tuple[int, int] | None:
+        """What identifies the slot's content within one server process."""
+        return None if self.task is None else (self.task, self.tokens)
+
+    @property
+    def virgin(self) -> bool:
+        return self.task is None
+
+    @property
+    def empty(self) -> bool:
+        return self.task is None or self.tokens == 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Identity:
+    """What a snapshot must match to be restored into this server."""
+
+    build_info: str
+    model_path: str
+    total_slots: int
+    n_ctx: int
+    model_size: int | None = None
+    model_params: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Counters:
+    """The few /metrics numbers the sidecar needs."""
+
+    start_time: float | None
+    prompt_tokens: float
+    cached_tokens: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Observation:
+    at: float
+    """Monotonic time of the poll, in seconds."""
+    health: Health
+    slots: tuple[SlotView, ...] | None = None
+    """None when /slots was not read (server down, timeout, ``--no-slots``)."""
+    identity: Identity | None = None
+    counters: Counters | None = None
+    sleeping: bool = False
+    problem: str = ""
+    """Why the server is down or its slots unread; empty when all is well."""
+
+    def slot(self, slot_id: int) -> SlotView | None:
+        for view in self.slots or ():
+            if view.id == slot_id:
+                return view
+        return None
+
+
+class Transition(enum.StrEnum):
+    CAME_UP = "came_up"
+    WENT_DOWN = "went_down"
+    RESTARTED = "restarted"
+    BECAME_BUSY = "became_busy"
+    BECAME_IDLE = "became_idle"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    transition: Transition
+    at: float
+    slot: int | None = None
+    reasons: tuple[str, ...] = ()
+    changed: bool = False
+
+
+def restart_reasons(before: Observation, after: Observation, *, was_down: bool) -> tuple[str, ...]:
+    """Why ``after`` looks like a different server process than ``before``.
+
+    ``before`` is the last observation with the server up and its slots read;
+    ``was_down`` says whether the server was unreachable or loading in between.
+    """
+    reasons: list[str] = []
+    if before.counters and after.counters:
+        b, a = before.counters, after.counters
+        if b.start_time is not None and a.start_time is not None and b.start_time != a.start_time:
+            reasons.append("process start time changed")
+        elif a.prompt_tokens < b.prompt_tokens or a.cached_tokens < b.cached_tokens:
+            reasons.append("metrics counters went backwards")
+    if before.identity and after.identity and before.identity != after.identity:
+        fields = [
+            f.name
+            for f in dataclasses.fields(Identity)
+            if getattr(before.identity, f.name) != getattr(after.identity, f.name)
+        ]
+        reasons.append("server identity changed: " + ", ".join(fields))
+    if before.slots is not None and after.slots is not None:
+        for old in before.slots:
+            new = after.slot(old.id)
+            if old.task is None or new is None:
+                continue
+            if new.task is None or new.task < old.task:
+                reasons.append(f"slot {old.id} lost its task history")
+                break
+        if was_down and all(s.virgin for s in after.slots):
+            reasons.append("server was unreachable and came back with every slot empty")
+    return tuple(reasons)
+
+
+def detect(
+    prev: Observation | None, cur: Observation, *, last_up: Observation | None
+) -> list[Event]:
+    """Name the transitions from ``prev`` to ``cur``.
+
+    ``last_up`` is the newest earlier observation with the server up and its
+    slots read; it carries restart evidence across a down period.
+    """
+    events: list[Event] = []
+    was_up = prev is not None and prev.health is Health.OK
+    if cur.health is not Health.OK:
+        if was_up:
+            events.append(Event(Transition.WENT_DOWN, cur.at))
+        return events
+    if not was_up:
+        events.append(Event(Transition.CAME_UP, cur.at))
+    if cur.slots is None:
+        return events
+    if last_up is not None:
+        was_down = not was_up
+        reasons = restart_reasons(last_up, cur, was_down=was_down)
+        if reasons:
+            events.append(Event(Transition.RESTARTED, cur.at, reasons=reasons))
+            return events
+    base = last_up if last_up is not None else None
+    for view in cur.slots:
+        old = base.slot(view.id) if base is not None else None
+        if view.processing and (old is None or not old.processing):
+            events.append(Event(Transition.BECAME_BUSY, cur.at, slot=view.id))
+        elif not view.processing and old is not None:
+            changed = view.signature != old.signature
+            if old.processing or changed:
+                events.append(Event(Transition.BECAME_IDLE, cur.at, slot=view.id, changed=changed))
+    return events

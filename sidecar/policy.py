@@ -1,0 +1,204 @@
+"""When to save a slot, what to restore where, what to delete: pure decisions.
+
+:class:`Policy` keeps one :class:`SlotTrack` per slot and is fed the slots of
+every poll; :meth:`Policy.due` says which saves are due now. It never
+proposes a save of a busy slot, and the caller runs at most one save at a
+time. :func:`plan_restore` and :func:`select_for_deletion` are plain
+functions of their inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Sequence
+
+from sidecar import events, manifest
+
+
+class SaveReason(enum.StrEnum):
+    IDLE = "idle"
+    PERIODIC = "periodic"
+    FINAL = "final"
+    MANUAL = "manual"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Save:
+    slot: int
+    signature: tuple[int, int]
+    tokens: int
+    reason: SaveReason
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Skip:
+    """A changed slot that will not be saved, reported once per content."""
+
+    slot: int
+    signature: tuple[int, int]
+    why: str
+
+
+@dataclasses.dataclass(slots=True)
+class SlotTrack:
+    signature: tuple[int, int] | None = None
+    busy: bool = False
+    changed_at: float = 0.0
+    """When the content (or the busy flag) last changed, monotonic seconds."""
+    dirty_since: float | None = None
+    """First change not covered by a snapshot."""
+    settled: tuple[int, int] | None = None
+    """Content already saved, restored, or judged not worth saving."""
+    retry_at: float = 0.0
+    """No save before this monotonic time (after a failed save)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timing:
+    idle_seconds: float
+    interval: float
+    min_tokens: int
+
+
+class Policy:
+    def __init__(self, timing: Timing) -> None:
+        self.timing = timing
+        self.tracks: dict[int, SlotTrack] = {}
+
+    def reset(self) -> None:
+        """Forget every slot: the server process changed."""
+        self.tracks.clear()
+
+    def observe(self, slots: Iterable[events.SlotView], now: float) -> None:
+        for view in slots:
+            track = self.tracks.setdefault(view.id, SlotTrack(changed_at=now))
+            if view.signature != track.signature or view.processing != track.busy:
+                if view.signature != track.signature and view.signature != track.settled:
+                    track.dirty_since = track.dirty_since if track.dirty_since is not None else now
+                track.signature = view.signature
+                track.busy = view.processing
+                track.changed_at = now
+            if track.signature == track.settled:
+                track.dirty_since = None
+
+    def settle(self, slot: int, signature: tuple[int, int] | None) -> None:
+        """Mark ``signature`` as covered (saved, restored, or not worth saving)."""
+        track = self.tracks.setdefault(slot, SlotTrack())
+        track.settled = signature
+        if track.signature == signature:
+            track.dirty_since = None
+
+    def defer(self, slot: int, until: float) -> None:
+        """Propose no save of ``slot`` before ``until`` (a save just failed)."""
+        self.tracks.setdefault(slot, SlotTrack()).retry_at = until
+
+    def due(self, now: float) -> list[Save | Skip]:
+        actions: list[Save | Skip] = []
+        t = self.timing
+        for slot, track in sorted(self.tracks.items()):
+            sig = track.signature
+            if sig is None or track.busy or sig == track.settled or now < track.retry_at:
+                continue
+            if sig[1] < t.min_tokens:
+                actions.append(Skip(slot, sig, f"holds {sig[1]} tokens, below --min-tokens {t.min_tokens}"))
+                continue
+            if now - track.changed_at >= t.idle_seconds:
+                actions.append(Save(slot, sig, sig[1], SaveReason.IDLE))
+            elif track.dirty_since is not None and now - track.dirty_since >= t.interval:
+                actions.append(Save(slot, sig, sig[1], SaveReason.PERIODIC))
+        return actions
+
+    def final(self) -> list[Save]:
+        """Saves to take at shutdown: every changed slot worth a file, idle ones first."""
+        picks = [
+            (track.busy, slot, track.signature)
+            for slot, track in self.tracks.items()
+            if track.signature is not None
+            and track.signature != track.settled
+            and track.signature[1] >= self.timing.min_tokens
+        ]
+        return [Save(slot, sig, sig[1], SaveReason.FINAL) for _, slot, sig in sorted(picks)]
+
+
+class RestoreOutcome(enum.StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+    INCOMPATIBLE = "incompatible"
+    NO_SNAPSHOT = "no_snapshot"
+    SLOT_BUSY = "slot_busy"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RestorePlan:
+    slot: int
+    candidates: tuple[manifest.Manifest, ...]
+    """Compatible snapshots, newest first; try the next one if a file fails its check."""
+    outcome: RestoreOutcome | None
+    """Set when there is nothing to try: why."""
+    refusals: tuple[tuple[str, str], ...] = ()
+    """(file, why) of each snapshot refused as incompatible."""
+
+
+def plan_restore(
+    view: events.SlotView, snapshots: Sequence[manifest.Manifest], identity: events.Identity
+) -> RestorePlan:
+    """What to restore into ``view``: never into a busy slot or one holding tokens."""
+    if view.processing or not view.empty:
+        return RestorePlan(view.id, (), RestoreOutcome.SLOT_BUSY)
+    if not snapshots:
+        return RestorePlan(view.id, (), RestoreOutcome.NO_SNAPSHOT)
+    good: list[manifest.Manifest] = []
+    refusals: list[tuple[str, str]] = []
+    for snap in snapshots:
+        problems = manifest.incompatibilities(snap, identity, slot_n_ctx=view.n_ctx)
+        if problems:
+            refusals.append((snap.file, "; ".join(problems)))
+        else:
+            good.append(snap)
+    outcome = None if good else RestoreOutcome.INCOMPATIBLE
+    return RestorePlan(view.id, tuple(good), outcome, tuple(refusals))
+
+
+class GcReason(enum.StrEnum):
+    KEEP = "keep"
+    BYTES = "bytes"
+    AGE = "age"
+
+
+def select_for_deletion(
+    snapshots: Sequence[manifest.Manifest],
+    *,
+    keep_per_slot: int,
+    max_bytes: int,
+    max_age: float,
+    now: float,
+) -> list[tuple[manifest.Manifest, GcReason]]:
+    """Snapshots to delete under the retention rules.
+
+    The newest snapshot of each slot is never selected, whatever the rules
+    say: a slot always keeps its last good snapshot.
+    """
+    by_slot: dict[int, list[manifest.Manifest]] = {}
+    for snap in sorted(snapshots, key=lambda m: (m.created, m.file), reverse=True):
+        by_slot.setdefault(snap.slot, []).append(snap)
+    protected = {group[0].file for group in by_slot.values()}
+    doomed: dict[str, tuple[manifest.Manifest, GcReason]] = {}
+    for group in by_slot.values():
+        for snap in group[max(1, keep_per_slot):]:
+            doomed[snap.file] = (snap, GcReason.KEEP)
+    if max_age > 0:
+        for snap in snapshots:
+            if snap.file not in protected and snap.file not in doomed and now - snap.created > max_age:
+                doomed[snap.file] = (snap, GcReason.AGE)
+    if max_bytes > 0:
+        remaining = [s for s in snapshots if s.file not in doomed]
+        total = sum(s.bytes for s in remaining)
+        for snap in sorted(remaining, key=lambda m: (m.created, m.file)):
+            if total <= max_bytes:
+                break
+            if snap.file in protected:
+                continue
+            doomed[snap.file] = (snap, GcReason.BYTES)
+            total -= snap.bytes
+    return list(doomed.values())

@@ -1,0 +1,239 @@
+"""The only module that talks HTTP to llama-server.
+
+:class:`LlamaClient` wraps one injected ``aiohttp.ClientSession`` and turns
+every reply into typed values (``events.SlotView``, ``events.Identity``...)
+or into one of the ``errors.Upstream*`` exceptions. Replies are validated
+field by field: a malformed or hostile reply becomes
+``UpstreamProtocolError`` naming the endpoint and the field, never a
+``KeyError`` in the poll loop. Bodies are capped in size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, TypeVar
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar import config, errors, events
+
+_T = TypeVar("_T")
+
+MAX_BODY = 8 << 20
+"""Largest reply read from llama-server, in bytes (a /slots reply with prompts is big)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ActionResult:
+    """Reply of a slot save or restore."""
+
+    slot: int
+    filename: str
+    tokens: int
+    """``n_saved`` or ``n_restored``."""
+    bytes: int
+    """``n_written`` or ``n_read``."""
+    server_ms: float
+    """``timings.save_ms`` or ``timings.restore_ms``."""
+
+
+class LlamaClient:
+    """Typed calls to llama-server's /health, /slots, /props, /metrics and slot actions."""
+
+    def __init__(self, session: aiohttp.ClientSession, settings: config.UpstreamSettings) -> None:
+        self._session = session
+        self._base = settings.url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+        self._timeout = aiohttp.ClientTimeout(
+            total=settings.request_timeout, connect=settings.connect_timeout
+        )
+        self._action_timeout = aiohttp.ClientTimeout(
+            total=settings.action_timeout, connect=settings.connect_timeout
+        )
+
+    @property
+    def url(self) -> str:
+        return self._base
+
+    async def health(self) -> events.Health:
+        try:
+            status, _, _ = await self._request("GET", "/health", self._timeout)
+        except errors.UpstreamUnavailable as exc:
+            if exc.status == 503:
+                return events.Health.LOADING
+            return events.Health.DOWN
+        except errors.UpstreamError:
+            return events.Health.DOWN
+        return events.Health.OK if status == 200 else events.Health.DOWN
+
+    async def slots(self) -> tuple[events.SlotView, ...]:
+        body = await self._json("GET", "/slots", self._timeout)
+        if not isinstance(body, list):
+            raise errors.UpstreamProtocolError("/slots did not return a list", endpoint="/slots")
+        return tuple(_slot_view(item) for item in body)
+
+    async def identity(self) -> tuple[events.Identity, bool]:
+        """Read /props (and /v1/models for the model size); returns (identity, is_sleeping)."""
+        props = await self._json("GET", "/props", self._timeout)
+        if not isinstance(props, dict):
+            raise errors.UpstreamProtocolError("/props did not return an object", endpoint="/props")
+        settings = _field(props, "default_generation_settings", dict, "/props")
+        size: int | None = None
+        params: int | None = None
+        try:
+            models = await self._json("GET", "/v1/models", self._timeout)
+            meta = models["data"][0]["meta"]
+            size = int(meta["size"]) if isinstance(meta.get("size"), int) else None
+            params = int(meta["n_params"]) if isinstance(meta.get("n_params"), int) else None
+        except (errors.UpstreamError, KeyError, IndexError, TypeError):
+            pass  # older servers: the model size is then not part of the fingerprint
+        identity = events.Identity(
+            build_info=str(props.get("build_info", "")),
+            model_path=_field(props, "model_path", str, "/props"),
+            total_slots=_field(props, "total_slots", int, "/props"),
+            n_ctx=_field(settings, "n_ctx", int, "/props"),
+            model_size=size,
+            model_params=params,
+        )
+        return identity, bool(props.get("is_sleeping", False))
+
+    async def counters(self) -> events.Counters:
+        status, headers, text = await self._request("GET", "/metrics", self._timeout)
+        del status
+        values: dict[str, float] = {}
+        try:
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    values[sample.name] = sample.value
+        except ValueError as exc:
+            raise errors.UpstreamProtocolError(
+                f"/metrics is not Prometheus text: {exc}", endpoint="/metrics"
+            ) from exc
+        start: float | None = None
+        try:
+            start = float(headers.get("Process-Start-Time-Unix", ""))
+        except ValueError:
+            start = None
+        return events.Counters(
+            start_time=start,
+            prompt_tokens=values.get("llamacpp:prompt_tokens_total", 0.0),
+            cached_tokens=values.get("llamacpp:prompt_tokens_cached_total", 0.0),
+        )
+
+    async def save(self, slot: int, filename: str) -> ActionResult:
+        return await self._action(slot, "save", filename, ("n_saved", "n_written", "save_ms"))
+
+    async def restore(self, slot: int, filename: str) -> ActionResult:
+        return await self._action(slot, "restore", filename, ("n_restored", "n_read", "restore_ms"))
+
+    async def erase(self, slot: int) -> int:
+        body = await self._json("POST", f"/slots/{slot}?action=erase", self._action_timeout, {})
+        return _field(_as_dict(body, "/slots erase"), "n_erased", int, "/slots erase")
+
+    async def _action(
+        self, slot: int, action: str, filename: str, keys: tuple[str, str, str]
+    ) -> ActionResult:
+        endpoint = f"/slots {action}"
+        body = _as_dict(
+            await self._json(
+                "POST", f"/slots/{slot}?action={action}", self._action_timeout, {"filename": filename}
+            ),
+            endpoint,
+        )
+        timings = body.get("timings")
+        server_ms = timings.get(keys[2]) if isinstance(timings, dict) else None
+        return ActionResult(
+            slot=slot,
+            filename=filename,
+            tokens=_field(body, keys[0], int, endpoint),
+            bytes=_field(body, keys[1], int, endpoint),
+            server_ms=float(server_ms) if isinstance(server_ms, int | float) else 0.0,
+        )
+
+    async def _json(
+        self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None
+    ) -> Any:
+        _, _, text = await self._request(method, path, timeout, payload)
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise errors.UpstreamProtocolError(
+                f"{path} did not return JSON: {text[:120]!r}", endpoint=path
+            ) from exc
+
+    async def _request(
+        self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None
+    ) -> tuple[int, dict[str, str], str]:
+        endpoint = path.split("?")[0]
+        try:
+            async with self._session.request(
+                method, self._base + path, json=payload, headers=self._headers, timeout=timeout
+            ) as resp:
+                raw = await resp.content.read(MAX_BODY + 1)
+                if len(raw) > MAX_BODY:
+                    raise errors.UpstreamProtocolError(
+                        f"{endpoint} answered more than {MAX_BODY} bytes", endpoint=endpoint
+                    )
+                text = raw.decode("utf-8", errors="replace")
+                status, headers = resp.status, dict(resp.headers)
+        except (aiohttp.ClientError, OSError) as exc:
+            raise errors.UpstreamUnavailable(
+                f"{endpoint}: {type(exc).__name__}: {exc}", endpoint=endpoint
+            ) from exc
+        except TimeoutError as exc:
+            raise errors.UpstreamUnavailable(
+                f"{endpoint}: no answer within {timeout.total} s", endpoint=endpoint
+            ) from exc
+        if status == 200:
+            return status, headers, text
+        message = f"{endpoint}: HTTP {status}: {_error_message(text)}"
+        if status == 501:
+            raise errors.UpstreamNotSupported(message, endpoint=endpoint, status=status)
+        if 400 <= status < 500:
+            raise errors.UpstreamRejected(message, endpoint=endpoint, status=status)
+        raise errors.UpstreamUnavailable(message, endpoint=endpoint, status=status)
+
+
+def _error_message(text: str) -> str:
+    try:
+        body = json.loads(text)
+        return str(body["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return text[:200]
+
+
+def _as_dict(body: Any, endpoint: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise errors.UpstreamProtocolError(f"{endpoint} did not return an object", endpoint=endpoint)
+    return body
+
+
+def _field(body: dict[str, Any], key: str, kind: type[_T], endpoint: str) -> _T:
+    value = body.get(key)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise errors.UpstreamProtocolError(
+            f"{endpoint}: field {key!r} is missing or not {kind.__name__} (got {value!r:.80})",
+            endpoint=endpoint,
+        )
+    return value
+
+
+def _slot_view(item: Any) -> events.SlotView:
+    endpoint = "/slots"
+    entry = _as_dict(item, endpoint)
+    task = entry.get("id_task")
+    if task is not None and (not isinstance(task, int) or isinstance(task, bool)):
+        raise errors.UpstreamProtocolError(f"/slots: id_task is {task!r:.40}", endpoint=endpoint)
+    tokens = entry.get("n_prompt_tokens", 0) if task is not None else 0
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        raise errors.UpstreamProtocolError(f"/slots: n_prompt_tokens is {tokens!r:.40}", endpoint=endpoint)
+    return events.SlotView(
+        id=_field(entry, "id", int, endpoint),
+        n_ctx=_field(entry, "n_ctx", int, endpoint),
+        processing=_field(entry, "is_processing", bool, endpoint),
+        task=task,
+        tokens=tokens,
+    )
+
