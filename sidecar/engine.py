@@ -52,6 +52,7 @@ class Engine:
         self.link_problem = ""
         self._first = True
         self._slot_count = 0
+        self._said: events.Health | None = None
 
     @property
     def server_url(self) -> str:
@@ -69,6 +70,8 @@ class Engine:
         return bool(self.restorer.pending)
 
     async def handle(self, obs: events.Observation, evts: list[events.Event]) -> None:
+        if obs.health is not self._said:
+            self._say_state(obs)
         for event in evts:
             self._on_event(event, obs)
         self.latest = obs
@@ -98,10 +101,8 @@ class Engine:
         if kind is events.Transition.CAME_UP:
             self._metrics.server_up.set(1)
             self.healthy_at = event.at
-            log.info("server_up", server=self._client.url)
         elif kind is events.Transition.WENT_DOWN:
             self._metrics.server_up.set(0)
-            log.warning("server_down", server=self._client.url, state=obs.health.value, problem=obs.problem)
         elif kind is events.Transition.RESTARTED:
             self._metrics.server_restarts.inc()
             log.warning("server_restarted", reasons=list(event.reasons))
@@ -116,6 +117,22 @@ class Engine:
         elif kind is events.Transition.BECAME_IDLE:
             log.debug("slot_idle", slot=event.slot, changed=event.changed)
 
+    def _say_state(self, obs: events.Observation) -> None:
+        """Log the server's state once per change, not on every poll."""
+        self._said = obs.health
+        if obs.health is events.Health.OK:
+            log.info("server_up", server=self._client.url)
+        elif obs.health is events.Health.LOADING:
+            log.info("server_loading", server=self._client.url, problem=obs.problem)
+        else:
+            log.warning(
+                "server_unreachable",
+                server=self._client.url,
+                problem=obs.problem,
+                effect="no snapshots or restores until it answers; retrying every 0.25 s",
+                hint="check --server / LLAMA_SIDECAR_SERVER and that llama-server is running",
+            )
+
     def _adopt_existing(self, slots: tuple[events.SlotView, ...]) -> None:
         """At start-up, treat slots whose content matches their newest snapshot as saved."""
         for view in slots:
@@ -128,11 +145,7 @@ class Engine:
 
     async def _restore(self, obs: events.Observation) -> None:
         assert obs.slots is not None and self.identity is not None
-        targets = tuple(v for v in obs.slots if v.virgin)
         if not self._store.snapshots():
-            return
-        if not targets:
-            log.info("restore_round_skipped", reason="every slot already ran a request in this server process")
             return
         done = await self.restorer.restore_all(
             obs.slots, self.identity, healthy_at=self.healthy_at, counters=obs.counters

@@ -109,7 +109,12 @@ def incompatibilities(manifest: Manifest, identity: events.Identity, *, slot_n_c
     ):
         if ours is not None and theirs is not None and ours != theirs:
             problems.append(f"{name}: snapshot {ours!r}, server {theirs!r}")
-    if manifest.slot >= identity.total_slots:
+    if fp.total_slots != identity.total_slots:
+        problems.append(
+            f"total_slots: snapshot {fp.total_slots}, server {identity.total_slots} "
+            "(llama-server refuses KV state saved with another number of slots)"
+        )
+    elif manifest.slot >= identity.total_slots:
         problems.append(f"total_slots: snapshot is of slot {manifest.slot}, server has {identity.total_slots}")
     if manifest.tokens > slot_n_ctx:
         problems.append(f"n_ctx: snapshot holds {manifest.tokens} tokens, slot context is {slot_n_ctx}")

@@ -75,6 +75,14 @@ class SidecarProcess:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
 
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()

@@ -1,0 +1,82 @@
+"""Fixtures for tests against a real llama-server (marker: `e2e`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llamabed import LlamaServer, MakeServer, llama_server_binary, model_path
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test under tests/e2e with `e2e` (registered in pyproject.toml)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def llama_binary() -> Path:
+    """The llama-server binary (built once per machine, then cached)."""
+    return llama_server_binary()
+
+
+@pytest.fixture(scope="session")
+def model() -> Path:
+    """The gemma3-270m Q4_K_M model file."""
+    return model_path()
+
+
+@pytest.fixture
+def slot_dir(tmp_path: Path) -> Path:
+    """An empty directory for `--slot-save-path`."""
+    path = tmp_path / "slots"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def llama(llama_binary: Path, model: Path, tmp_path: Path) -> Iterator[MakeServer]:
+    """Factory: `make(slot_dir=..., n_slots=1, start=True, **kw)` -> a healthy server.
+
+    Every server made is killed at teardown. `start=False` returns it unstarted.
+    """
+    made: list[LlamaServer] = []
+
+    def make(slot_dir: Path | None = None, n_slots: int = 1, start: bool = True, **kw: Any) -> LlamaServer:
+        kw.setdefault("log_dir", tmp_path)
+        server = LlamaServer(llama_binary, model, slot_dir=slot_dir, n_slots=n_slots, **kw)
+        made.append(server)
+        if start:
+            server.start()
+            server.wait_healthy()
+        return server
+
+    yield make
+    for server in made:
+        server.kill()
+
+
+MakeSidecar = Callable[..., Any]
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[MakeSidecar]:
+    """Factory: `make(server, slot_dir, extra={flag: value}, start=True)` -> a running sidecar."""
+    from sidecarbed import SidecarProcess
+
+    made: list[SidecarProcess] = []
+
+    def make(server: LlamaServer, slot_dir: Path, start: bool = True, **kw: Any) -> SidecarProcess:
+        proc = SidecarProcess(server.url, slot_dir, tmp_path / f"sidecar-{len(made)}.log", **kw)
+        made.append(proc)
+        if start:
+            proc.start()
+        return proc
+
+    yield make
+    for proc in made:
+        proc.kill()

