@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import sidecar
-from sidecar import config, errors, logs, store
+from sidecar import app, config, errors, logs, store
 
 _ENV = {
     "server": "LLAMA_SIDECAR_SERVER",
@@ -66,8 +66,7 @@ def _slot_dir_arg(parser: argparse.ArgumentParser) -> None:
         "--slot-dir",
         default=_env("slot_dir"),
         type=Path,
-        help="snapshot directory: the same directory llama-server was given as --slot-save-path "
-        f"[{_ENV['slot_dir']}]",
+        help=f"snapshot directory: the same directory llama-server was given as --slot-save-path [{_ENV['slot_dir']}]",
     )
 
 
@@ -81,49 +80,112 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the sidecar next to one llama-server")
-    run.add_argument("--server", default=_env("server", "http://127.0.0.1:8080"),
-                     help=f"llama-server base URL (default %(default)s) [{_ENV['server']}]")
+    run.add_argument(
+        "--server",
+        default=_env("server", "http://127.0.0.1:8080"),
+        help=f"llama-server base URL (default %(default)s) [{_ENV['server']}]",
+    )
     _slot_dir_arg(run)
-    run.add_argument("--listen", default=_env("listen", "127.0.0.1:9464"),
-                     help="HOST:PORT for /metrics, /healthz, /readyz, /status (default %(default)s; "
-                     f"use 0.0.0.0:9464 in a container) [{_ENV['listen']}]")
-    run.add_argument("--poll-interval", type=_positive(float), default=_env("poll_interval", "1.0"),
-                     help=f"seconds between polls while the server is up (default %(default)s) [{_ENV['poll_interval']}]")
-    run.add_argument("--idle-seconds", type=_positive(float, zero_ok=True), default=_env("idle_seconds", "2.0"),
-                     help="save a slot once it has been idle this long after a change "
-                     f"(default %(default)s) [{_ENV['idle_seconds']}]")
-    run.add_argument("--snapshot-interval", type=_positive(float), default=_env("snapshot_interval", "300"),
-                     help="save a changed slot at least this often even if it never stays idle "
-                     f"--idle-seconds long (default %(default)s) [{_ENV['snapshot_interval']}]")
-    run.add_argument("--min-tokens", type=_positive(int, zero_ok=True), default=_env("min_tokens", "256"),
-                     help=f"do not save slots holding fewer tokens (default %(default)s) [{_ENV['min_tokens']}]")
-    run.add_argument("--api-key", default=_env("api_key"),
-                     help=f"llama-server's --api-key, sent as a Bearer token, never logged [{_ENV['api_key']}]")
-    run.add_argument("--admin-token", default=_env("admin_token"),
-                     help="enables POST /snapshot and /restore for callers sending it as a Bearer token "
-                     f"[{_ENV['admin_token']}]")
-    run.add_argument("--keep-per-slot", type=_positive(int), default=_env("keep_per_slot", "2"),
-                     help=f"newest snapshots kept per slot (default %(default)s) [{_ENV['keep_per_slot']}]")
-    run.add_argument("--max-bytes", type=_positive(int, zero_ok=True), default=_env("max_bytes", "0"),
-                     help="cap on all snapshots together, in bytes; 0 = no cap; a slot's newest snapshot "
-                     f"is never deleted (default %(default)s) [{_ENV['max_bytes']}]")
-    run.add_argument("--max-age", type=_positive(float, zero_ok=True), default=_env("max_age", "0"),
-                     help="delete snapshots older than this many seconds, except a slot's newest; "
-                     f"0 = no limit (default %(default)s) [{_ENV['max_age']}]")
-    run.add_argument("--min-free-bytes", type=_positive(int, zero_ok=True), default=_env("min_free_bytes", str(1 << 30)),
-                     help="skip saves that would leave less free space than this on the slot dir's "
-                     f"filesystem (default %(default)s) [{_ENV['min_free_bytes']}]")
-    run.add_argument("--final-timeout", type=_positive(float), default=_env("final_timeout", "20"),
-                     help="seconds allowed for the final snapshots on SIGTERM; keep it below the "
-                     f"orchestrator's grace period (default %(default)s) [{_ENV['final_timeout']}]")
-    run.add_argument("--request-timeout", type=_positive(float), default=_env("request_timeout", "5"),
-                     help=f"timeout of polling calls, seconds (default %(default)s) [{_ENV['request_timeout']}]")
-    run.add_argument("--action-timeout", type=_positive(float), default=_env("action_timeout", "300"),
-                     help=f"timeout of one save or restore call, seconds (default %(default)s) [{_ENV['action_timeout']}]")
-    run.add_argument("--log-format", choices=logs.FORMATS, default=_env("log_format", "auto"),
-                     help=f"json, console, or auto (console on a terminal) [{_ENV['log_format']}]")
-    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
-                     default=_env("log_level", "info"), help=f"(default %(default)s) [{_ENV['log_level']}]")
+    run.add_argument(
+        "--listen",
+        default=_env("listen", "127.0.0.1:9464"),
+        help="HOST:PORT for /metrics, /healthz, /readyz, /status (default %(default)s; "
+        f"use 0.0.0.0:9464 in a container) [{_ENV['listen']}]",
+    )
+    run.add_argument(
+        "--poll-interval",
+        type=_positive(float),
+        default=_env("poll_interval", "1.0"),
+        help=f"seconds between polls while the server is up (default %(default)s) [{_ENV['poll_interval']}]",
+    )
+    run.add_argument(
+        "--idle-seconds",
+        type=_positive(float, zero_ok=True),
+        default=_env("idle_seconds", "2.0"),
+        help="save a slot once it has been idle this long after a change "
+        f"(default %(default)s) [{_ENV['idle_seconds']}]",
+    )
+    run.add_argument(
+        "--snapshot-interval",
+        type=_positive(float),
+        default=_env("snapshot_interval", "300"),
+        help="save a changed slot at least this often even if it never stays idle "
+        f"--idle-seconds long (default %(default)s) [{_ENV['snapshot_interval']}]",
+    )
+    run.add_argument(
+        "--min-tokens",
+        type=_positive(int, zero_ok=True),
+        default=_env("min_tokens", "256"),
+        help=f"do not save slots holding fewer tokens (default %(default)s) [{_ENV['min_tokens']}]",
+    )
+    run.add_argument(
+        "--api-key",
+        default=_env("api_key"),
+        help=f"llama-server's --api-key, sent as a Bearer token, never logged [{_ENV['api_key']}]",
+    )
+    run.add_argument(
+        "--admin-token",
+        default=_env("admin_token"),
+        help=f"enables POST /snapshot and /restore for callers sending it as a Bearer token [{_ENV['admin_token']}]",
+    )
+    run.add_argument(
+        "--keep-per-slot",
+        type=_positive(int),
+        default=_env("keep_per_slot", "2"),
+        help=f"newest snapshots kept per slot (default %(default)s) [{_ENV['keep_per_slot']}]",
+    )
+    run.add_argument(
+        "--max-bytes",
+        type=_positive(int, zero_ok=True),
+        default=_env("max_bytes", "0"),
+        help="cap on all snapshots together, in bytes; 0 = no cap; a slot's newest snapshot "
+        f"is never deleted (default %(default)s) [{_ENV['max_bytes']}]",
+    )
+    run.add_argument(
+        "--max-age",
+        type=_positive(float, zero_ok=True),
+        default=_env("max_age", "0"),
+        help="delete snapshots older than this many seconds, except a slot's newest; "
+        f"0 = no limit (default %(default)s) [{_ENV['max_age']}]",
+    )
+    run.add_argument(
+        "--min-free-bytes",
+        type=_positive(int, zero_ok=True),
+        default=_env("min_free_bytes", str(1 << 30)),
+        help="skip saves that would leave less free space than this on the slot dir's "
+        f"filesystem (default %(default)s) [{_ENV['min_free_bytes']}]",
+    )
+    run.add_argument(
+        "--final-timeout",
+        type=_positive(float),
+        default=_env("final_timeout", "20"),
+        help="seconds allowed for the final snapshots on SIGTERM; keep it below the "
+        f"orchestrator's grace period (default %(default)s) [{_ENV['final_timeout']}]",
+    )
+    run.add_argument(
+        "--request-timeout",
+        type=_positive(float),
+        default=_env("request_timeout", "5"),
+        help=f"timeout of polling calls, seconds (default %(default)s) [{_ENV['request_timeout']}]",
+    )
+    run.add_argument(
+        "--action-timeout",
+        type=_positive(float),
+        default=_env("action_timeout", "300"),
+        help=f"timeout of one save or restore call, seconds (default %(default)s) [{_ENV['action_timeout']}]",
+    )
+    run.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=_env("log_format", "auto"),
+        help=f"json, console, or auto (console on a terminal) [{_ENV['log_format']}]",
+    )
+    run.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default=_env("log_level", "info"),
+        help=f"(default %(default)s) [{_ENV['log_level']}]",
+    )
 
     ls = sub.add_parser("ls", help="list the snapshots in a slot dir with their manifests")
     _slot_dir_arg(ls)
@@ -138,7 +200,8 @@ def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise errors.ConfigError(f"--listen {text!r} is not HOST:PORT (for example 127.0.0.1:9464)")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    # An empty host (":9464") means every interface, as the user asked.
+    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104
 
 
 def settings_from(ns: argparse.Namespace) -> config.Settings:
@@ -150,8 +213,10 @@ def settings_from(ns: argparse.Namespace) -> config.Settings:
     host, port = _listen(ns.listen)
     return config.Settings(
         upstream=config.UpstreamSettings(
-            url=ns.server, api_key=ns.api_key or None,
-            request_timeout=float(ns.request_timeout), action_timeout=float(ns.action_timeout),
+            url=ns.server,
+            api_key=ns.api_key or None,
+            request_timeout=float(ns.request_timeout),
+            action_timeout=float(ns.action_timeout),
         ),
         poll=config.PollSettings(interval=float(ns.poll_interval)),
         snapshots=config.SnapshotSettings(
@@ -223,8 +288,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _verify(ns)
         settings = settings_from(ns)
         logs.configure(fmt=ns.log_format, level=ns.log_level)
-        from sidecar import app  # imported late: `ls` and `verify` need no aiohttp
-
         asyncio.run(app.main(settings))
     except errors.ConfigError as exc:
         print(f"llama-kv-sidecar: error: {exc}", file=sys.stderr)

@@ -38,7 +38,7 @@ async def _stopper(stop: asyncio.Event) -> None:
 
 
 async def main(settings: config.Settings, *, ready: asyncio.Event | None = None) -> None:
-    prometheus_client.disable_created_metrics()
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version=sidecar.__version__)
     snapshots = store.SnapshotStore(settings.snapshots.slot_dir, clock=time.time)
@@ -94,7 +94,7 @@ async def _shutdown(
             seconds=settings.snapshots.final_timeout,
             hint="raise --final-timeout (and the container's stop grace period) for big models",
         )
-    except Exception as exc:  # noqa: BLE001 -- shutdown must go on to close everything
+    except Exception as exc:
         log.error("final_snapshot_failed", error=repr(exc))
     finally:
         with contextlib.suppress(Exception):
@@ -106,5 +106,10 @@ async def _shutdown(
 def _quarantined(stats: metrics.Metrics, file: str, reason: str, detail: str) -> None:
     label = reason if reason in metrics.QUARANTINE_REASONS else "manifest"
     stats.quarantined.labels(label).inc()
-    log.error("snapshot_quarantined", file=file, reason=reason, detail=detail,
-              effect="never restored; kept with a .quarantined suffix for inspection")
+    log.error(
+        "snapshot_quarantined",
+        file=file,
+        reason=reason,
+        detail=detail,
+        effect="never restored; kept with a .quarantined suffix for inspection",
+    )

@@ -144,7 +144,8 @@ class Engine:
                 log.info("slot_already_saved", slot=view.id, file=newest.file)
 
     async def _restore(self, obs: events.Observation) -> None:
-        assert obs.slots is not None and self.identity is not None
+        assert obs.slots is not None
+        assert self.identity is not None
         if not self._store.snapshots():
             return
         done = await self.restorer.restore_all(
@@ -162,8 +163,11 @@ class Engine:
         try:
             await self._client.save(target.id, name)
         except errors.UpstreamNotSupported:
-            self._link(False, "llama-server refuses slot saves (HTTP 501): start it with "
-                       f"--slot-save-path {self._store.dir} (the sidecar's --slot-dir, same directory)")
+            self._link(
+                False,
+                "llama-server refuses slot saves (HTTP 501): start it with "
+                f"--slot-save-path {self._store.dir} (the sidecar's --slot-dir, same directory)",
+            )
             return
         except errors.UpstreamError as exc:
             log.warning("slot_dir_probe_failed", error=str(exc))
@@ -173,9 +177,12 @@ class Engine:
         if seen:
             self._link(True, "")
         else:
-            self._link(False, f"llama-server saved a probe file that did not appear in {self._store.dir}: "
-                       "--slot-dir must be the directory llama-server was given as --slot-save-path "
-                       "(the same volume, seen from both)")
+            self._link(
+                False,
+                f"llama-server saved a probe file that did not appear in {self._store.dir}: "
+                "--slot-dir must be the directory llama-server was given as --slot-save-path "
+                "(the same volume, seen from both)",
+            )
 
     def _link(self, ok: bool, problem: str) -> None:
         self.link_ok, self.link_problem = ok, problem

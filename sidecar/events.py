@@ -147,9 +147,7 @@ def restart_reasons(before: Observation, after: Observation, *, was_down: bool) 
     return tuple(reasons)
 
 
-def detect(
-    prev: Observation | None, cur: Observation, *, last_up: Observation | None
-) -> list[Event]:
+def detect(prev: Observation | None, cur: Observation, *, last_up: Observation | None) -> list[Event]:
     """Name the transitions from ``prev`` to ``cur``.
 
     ``last_up`` is the newest earlier observation with the server up and its

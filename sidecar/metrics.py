@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from sidecar import policy
-
 NAMESPACE = "llama_sidecar"
 SNAPSHOT_RESULTS = ("ok", "failed", "skipped")
-RESTORE_RESULTS = tuple(o.value for o in policy.RestoreOutcome)
+RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy")
 VERIFY_OUTCOMES = ("effective", "ineffective")
-GC_REASONS = tuple(r.value for r in policy.GcReason)
+GC_REASONS = ("keep", "bytes", "age")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -26,28 +24,36 @@ _RESTART = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry, *, version: str) -> None:
-        kw = {"namespace": NAMESPACE, "registry": registry}
-        self.build_info = Info("build", "Version of llama-kv-sidecar that is running.", **kw)
+        self.build_info = Info(
+            "build", "Version of llama-kv-sidecar that is running.", namespace=NAMESPACE, registry=registry
+        )
         self.build_info.info({"version": version})
         self.server_up = Gauge(
-            "server_up", "1 while llama-server's /health answers ok, 0 while it is down or loading.", **kw
+            "server_up",
+            "1 while llama-server's /health answers ok, 0 while it is down or loading.",
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.server_restarts = Counter(
-            "server_restarts", "llama-server process restarts detected by the sidecar.", **kw
+            "server_restarts",
+            "llama-server process restarts detected by the sidecar.",
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.snapshots = Counter(
             "snapshots",
             "Slot snapshots attempted, by slot and result: ok (committed), failed (save or check "
             "failed), skipped (below --min-tokens, empty slot, or disk below the free-space floor).",
             ["slot", "result"],
-            **kw,
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.snapshot_duration = Histogram(
             "snapshot_duration_seconds",
-            "Seconds per successful snapshot: the server's save call plus the sidecar's size check, "
-            "sha256 and fsync.",
+            "Seconds per successful snapshot: the server's save call plus the sidecar's size check, sha256 and fsync.",
             buckets=_FAST,
-            **kw,
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.restores = Counter(
             "restores",
@@ -55,55 +61,77 @@ class Metrics:
             "incompatible (no snapshot fits this server), no_snapshot, slot_busy (the slot already "
             "held a user's tokens or was processing).",
             ["slot", "result"],
-            **kw,
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.restore_duration = Histogram(
             "restore_duration_seconds",
             "Seconds per successful restore: checksum check plus the server's restore call.",
             buckets=_FAST,
-            **kw,
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.restart_to_restore = Histogram(
             "restart_to_restore_seconds",
             "Seconds from the restarted server first answering /health ok to a slot restored.",
             buckets=_RESTART,
-            **kw,
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.restored_tokens = Counter(
-            "restored_tokens", "Tokens put back into slots by restores.", ["slot"], **kw
+            "restored_tokens",
+            "Tokens put back into slots by restores.",
+            ["slot"],
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.restore_verifications = Counter(
             "restore_verifications",
             "Restores checked against the next prompt: effective (the server reused the restored "
             "tokens, llamacpp:prompt_tokens_cached_total grew) or ineffective (it re-prefilled).",
             ["outcome"],
-            **kw,
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.disk_used = Gauge(
-            "disk_used_bytes", "Bytes of all files in the slot dir (snapshots, temp, quarantine).", **kw
+            "disk_used_bytes",
+            "Bytes of all files in the slot dir (snapshots, temp, quarantine).",
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.disk_free = Gauge(
-            "disk_free_bytes", "Bytes free for unprivileged users on the slot dir's filesystem.", **kw
+            "disk_free_bytes",
+            "Bytes free for unprivileged users on the slot dir's filesystem.",
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.snapshot_files = Gauge(
-            "snapshot_files", "Committed snapshots (with a manifest) in the slot dir.", **kw
+            "snapshot_files",
+            "Committed snapshots (with a manifest) in the slot dir.",
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.gc_deleted = Counter(
             "gc_deleted",
             "Snapshots deleted by retention, by reason: keep (over --keep-per-slot), bytes (over "
             "--max-bytes), age (over --max-age).",
             ["reason"],
-            **kw,
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.quarantined = Counter(
             "snapshots_quarantined",
             "Snapshot files taken out of use, by reason: checksum (bytes changed), size (truncated "
             "or missing), manifest (unreadable or inconsistent manifest).",
             ["reason"],
-            **kw,
+            namespace=NAMESPACE,
+            registry=registry,
         )
         self.last_snapshot = Gauge(
-            "last_snapshot_timestamp_seconds", "Unix time of the newest committed snapshot.", **kw
+            "last_snapshot_timestamp_seconds",
+            "Unix time of the newest committed snapshot.",
+            namespace=NAMESPACE,
+            registry=registry,
         )
         for outcome in VERIFY_OUTCOMES:
             self.restore_verifications.labels(outcome)

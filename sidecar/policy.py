@@ -74,7 +74,7 @@ class Policy:
         for view in slots:
             track = self.tracks.setdefault(view.id, SlotTrack(changed_at=now))
             if view.signature != track.signature or view.processing != track.busy:
-                if view.signature != track.signature and view.signature != track.settled:
+                if view.signature not in (track.signature, track.settled):
                     track.dirty_since = track.dirty_since if track.dirty_since is not None else now
                 track.signature = view.signature
                 track.busy = view.processing
@@ -185,7 +185,7 @@ def select_for_deletion(
     protected = {group[0].file for group in by_slot.values()}
     doomed: dict[str, tuple[manifest.Manifest, GcReason]] = {}
     for group in by_slot.values():
-        for snap in group[max(1, keep_per_slot):]:
+        for snap in group[max(1, keep_per_slot) :]:
             doomed[snap.file] = (snap, GcReason.KEEP)
     if max_age > 0:
         for snap in snapshots:

@@ -76,9 +76,7 @@ class Poller:
         if came_up or at - self._identity_at >= IDENTITY_EVERY or self._identity is None:
             await self._read_identity(at)
         if not self._metrics_off and (
-            came_up
-            or at - self._counters_at >= self._settings.metrics_interval
-            or self._wants_counters()
+            came_up or at - self._counters_at >= self._settings.metrics_interval or self._wants_counters()
         ):
             await self._read_counters(at)
         if problem != self._problem and problem:

@@ -86,9 +86,7 @@ class Restorer:
                 records.append(record)
                 if restored is not None:
                     done[view.id] = restored
-                    self.pending[view.id] = _Pending(
-                        restored.tokens, counters.cached_tokens if counters else None
-                    )
+                    self.pending[view.id] = _Pending(restored.tokens, counters.cached_tokens if counters else None)
         self.last = records
         return done
 
@@ -195,6 +193,10 @@ class Restorer:
     ) -> RestoreRecord:
         self._metrics.restores.labels(str(slot), outcome.value).inc()
         if outcome is not policy.RestoreOutcome.OK:
-            log.info("restore_skipped" if outcome is not policy.RestoreOutcome.FAILED else "restore_not_done",
-                     slot=slot, result=outcome.value, reason=detail)
+            log.info(
+                "restore_skipped" if outcome is not policy.RestoreOutcome.FAILED else "restore_not_done",
+                slot=slot,
+                result=outcome.value,
+                reason=detail,
+            )
         return RestoreRecord(slot, outcome.value, detail, self._wall(), file, tokens, seconds, since)

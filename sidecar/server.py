@@ -55,7 +55,9 @@ def _readiness(app: web.Application) -> list[str]:
     problems: list[str] = []
     latest = core.latest
     if latest is None or latest.health is not events.Health.OK:
-        problems.append(f"llama-server at {core.server_url} is not healthy: " + (latest.problem if latest else "not polled yet"))
+        problems.append(
+            f"llama-server at {core.server_url} is not healthy: " + (latest.problem if latest else "not polled yet")
+        )
     writable = snaps.check_writable()
     if writable:
         problems.append(writable)
@@ -99,9 +101,7 @@ async def _status(request: web.Request) -> web.Response:
 def _authorized(request: web.Request) -> web.Response | None:
     token = request.app[TOKEN_KEY]
     if not token:
-        return web.json_response(
-            {"error": "admin endpoints are off: start the sidecar with --admin-token"}, status=403
-        )
+        return web.json_response({"error": "admin endpoints are off: start the sidecar with --admin-token"}, status=403)
     given = request.headers.get("Authorization", "").removeprefix("Bearer ")
     if not hmac.compare_digest(given.encode(), token.encode()):
         return web.json_response({"error": "missing or wrong 'Authorization: Bearer <admin token>'"}, status=401)

@@ -58,9 +58,7 @@ class Snapshotter:
         async with self.lock:
             return await self._save(action, identity, slot_n_ctx)
 
-    async def _save(
-        self, action: policy.Save, identity: events.Identity, slot_n_ctx: int
-    ) -> manifest.Manifest | None:
+    async def _save(self, action: policy.Save, identity: events.Identity, slot_n_ctx: int) -> manifest.Manifest | None:
         slot = action.slot
         need = self._estimate_bytes(action.tokens)
         usage = await asyncio.to_thread(self._store.usage)

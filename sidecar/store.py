@@ -19,6 +19,7 @@ code calls them with ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -295,10 +296,8 @@ class SnapshotStore:
         return (self.dir / name).exists()
 
     def _unlink(self, name: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             (self.dir / name).unlink()
-        except FileNotFoundError:
-            pass
 
     def _entries(self) -> Iterable[os.DirEntry[str]]:
         try:

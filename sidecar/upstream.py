@@ -46,12 +46,8 @@ class LlamaClient:
         self._session = session
         self._base = settings.url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-        self._timeout = aiohttp.ClientTimeout(
-            total=settings.request_timeout, connect=settings.connect_timeout
-        )
-        self._action_timeout = aiohttp.ClientTimeout(
-            total=settings.action_timeout, connect=settings.connect_timeout
-        )
+        self._timeout = aiohttp.ClientTimeout(total=settings.request_timeout, connect=settings.connect_timeout)
+        self._action_timeout = aiohttp.ClientTimeout(total=settings.action_timeout, connect=settings.connect_timeout)
 
     @property
     def url(self) -> str:
@@ -108,9 +104,7 @@ class LlamaClient:
                 for sample in family.samples:
                     values[sample.name] = sample.value
         except ValueError as exc:
-            raise errors.UpstreamProtocolError(
-                f"/metrics is not Prometheus text: {exc}", endpoint="/metrics"
-            ) from exc
+            raise errors.UpstreamProtocolError(f"/metrics is not Prometheus text: {exc}", endpoint="/metrics") from exc
         start: float | None = None
         try:
             start = float(headers.get("Process-Start-Time-Unix", ""))
@@ -132,14 +126,10 @@ class LlamaClient:
         body = await self._json("POST", f"/slots/{slot}?action=erase", self._action_timeout, {})
         return _field(_as_dict(body, "/slots erase"), "n_erased", int, "/slots erase")
 
-    async def _action(
-        self, slot: int, action: str, filename: str, keys: tuple[str, str, str]
-    ) -> ActionResult:
+    async def _action(self, slot: int, action: str, filename: str, keys: tuple[str, str, str]) -> ActionResult:
         endpoint = f"/slots {action}"
         body = _as_dict(
-            await self._json(
-                "POST", f"/slots/{slot}?action={action}", self._action_timeout, {"filename": filename}
-            ),
+            await self._json("POST", f"/slots/{slot}?action={action}", self._action_timeout, {"filename": filename}),
             endpoint,
         )
         timings = body.get("timings")
@@ -152,21 +142,17 @@ class LlamaClient:
             server_ms=float(server_ms) if isinstance(server_ms, int | float) else 0.0,
         )
 
-    async def _json(
-        self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None
-    ) -> Any:
+    async def _json(self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None) -> Any:
         _, _, text = await self._request(method, path, timeout, payload)
         try:
             return json.loads(text)
         except ValueError as exc:
-            raise errors.UpstreamProtocolError(
-                f"{path} did not return JSON: {text[:120]!r}", endpoint=path
-            ) from exc
+            raise errors.UpstreamProtocolError(f"{path} did not return JSON: {text[:120]!r}", endpoint=path) from exc
 
     async def _request(
         self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None
     ) -> tuple[int, dict[str, str], str]:
-        endpoint = path.split("?")[0]
+        endpoint = path.split("?", maxsplit=1)[0]
         try:
             async with self._session.request(
                 method, self._base + path, json=payload, headers=self._headers, timeout=timeout
@@ -179,9 +165,7 @@ class LlamaClient:
                 text = raw.decode("utf-8", errors="replace")
                 status, headers = resp.status, dict(resp.headers)
         except (aiohttp.ClientError, OSError) as exc:
-            raise errors.UpstreamUnavailable(
-                f"{endpoint}: {type(exc).__name__}: {exc}", endpoint=endpoint
-            ) from exc
+            raise errors.UpstreamUnavailable(f"{endpoint}: {type(exc).__name__}: {exc}", endpoint=endpoint) from exc
         except TimeoutError as exc:
             raise errors.UpstreamUnavailable(
                 f"{endpoint}: no answer within {timeout.total} s", endpoint=endpoint
@@ -236,4 +220,3 @@ def _slot_view(item: Any) -> events.SlotView:
         task=task,
         tokens=tokens,
     )
-
