@@ -1,0 +1,146 @@
+"""Synthetic /metrics pages of llama-kv-sidecar and llama-server, served over HTTP.
+
+Only for checking PromQL: every metric of the sidecar's metrics contract is
+present with every label value, built with prometheus_client in a fresh
+registry exactly as the contract names it; llama-server's page copies the
+format of its `--metrics` endpoint (names with a `llamacpp:` prefix, counters
+already ending in `_total`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+SLOTS = ("0", "1", "2", "3")
+SNAPSHOT_RESULTS = ("ok", "failed", "skipped")
+RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy")
+VERIFICATION_OUTCOMES = ("effective", "ineffective")
+GC_REASONS = ("keep", "bytes", "age")
+QUARANTINE_REASONS = ("checksum", "size", "manifest")
+
+
+def sidecar_registry() -> CollectorRegistry:
+    """A registry holding the sidecar's metrics contract, with plausible values."""
+    registry = CollectorRegistry()
+    ns = "llama_sidecar"
+    Gauge("server_up", "1 while /health is ok", namespace=ns, registry=registry).set(1)
+    Counter("server_restarts", "Restarts detected", namespace=ns, registry=registry).inc(2)
+
+    snapshots = Counter("snapshots", "Snapshot attempts", ["slot", "result"], namespace=ns, registry=registry)
+    restores = Counter("restores", "Restore attempts", ["slot", "result"], namespace=ns, registry=registry)
+    restored_tokens = Counter("restored_tokens", "Tokens put back", ["slot"], namespace=ns, registry=registry)
+    for slot in SLOTS:
+        for n, result in enumerate(SNAPSHOT_RESULTS):
+            snapshots.labels(slot=slot, result=result).inc(10 - 4 * n)
+        for n, result in enumerate(RESTORE_RESULTS):
+            restores.labels(slot=slot, result=result).inc(5 - n)
+        restored_tokens.labels(slot=slot).inc(4000)
+
+    for name in ("snapshot_duration_seconds", "restore_duration_seconds", "restart_to_restore_seconds"):
+        histogram = Histogram(name, name, namespace=ns, registry=registry)
+        for seconds in (0.008, 0.011, 0.096, 0.4):
+            histogram.observe(seconds)
+
+    verifications = Counter(
+        "restore_verifications",
+        "First prompt after a restore",
+        ["outcome"],
+        namespace=ns,
+        registry=registry,
+    )
+    for n, outcome in enumerate(VERIFICATION_OUTCOMES):
+        verifications.labels(outcome=outcome).inc(6 - 5 * n)
+
+    Gauge("disk_used_bytes", "Bytes of snapshots", namespace=ns, registry=registry).set(180_000_000)
+    Gauge("disk_free_bytes", "Free bytes", namespace=ns, registry=registry).set(52_000_000_000)
+    Gauge("snapshot_files", "Snapshots present", namespace=ns, registry=registry).set(8)
+    gc_deleted = Counter("gc_deleted", "Retention deletions", ["reason"], namespace=ns, registry=registry)
+    for reason in GC_REASONS:
+        gc_deleted.labels(reason=reason).inc(3)
+    quarantined = Counter(
+        "snapshots_quarantined",
+        "Files quarantined",
+        ["reason"],
+        namespace=ns,
+        registry=registry,
+    )
+    for reason in QUARANTINE_REASONS:
+        quarantined.labels(reason=reason).inc(0)
+    Info("build", "Version of the sidecar", namespace=ns, registry=registry).info({"version": "0.0.0"})
+    Gauge(
+        "last_snapshot_timestamp_seconds",
+        "Newest good snapshot",
+        namespace=ns,
+        registry=registry,
+    ).set(time.time() - 60)
+    return registry
+
+
+LLAMA_SERVER_METRICS = "".join(
+    f"# HELP llamacpp:{name} {help_text}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}\n"
+    for name, kind, help_text, value in (
+        (
+            "prompt_tokens_total",
+            "counter",
+            "Number of prompt tokens processed, excluding cached tokens",
+            12001,
+        ),
+        ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache", 48000),
+        ("prompt_seconds_total", "counter", "Total time spent processing prompts", 41.2),
+        ("tokens_predicted_total", "counter", "Number of generation tokens processed", 900),
+        ("tokens_predicted_seconds_total", "counter", "Total time spent generating tokens", 12.5),
+        ("n_decode_total", "counter", "Total number of llama_decode() calls", 950),
+        ("n_tokens_max", "counter", "Largest observed sequence length (prompt + generation)", 12100),
+        ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s", 380.5),
+        ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s", 72.0),
+        ("requests_processing", "gauge", "Number of requests processing", 1),
+        ("requests_deferred", "gauge", "Number of requests deferred", 0),
+    )
+)
+
+
+@contextlib.contextmanager
+def serve(body: bytes, content_type: str) -> Iterator[str]:
+    """Serve `body` at GET /metrics on 127.0.0.1; yield "host:port"."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/metrics":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            """Keep scrapes out of the test output."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="metrics-server", daemon=True)
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        yield f"{host!s}:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def sidecar_page() -> tuple[bytes, str]:
+    """The sidecar's /metrics body and content type."""
+    return generate_latest(sidecar_registry()), CONTENT_TYPE_LATEST
+
+
+def llama_server_page() -> tuple[bytes, str]:
+    """llama-server's /metrics body and content type (as llama-server sends it)."""
+    return LLAMA_SERVER_METRICS.encode(), "text/plain; version=0.0.4"

