@@ -7,7 +7,8 @@ hand-made observations.
 
 Restart detection combines signals because none alone is proof:
 
-* the ``Process-Start-Time-Unix`` header of /metrics changed (definitive);
+* the ``Process-Start-Time-Unix`` header of /metrics changed (definitive
+  both ways: an unchanged start time means the same process);
 * the server identity from /props changed (build, model, context, slots);
 * /metrics counters went backwards;
 * a slot that had run a task shows no task any more (``id_task`` is only
@@ -86,6 +87,8 @@ class Observation:
     """None when /slots was not read (server down, timeout, ``--no-slots``)."""
     identity: Identity | None = None
     counters: Counters | None = None
+    counters_fresh: bool = False
+    """Whether ``counters`` were read in this poll (else carried over from an earlier one)."""
     sleeping: bool = False
     problem: str = ""
     """Why the server is down or its slots unread; empty when all is well."""
@@ -121,9 +124,11 @@ def restart_reasons(before: Observation, after: Observation, *, was_down: bool) 
     ``was_down`` says whether the server was unreachable or loading in between.
     """
     reasons: list[str] = []
-    if before.counters and after.counters:
+    if before.counters and after.counters and after.counters_fresh:
         b, a = before.counters, after.counters
-        if b.start_time is not None and a.start_time is not None and b.start_time != a.start_time:
+        if b.start_time is not None and a.start_time is not None:
+            if b.start_time == a.start_time:
+                return ()  # the same process: a pause or a network blip, not a restart
             reasons.append("process start time changed")
         elif a.prompt_tokens < b.prompt_tokens or a.cached_tokens < b.cached_tokens:
             reasons.append("metrics counters went backwards")

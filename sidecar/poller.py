@@ -75,10 +75,11 @@ class Poller:
             problem = str(exc)
         if came_up or at - self._identity_at >= IDENTITY_EVERY or self._identity is None:
             await self._read_identity(at)
+        fresh = False
         if not self._metrics_off and (
             came_up or at - self._counters_at >= self._settings.metrics_interval or self._wants_counters()
         ):
-            await self._read_counters(at)
+            fresh = await self._read_counters(at)
         if problem != self._problem and problem:
             log.warning("slots_unreadable", error=problem)
         self._problem = problem
@@ -89,6 +90,7 @@ class Poller:
             slots=slots,
             identity=identity,
             counters=self._counters,
+            counters_fresh=fresh,
             sleeping=sleeping,
             problem=problem,
         )
@@ -96,8 +98,7 @@ class Poller:
     async def _refresh_after_restart(self, obs: events.Observation) -> events.Observation:
         """Re-read identity and counters so the old process's values are not carried on."""
         await self._read_identity(obs.at)
-        if not self._metrics_off:
-            await self._read_counters(obs.at)
+        fresh = not self._metrics_off and await self._read_counters(obs.at)
         identity, sleeping = self._identity if self._identity else (None, False)
         return events.Observation(
             at=obs.at,
@@ -105,6 +106,7 @@ class Poller:
             slots=obs.slots,
             identity=identity,
             counters=self._counters,
+            counters_fresh=fresh,
             sleeping=sleeping,
             problem=obs.problem,
         )
@@ -116,10 +118,10 @@ class Poller:
         except errors.UpstreamError as exc:
             log.warning("props_unreadable", error=str(exc))
 
-    async def _read_counters(self, at: float) -> None:
+    async def _read_counters(self, at: float) -> bool:
+        """Read /metrics; True if fresh counters were read."""
         try:
             self._counters = await self._client.counters()
-            self._counters_at = at
         except errors.UpstreamNotSupported:
             self._metrics_off = True
             self._counters = None
@@ -131,3 +133,7 @@ class Poller:
             )
         except errors.UpstreamError as exc:
             log.warning("metrics_unreadable", error=str(exc))
+        else:
+            self._counters_at = at
+            return True
+        return False

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from llamabed import LlamaServer, MakeServer, llama_server_binary, model_path
+from sidecarbed import SidecarProcess
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -60,14 +61,9 @@ def llama(llama_binary: Path, model: Path, tmp_path: Path) -> Iterator[MakeServe
         server.kill()
 
 
-MakeSidecar = Callable[..., Any]
-
-
 @pytest.fixture
-def sidecar(tmp_path: Path) -> Iterator[MakeSidecar]:
+def sidecar(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Factory: `make(server, slot_dir, extra={flag: value}, start=True)` -> a running sidecar."""
-    from sidecarbed import SidecarProcess
-
     made: list[SidecarProcess] = []
 
     def make(server: LlamaServer, slot_dir: Path, start: bool = True, **kw: Any) -> SidecarProcess:

@@ -22,6 +22,7 @@ from llamabed import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 T = TypeVar("T")
+MakeSidecar = Callable[..., "SidecarProcess"]
 
 FAST = {
     "--poll-interval": "0.25",
@@ -52,9 +53,20 @@ class SidecarProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def args(self) -> list[str]:
-        cmd = [sys.executable, "-m", "sidecar", "run", "--server", self.server_url,
-               "--slot-dir", str(self.slot_dir), "--listen", f"127.0.0.1:{self.port}",
-               "--log-format", "json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            "--server",
+            self.server_url,
+            "--slot-dir",
+            str(self.slot_dir),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--log-format",
+            "json",
+        ]
         for flag, value in self.options.items():
             cmd += [flag, value]
         return cmd
@@ -62,7 +74,10 @@ class SidecarProcess:
     def start(self, wait: bool = True) -> Self:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.args(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.args(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             env={**os.environ, **self.env},
         )
         log.close()

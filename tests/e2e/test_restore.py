@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import time
 from pathlib import Path
 
-from conftest import MakeServer, MakeSidecar
-from llamabed import complete, make_prompt
+from llamabed import MakeServer, complete, make_prompt
+from sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 2048
+
+
+def _at_least(side: SidecarProcess, name: str, slot: int) -> bool:
+    return side.metric(name, slot=str(slot), result="ok") >= 1
 
 
 def _snapshot_count(slot_dir: Path) -> int:
@@ -22,19 +28,23 @@ def test_kill9_restart_is_restored_without_client_action(
     prompt = make_prompt(server.url, PROMPT_TOKENS, seed=1)
     cold = complete(server.url, prompt)
     assert cold["timings"]["prompt_n"] >= PROMPT_TOKENS * 0.95
-    side.wait_for(lambda: side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") >= 1,
-                  what="first snapshot")
+    side.wait_for(
+        lambda: side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") >= 1, what="first snapshot"
+    )
     assert _snapshot_count(slot_dir) == 1
 
     server.restart(graceful=False)
-    side.wait_for(lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1,
-                  what="restore after kill -9")
+    side.wait_for(
+        lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1, what="restore after kill -9"
+    )
     assert side.metric("llama_sidecar_server_restarts_total") == 1
 
     warm = complete(server.url, prompt + " and then a few more words")
     n_prompt = cold["timings"]["prompt_n"]
-    print(f"cold prompt_ms={cold['timings']['prompt_ms']:.0f} warm prompt_ms={warm['timings']['prompt_ms']:.0f} "
-          f"cache_n={warm['timings']['cache_n']} of {n_prompt}")
+    print(
+        f"cold prompt_ms={cold['timings']['prompt_ms']:.0f} warm prompt_ms={warm['timings']['prompt_ms']:.0f} "
+        f"cache_n={warm['timings']['cache_n']} of {n_prompt}"
+    )
     assert warm["timings"]["cache_n"] >= 0.95 * n_prompt
 
 
@@ -45,8 +55,9 @@ def test_graceful_restart_is_restored(llama: MakeServer, sidecar: MakeSidecar, s
     cold = complete(server.url, prompt)
     side.wait_for(lambda: _snapshot_count(slot_dir) == 1, what="snapshot")
     server.restart(graceful=True)
-    side.wait_for(lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1,
-                  what="restore after SIGTERM")
+    side.wait_for(
+        lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1, what="restore after SIGTERM"
+    )
     warm = complete(server.url, prompt + " once more")
     assert warm["timings"]["cache_n"] >= 0.95 * cold["timings"]["prompt_n"]
 
@@ -62,28 +73,31 @@ def test_sidecar_started_after_server_came_back_restores_at_startup(
     first.kill()
     server.restart(graceful=False)
     second = sidecar(server, slot_dir)
-    second.wait_for(lambda: second.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1,
-                    what="start-up restore")
+    second.wait_for(
+        lambda: second.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1, what="start-up restore"
+    )
     assert second.metric("llama_sidecar_server_restarts_total") == 0
     warm = complete(server.url, prompt + " again")
     assert warm["timings"]["cache_n"] >= 0.95 * cold["timings"]["prompt_n"]
 
 
-def test_two_slots_two_conversations_both_come_back(
-    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
-) -> None:
+def test_two_slots_two_conversations_both_come_back(llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path) -> None:
     server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=4096)
     side = sidecar(server, slot_dir)
     prompts = [make_prompt(server.url, PROMPT_TOKENS, seed=10 + i) for i in range(2)]
     colds = []
     for slot, prompt in enumerate(prompts):
         colds.append(complete(server.url, prompt, id_slot=slot))
-        side.wait_for(lambda s=slot: side.metric("llama_sidecar_snapshots_total", slot=str(s), result="ok") >= 1,
-                      what=f"snapshot of slot {slot}")
+        side.wait_for(
+            functools.partial(_at_least, side, "llama_sidecar_snapshots_total", slot),
+            what=f"snapshot of slot {slot}",
+        )
     server.restart(graceful=False)
     for slot in range(2):
-        side.wait_for(lambda s=slot: side.metric("llama_sidecar_restores_total", slot=str(s), result="ok") >= 1,
-                      what=f"restore of slot {slot}")
+        side.wait_for(
+            functools.partial(_at_least, side, "llama_sidecar_restores_total", slot),
+            what=f"restore of slot {slot}",
+        )
     for slot, prompt in enumerate(prompts):
         warm = complete(server.url, prompt + " continued", id_slot=slot)
         assert warm["timings"]["cache_n"] >= 0.95 * colds[slot]["timings"]["prompt_n"], slot
@@ -98,8 +112,6 @@ def test_one_save_per_change_none_while_busy_none_when_unchanged(
     complete(server.url, prompt, n_predict=64)
     side.wait_for(lambda: side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") == 1, what="save")
     # Unchanged slot: no further save however long we wait.
-    import time
-
     time.sleep(3)
     assert side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") == 1
     # A new turn changes the slot: exactly one more save.
@@ -127,8 +139,10 @@ def test_request_that_reaches_restarted_server_first_is_not_overwritten(
     other = make_prompt(server.url, PROMPT_TOKENS, seed=6)
     complete(server.url, other)  # a user's request lands before the sidecar is back
     second = sidecar(server, slot_dir)
-    second.wait_for(lambda: second.metric("llama_sidecar_restores_total", slot="0", result="slot_busy") >= 1,
-                    what="restore refused for the occupied slot")
+    second.wait_for(
+        lambda: second.metric("llama_sidecar_restores_total", slot="0", result="slot_busy") >= 1,
+        what="restore refused for the occupied slot",
+    )
     assert second.metric("llama_sidecar_restores_total", slot="0", result="ok") == 0
     again = complete(server.url, other + " follow-up")
     assert again["timings"]["cache_n"] >= 0.95 * PROMPT_TOKENS
@@ -147,8 +161,10 @@ def test_restart_detected_but_slot_taken_by_a_request_is_left_alone(
     complete(server.url, other)
     side.resume()
     side.wait_for(lambda: side.metric("llama_sidecar_server_restarts_total") == 1, what="restart detected")
-    side.wait_for(lambda: side.metric("llama_sidecar_restores_total", slot="0", result="slot_busy") == 1,
-                  what="restore refused for the occupied slot")
+    side.wait_for(
+        lambda: side.metric("llama_sidecar_restores_total", slot="0", result="slot_busy") == 1,
+        what="restore refused for the occupied slot",
+    )
     assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 0
     again = complete(server.url, other + " follow-up")
     assert again["timings"]["cache_n"] >= 0.95 * PROMPT_TOKENS
@@ -165,8 +181,6 @@ def test_restarted_sidecar_keeps_snapshots_and_does_not_resave(
     first.terminate()
     second = sidecar(server, slot_dir)
     second.wait_for(lambda: second.log_events("slot_already_saved"), what="adoption of the existing snapshot")
-    import time
-
     time.sleep(2)
     assert second.metric("llama_sidecar_snapshots_total", slot="0", result="ok") == 0
     assert sorted(p.name for p in slot_dir.iterdir()) == before

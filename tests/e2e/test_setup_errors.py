@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import MakeServer, MakeSidecar
-from llamabed import free_port
+from llamabed import MakeServer, free_port
+from sidecarbed import MakeSidecar
 
 
 def test_server_unreachable_at_start_keeps_trying_and_says_so_once(
@@ -21,7 +21,8 @@ def test_server_unreachable_at_start_keeps_trying_and_says_so_once(
     assert len(side.log_events("server_unreachable")) == 1
     assert side.get("/healthz")[0] == 200
     code, body = side.get("/readyz")
-    assert code == 503 and "not healthy" in body
+    assert code == 503
+    assert "not healthy" in body
     server.start()
     server.wait_healthy()
     side.wait_for(lambda: side.log_events("server_up"), what="server_up")
@@ -29,15 +30,14 @@ def test_server_unreachable_at_start_keeps_trying_and_says_so_once(
     assert side.metric("llama_sidecar_server_up") == 1
 
 
-def test_server_without_slot_save_path_is_named(
-    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
-) -> None:
+def test_server_without_slot_save_path_is_named(llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path) -> None:
     server = llama(slot_dir=None)
     side = sidecar(server, slot_dir)
     found = side.wait_for(lambda: side.log_events("slot_dir_not_linked"), what="missing flag reported")
     assert "--slot-save-path" in found[0]["problem"]
     code, body = side.get("/readyz")
-    assert code == 503 and "--slot-save-path" in json.loads(body)["problems"][0]
+    assert code == 503
+    assert "--slot-save-path" in json.loads(body)["problems"][0]
 
 
 def test_slot_dir_that_is_not_the_servers_is_detected(
@@ -48,11 +48,13 @@ def test_slot_dir_that_is_not_the_servers_is_detected(
     elsewhere.mkdir()
     side = sidecar(server, elsewhere)
     found = side.wait_for(lambda: side.log_events("slot_dir_not_linked"), what="mismatch reported")
-    assert "--slot-save-path" in found[0]["problem"] and str(elsewhere) in found[0]["problem"]
+    assert "--slot-save-path" in found[0]["problem"]
+    assert str(elsewhere) in found[0]["problem"]
     assert side.get("/readyz")[0] == 503
     # One probe, of an empty slot: a single tiny file the sidecar could not see to remove.
     leftovers = list(slot_dir.iterdir())
-    assert len(leftovers) == 1 and leftovers[0].name.startswith(".probe-")
+    assert len(leftovers) == 1
+    assert leftovers[0].name.startswith(".probe-")
     assert leftovers[0].stat().st_size < 100
     assert side.get("/healthz")[0] == 200
 
@@ -62,9 +64,12 @@ def test_missing_or_bad_slot_dir_exits_with_a_clear_error(tmp_path: Path) -> Non
     not_a_dir.write_text("x")
     for bad in (tmp_path / "missing", not_a_dir):
         proc = subprocess.run(
-            [sys.executable, "-m", "sidecar", "run", "--slot-dir", str(bad),
-             "--listen", f"127.0.0.1:{free_port()}"],
-            capture_output=True, text=True, timeout=30, check=False,
+            [sys.executable, "-m", "sidecar", "run", "--slot-dir", str(bad), "--listen", f"127.0.0.1:{free_port()}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
         assert proc.returncode == 2, proc.stderr
-        assert str(bad) in proc.stderr and "--slot-dir" in proc.stderr
+        assert str(bad) in proc.stderr
+        assert "--slot-dir" in proc.stderr

@@ -1,0 +1,108 @@
+"""A real Prometheus scrapes a real sidecar and llama-server through a restart.
+
+Every query below returns the value the test computes independently (from
+the sidecar's log, the slot dir, or llama-server's own /metrics), and every
+PromQL expression of the dashboard and the alert rules runs without error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import promql
+import pytest
+from llamabed import MakeServer, complete, make_prompt
+from prombed import Prometheus
+from prometheus_client.parser import text_string_to_metric_families
+from sidecarbed import MakeSidecar
+
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _server_counter(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise AssertionError(f"{name} not in llama-server's /metrics")
+
+
+@pytest.mark.prometheus
+def test_prometheus_sees_restart_restore_hit_rate_latency_tokens_and_disk(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, tmp_path: Path
+) -> None:
+    server = llama(slot_dir=slot_dir)
+    side = sidecar(server, slot_dir)
+    targets = {"llama-kv-sidecar": f"127.0.0.1:{side.port}", "llama-server": f"127.0.0.1:{server.port}"}
+    with Prometheus(tmp_path / "prometheus", targets) as prom:
+        prompt = make_prompt(server.url, 1024, seed=31)
+        complete(server.url, prompt)
+        side.wait_for(lambda: side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") >= 1, what="save")
+        server.restart(graceful=False)
+        side.wait_for(lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1, what="restore")
+        complete(server.url, prompt + " then more")
+        side.wait_for(
+            lambda: side.metric("llama_sidecar_restore_verifications_total", outcome="effective") >= 1,
+            what="verification",
+        )
+        # The follow-up turn changed the slot: let its snapshot land so the disk is quiet while we compare.
+        side.wait_for(lambda: side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") >= 2, what="save")
+        time.sleep(0.5)
+        prom.wait_scraped(list(targets), after=time.time())
+
+        assert prom.scalar("llama_sidecar_server_up") == 1
+        assert prom.scalar("llama_sidecar_server_restarts_total") == 1
+        hit_rate = prom.scalar('sum(llama_sidecar_restores_total{result="ok"}) / sum(llama_sidecar_restores_total)')
+        assert hit_rate == pytest.approx(1.0)
+
+        since = side.log_events("slot_restored")[0]["since_healthy"]
+        median = prom.scalar("histogram_quantile(0.5, sum by (le) (llama_sidecar_restart_to_restore_seconds_bucket))")
+        upper = next(b for b in BUCKETS if since <= b)
+        lower = max([0.0, *(b for b in BUCKETS if b < upper)])
+        assert lower <= median <= upper, (since, median)
+        restore_p95 = prom.scalar(
+            "histogram_quantile(0.95, sum by (le) (llama_sidecar_restore_duration_seconds_bucket))"
+        )
+        assert 0 < restore_p95 <= 1.0
+
+        cached = _server_counter(server.url, "llamacpp:prompt_tokens_cached_total")
+        prefilled = _server_counter(server.url, "llamacpp:prompt_tokens_total")
+        assert cached >= 1000  # the restored conversation was reused
+        ratio = prom.scalar(
+            "sum(llamacpp:prompt_tokens_cached_total) / "
+            "(sum(llamacpp:prompt_tokens_cached_total) + sum(llamacpp:prompt_tokens_total))"
+        )
+        assert ratio == pytest.approx(cached / (cached + prefilled))
+
+        on_disk = sum(p.stat().st_size for p in slot_dir.iterdir() if p.is_file())
+        assert prom.scalar("llama_sidecar_disk_used_bytes") == on_disk
+        assert prom.scalar("llama_sidecar_snapshot_files") == len(list(slot_dir.glob("slot*.json")))
+        stats = os.statvfs(slot_dir)
+        free = stats.f_bavail * stats.f_frsize
+        assert abs(prom.scalar("llama_sidecar_disk_free_bytes") - free) < 0.02 * free + (64 << 20)
+
+        variables = {"job": "llama-kv-sidecar", "server_job": "llama-server"}
+        results = promql.query_all(prom.url, promql.dashboard_expressions(variables))
+        empty = [expr for expr, result in results.items() if not result]
+        assert not empty, f"dashboard queries without data after a real restart and restore: {empty}"
+        promql.query_all(prom.url, promql.annotation_expressions(variables))
+        promql.query_all(prom.url, promql.rule_expressions())
+
+
+def test_promtool_accepts_the_sidecar_exposition(llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed: apt-get install -y prometheus"
+    server = llama(slot_dir=slot_dir)
+    side = sidecar(server, slot_dir)
+    side.wait_for(lambda: side.metric("llama_sidecar_server_up") == 1, what="server up")
+    code, text = side.get("/metrics")
+    assert code == 200
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
