@@ -234,17 +234,17 @@ def settings_from(ns: argparse.Namespace) -> config.Settings:
     )
 
 
-def _open_store(ns: argparse.Namespace) -> store.SnapshotStore:
+def _open_store(ns: argparse.Namespace, *, read_only: bool) -> store.SnapshotStore:
     if ns.slot_dir is None:
         raise errors.ConfigError(f"--slot-dir (or {_ENV['slot_dir']}) is required")
-    snaps = store.SnapshotStore(Path(ns.slot_dir).resolve(), clock=time.time)
+    snaps = store.SnapshotStore(Path(ns.slot_dir).resolve(), clock=time.time, read_only=read_only)
     if not snaps.dir.is_dir():
         raise errors.ConfigError(f"slot dir {snaps.dir} does not exist")
     return snaps
 
 
 def _ls(ns: argparse.Namespace) -> int:
-    snaps = _open_store(ns)
+    snaps = _open_store(ns, read_only=True)
     snaps.on_quarantine = lambda file, reason, detail: print(f"bad: {file}: {reason}: {detail}", file=sys.stderr)
     snaps.scan(clean=False)
     found = snaps.snapshots()
@@ -261,20 +261,24 @@ def _ls(ns: argparse.Namespace) -> int:
 
 
 def _verify(ns: argparse.Namespace) -> int:
-    snaps = _open_store(ns)
-    snaps.on_quarantine = lambda file, reason, detail: print(f"BAD {file}: {reason}: {detail}")
-    if ns.dry_run:
-        snaps.quarantine = lambda file, reason, *, detail="": print(f"BAD {file}: {reason}: {detail}")  # type: ignore[method-assign]
+    snaps = _open_store(ns, read_only=ns.dry_run)
+    action = "found" if ns.dry_run else "quarantined"
+    bad: list[str] = []
+
+    def report(file: str, reason: str, detail: str) -> None:
+        bad.append(file)
+        print(f"BAD {file}: {reason}: {detail} ({action})")
+
+    snaps.on_quarantine = report
     snaps.scan(clean=False)
-    bad = 0
-    for m in snaps.snapshots():
+    checked = snaps.snapshots()
+    for m in checked:
         try:
             snaps.verify(m)
             print(f"ok  {m.file} ({m.tokens} tokens, {m.bytes} bytes)")
         except errors.SnapshotError as exc:
-            bad += 1
             snaps.quarantine(m.file, exc.reason, detail=str(exc))
-    print(json.dumps({"checked": len(snaps.snapshots()) + (bad if not ns.dry_run else 0), "bad": bad}))
+    print(json.dumps({"checked": len(checked), "bad": len(bad)}))
     return 1 if bad else 0
 
 

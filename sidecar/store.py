@@ -57,9 +57,11 @@ class Usage:
 class SnapshotStore:
     """The index of committed snapshots and every write to the slot dir."""
 
-    def __init__(self, slot_dir: Path, *, clock: Clock) -> None:
+    def __init__(self, slot_dir: Path, *, clock: Clock, read_only: bool = False) -> None:
         self.dir = slot_dir
         self._clock = clock
+        self._read_only = read_only
+        """Report bad files through ``on_quarantine`` but rename nothing (``verify --dry-run``)."""
         self._lock = threading.Lock()
         self._index: dict[str, manifest.Manifest] = {}
         self.on_quarantine: Callable[[str, str, str], None] = lambda name, reason, detail: None
@@ -262,6 +264,9 @@ class SnapshotStore:
         """Take a snapshot out of use for good, keeping it for inspection."""
         with self._lock:
             self._index.pop(file, None)
+        if self._read_only:
+            self.on_quarantine(file, reason, detail)
+            return
         stem = Path(file).stem
         for name in (stem + ".json", stem + ".bin"):
             try:

@@ -1,0 +1,67 @@
+"""`llama-kv-sidecar ls` and `verify` on a real slot dir, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sidecar import manifest, store
+
+FP = manifest.Fingerprint("b1", "/models/m.gguf", 100, 200, 4096, 1)
+
+
+def _snapshot(directory: Path, slot: int, size: int) -> manifest.Manifest:
+    snaps = store.SnapshotStore(directory, clock=time.time)
+    temp = snaps.temp_name(slot)
+    (directory / temp).write_bytes(os.urandom(size))
+    return snaps.commit(temp, slot=slot, tokens=size // 10, written=size, task=3, fingerprint=FP)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_ls_lists_every_snapshot_with_its_manifest(tmp_path: Path) -> None:
+    a = _snapshot(tmp_path, 0, 5000)
+    time.sleep(0.01)
+    b = _snapshot(tmp_path, 1, 7000)
+    out = _run("ls", "--slot-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert a.file in out.stdout
+    assert b.file in out.stdout
+    assert "2 snapshot(s)" in out.stdout
+    lines = _run("ls", "--slot-dir", str(tmp_path), "--json").stdout.splitlines()
+    assert sorted(json.loads(line)["sha256"] for line in lines) == sorted([a.sha256, b.sha256])
+
+
+def test_verify_reports_and_quarantines_a_flipped_byte_and_dry_run_touches_nothing(tmp_path: Path) -> None:
+    good = _snapshot(tmp_path, 0, 5000)
+    bad = _snapshot(tmp_path, 1, 5000)
+    assert _run("verify", "--slot-dir", str(tmp_path)).returncode == 0
+    with (tmp_path / bad.file).open("r+b") as fh:
+        fh.seek(100)
+        byte = fh.read(1)
+        fh.seek(100)
+        fh.write(bytes([byte[0] ^ 1]))
+    dry = _run("verify", "--slot-dir", str(tmp_path), "--dry-run")
+    assert dry.returncode == 1
+    assert f"BAD {bad.file}: checksum" in dry.stdout
+    assert (tmp_path / bad.file).exists()
+    real = _run("verify", "--slot-dir", str(tmp_path))
+    assert real.returncode == 1
+    assert json.loads(real.stdout.splitlines()[-1]) == {"checked": 2, "bad": 1}
+    assert (tmp_path / (bad.file + ".quarantined")).exists()
+    assert (tmp_path / good.file).exists()
+    assert _run("verify", "--slot-dir", str(tmp_path)).returncode == 0
+
+
+def test_ls_on_a_missing_dir_says_so(tmp_path: Path) -> None:
+    out = _run("ls", "--slot-dir", str(tmp_path / "nope"))
+    assert out.returncode == 2
+    assert "does not exist" in out.stderr
