@@ -61,7 +61,7 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
     async with aiohttp.ClientSession(raise_for_status=False) as session:
         client = upstream.LlamaClient(session, settings.upstream)
         core = engine.Engine(client=client, snapshots=snapshots, stats=stats, settings=settings)
-        poll = poller.Poller(client, settings.poll, wants_counters=core.wants_counters)
+        poll = poller.Poller(client, settings.poll)
         watch = watcher.Watcher(snapshots, stats)
         app = server.make_app(
             core=core, snapshots=snapshots, registry=registry, admin_token=settings.server.admin_token

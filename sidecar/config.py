@@ -31,11 +31,6 @@ class PollSettings:
     """Seconds between polls while the server is up."""
     down_interval: float = 0.25
     """Seconds between /health polls while the server is down or loading."""
-    metrics_interval: float = 10.0
-    """Seconds between /metrics reads when nothing is waiting on them.
-
-    Each read of llama-server's /metrics restarts its averaging window for
-    the throughput gauges, so the sidecar reads it sparingly."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -66,9 +66,6 @@ class Engine:
         await self.restorer.restore_all(obs.slots, self.identity, healthy_at=None, counters=obs.counters)
         return self.restorer.last
 
-    def wants_counters(self) -> bool:
-        return bool(self.restorer.pending)
-
     async def handle(self, obs: events.Observation, evts: list[events.Event]) -> None:
         if obs.health is not self._said:
             self._say_state(obs)
@@ -77,8 +74,8 @@ class Engine:
         self.latest = obs
         if obs.identity is not None:
             self.identity = obs.identity
-        if obs.health is not events.Health.OK or obs.slots is None or self.identity is None:
-            return
+        if obs.health is not events.Health.OK or obs.slots is None or self.identity is None or obs.sleeping:
+            return  # asleep: its slots look empty, and any slot action would wake it
         if len(obs.slots) != self._slot_count:
             self._slot_count = len(obs.slots)
             self._metrics.init_slots(range(self._slot_count))
@@ -112,6 +109,18 @@ class Engine:
             self.link_ok = None
             if self.healthy_at is None or (self.latest and self.latest.health is events.Health.OK):
                 self.healthy_at = event.at  # restarted between two polls: first seen healthy now
+        elif kind is events.Transition.SLEPT:
+            log.info(
+                "server_sleeping",
+                effect="llama-server unloaded the model and the KV (--sleep-idle-seconds); the sidecar "
+                "leaves it asleep and restores idle slots once a request wakes it",
+            )
+        elif kind is events.Transition.WOKE:
+            log.info("server_woke", effect="its slots start empty: restoring the idle ones")
+            self.policy.reset()
+            self.restorer.pending.clear()
+            self.restore_due = True
+            self.healthy_at = event.at
         elif kind is events.Transition.BECAME_BUSY:
             log.debug("slot_busy", slot=event.slot)
         elif kind is events.Transition.BECAME_IDLE:

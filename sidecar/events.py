@@ -76,6 +76,10 @@ class Counters:
     start_time: float | None
     prompt_tokens: float
     cached_tokens: float
+    activity: tuple[float, ...] = ()
+    """Counters that move whenever the server works (decodes, tokens, deferred requests)."""
+    processing: float = 0.0
+    """``llamacpp:requests_processing``: slots busy right now."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,6 +110,10 @@ class Transition(enum.StrEnum):
     RESTARTED = "restarted"
     BECAME_BUSY = "became_busy"
     BECAME_IDLE = "became_idle"
+    SLEPT = "slept"
+    """``--sleep-idle-seconds`` unloaded the model and every slot's KV."""
+    WOKE = "woke"
+    """A request woke the server: its slots start empty."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -166,6 +174,13 @@ def detect(prev: Observation | None, cur: Observation, *, last_up: Observation |
         return events
     if not was_up:
         events.append(Event(Transition.CAME_UP, cur.at))
+    if cur.sleeping:
+        if prev is None or not prev.sleeping:
+            events.append(Event(Transition.SLEPT, cur.at))
+        return events
+    if prev is not None and prev.sleeping:
+        events.append(Event(Transition.WOKE, cur.at))
+        return events
     if cur.slots is None:
         return events
     if last_up is not None:

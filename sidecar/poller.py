@@ -1,15 +1,21 @@
 """Polls llama-server and turns what it sees into observations and events.
 
 /health every poll (every ``down_interval`` while the server is down or
-loading, so a restart is seen within a quarter second); /slots whenever the
-server is up; /props when the server comes up and every ``IDENTITY_EVERY``
-seconds; /metrics when the server comes up, every ``metrics_interval``, and
-on every poll while the consumer waits on it (restore verification).
+loading, so a restart is seen within a quarter second); /props and /metrics
+whenever the server is up (/props says whether ``--sleep-idle-seconds`` put
+the server to sleep); /v1/models when the server comes up or its model
+changes; /slots when the server comes up and whenever /metrics shows
+activity since the last read (see ``_slots_stale``), or every poll when the
+server has no /metrics.
+
+While the server sleeps its /slots look empty: those observations are not
+used as the baseline for restart detection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 
@@ -18,7 +24,6 @@ import structlog
 from sidecar import config, errors, events, upstream
 
 log = structlog.get_logger("sidecar.poller")
-IDENTITY_EVERY = 30.0
 
 Sink = Callable[[events.Observation, list[events.Event]], Awaitable[None]]
 
@@ -29,19 +34,18 @@ class Poller:
         client: upstream.LlamaClient,
         settings: config.PollSettings,
         *,
-        wants_counters: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
         self._settings = settings
-        self._wants_counters = wants_counters
         self._clock = clock
         self.prev: events.Observation | None = None
         self.last_up: events.Observation | None = None
         self._identity: tuple[events.Identity, bool] | None = None
-        self._identity_at = float("-inf")
+        self._model: tuple[str, tuple[int | None, int | None]] | None = None
         self._counters: events.Counters | None = None
-        self._counters_at = float("-inf")
+        self._slots: tuple[events.SlotView, ...] | None = None
+        self._slots_activity: tuple[float, ...] | None = None
         self._metrics_off = False
         self._problem = ""
 
@@ -52,7 +56,9 @@ class Poller:
             if any(e.transition is events.Transition.RESTARTED for e in evts):
                 obs = await self._refresh_after_restart(obs)
             self.prev = obs
-            if obs.health is events.Health.OK and obs.slots is not None:
+            if obs.sleeping:
+                self.last_up = None  # a sleeping server's slots look empty: no baseline
+            elif obs.health is events.Health.OK and obs.slots is not None:
                 self.last_up = obs
             await sink(obs, evts)
             up = obs.health is events.Health.OK
@@ -63,27 +69,29 @@ class Poller:
         health, problem = await self._client.health(), ""
         if health is not events.Health.OK:
             problem = "loading the model (HTTP 503)" if health is events.Health.LOADING else "unreachable"
-            self._identity, self._counters = None, None
+            self._identity, self._counters, self._slots = None, None, None
             return events.Observation(at=at, health=health, problem=problem)
         came_up = self.prev is None or self.prev.health is not events.Health.OK
         if came_up:
             self._metrics_off = False
+        await self._read_identity(refresh_model=came_up)
+        identity, sleeping = self._identity if self._identity else (None, False)
+        fresh = not self._metrics_off and await self._read_counters()
         slots: tuple[events.SlotView, ...] | None = None
-        try:
-            slots = await self._client.slots()
-        except errors.UpstreamError as exc:
-            problem = str(exc)
-        if came_up or at - self._identity_at >= IDENTITY_EVERY or self._identity is None:
-            await self._read_identity(at)
-        fresh = False
-        if not self._metrics_off and (
-            came_up or at - self._counters_at >= self._settings.metrics_interval or self._wants_counters()
-        ):
-            fresh = await self._read_counters(at)
+        if sleeping:
+            pass  # reading /slots would wake it
+        elif came_up or not fresh or self._slots_stale():
+            try:
+                slots = await self._client.slots()
+            except errors.UpstreamError as exc:
+                problem = str(exc)
+            self._slots = slots
+            self._slots_activity = self._counters.activity if fresh and self._counters else None
+        else:
+            slots = self._slots  # /metrics shows no activity since /slots was read: nothing changed
         if problem != self._problem and problem:
             log.warning("slots_unreadable", error=problem)
         self._problem = problem
-        identity, sleeping = self._identity if self._identity else (None, False)
         return events.Observation(
             at=at,
             health=health,
@@ -95,10 +103,25 @@ class Poller:
             problem=problem,
         )
 
+    def _slots_stale(self) -> bool:
+        """Whether /slots must be read again: the server did work since the last read, or is busy.
+
+        Every /slots read is a task that resets llama-server's ``--sleep-idle-seconds``
+        timer; /metrics is not. Reading /slots only when /metrics shows activity lets an
+        idle server fall asleep while the sidecar watches it.
+        """
+        counters = self._counters
+        return (
+            self._slots is None
+            or counters is None
+            or counters.processing > 0
+            or counters.activity != self._slots_activity
+        )
+
     async def _refresh_after_restart(self, obs: events.Observation) -> events.Observation:
         """Re-read identity and counters so the old process's values are not carried on."""
-        await self._read_identity(obs.at)
-        fresh = not self._metrics_off and await self._read_counters(obs.at)
+        await self._read_identity(refresh_model=True)
+        fresh = not self._metrics_off and await self._read_counters()
         identity, sleeping = self._identity if self._identity else (None, False)
         return events.Observation(
             at=obs.at,
@@ -111,14 +134,17 @@ class Poller:
             problem=obs.problem,
         )
 
-    async def _read_identity(self, at: float) -> None:
+    async def _read_identity(self, *, refresh_model: bool) -> None:
         try:
-            self._identity = await self._client.identity()
-            self._identity_at = at
+            identity, sleeping = await self._client.props()
+            if refresh_model or self._model is None or self._model[0] != identity.model_path:
+                self._model = (identity.model_path, await self._client.model_meta())
+            size, params = self._model[1]
+            self._identity = (dataclasses.replace(identity, model_size=size, model_params=params), sleeping)
         except errors.UpstreamError as exc:
             log.warning("props_unreadable", error=str(exc))
 
-    async def _read_counters(self, at: float) -> bool:
+    async def _read_counters(self) -> bool:
         """Read /metrics; True if fresh counters were read."""
         try:
             self._counters = await self._client.counters()
@@ -134,6 +160,5 @@ class Poller:
         except errors.UpstreamError as exc:
             log.warning("metrics_unreadable", error=str(exc))
         else:
-            self._counters_at = at
             return True
         return False

@@ -21,6 +21,13 @@ from sidecar import config, errors, events
 
 _T = TypeVar("_T")
 
+_ACTIVITY = (
+    "llamacpp:n_decode_total",
+    "llamacpp:prompt_tokens_total",
+    "llamacpp:prompt_tokens_cached_total",
+    "llamacpp:tokens_predicted_total",
+    "llamacpp:requests_deferred",
+)
 MAX_BODY = 8 << 20
 """Largest reply read from llama-server, in bytes (a /slots reply with prompts is big)."""
 
@@ -71,29 +78,38 @@ class LlamaClient:
         return tuple(_slot_view(item) for item in body)
 
     async def identity(self) -> tuple[events.Identity, bool]:
-        """Read /props (and /v1/models for the model size); returns (identity, is_sleeping)."""
+        """Read /props and /v1/models; returns (identity, is_sleeping)."""
+        identity, sleeping = await self.props()
+        size, params = await self.model_meta()
+        return dataclasses.replace(identity, model_size=size, model_params=params), sleeping
+
+    async def props(self) -> tuple[events.Identity, bool]:
+        """Read /props: the identity without the model's size, and whether the server sleeps."""
         props = await self._json("GET", "/props", self._timeout)
         if not isinstance(props, dict):
             raise errors.UpstreamProtocolError("/props did not return an object", endpoint="/props")
         settings = _field(props, "default_generation_settings", dict, "/props")
-        size: int | None = None
-        params: int | None = None
-        try:
-            models = await self._json("GET", "/v1/models", self._timeout)
-            meta = models["data"][0]["meta"]
-            size = int(meta["size"]) if isinstance(meta.get("size"), int) else None
-            params = int(meta["n_params"]) if isinstance(meta.get("n_params"), int) else None
-        except (errors.UpstreamError, KeyError, IndexError, TypeError):
-            pass  # older servers: the model size is then not part of the fingerprint
         identity = events.Identity(
             build_info=str(props.get("build_info", "")),
             model_path=_field(props, "model_path", str, "/props"),
             total_slots=_field(props, "total_slots", int, "/props"),
             n_ctx=_field(settings, "n_ctx", int, "/props"),
-            model_size=size,
-            model_params=params,
         )
         return identity, bool(props.get("is_sleeping", False))
+
+    async def model_meta(self) -> tuple[int | None, int | None]:
+        """(size in bytes, parameter count) of the loaded model; (None, None) if the server does not say."""
+        try:
+            models = await self._json("GET", "/v1/models", self._timeout)
+            meta = models["data"][0]["meta"]
+        except (errors.UpstreamError, KeyError, IndexError, TypeError):
+            return None, None  # older servers: the model size is then not part of the fingerprint
+        size = meta.get("size") if isinstance(meta, dict) else None
+        params = meta.get("n_params") if isinstance(meta, dict) else None
+        return (
+            size if isinstance(size, int) and not isinstance(size, bool) else None,
+            params if isinstance(params, int) and not isinstance(params, bool) else None,
+        )
 
     async def counters(self) -> events.Counters:
         status, headers, text = await self._request("GET", "/metrics", self._timeout)
@@ -114,6 +130,8 @@ class LlamaClient:
             start_time=start,
             prompt_tokens=values.get("llamacpp:prompt_tokens_total", 0.0),
             cached_tokens=values.get("llamacpp:prompt_tokens_cached_total", 0.0),
+            activity=tuple(values.get(name, 0.0) for name in _ACTIVITY),
+            processing=values.get("llamacpp:requests_processing", 0.0),
         )
 
     async def save(self, slot: int, filename: str) -> ActionResult:
