@@ -206,8 +206,14 @@ def _listen(text: str) -> tuple[str, int]:
 
 def settings_from(ns: argparse.Namespace) -> config.Settings:
     url = urlsplit(ns.server)
-    if url.scheme not in ("http", "https") or not url.netloc:
-        raise errors.ConfigError(f"--server {ns.server!r} is not an http(s) URL such as http://127.0.0.1:8080")
+    try:
+        port_ok = url.port is None or url.port > 0
+    except ValueError:
+        port_ok = False
+    if url.scheme not in ("http", "https") or not url.hostname or not port_ok:
+        raise errors.ConfigError(
+            f"--server {ns.server!r} is not an http(s) URL with a valid port, such as http://127.0.0.1:8080"
+        )
     if ns.slot_dir is None:
         raise errors.ConfigError(f"--slot-dir (or {_ENV['slot_dir']}) is required: llama-server's --slot-save-path")
     host, port = _listen(ns.listen)

@@ -37,6 +37,7 @@ class Engine:
         self._store = snapshots
         self._metrics = stats
         self._mono = mono
+        self._down_interval = settings.poll.down_interval
         self.policy = policy.Policy(policy.Timing(s.idle_seconds, s.interval, s.min_tokens))
         self.saver = snapshotter.Snapshotter(client=client, snapshots=snapshots, stats=stats, settings=s)
         self.restorer = restorer.Restorer(
@@ -138,7 +139,7 @@ class Engine:
                 "server_unreachable",
                 server=self._client.url,
                 problem=obs.problem,
-                effect="no snapshots or restores until it answers; retrying every 0.25 s",
+                effect=f"no snapshots or restores until it answers; retrying every {self._down_interval} s",
                 hint="check --server / LLAMA_SIDECAR_SERVER and that llama-server is running",
             )
 
@@ -168,9 +169,13 @@ class Engine:
         target = next((v for v in slots if v.virgin and not v.processing and v.id not in self.restorer.pending), None)
         if target is None:
             return  # the first real save will prove or disprove the link
+        async with self.saver.lock:  # a probe is a save: never two in flight
+            await self._probe_slot(target.id)
+
+    async def _probe_slot(self, slot: int) -> None:
         name = self._store.probe_name()
         try:
-            await self._client.save(target.id, name)
+            await self._client.save(slot, name)
         except errors.UpstreamNotSupported:
             self._link(
                 False,

@@ -140,13 +140,15 @@ def restart_reasons(before: Observation, after: Observation, *, was_down: bool) 
             reasons.append("process start time changed")
         elif a.prompt_tokens < b.prompt_tokens or a.cached_tokens < b.cached_tokens:
             reasons.append("metrics counters went backwards")
-    if before.identity and after.identity and before.identity != after.identity:
+    if before.identity and after.identity:
         fields = [
             f.name
             for f in dataclasses.fields(Identity)
-            if getattr(before.identity, f.name) != getattr(after.identity, f.name)
+            if None not in (getattr(before.identity, f.name), getattr(after.identity, f.name))
+            and getattr(before.identity, f.name) != getattr(after.identity, f.name)
         ]
-        reasons.append("server identity changed: " + ", ".join(fields))
+        if fields:  # a field one side could not read (None) is no evidence
+            reasons.append("server identity changed: " + ", ".join(fields))
     if before.slots is not None and after.slots is not None:
         for old in before.slots:
             new = after.slot(old.id)
@@ -160,11 +162,15 @@ def restart_reasons(before: Observation, after: Observation, *, was_down: bool) 
     return tuple(reasons)
 
 
-def detect(prev: Observation | None, cur: Observation, *, last_up: Observation | None) -> list[Event]:
+def detect(
+    prev: Observation | None, cur: Observation, *, last_up: Observation | None, was_down: bool | None = None
+) -> list[Event]:
     """Name the transitions from ``prev`` to ``cur``.
 
     ``last_up`` is the newest earlier observation with the server up and its
-    slots read; it carries restart evidence across a down period.
+    slots read; it carries restart evidence across a down period. ``was_down``
+    says whether the server was down or loading at any poll since ``last_up``
+    (polls with unreadable /slots sit between); by default it is read off ``prev``.
     """
     events: list[Event] = []
     was_up = prev is not None and prev.health is Health.OK
@@ -184,8 +190,7 @@ def detect(prev: Observation | None, cur: Observation, *, last_up: Observation |
     if cur.slots is None:
         return events
     if last_up is not None:
-        was_down = not was_up
-        reasons = restart_reasons(last_up, cur, was_down=was_down)
+        reasons = restart_reasons(last_up, cur, was_down=(not was_up) if was_down is None else was_down)
         if reasons:
             events.append(Event(Transition.RESTARTED, cur.at, reasons=reasons))
             return events

@@ -150,7 +150,7 @@ def plan_restore(
         return RestorePlan(view.id, (), RestoreOutcome.NO_SNAPSHOT)
     good: list[manifest.Manifest] = []
     refusals: list[tuple[str, str]] = []
-    for snap in snapshots:
+    for snap in sorted(snapshots, key=lambda m: (m.created, m.file), reverse=True):
         problems = manifest.incompatibilities(snap, identity, slot_n_ctx=view.n_ctx)
         if problems:
             refusals.append((snap.file, "; ".join(problems)))

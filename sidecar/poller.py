@@ -45,6 +45,7 @@ class Poller:
         self._model: tuple[str, tuple[int | None, int | None]] | None = None
         self._counters: events.Counters | None = None
         self._slots: tuple[events.SlotView, ...] | None = None
+        self._down_since_up = False
         self._slots_activity: tuple[float, ...] | None = None
         self._metrics_off = False
         self._problem = ""
@@ -52,7 +53,9 @@ class Poller:
     async def run(self, sink: Sink) -> None:
         while True:
             obs = await self.poll_once()
-            evts = events.detect(self.prev, obs, last_up=self.last_up)
+            if obs.health is not events.Health.OK:
+                self._down_since_up = True
+            evts = events.detect(self.prev, obs, last_up=self.last_up, was_down=self._down_since_up)
             if any(e.transition is events.Transition.RESTARTED for e in evts):
                 obs = await self._refresh_after_restart(obs)
             self.prev = obs
@@ -60,15 +63,15 @@ class Poller:
                 self.last_up = None  # a sleeping server's slots look empty: no baseline
             elif obs.health is events.Health.OK and obs.slots is not None:
                 self.last_up = obs
+                self._down_since_up = False
             await sink(obs, evts)
             up = obs.health is events.Health.OK
             await asyncio.sleep(self._settings.interval if up else self._settings.down_interval)
 
     async def poll_once(self) -> events.Observation:
         at = self._clock()
-        health, problem = await self._client.health(), ""
+        health, problem = await self._client.health()
         if health is not events.Health.OK:
-            problem = "loading the model (HTTP 503)" if health is events.Health.LOADING else "unreachable"
             self._identity, self._counters, self._slots = None, None, None
             return events.Observation(at=at, health=health, problem=problem)
         came_up = self.prev is None or self.prev.health is not events.Health.OK

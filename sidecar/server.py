@@ -102,8 +102,8 @@ def _authorized(request: web.Request) -> web.Response | None:
     token = request.app[TOKEN_KEY]
     if not token:
         return web.json_response({"error": "admin endpoints are off: start the sidecar with --admin-token"}, status=403)
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ")
-    if not hmac.compare_digest(given.encode(), token.encode()):
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme != "Bearer" or not hmac.compare_digest(given.encode(), token.encode()):
         return web.json_response({"error": "missing or wrong 'Authorization: Bearer <admin token>'"}, status=401)
     return None
 

@@ -216,11 +216,17 @@ class SnapshotStore:
                 fingerprint=fingerprint,
             )
             os.replace(path, self.dir / final)
+        except OSError as exc:
+            self._unlink(temp)
+            raise errors.SnapshotError(f"committing {temp} failed: {exc}", reason="io") from exc
         except BaseException:
             self._unlink(temp)
             raise
         try:
             self._write_manifest(record)
+        except OSError as exc:
+            self._unlink(final)
+            raise errors.SnapshotError(f"writing the manifest of {final} failed: {exc}", reason="io") from exc
         except BaseException:
             self._unlink(final)
             raise

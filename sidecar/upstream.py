@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -60,16 +61,17 @@ class LlamaClient:
     def url(self) -> str:
         return self._base
 
-    async def health(self) -> events.Health:
+    async def health(self) -> tuple[events.Health, str]:
+        """The server's state, and what went wrong when it is not OK."""
         try:
-            status, _, _ = await self._request("GET", "/health", self._timeout)
+            await self._request("GET", "/health", self._timeout)
         except errors.UpstreamUnavailable as exc:
             if exc.status == 503:
-                return events.Health.LOADING
-            return events.Health.DOWN
-        except errors.UpstreamError:
-            return events.Health.DOWN
-        return events.Health.OK if status == 200 else events.Health.DOWN
+                return events.Health.LOADING, "loading the model (/health answered 503)"
+            return events.Health.DOWN, str(exc)
+        except errors.UpstreamError as exc:
+            return events.Health.DOWN, str(exc)
+        return events.Health.OK, ""
 
     async def slots(self) -> tuple[events.SlotView, ...]:
         body = await self._json("GET", "/slots", self._timeout)
@@ -169,25 +171,29 @@ class LlamaClient:
 
     async def _request(
         self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None
-    ) -> tuple[int, dict[str, str], str]:
+    ) -> tuple[int, Mapping[str, str], str]:
         endpoint = path.split("?", maxsplit=1)[0]
         try:
             async with self._session.request(
                 method, self._base + path, json=payload, headers=self._headers, timeout=timeout
             ) as resp:
-                raw = await resp.content.read(MAX_BODY + 1)
-                if len(raw) > MAX_BODY:
-                    raise errors.UpstreamProtocolError(
-                        f"{endpoint} answered more than {MAX_BODY} bytes", endpoint=endpoint
-                    )
-                text = raw.decode("utf-8", errors="replace")
-                status, headers = resp.status, dict(resp.headers)
-        except (aiohttp.ClientError, OSError) as exc:
-            raise errors.UpstreamUnavailable(f"{endpoint}: {type(exc).__name__}: {exc}", endpoint=endpoint) from exc
-        except TimeoutError as exc:
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(64 << 10):
+                    size += len(chunk)
+                    if size > MAX_BODY:
+                        raise errors.UpstreamProtocolError(
+                            f"{endpoint} answered more than {MAX_BODY} bytes", endpoint=endpoint
+                        )
+                    chunks.append(chunk)
+                text = b"".join(chunks).decode("utf-8", errors="replace")
+                status, headers = resp.status, resp.headers.copy()  # names stay case-insensitive
+        except TimeoutError as exc:  # before OSError: TimeoutError is one
             raise errors.UpstreamUnavailable(
                 f"{endpoint}: no answer within {timeout.total} s", endpoint=endpoint
             ) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise errors.UpstreamUnavailable(f"{endpoint}: {type(exc).__name__}: {exc}", endpoint=endpoint) from exc
         if status == 200:
             return status, headers, text
         message = f"{endpoint}: HTTP {status}: {_error_message(text)}"
