@@ -19,7 +19,7 @@ from sidecar import config, errors, events, metrics, policy, restorer, snapshott
 
 log = structlog.get_logger("sidecar.engine")
 RETRY_AFTER = 30.0
-"""Seconds before a slot whose save failed is tried again."""
+"""Seconds before a slot whose save failed, or was skipped for lack of disk, is tried again."""
 
 
 class Engine:
@@ -226,6 +226,8 @@ class Engine:
             self.policy.settle(action.slot, action.signature)
         elif last is not None and last.result == "skipped" and "empty" in last.detail:
             self.policy.settle(action.slot, action.signature)
+        elif last is not None and last.result == "skipped":  # disk below the floor: try again later
+            self.policy.defer(action.slot, self._mono() + RETRY_AFTER)
         elif last is not None and last.result == "failed":
             self.policy.defer(action.slot, self._mono() + RETRY_AFTER)
             if "--slot-dir must be" in last.detail:

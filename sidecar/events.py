@@ -150,16 +150,27 @@ def restart_reasons(before: Observation, after: Observation, *, was_down: bool) 
         if fields:  # a field one side could not read (None) is no evidence
             reasons.append("server identity changed: " + ", ".join(fields))
     if before.slots is not None and after.slots is not None:
-        for old in before.slots:
-            new = after.slot(old.id)
-            if old.task is None or new is None:
-                continue
-            if new.task is None or new.task < old.task:
-                reasons.append(f"slot {old.id} lost its task history")
-                break
+        lost = lost_history(before, after)
+        if lost is not None:
+            reasons.append(f"slot {lost} lost its task history")
         if was_down and all(s.virgin for s in after.slots):
             reasons.append("server was unreachable and came back with every slot empty")
     return tuple(reasons)
+
+
+def lost_history(before: Observation, after: Observation) -> int | None:
+    """The first slot that ran a task in ``before`` and shows none (or an older one) in ``after``.
+
+    Only a new process, or the same process after ``--sleep-idle-seconds`` unloaded
+    and reloaded the model, forgets a slot's task.
+    """
+    for old in before.slots or ():
+        new = after.slot(old.id)
+        if old.task is None or new is None:
+            continue
+        if new.task is None or new.task < old.task:
+            return old.id
+    return None
 
 
 def detect(
@@ -193,6 +204,11 @@ def detect(
         reasons = restart_reasons(last_up, cur, was_down=(not was_up) if was_down is None else was_down)
         if reasons:
             events.append(Event(Transition.RESTARTED, cur.at, reasons=reasons))
+            return events
+        if lost_history(last_up, cur) is not None:
+            # Same process (its start time proves it) but the slots forgot their tasks:
+            # it slept and woke between two polls.
+            events.append(Event(Transition.WOKE, cur.at))
             return events
     base = last_up if last_up is not None else None
     for view in cur.slots:

@@ -8,8 +8,9 @@ changes; /slots when the server comes up and whenever /metrics shows
 activity since the last read (see ``_slots_stale``), or every poll when the
 server has no /metrics.
 
-While the server sleeps its /slots look empty: those observations are not
-used as the baseline for restart detection.
+While the server sleeps /slots is not read (the read would wake it); the
+last awake observation stays the baseline for restart detection, so a
+sleeping server that is restarted is still seen as restarted.
 """
 
 from __future__ import annotations
@@ -59,9 +60,7 @@ class Poller:
             if any(e.transition is events.Transition.RESTARTED for e in evts):
                 obs = await self._refresh_after_restart(obs)
             self.prev = obs
-            if obs.sleeping:
-                self.last_up = None  # a sleeping server's slots look empty: no baseline
-            elif obs.health is events.Health.OK and obs.slots is not None:
+            if obs.health is events.Health.OK and obs.slots is not None:
                 self.last_up = obs
                 self._down_since_up = False
             await sink(obs, evts)
@@ -82,7 +81,10 @@ class Poller:
         fresh = not self._metrics_off and await self._read_counters()
         slots: tuple[events.SlotView, ...] | None = None
         if sleeping:
-            pass  # reading /slots would wake it
+            # Reading /slots would wake it. Its KV is gone: forget the slots read before, so the
+            # first read after it wakes is a fresh one. The baseline for restart detection
+            # (last_up) stays the last awake observation.
+            self._slots, self._slots_activity = None, None
         elif came_up or not fresh or self._slots_stale():
             try:
                 slots = await self._client.slots()

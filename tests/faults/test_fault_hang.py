@@ -20,7 +20,7 @@ from faultbed import Sidecar, eventually, make_settings, open_sockets, run_sidec
 from sidecar import config, errors, upstream
 
 TIMEOUT = 0.5
-SLACK = 0.3
+SLACK = 0.6
 """Scheduling slack on a loaded 2-core machine, in seconds."""
 
 

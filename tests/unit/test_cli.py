@@ -1,0 +1,273 @@
+"""The command line: sidecar.__main__.main and settings_from. Flags win over env, env over defaults.
+
+`main(["run", ...])` with valid arguments would start the sidecar, so valid
+configurations are checked through `settings_from(build_parser().parse_args(...))`
+and only refused ones go through `main`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar import __main__ as cli
+from sidecar import config, errors, events, manifest, store
+
+
+def settings(*args: str) -> config.Settings:
+    return cli.settings_from(cli.build_parser().parse_args(["run", *args]))
+
+
+def test_defaults(tmp_path: Path) -> None:
+    s = settings("--slot-dir", str(tmp_path))
+    assert s.upstream == config.UpstreamSettings(url="http://127.0.0.1:8080", api_key=None)
+    assert s.poll.interval == 1.0
+    assert s.snapshots == config.SnapshotSettings(
+        slot_dir=tmp_path.resolve(), idle_seconds=2.0, interval=300.0, min_tokens=256
+    )
+    assert (s.server.host, s.server.port, s.server.admin_token) == ("127.0.0.1", 9464, None)
+
+
+def test_flags(tmp_path: Path) -> None:
+    s = settings(
+        "--server",
+        "http://llama:8080/",
+        "--slot-dir",
+        str(tmp_path),
+        "--listen",
+        "0.0.0.0:9500",
+        "--poll-interval",
+        "0.5",
+        "--idle-seconds",
+        "0",
+        "--snapshot-interval",
+        "60",
+        "--min-tokens",
+        "0",
+        "--api-key",
+        "k",
+        "--keep-per-slot",
+        "3",
+        "--max-bytes",
+        "1000",
+        "--max-age",
+        "86400",
+        "--request-timeout",
+        "1.5",
+    )
+    assert (s.upstream.url, s.upstream.api_key, s.upstream.request_timeout) == ("http://llama:8080/", "k", 1.5)
+    assert s.poll.interval == 0.5
+    assert (s.snapshots.idle_seconds, s.snapshots.interval, s.snapshots.min_tokens) == (0.0, 60.0, 0)
+    assert (s.snapshots.keep_per_slot, s.snapshots.max_bytes, s.snapshots.max_age) == (3, 1000, 86400.0)
+    assert (s.server.host, s.server.port) == ("0.0.0.0", 9500)
+
+
+@pytest.mark.parametrize(("listen", "host"), [("[::1]:9464", "::1"), (":9464", "0.0.0.0"), ("sidecar:80", "sidecar")])
+def test_listen_forms(tmp_path: Path, listen: str, host: str) -> None:
+    assert settings("--slot-dir", str(tmp_path), "--listen", listen).server.host == host
+
+
+@pytest.mark.parametrize("listen", ["9464", "localhost", "localhost:http", "127.0.0.1:70000", "127.0.0.1:", ""])
+def test_bad_listen(tmp_path: Path, capsys: pytest.CaptureFixture[str], listen: str) -> None:
+    with pytest.raises(errors.ConfigError, match="HOST:PORT"):
+        settings("--slot-dir", str(tmp_path), "--listen", listen)
+    assert cli.main(["run", "--slot-dir", str(tmp_path), "--listen", listen]) == 2
+    err = capsys.readouterr().err
+    assert "--listen" in err
+    assert "HOST:PORT" in err
+    assert "127.0.0.1:9464" in err
+
+
+@pytest.mark.parametrize("server", ["localhost:8080", "127.0.0.1", "ftp://llama:8080", "http://", "llama"])
+def test_bad_server(tmp_path: Path, capsys: pytest.CaptureFixture[str], server: str) -> None:
+    with pytest.raises(errors.ConfigError, match="http"):
+        settings("--slot-dir", str(tmp_path), "--server", server)
+    assert cli.main(["run", "--slot-dir", str(tmp_path), "--server", server]) == 2
+    err = capsys.readouterr().err
+    assert "--server" in err
+    assert "http://127.0.0.1:8080" in err
+
+
+@pytest.mark.parametrize("server", ["http://llama:notaport", "http://llama:99999", "http://llama:0", "http://:8080"])
+def test_bad_server_port(tmp_path: Path, capsys: pytest.CaptureFixture[str], server: str) -> None:
+    with pytest.raises(errors.ConfigError, match="--server"):
+        settings("--slot-dir", str(tmp_path), "--server", server)
+    assert cli.main(["run", "--slot-dir", str(tmp_path), "--server", server]) == 2
+    assert "http://127.0.0.1:8080" in capsys.readouterr().err
+
+
+def test_missing_slot_dir(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(errors.ConfigError):
+        settings()
+    assert cli.main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert "--slot-dir" in err
+    assert "LLAMA_SIDECAR_SLOT_DIR" in err
+    assert "--slot-save-path" in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--poll-interval", "-1", "> 0"),
+        ("--poll-interval", "0", "> 0"),
+        ("--poll-interval", "fast", "not a float"),
+        ("--idle-seconds", "-0.5", ">= 0"),
+        ("--snapshot-interval", "-300", "> 0"),
+        ("--min-tokens", "-5", ">= 0"),
+        ("--min-tokens", "2.5", "'2.5'"),
+        ("--keep-per-slot", "0", "> 0"),
+        ("--max-bytes", "-1", ">= 0"),
+        ("--max-age", "-1", ">= 0"),
+        ("--request-timeout", "0", "> 0"),
+        ("--final-timeout", "-20", "> 0"),
+    ],
+)
+def test_bad_numbers_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, says: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "--slot-dir", str(tmp_path), flag, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err
+    assert says in err
+
+
+def test_bad_log_format_exits_2(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "--slot-dir", str(tmp_path), "--log-format", "xml"])
+    assert info.value.code == 2
+
+
+def test_no_subcommand_exits_2() -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main([])
+    assert info.value.code == 2
+
+
+# ---- environment ---------------------------------------------------------------------
+
+
+def test_env_vars_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "LLAMA_SIDECAR_SERVER": "http://llama:8081",
+        "LLAMA_SIDECAR_SLOT_DIR": str(tmp_path),
+        "LLAMA_SIDECAR_LISTEN": "0.0.0.0:9999",
+        "LLAMA_SIDECAR_POLL_INTERVAL": "0.25",
+        "LLAMA_SIDECAR_IDLE_SECONDS": "5",
+        "LLAMA_SIDECAR_SNAPSHOT_INTERVAL": "120",
+        "LLAMA_SIDECAR_MIN_TOKENS": "1024",
+        "LLAMA_API_KEY": "from-env",
+        "LLAMA_SIDECAR_ADMIN_TOKEN": "admin",
+        "LLAMA_SIDECAR_MAX_BYTES": "5000",
+    }.items():
+        monkeypatch.setenv(name, value)
+    s = settings()
+    assert (s.upstream.url, s.upstream.api_key) == ("http://llama:8081", "from-env")
+    assert s.snapshots.slot_dir == tmp_path.resolve()
+    assert (s.server.host, s.server.port, s.server.admin_token) == ("0.0.0.0", 9999, "admin")
+    assert s.poll.interval == 0.25
+    assert (s.snapshots.idle_seconds, s.snapshots.interval, s.snapshots.min_tokens) == (5.0, 120.0, 1024)
+    assert s.snapshots.max_bytes == 5000
+
+
+def test_flags_win_over_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = tmp_path / "other"
+    monkeypatch.setenv("LLAMA_SIDECAR_SERVER", "http://env:1")
+    monkeypatch.setenv("LLAMA_SIDECAR_SLOT_DIR", str(other))
+    monkeypatch.setenv("LLAMA_SIDECAR_LISTEN", "bad listen value")
+    monkeypatch.setenv("LLAMA_SIDECAR_MIN_TOKENS", "-1")  # invalid, but the flag replaces it
+    monkeypatch.setenv("LLAMA_API_KEY", "env-key")
+    s = settings(
+        "--server",
+        "http://flag:2",
+        "--slot-dir",
+        str(tmp_path),
+        "--listen",
+        "127.0.0.1:1234",
+        "--min-tokens",
+        "10",
+        "--api-key",
+        "flag-key",
+    )
+    assert (s.upstream.url, s.upstream.api_key) == ("http://flag:2", "flag-key")
+    assert s.snapshots.slot_dir == tmp_path.resolve()
+    assert s.server.port == 1234
+    assert s.snapshots.min_tokens == 10
+
+
+def test_bad_env_number_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LLAMA_SIDECAR_POLL_INTERVAL", "-1")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "--slot-dir", str(tmp_path)])
+    assert info.value.code == 2
+    assert "--poll-interval" in capsys.readouterr().err
+
+
+def test_bad_env_listen_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_SIDECAR_LISTEN", "nope")
+    assert cli.main(["run", "--slot-dir", str(tmp_path)]) == 2
+
+
+def test_empty_api_key_means_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_API_KEY", "")
+    assert settings("--slot-dir", str(tmp_path)).upstream.api_key is None
+
+
+# ---- ls and verify -------------------------------------------------------------------
+
+
+def _snapshot(slot_dir: Path) -> manifest.Manifest:
+    snaps = store.SnapshotStore(slot_dir, clock=lambda: 1_764_414_733.0)
+    temp = snaps.temp_name(0)
+    (slot_dir / temp).write_bytes(b"kv" * 1000)
+    fp = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 1, 4096), n_ctx=4096)
+    return snaps.commit(temp, slot=0, tokens=500, written=2000, task=3, fingerprint=fp)
+
+
+@pytest.mark.parametrize("command", ["ls", "verify"])
+def test_ls_and_verify_need_an_existing_slot_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    assert cli.main([command]) == 2
+    assert "--slot-dir" in capsys.readouterr().err
+    assert cli.main([command, "--slot-dir", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_ls_lists_snapshots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = _snapshot(tmp_path)
+    assert cli.main(["ls", "--slot-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert record.file in out
+    assert "1 snapshot(s)" in out
+
+
+def test_ls_slot_dir_from_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = _snapshot(tmp_path)
+    monkeypatch.setenv("LLAMA_SIDECAR_SLOT_DIR", str(tmp_path))
+    assert cli.main(["ls", "--json"]) == 0
+    assert manifest.Manifest.from_json(capsys.readouterr().out) == record
+
+
+def test_verify_reports_and_quarantines_a_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = _snapshot(tmp_path)
+    assert cli.main(["verify", "--slot-dir", str(tmp_path)]) == 0
+    assert '{"checked": 1, "bad": 0}' in capsys.readouterr().out
+    (tmp_path / record.file).write_bytes(b"xx" * 1000)  # same size, other content
+    before = {p.name for p in tmp_path.iterdir()}
+    assert cli.main(["verify", "--slot-dir", str(tmp_path), "--dry-run"]) == 1
+    out = capsys.readouterr().out
+    assert "checksum" in out
+    assert '{"checked": 1, "bad": 1}' in out
+    assert {p.name for p in tmp_path.iterdir()} == before  # --dry-run renames nothing
+    assert cli.main(["verify", "--slot-dir", str(tmp_path)]) == 1
+    assert '{"checked": 1, "bad": 1}' in capsys.readouterr().out
+    assert (tmp_path / (record.file + ".quarantined")).exists()
+    assert cli.main(["verify", "--slot-dir", str(tmp_path)]) == 0  # quarantined files are not checked again
