@@ -104,12 +104,8 @@ class Engine:
         elif kind is events.Transition.RESTARTED:
             self._metrics.server_restarts.inc()
             log.warning("server_restarted", reasons=list(event.reasons))
-            self.policy.reset()
-            self.restorer.pending.clear()
-            self.restore_due = True
-            self.link_ok = None
-            if self.healthy_at is None or (self.latest and self.latest.health is events.Health.OK):
-                self.healthy_at = event.at  # restarted between two polls: first seen healthy now
+            self._slots_emptied(event.at)
+            self.link_ok = None  # the new process may have another --slot-save-path
         elif kind is events.Transition.SLEPT:
             log.info(
                 "server_sleeping",
@@ -118,14 +114,22 @@ class Engine:
             )
         elif kind is events.Transition.WOKE:
             log.info("server_woke", effect="its slots start empty: restoring the idle ones")
-            self.policy.reset()
-            self.restorer.pending.clear()
-            self.restore_due = True
-            self.healthy_at = event.at
+            self._slots_emptied(event.at)
         elif kind is events.Transition.BECAME_BUSY:
             log.debug("slot_busy", slot=event.slot)
         elif kind is events.Transition.BECAME_IDLE:
             log.debug("slot_idle", slot=event.slot, changed=event.changed)
+
+    def _slots_emptied(self, at: float) -> None:
+        """The server lost every slot's KV (a new process, or a wake-up): start over and restore.
+
+        ``at`` is the poll that first saw the server healthy again, where the
+        restart-to-restore latency starts.
+        """
+        self.policy.reset()
+        self.restorer.pending.clear()
+        self.restore_due = True
+        self.healthy_at = at
 
     def _say_state(self, obs: events.Observation) -> None:
         """Log the server's state once per change, not on every poll."""
