@@ -1,0 +1,253 @@
+"""Does snapshotting one slot stall a client streaming on another?
+
+llama-server runs slot saves on its main loop, so every slot waits while
+one is written. Here a client streams tokens on slot 0 (`"stream": true`)
+while slot 1's conversation grows by a few words every `period` seconds,
+which the sidecar's default policy (save once idle for 2 s) answers with a
+snapshot of slot 1 after each change. Three conditions with the same
+slot-1 traffic alternate, one window each per round, so drift in the
+machine's load hits all of them: no sidecar (the baseline), the bench
+itself saving slot 1 2.5 s after each change (the server's own cost of a
+save, without the sidecar's process), and the sidecar with its defaults.
+
+Measured: the gaps between consecutive streamed tokens (the wait for the
+first token, which includes prompt processing, is not a gap). A round in
+which any window's median gap is more than `DISTURBED` times the median of
+all windows' medians was slowed by other work on the machine (the stream
+itself, not a save, got slower) and is left out of the pooled figures; the
+per-window table shows every window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import threading
+import time
+
+from bench import client, rig
+from bench.beds import llamabed, sidecarbed
+
+NONE, DIRECT, SIDECAR = "no sidecar", "bench saves slot 1", "sidecar (defaults)"
+DIRECT_SAVE_AFTER = 2.5
+"""The bench's own save follows a change after about as long as the sidecar's would (idle 2 s + poll)."""
+DISTURBED = 1.5
+
+
+@dataclasses.dataclass(slots=True)
+class Window:
+    round: int
+    gaps_ms: list[float]
+    saves: int
+    save_gaps_ms: list[float]
+    """For each save, the longest inter-token gap overlapping it (sidecar: save call + commit)."""
+    changes: int
+    pressure: float | None
+    """CPU pressure (PSI avg10, %) at the window's end."""
+    kept: bool = True
+
+    @property
+    def p50(self) -> float:
+        return rig.percentile(self.gaps_ms, 50)
+
+
+@dataclasses.dataclass(slots=True)
+class Condition:
+    name: str
+    windows: list[Window] = dataclasses.field(default_factory=list)
+    save_server_ms: list[float] = dataclasses.field(default_factory=list)
+
+    def _kept(self) -> list[Window]:
+        return [w for w in self.windows if w.kept]
+
+    @property
+    def gaps_ms(self) -> list[float]:
+        return [g for w in self._kept() for g in w.gaps_ms]
+
+    @property
+    def save_gaps_ms(self) -> list[float]:
+        return [g for w in self._kept() for g in w.save_gaps_ms]
+
+    @property
+    def saves(self) -> int:
+        return sum(w.saves for w in self._kept())
+
+    @property
+    def changes(self) -> int:
+        return sum(w.changes for w in self._kept())
+
+
+def window(
+    server: llamabed.LlamaServer,
+    convo: list[str],
+    *,
+    seconds: float,
+    period: float,
+    save_after: float | None,
+    save_ms: list[float],
+) -> tuple[float, float, list[float], list[tuple[float, float]], int]:
+    """One measuring window; returns (start, end, token times, direct saves, changes), times in unix time.
+
+    `save_after`: the bench itself saves slot 1 this long after each change (no sidecar).
+    """
+    times: list[float] = []
+    saves: list[tuple[float, float]] = []
+    changes = 0
+    thread = threading.Thread(target=client.stream, args=(server.port, seconds, times), name="stream", daemon=True)
+    start = time.time()
+    thread.start()
+    rig.wait_until(lambda: len(times) >= 2, timeout=120, what="first streamed tokens")
+    began = time.monotonic()
+    while time.monotonic() - began < seconds - period:
+        cycle = time.monotonic()
+        convo.append(f" {len(convo)} more")
+        llamabed.complete(server.url, "".join(convo), n_predict=1, id_slot=1)
+        changes += 1
+        if save_after is not None:
+            time.sleep(max(0.0, cycle + save_after - time.monotonic()))
+            began_save = time.time()
+            saved = llamabed.slot_action(server.url, 1, "save", "bench-direct.bin")
+            saves.append((began_save, time.time()))
+            save_ms.append(float(saved["timings"]["save_ms"]))
+        time.sleep(max(0.0, cycle + period - time.monotonic()))
+    thread.join(timeout=seconds + 60)
+    end = time.time()
+    rig.wait_idle(server.url)
+    return start, end, times, saves, changes
+
+
+def run(bed: rig.Rig, *, base_tokens: int, seconds: float, rounds: int, period: float, say: rig.Say) -> list[Condition]:
+    """Three conditions: no saves, the bench saving slot 1 itself, the sidecar (defaults)."""
+    slot_dir = bed.slot_dir("stall")
+    server = bed.server(slot_dir=slot_dir, n_slots=2, ctx_size=8192)
+    convo = [llamabed.make_prompt(server.url, base_tokens, seed=11)]
+    llamabed.complete(server.url, convo[0], n_predict=1, id_slot=1)
+    conds = [Condition(NONE), Condition(DIRECT), Condition(SIDECAR)]
+    for r in range(rounds):
+        for cond in conds:
+            side = bed.sidecar(server, slot_dir) if cond.name == SIDECAR else None
+            if side is not None:
+                side.wait_for(
+                    functools.partial(rig.snapshot_of, side, 1, base_tokens // 2), timeout=120, what="slot 1 saved"
+                )
+                client.settle(side)
+            start, end, times, saves, changes = window(
+                server,
+                convo,
+                seconds=seconds,
+                period=period,
+                save_after=DIRECT_SAVE_AFTER if cond.name == DIRECT else None,
+                save_ms=cond.save_server_ms,
+            )
+            if side is not None:
+                saves = _sidecar_saves(side, cond, start, end)
+                side.kill()
+            (slot_dir / "bench-direct.bin").unlink(missing_ok=True)
+            gaps = [(b - a) * 1000 for a, b in itertools.pairwise(times)]
+            cond.windows.append(Window(r + 1, gaps, len(saves), _holding(saves, times), changes, rig.cpu_pressure()))
+            w = cond.windows[-1]
+            say(
+                f"  round {r + 1}/{rounds} {cond.name}: {len(times)} tokens, p50 gap {w.p50:.1f} ms, "
+                f"p99 {rig.percentile(gaps, 99):.1f} ms, {w.saves} saves"
+            )
+    server.kill()
+    _drop_disturbed(conds)
+    return conds
+
+
+def _sidecar_saves(
+    side: sidecarbed.SidecarProcess, cond: Condition, start: float, end: float
+) -> list[tuple[float, float]]:
+    """(start, end) of the sidecar's saves (save call + commit) that ended inside the window."""
+    spans = []
+    for entry in side.log_events("snapshot_committed"):
+        done = rig.log_time(entry)
+        if start <= done <= end:
+            cond.save_server_ms.append(float(entry.get("server_ms") or 0.0))
+            spans.append((done - float(entry.get("seconds") or 0.0), done))
+    return spans
+
+
+def _holding(saves: list[tuple[float, float]], times: list[float]) -> list[float]:
+    """For each save, the longest inter-token gap overlapping it, in ms."""
+    out = []
+    for began, ended in saves:
+        overlapping = [(b - a) * 1000 for a, b in itertools.pairwise(times) if a < ended and b > began]
+        if overlapping:
+            out.append(max(overlapping))
+    return out
+
+
+def _drop_disturbed(conds: list[Condition]) -> None:
+    windows = [w for c in conds for w in c.windows]
+    ref = rig.median([w.p50 for w in windows])
+    bad = {w.round for w in windows if not w.p50 <= DISTURBED * ref}
+    if len(bad) == len({w.round for w in windows}):
+        return  # every round was disturbed: keep them all rather than nothing
+    for w in windows:
+        w.kept = w.round not in bad
+
+
+def windows_table(conds: list[Condition]) -> str:
+    rows = []
+    for w, name in sorted(((w, c.name) for c in conds for w in c.windows), key=lambda x: x[0].round):
+        rows.append(
+            [
+                w.round,
+                name,
+                len(w.gaps_ms),
+                w.p50,
+                rig.percentile(w.gaps_ms, 99),
+                max(w.gaps_ms, default=float("nan")),
+                w.saves,
+                "-" if w.pressure is None else f"{w.pressure:.0f}",
+                "yes" if w.kept else "NO (disturbed)",
+            ]
+        )
+    headers = ["round", "condition", "gaps", "p50 ms", "p99 ms", "max ms", "saves", "CPU pressure %", "kept"]
+    return rig.table(headers, rows, digits=1)
+
+
+def table(conds: list[Condition]) -> str:
+    rows = []
+    for c in conds:
+        g = c.gaps_ms
+        rows.append(
+            [
+                c.name,
+                len(g),
+                rig.percentile(g, 50),
+                rig.percentile(g, 90),
+                rig.percentile(g, 99),
+                max(g) if g else float("nan"),
+                c.changes,
+                c.saves,
+                rig.median(c.save_server_ms),
+                rig.median(c.save_gaps_ms),
+                rig.median(c.save_gaps_ms) - rig.percentile(g, 50),
+            ]
+        )
+    headers = [
+        "kept rounds",
+        "gaps",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "slot-1 changes",
+        "saves",
+        "save_ms (server)",
+        "longest gap over a save ms",
+        "  minus p50 ms",
+    ]
+    return rig.table(headers, rows, digits=1)
+
+
+def pick(conds: list[Condition], name: str) -> Condition:
+    return next(c for c in conds if c.name == name)
+
+
+def p99_ratio(conds: list[Condition]) -> float:
+    """p99 gap with the sidecar over p99 gap with no saves at all."""
+    return rig.percentile(pick(conds, SIDECAR).gaps_ms, 99) / rig.percentile(pick(conds, NONE).gaps_ms, 99)
