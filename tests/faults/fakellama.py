@@ -4,7 +4,7 @@
 own thread and event loop so that its handlers (hung ones included) are
 neither counted among the test's asyncio tasks nor able to stall the
 sidecar under test. It mimics the llama-server API the sidecar uses
-(see /work/shared/LLAMA_SERVER.md): ``/health``, ``/slots``, ``/props``,
+(as llama-server answers them): ``/health``, ``/slots``, ``/props``,
 ``/v1/models``, ``/metrics`` with the ``Process-Start-Time-Unix`` header, and
 ``POST /slots/{id}?action=save|restore|erase``, which really write and read
 files in the slot dir it is given. ``--api-key`` is enforced like the real

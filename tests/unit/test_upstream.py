@@ -1,6 +1,6 @@
 """upstream.LlamaClient against a fake llama-server: a real in-process aiohttp app on loopback.
 
-The fake answers what the real server answers (LLAMA_SERVER.md) and, per test,
+The fake answers what the real server answers and, per test,
 the faults the real one cannot be made to produce on demand.
 """
 
