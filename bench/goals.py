@@ -115,13 +115,15 @@ def judge(r: Results, *, quick: bool) -> list[Verdict]:
         ratio = stall.p99_ratio(r.stalls)
         base, side = stall.pick(r.stalls, stall.NONE), stall.pick(r.stalls, stall.SIDECAR)
         few = min(len(base.gaps_ms), len(side.gaps_ms)) < MIN_GAPS
+        noisy = stall.disturbed(r.stalls)
         out.append(
             Verdict(
                 f"stall: p99 gap with sidecar <= {STALL_P99_GOAL:.2f}x without",
                 f"{ratio:.3f}x (p99 {rig.percentile(side.gaps_ms, 99):.1f} vs "
                 f"{rig.percentile(base.gaps_ms, 99):.1f} ms; {side.saves} saves)"
-                + (f"; under {MIN_GAPS} gaps per condition: inconclusive" if few else ""),
-                None if few or math.isnan(ratio) else ratio <= STALL_P99_GOAL,
+                + (f"; under {MIN_GAPS} gaps per condition: inconclusive" if few else "")
+                + ("; no undisturbed round: inconclusive" if noisy else ""),
+                None if few or noisy or math.isnan(ratio) else ratio <= STALL_P99_GOAL,
             )
         )
     if r.footprint:

@@ -46,6 +46,7 @@ class Window:
     pressure: float | None
     """CPU pressure (PSI avg10, %) at the window's end."""
     kept: bool = True
+    disturbed: bool = False
 
     @property
     def p50(self) -> float:
@@ -183,10 +184,12 @@ def _drop_disturbed(conds: list[Condition]) -> None:
     windows = [w for c in conds for w in c.windows]
     ref = rig.median([w.p50 for w in windows])
     bad = {w.round for w in windows if not w.p50 <= DISTURBED * ref}
-    if len(bad) == len({w.round for w in windows}):
-        return  # every round was disturbed: keep them all rather than nothing
     for w in windows:
-        w.kept = w.round not in bad
+        w.disturbed = w.round in bad
+    if len(bad) == len({w.round for w in windows}):
+        return  # every round was disturbed: keep them all rather than nothing (the verdict is withheld)
+    for w in windows:
+        w.kept = not w.disturbed
 
 
 def windows_table(conds: list[Condition]) -> str:
@@ -202,7 +205,7 @@ def windows_table(conds: list[Condition]) -> str:
                 max(w.gaps_ms, default=float("nan")),
                 w.saves,
                 "-" if w.pressure is None else f"{w.pressure:.0f}",
-                "yes" if w.kept else "NO (disturbed)",
+                "NO (disturbed)" if not w.kept else "yes (disturbed)" if w.disturbed else "yes",
             ]
         )
     headers = ["round", "condition", "gaps", "p50 ms", "p99 ms", "max ms", "saves", "CPU pressure %", "kept"]
@@ -246,6 +249,11 @@ def table(conds: list[Condition]) -> str:
 
 def pick(conds: list[Condition], name: str) -> Condition:
     return next(c for c in conds if c.name == name)
+
+
+def disturbed(conds: list[Condition]) -> bool:
+    """Whether the pooled figures include a disturbed round (when no round was clean)."""
+    return any(w.kept and w.disturbed for c in conds for w in c.windows)
 
 
 def p99_ratio(conds: list[Condition]) -> float:
