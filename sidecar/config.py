@@ -1,8 +1,9 @@
 """Settings, grouped by concern, built once in ``__main__`` and passed down.
 
-Every duration is in float seconds and every size in bytes. Defaults here
-are the ones the command line documents; only the upstream URL and the
-slot directory have to be given by the user.
+Each default is written once, here, with its unit in the attribute
+docstring: the command line shows these defaults in its help and applies
+them to every flag left unset. Every duration is in float seconds and every
+size in bytes. Only the slot directory has to be given by the user.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ class UpstreamSettings:
     url: str = "http://127.0.0.1:8080"
     """Base URL of llama-server."""
     api_key: str | None = None
-    """Sent as ``Authorization: Bearer``; never logged."""
+    """One of llama-server's API keys, sent as ``Authorization: Bearer``; never logged."""
     request_timeout: float = 5.0
     """Timeout of /health, /slots, /props and /metrics calls, in seconds."""
     action_timeout: float = 300.0
@@ -36,21 +37,21 @@ class PollSettings:
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotSettings:
     slot_dir: Path
-    """The server's ``--slot-save-path``, seen from the sidecar."""
+    """The server's ``--slot-save-path``, seen from the sidecar (a directory)."""
     idle_seconds: float = 2.0
-    """A slot is saved once it has been idle this long after a change."""
+    """A slot is saved once it has been idle this many seconds after a change."""
     interval: float = 300.0
-    """A changed slot is saved at least this often even if it never settles."""
+    """A changed slot is saved at least this often, in seconds, even if it never settles."""
     min_tokens: int = 256
-    """Slots holding fewer tokens are not worth a file."""
+    """Slots holding fewer tokens than this are not worth a file."""
     keep_per_slot: int = 2
-    """Newest snapshots kept per slot (at least 1)."""
+    """Newest snapshots kept per slot, a count (at least 1)."""
     max_bytes: int = 0
-    """Cap on all snapshots together; 0 means no cap."""
+    """Cap on all snapshots together, in bytes; 0 means no cap."""
     max_age: float = 0.0
-    """Snapshots older than this are deleted; 0 means no age limit."""
+    """Snapshots older than this many seconds are deleted; 0 means no age limit."""
     min_free_bytes: int = 1 << 30
-    """Saves are skipped when the filesystem would drop below this."""
+    """Saves are skipped when the filesystem would drop below this many free bytes."""
     final_timeout: float = 20.0
     """Budget for the final snapshots at shutdown, in seconds."""
 
@@ -58,9 +59,21 @@ class SnapshotSettings:
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ServerSettings:
     host: str = "127.0.0.1"
+    """Address the sidecar's HTTP endpoints listen on."""
     port: int = 9464
+    """TCP port of the sidecar's HTTP endpoints; 0 picks a free one."""
     admin_token: str | None = None
     """Enables POST /snapshot and /restore; without it they answer 403."""
+    status_requires_token: bool = False
+    """Whether GET /status needs the admin token too (it lists slots, snapshots and the model path)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LogSettings:
+    format: str = "auto"
+    """json, console, or auto (console on a terminal, else json)."""
+    level: str = "info"
+    """debug, info, warning or error."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,3 +82,4 @@ class Settings:
     poll: PollSettings
     snapshots: SnapshotSettings
     server: ServerSettings
+    logs: LogSettings = dataclasses.field(default_factory=LogSettings)

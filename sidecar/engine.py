@@ -38,7 +38,7 @@ class Engine:
         self._metrics = stats
         self._mono = mono
         self._down_interval = settings.poll.down_interval
-        self.policy = policy.Policy(policy.Timing(s.idle_seconds, s.interval, s.min_tokens))
+        self.policy = policy.Policy(s)
         self.saver = snapshotter.Snapshotter(client=client, snapshots=snapshots, stats=stats, settings=s)
         self.restorer = restorer.Restorer(
             client=client, snapshots=snapshots, stats=stats, lock=self.saver.lock, mono=mono

@@ -13,7 +13,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Sequence
 
-from sidecar import events, manifest
+from sidecar import config, events, manifest
 
 
 class SaveReason(enum.StrEnum):
@@ -54,16 +54,9 @@ class SlotTrack:
     """No save before this monotonic time (after a failed save)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Timing:
-    idle_seconds: float
-    interval: float
-    min_tokens: int
-
-
 class Policy:
-    def __init__(self, timing: Timing) -> None:
-        self.timing = timing
+    def __init__(self, settings: config.SnapshotSettings) -> None:
+        self.settings = settings
         self.tracks: dict[int, SlotTrack] = {}
 
     def reset(self) -> None:
@@ -95,7 +88,7 @@ class Policy:
 
     def due(self, now: float) -> list[Save | Skip]:
         actions: list[Save | Skip] = []
-        t = self.timing
+        t = self.settings
         for slot, track in sorted(self.tracks.items()):
             sig = track.signature
             if sig is None or track.busy or sig == track.settled or now < track.retry_at:
@@ -116,7 +109,7 @@ class Policy:
             for slot, track in self.tracks.items()
             if track.signature is not None
             and track.signature != track.settled
-            and track.signature[1] >= self.timing.min_tokens
+            and track.signature[1] >= self.settings.min_tokens
         ]
         return [Save(slot, sig, sig[1], SaveReason.FINAL) for _, slot, sig in sorted(picks)]
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime
 import random
+from pathlib import Path
 
 import pytest
 
-from sidecar import events, manifest, policy
+from sidecar import config, events, manifest, policy
 
-TIMING = policy.Timing(idle_seconds=2.0, interval=10.0, min_tokens=100)
+TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)
 IDENTITY = events.Identity(
     build_info="b1", model_path="/m.gguf", total_slots=4, n_ctx=8192, model_size=1000, model_params=10
 )

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+from pathlib import Path
 from typing import cast
 
 import structlog
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 
 from sidecar import config, errors, events, manifest, policy, poller, upstream
 
-TIMING = policy.Timing(idle_seconds=2.0, interval=10.0, min_tokens=100)
+TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)
 RETRY_AFTER = 30.0
 N_CTX = 4096
 PROFILE = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,0 +1,391 @@
+"""The settings of ``llama-kv-sidecar run``: one table of flag, environment variable and field.
+
+Each row of :data:`OPTIONS` names a flag, the environment variable that
+stands in for it, and the ``config.Settings`` field it sets. The flags are
+added to argparse with the default ``None``; :func:`settings_from` then
+takes each field from its flag, else from its environment variable, else
+leaves it to the default written in ``config.py``. The help text shows that
+default and the variable's name, so nothing is written twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import enum
+import os
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from sidecar import config, errors, logs
+
+_GROUPS: dict[str, type[Any]] = {
+    name: kind
+    for name, kind in typing.get_type_hints(config.Settings).items()
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind)
+}
+"""The groups of ``config.Settings`` by field name: ``{"upstream": config.UpstreamSettings, ...}``."""
+
+
+def _number(kind: Callable[[str], Any], *, zero_ok: bool = False) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value < 0 or (value == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {'>= 0' if zero_ok else '> 0'}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _switch(text: str) -> bool:
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not one of 1, true, yes, on, 0, false, no, off")
+
+
+def _url(text: str) -> str:
+    url = urlsplit(text)
+    try:
+        port_ok = url.port is None or url.port > 0
+    except ValueError:
+        port_ok = False
+    if url.scheme not in ("http", "https") or not url.hostname or not port_ok:
+        raise errors.ConfigError(
+            f"--server {text!r} is not an http(s) URL with a valid port, such as http://127.0.0.1:8080"
+        )
+    return text
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise errors.ConfigError(f"--listen {text!r} is not HOST:PORT (for example 127.0.0.1:9464)")
+    # An empty host (":9464") means every interface, as the user asked.
+    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104
+
+
+def _first_key(text: str) -> str | None:
+    """The first key of a list as llama-server reads ``--api-key``: comma-separated, CSV quoting."""
+    return next((key for key in next(csv.reader([text]), []) if key), None)
+
+
+def _read_secret(flag: str, path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise errors.ConfigError(f"{flag} {path}: cannot read the file: {exc}") from exc
+
+
+def _key_file(path: str) -> str:
+    """The first key of a file as llama-server reads ``--api-key-file``: one per line, ``#`` comments."""
+    lines = _read_secret("--api-key-file", path).splitlines()
+    key = next((line for line in lines if line and not line.startswith("#")), None)
+    if key is None:
+        raise errors.ConfigError(f"--api-key-file {path}: the file holds no key (one key per line, # for comments)")
+    return key
+
+
+def _token_file(path: str) -> str:
+    token = _read_secret("--admin-token-file", path).removesuffix("\n").removesuffix("\r")
+    if not token:
+        raise errors.ConfigError(f"--admin-token-file {path}: the file is empty")
+    return token
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Option:
+    flag: str
+    env: str
+    fields: tuple[str, ...]
+    """``group.name`` of the ``config.Settings`` field(s) the option sets."""
+    help: str
+    metavar: str | None = None
+    parse: Callable[[str], Any] = str
+    """Turns the text into a value; argparse reports its errors (exit 2)."""
+    check: Callable[[Any], Any] | None = None
+    """Validates the parsed value; raises ``errors.ConfigError``. Returns a tuple for several fields."""
+    choices: tuple[str, ...] | None = None
+    switch: bool = False
+    """A flag without a value; the variable takes 1/0, true/false, yes/no, on/off."""
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+def _default(field: str) -> Any:
+    group, name = field.split(".")
+    found = {f.name: f.default for f in dataclasses.fields(_GROUPS[group])}
+    return found[name]
+
+
+def _shown_default(option: Option) -> str:
+    defaults = [_default(field) for field in option.fields]
+    if option.switch or any(d is None or d is dataclasses.MISSING for d in defaults):
+        return ""
+    return f" (default {':'.join(str(d) for d in defaults)})"
+
+
+SLOT_DIR = Option(
+    "--slot-dir",
+    "LLAMA_SIDECAR_SLOT_DIR",
+    ("snapshots.slot_dir",),
+    "snapshot directory: the same directory llama-server was given as --slot-save-path",
+    metavar="DIR",
+    parse=Path,
+    check=Path.resolve,
+)
+OPTIONS: tuple[Option, ...] = (
+    Option("--server", "LLAMA_SIDECAR_SERVER", ("upstream.url",), "llama-server base URL", "URL", check=_url),
+    SLOT_DIR,
+    Option(
+        "--listen",
+        "LLAMA_SIDECAR_LISTEN",
+        ("server.host", "server.port"),
+        "HOST:PORT for /metrics, /healthz, /readyz, /status (use 0.0.0.0:9464 in a container)",
+        "HOST:PORT",
+        check=_listen,
+    ),
+    Option(
+        "--poll-interval",
+        "LLAMA_SIDECAR_POLL_INTERVAL",
+        ("poll.interval",),
+        "seconds between polls while the server is up",
+        "SEC",
+        _number(float),
+    ),
+    Option(
+        "--idle-seconds",
+        "LLAMA_SIDECAR_IDLE_SECONDS",
+        ("snapshots.idle_seconds",),
+        "save a slot once it has been idle this many seconds after a change",
+        "SEC",
+        _number(float, zero_ok=True),
+    ),
+    Option(
+        "--snapshot-interval",
+        "LLAMA_SIDECAR_SNAPSHOT_INTERVAL",
+        ("snapshots.interval",),
+        "save a changed slot at least this often, in seconds, even if it never stays idle --idle-seconds long",
+        "SEC",
+        _number(float),
+    ),
+    Option(
+        "--min-tokens",
+        "LLAMA_SIDECAR_MIN_TOKENS",
+        ("snapshots.min_tokens",),
+        "do not save slots holding fewer tokens",
+        "N",
+        _number(int, zero_ok=True),
+    ),
+    Option(
+        "--api-key",
+        "LLAMA_API_KEY",
+        ("upstream.api_key",),
+        "llama-server's --api-key, sent as a Bearer token, never logged; of a comma-separated list "
+        "(key rotation) the first key is sent; prefer --api-key-file: flags show in the process list",
+        "KEY",
+        check=_first_key,
+    ),
+    Option(
+        "--api-key-file",
+        "LLAMA_API_KEY_FILE",
+        ("upstream.api_key",),
+        "read the API key from this file instead: llama-server's --api-key-file format, one key per line, "
+        "# for comments; the first key is sent",
+        "FILE",
+        check=_key_file,
+    ),
+    Option(
+        "--admin-token",
+        "LLAMA_SIDECAR_ADMIN_TOKEN",
+        ("server.admin_token",),
+        "enables POST /snapshot and /restore for callers sending it as a Bearer token; "
+        "prefer --admin-token-file: flags show in the process list",
+        "TOKEN",
+        check=lambda text: text or None,
+    ),
+    Option(
+        "--admin-token-file",
+        "LLAMA_SIDECAR_ADMIN_TOKEN_FILE",
+        ("server.admin_token",),
+        "read the admin token from this file instead (a trailing newline is ignored)",
+        "FILE",
+        check=_token_file,
+    ),
+    Option(
+        "--status-requires-token",
+        "LLAMA_SIDECAR_STATUS_REQUIRES_TOKEN",
+        ("server.status_requires_token",),
+        "GET /status answers only callers sending the admin token (it lists slots, snapshots and the model path)",
+        parse=_switch,
+        switch=True,
+    ),
+    Option(
+        "--keep-per-slot",
+        "LLAMA_SIDECAR_KEEP_PER_SLOT",
+        ("snapshots.keep_per_slot",),
+        "newest snapshots kept per slot",
+        "N",
+        _number(int),
+    ),
+    Option(
+        "--max-bytes",
+        "LLAMA_SIDECAR_MAX_BYTES",
+        ("snapshots.max_bytes",),
+        "cap on all snapshots together, in bytes; 0 = no cap; a slot's newest snapshot is never deleted",
+        "N",
+        _number(int, zero_ok=True),
+    ),
+    Option(
+        "--max-age",
+        "LLAMA_SIDECAR_MAX_AGE",
+        ("snapshots.max_age",),
+        "delete snapshots older than this many seconds, except a slot's newest; 0 = no limit",
+        "SEC",
+        _number(float, zero_ok=True),
+    ),
+    Option(
+        "--min-free-bytes",
+        "LLAMA_SIDECAR_MIN_FREE_BYTES",
+        ("snapshots.min_free_bytes",),
+        "skip saves that would leave less free space than this on the slot dir's filesystem, in bytes",
+        "N",
+        _number(int, zero_ok=True),
+    ),
+    Option(
+        "--final-timeout",
+        "LLAMA_SIDECAR_FINAL_TIMEOUT",
+        ("snapshots.final_timeout",),
+        "seconds allowed for the final snapshots on SIGTERM; keep it below the orchestrator's grace period",
+        "SEC",
+        _number(float),
+    ),
+    Option(
+        "--request-timeout",
+        "LLAMA_SIDECAR_REQUEST_TIMEOUT",
+        ("upstream.request_timeout",),
+        "timeout of polling calls, seconds",
+        "SEC",
+        _number(float),
+    ),
+    Option(
+        "--action-timeout",
+        "LLAMA_SIDECAR_ACTION_TIMEOUT",
+        ("upstream.action_timeout",),
+        "timeout of one save or restore call, seconds",
+        "SEC",
+        _number(float),
+    ),
+    Option(
+        "--log-format",
+        "LLAMA_SIDECAR_LOG_FORMAT",
+        ("logs.format",),
+        "json, console, or auto (console on a terminal)",
+        choices=logs.FORMATS,
+    ),
+    Option(
+        "--log-level",
+        "LLAMA_SIDECAR_LOG_LEVEL",
+        ("logs.level",),
+        "how much to log",
+        choices=("debug", "info", "warning", "error"),
+    ),
+)
+
+
+def add(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    """Add ``options`` to ``parser`` with the default None, their help naming default and variable."""
+    for option in options:
+        text = f"{option.help}{_shown_default(option)} [{option.env}]".replace("%", "%%")
+        if option.switch:
+            parser.add_argument(option.flag, action="store_true", default=None, help=text)
+        else:
+            parser.add_argument(
+                option.flag,
+                default=None,
+                type=option.parse,
+                choices=option.choices,
+                metavar=option.metavar,
+                help=text,
+            )
+
+
+class Source(enum.IntEnum):
+    ENV = 1
+    FLAG = 2
+
+
+def raw_value(ns: argparse.Namespace, option: Option) -> tuple[Any, Source] | None:
+    """The option's parsed value and where it came from; None when neither flag nor variable is set.
+
+    An empty variable counts as unset (``LLAMA_API_KEY=`` in a Compose file means no key).
+    """
+    parsed = getattr(ns, option.dest, None)
+    if parsed is not None:
+        return parsed, Source.FLAG
+    text = os.environ.get(option.env, "")
+    if not text:
+        return None
+    try:
+        parsed = option.parse(text)
+    except argparse.ArgumentTypeError as exc:
+        raise errors.ConfigError(f"{option.env}={text!r} is not valid for {option.flag}: {exc}") from None
+    if option.choices is not None and parsed not in option.choices:
+        raise errors.ConfigError(f"{option.env}={text!r}: {option.flag} is one of {', '.join(option.choices)}")
+    return parsed, Source.ENV
+
+
+def checked_value(ns: argparse.Namespace, option: Option) -> Any:
+    """The option's value after its check, or None."""
+    found = raw_value(ns, option)
+    if found is None:
+        return None
+    return option.check(found[0]) if option.check is not None else found[0]
+
+
+def settings_from(ns: argparse.Namespace) -> config.Settings:
+    """Settings of ``run``: each field from its flag, else its variable, else config.py's default.
+
+    Two options that set the same field (``--api-key`` and ``--api-key-file``) may not both be
+    given at the same level; a flag wins over a variable.
+    """
+    winners: dict[tuple[str, ...], tuple[Source, Option, Any]] = {}
+    for option in OPTIONS:
+        found = raw_value(ns, option)
+        if found is None:
+            continue
+        parsed, source = found
+        before = winners.get(option.fields)
+        if before is not None and before[0] == source:
+            named = (before[1].flag, option.flag) if source is Source.FLAG else (before[1].env, option.env)
+            raise errors.ConfigError(f"{named[0]} and {named[1]} are both set: give one of them")
+        if before is None or source > before[0]:
+            winners[option.fields] = (source, option, parsed)
+    groups: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
+    for fields, (_, option, parsed) in winners.items():
+        checked = option.check(parsed) if option.check is not None else parsed
+        if checked is None:
+            continue
+        for field, part in zip(fields, checked if len(fields) > 1 else (checked,), strict=True):
+            group, name = field.split(".")
+            groups[group][name] = part
+    if "slot_dir" not in groups["snapshots"]:
+        raise errors.ConfigError(f"{SLOT_DIR.flag} (or {SLOT_DIR.env}) is required: llama-server's --slot-save-path")
+    settings = config.Settings(**{name: _GROUPS[name](**fields) for name, fields in groups.items()})
+    if settings.server.status_requires_token and not settings.server.admin_token:
+        raise errors.ConfigError(
+            "--status-requires-token needs an admin token: set --admin-token-file (or --admin-token)"
+        )
+    return settings
