@@ -23,7 +23,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 import sidecar
-from sidecar import config, engine, errors, metrics, poller, server, store, upstream, watcher
+from sidecar import config, engine, errors, metrics, poller, report, server, store, upstream, watcher
 
 log = structlog.get_logger("sidecar.app")
 
@@ -64,7 +64,11 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
         poll = poller.Poller(client, settings.poll)
         watch = watcher.Watcher(snapshots, stats)
         app = server.make_app(
-            core=core, snapshots=snapshots, registry=registry, admin_token=settings.server.admin_token
+            source=core,
+            snapshots=snapshots,
+            registry=registry,
+            settings=settings.server,
+            liveness=report.Liveness.of(settings),
         )
         handle = await server.start(app, settings.server)
         log.info("listening", host=handle.host, port=handle.port)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import structlog
 
-from sidecar import config, errors, events, metrics, policy, restorer, snapshotter, store, upstream
+from sidecar import config, errors, events, metrics, policy, report, restorer, snapshotter, store, upstream
 
 log = structlog.get_logger("sidecar.engine")
 RETRY_AFTER = 30.0
@@ -54,10 +54,34 @@ class Engine:
         self._first = True
         self._slot_count = 0
         self._said: events.Health | None = None
+        self._started = mono()
 
     @property
     def server_url(self) -> str:
         return self._client.url
+
+    def status(self) -> report.Status:
+        """What the engine knows now, for the HTTP layer."""
+        latest = self.latest
+        return report.Status(
+            server_url=self._client.url,
+            observation=latest,
+            identity=self.identity,
+            link_ok=self.link_ok,
+            link_problem=self.link_problem,
+            last_snapshot=self.saver.last,
+            last_restore=tuple(self.restorer.last),
+            observed_at=latest.at if latest is not None else self._started,
+            acting=self.saver.lock.locked(),
+        )
+
+    async def save_now(self, slot: int) -> report.SaveReply | None:
+        """An admin's save of ``slot``; None when the newest poll shows no such slot holding tokens."""
+        view = self.latest.slot(slot) if self.latest is not None else None
+        if view is None or view.signature is None:
+            return None
+        ok = await self.save(policy.Save(view.id, view.signature, view.tokens, policy.SaveReason.MANUAL))
+        return report.SaveReply(ok, self.saver.last)
 
     async def restore_now(self) -> list[restorer.RestoreRecord]:
         """An admin's restore round into the slots that are empty now."""

@@ -96,6 +96,8 @@ class Observation:
     sleeping: bool = False
     problem: str = ""
     """Why the server is down or its slots unread; empty when all is well."""
+    denied: tuple[str, ...] = ()
+    """The server's refusals (401/403) of /slots, /props or /metrics in this poll: a missing or wrong API key."""
 
     def slot(self, slot_id: int) -> SlotView | None:
         for view in self.slots or ():

@@ -1,9 +1,14 @@
 """The sidecar's own HTTP endpoints (aiohttp).
 
-``/metrics`` (Prometheus), ``/healthz`` (the process is alive and its loop
-turns), ``/readyz`` (llama-server reachable and the slot dir writable and
-linked), ``/status`` (JSON for humans and scripts). ``POST /snapshot`` and
-``POST /restore`` exist only with an admin token and answer 401 without it.
+``/metrics`` (Prometheus), ``/healthz`` (the process is alive and its poll
+loop makes progress: a kubelet liveness probe restarts a stuck sidecar),
+``/readyz`` (llama-server healthy and readable with our key, the slot dir
+writable and linked), ``/status`` (JSON for humans and scripts; optionally
+behind the admin token). ``POST /snapshot`` and ``POST /restore`` exist
+only with an admin token and answer 401 without it.
+
+Handlers read the engine through ``report.StatusSource`` only: one frozen
+``report.Status`` per request, and the two admin actions.
 """
 
 from __future__ import annotations
@@ -11,27 +16,40 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
+import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from sidecar import config, engine, events, policy, store
+from sidecar import config, events, report, store
 
-ENGINE_KEY = web.AppKey("engine", engine.Engine)
-STORE_KEY = web.AppKey("store", store.SnapshotStore)
-REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
-TOKEN_KEY = web.AppKey("token", str)
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Context:
+    source: report.StatusSource
+    snapshots: store.SnapshotStore
+    registry: CollectorRegistry
+    settings: config.ServerSettings
+    liveness: report.Liveness
+    mono: Callable[[], float]
+
+
+CONTEXT_KEY: web.AppKey[_Context] = web.AppKey("context")
 
 
 def make_app(
-    *, core: engine.Engine, snapshots: store.SnapshotStore, registry: CollectorRegistry, admin_token: str | None
+    *,
+    source: report.StatusSource,
+    snapshots: store.SnapshotStore,
+    registry: CollectorRegistry,
+    settings: config.ServerSettings,
+    liveness: report.Liveness,
+    mono: Callable[[], float] = time.monotonic,
 ) -> web.Application:
     app = web.Application(client_max_size=64 << 10)
-    app[ENGINE_KEY] = core
-    app[STORE_KEY] = snapshots
-    app[REGISTRY_KEY] = registry
-    app[TOKEN_KEY] = admin_token or ""
+    app[CONTEXT_KEY] = _Context(source, snapshots, registry, settings, liveness, mono)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -42,68 +60,90 @@ def make_app(
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[REGISTRY_KEY])
+    body = generate_latest(request.app[CONTEXT_KEY].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _healthz(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT_KEY]
+    stuck = ctx.liveness.stall(ctx.source.status(), ctx.mono())
+    if stuck:
+        return web.json_response({"status": "stuck", "problem": stuck}, status=503)
     return web.json_response({"status": "ok"})
 
 
-def _readiness(app: web.Application) -> list[str]:
-    core, snaps = app[ENGINE_KEY], app[STORE_KEY]
+def _readiness(ctx: _Context, st: report.Status) -> list[str]:
     problems: list[str] = []
-    latest = core.latest
+    stuck = ctx.liveness.stall(st, ctx.mono())
+    if stuck:
+        problems.append(stuck)
+    latest = st.observation
     if latest is None or latest.health is not events.Health.OK:
         problems.append(
-            f"llama-server at {core.server_url} is not healthy: " + (latest.problem if latest else "not polled yet")
+            f"llama-server at {st.server_url} is not healthy: " + (latest.problem if latest else "not polled yet")
         )
-    writable = snaps.check_writable()
+    elif latest.denied:
+        problems.append(
+            f"llama-server at {st.server_url} refuses the sidecar ({'; '.join(latest.denied)}): give the sidecar "
+            "one of llama-server's API keys (--api-key-file / LLAMA_API_KEY_FILE, or --api-key / LLAMA_API_KEY)"
+        )
+    writable = ctx.snapshots.check_writable()
     if writable:
         problems.append(writable)
-    if core.link_ok is False:
-        problems.append(core.link_problem)
+    if st.link_ok is False:
+        problems.append(st.link_problem)
     return problems
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    problems = _readiness(request.app)
+    ctx = request.app[CONTEXT_KEY]
+    problems = _readiness(ctx, ctx.source.status())
     return web.json_response({"ready": not problems, "problems": problems}, status=503 if problems else 200)
 
 
 async def _status(request: web.Request) -> web.Response:
-    core, snaps = request.app[ENGINE_KEY], request.app[STORE_KEY]
-    latest = core.latest
-    usage = await asyncio.to_thread(snaps.usage)
+    ctx = request.app[CONTEXT_KEY]
+    if ctx.settings.status_requires_token and (denied := _authorized(request)) is not None:
+        return denied
+    st = ctx.source.status()
+    latest = st.observation
+    usage = await asyncio.to_thread(ctx.snapshots.usage)
     by_slot: dict[str, list[dict[str, Any]]] = {}
-    for m in snaps.snapshots():
+    for m in ctx.snapshots.snapshots():
         by_slot.setdefault(str(m.slot), []).append(
             {"file": m.file, "tokens": m.tokens, "bytes": m.bytes, "created": m.created}
         )
     body: dict[str, Any] = {
         "server": {
-            "url": core.server_url,
+            "url": st.server_url,
             "health": latest.health.value if latest else "unknown",
             "problem": latest.problem if latest else "",
-            "identity": dataclasses.asdict(core.identity) if core.identity else None,
-            "slot_dir_linked": core.link_ok,
+            "denied": list(latest.denied) if latest else [],
+            "identity": dataclasses.asdict(st.identity) if st.identity else None,
+            "slot_dir_linked": st.link_ok,
+        },
+        "loop": {
+            "seconds_since_observation": round(ctx.mono() - st.observed_at, 3),
+            "acting": st.acting,
+            "allowed_seconds": ctx.liveness.bound(st),
         },
         "slots": [dataclasses.asdict(v) for v in (latest.slots or ())] if latest else [],
         "snapshots": by_slot,
-        "last_snapshot": dataclasses.asdict(core.saver.last) if core.saver.last else None,
-        "last_restore": [dataclasses.asdict(r) for r in core.restorer.last],
+        "last_snapshot": dataclasses.asdict(st.last_snapshot) if st.last_snapshot else None,
+        "last_restore": [dataclasses.asdict(r) for r in st.last_restore],
         "disk": dataclasses.asdict(usage),
-        "ready": not _readiness(request.app),
+        "ready": not _readiness(ctx, st),
     }
     return web.json_response(body)
 
 
 def _authorized(request: web.Request) -> web.Response | None:
-    token = request.app[TOKEN_KEY]
+    """None when the request carries the admin token (``Authorization: Bearer``, scheme in any case)."""
+    token = request.app[CONTEXT_KEY].settings.admin_token
     if not token:
         return web.json_response({"error": "admin endpoints are off: start the sidecar with --admin-token"}, status=403)
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    if scheme != "Bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+    scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
         return web.json_response({"error": "missing or wrong 'Authorization: Bearer <admin token>'"}, status=401)
     return None
 
@@ -118,24 +158,18 @@ def _slot_param(request: web.Request) -> int | None:
 async def _snapshot(request: web.Request) -> web.Response:
     if (denied := _authorized(request)) is not None:
         return denied
-    core = request.app[ENGINE_KEY]
     slot = _slot_param(request)
-    latest = core.latest
-    view = latest.slot(slot) if latest is not None and slot is not None else None
-    if view is None or view.signature is None:
+    reply = await request.app[CONTEXT_KEY].source.save_now(slot) if slot is not None else None
+    if reply is None:
         return web.json_response({"error": "give ?slot=N of a slot that holds tokens"}, status=400)
-    ok = await core.save(policy.Save(view.id, view.signature, view.tokens, policy.SaveReason.MANUAL))
-    last = core.saver.last
-    return web.json_response(
-        {"ok": ok, "result": dataclasses.asdict(last) if last else None}, status=200 if ok else 500
-    )
+    record = dataclasses.asdict(reply.record) if reply.record else None
+    return web.json_response({"ok": reply.ok, "result": record}, status=200 if reply.ok else 500)
 
 
 async def _restore(request: web.Request) -> web.Response:
     if (denied := _authorized(request)) is not None:
         return denied
-    core = request.app[ENGINE_KEY]
-    records = await core.restore_now()
+    records = await request.app[CONTEXT_KEY].source.restore_now()
     return web.json_response({"results": [dataclasses.asdict(r) for r in records]})
 
 

@@ -66,10 +66,8 @@ async def test_admin_endpoints_need_the_bearer_token(fake: FakeLlama, slot_dir: 
 
 
 def test_default_listen_is_loopback(tmp_path: Path) -> None:
-    ns = cli.build_parser().parse_args(["run", "--slot-dir", str(tmp_path)])
-    assert ns.listen == "127.0.0.1:9464"
-    settings = cli.settings_from(ns)
-    assert settings.server.host == "127.0.0.1"
+    settings = cli.settings_from(cli.build_parser().parse_args(["run", "--slot-dir", str(tmp_path)]))
+    assert (settings.server.host, settings.server.port) == ("127.0.0.1", 9464)
     assert settings.server.admin_token is None
 
 

@@ -1,0 +1,107 @@
+"""What the sidecar knows right now, as one frozen value, and the seam the HTTP layer reads it through.
+
+The engine builds a :class:`Status` on demand from its own state; the HTTP
+layer depends on the small :class:`StatusSource` protocol only (the status,
+and the two admin actions), never on the engine's attributes.
+
+:class:`Liveness` is the pure rule behind ``/healthz``: the poll loop is
+alive while it keeps handing observations to the engine. Every call it makes
+to llama-server has a timeout, so a loop that has seen nothing new for
+longer than those timeouts allow is stuck (a hung disk, a lock never
+released, a bug), and only a restart of the sidecar clears that. A
+llama-server that hangs does not stop the loop: its calls time out and the
+loop goes on, so the sidecar stays live (and not ready).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol
+
+from sidecar import config, events, restorer, snapshotter
+
+STALL_POLLS = 5
+"""Poll intervals the loop may miss before it counts as stuck."""
+CALLS_PER_POLL = 8
+"""Most calls one poll makes, each bounded by the request timeout: /health, /props, /v1/models,
+/metrics and /slots, then /props, /v1/models and /metrics again after a restart."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Status:
+    server_url: str
+    observation: events.Observation | None
+    """The newest poll handed to the engine; None before the first."""
+    identity: events.Identity | None
+    """The server's identity as last read from /props."""
+    link_ok: bool | None
+    """Whether the server is known to write into the slot dir (None: not yet known)."""
+    link_problem: str
+    last_snapshot: snapshotter.SaveRecord | None
+    last_restore: tuple[restorer.RestoreRecord, ...]
+    observed_at: float
+    """Monotonic time, in seconds, of the newest observation (of the engine's start before the first)."""
+    acting: bool
+    """A slot action (a save, a restore round, the slot-dir probe) is running."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SaveReply:
+    """Outcome of an admin's save of one slot."""
+
+    ok: bool
+    record: snapshotter.SaveRecord | None
+
+
+class StatusSource(Protocol):
+    """What the HTTP layer needs from the engine."""
+
+    def status(self) -> Status: ...
+
+    async def save_now(self, slot: int) -> SaveReply | None:
+        """Save ``slot`` now; None when the newest poll shows no such slot holding tokens."""
+        ...
+
+    async def restore_now(self) -> Sequence[restorer.RestoreRecord]:
+        """A restore round into the slots that are empty now."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Liveness:
+    """How long the poll loop may go without a new observation before it counts as stuck."""
+
+    poll_seconds: float
+    """Longest a poll may take, every call timing out, plus :data:`STALL_POLLS` intervals."""
+    action_seconds: float
+    """Longest one slot action may take: its call's timeout, plus a /slots read before a restore."""
+
+    @classmethod
+    def of(cls, settings: config.Settings) -> Liveness:
+        upstream, poll = settings.upstream, settings.poll
+        return cls(
+            poll_seconds=STALL_POLLS * max(poll.interval, poll.down_interval)
+            + CALLS_PER_POLL * upstream.request_timeout,
+            action_seconds=upstream.action_timeout + upstream.request_timeout,
+        )
+
+    def bound(self, status: Status) -> float:
+        """Seconds allowed without an observation; a restore round may act on every slot in turn."""
+        if not status.acting:
+            return self.poll_seconds
+        slots = len(status.observation.slots or ()) if status.observation is not None else 0
+        return self.poll_seconds + self.action_seconds * max(1, slots)
+
+    def stall(self, status: Status, now: float) -> str | None:
+        """Why the loop counts as stuck at monotonic time ``now``, or None while it makes progress."""
+        quiet = now - status.observed_at
+        bound = self.bound(status)
+        if quiet <= bound:
+            return None
+        during = " (a slot action has been running all that time)" if status.acting else ""
+        return (
+            f"the poll loop has not observed llama-server for {quiet:.0f} s, more than the {bound:.0f} s "
+            f"its timeouts allow{during}: it is stuck; restart the sidecar, and check the slot dir's "
+            "filesystem if this repeats"
+        )
