@@ -94,6 +94,7 @@ class Engine:
     async def handle(self, obs: events.Observation, evts: list[events.Event]) -> None:
         if obs.health is not self._said:
             self._say_state(obs)
+        self._metrics.server_readable.set(0 if obs.denied else 1)
         for event in evts:
             self._on_event(event, obs)
         self.latest = obs

@@ -9,6 +9,7 @@ handle a closed set of types::
     │   ├── UpstreamUnavailable    connection refused/reset, timeout, 5xx
     │   ├── UpstreamNotSupported   501: the feature is switched off on the server
     │   ├── UpstreamRejected       4xx: the server refused the request
+    │   │   └── UpstreamDenied     401/403: it wants (another of) its API keys
     │   └── UpstreamProtocolError  an answer we cannot parse or that lacks fields
     ├── SnapshotError              a snapshot file failed a check or an I/O step
     └── ConfigError                a flag or environment variable is unusable
@@ -43,6 +44,10 @@ class UpstreamNotSupported(UpstreamError):
 
 class UpstreamRejected(UpstreamError):
     """A 4xx answer: the server understood the request and refused it."""
+
+
+class UpstreamDenied(UpstreamRejected):
+    """401 or 403: the server runs with --api-key and the sidecar sends none of its keys."""
 
 
 class UpstreamProtocolError(UpstreamError):

@@ -34,6 +34,15 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.server_readable = Gauge(
+            "server_readable",
+            "0 while llama-server answers /health but refuses the sidecar's reads of /slots, /props or "
+            "/metrics with 401/403 (the sidecar lacks one of its API keys: nothing is saved or restored); "
+            "1 otherwise.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.server_readable.set(1)
         self.server_restarts = Counter(
             "server_restarts",
             "llama-server process restarts detected by the sidecar.",

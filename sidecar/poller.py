@@ -50,6 +50,9 @@ class Poller:
         self._slots_activity: tuple[float, ...] | None = None
         self._metrics_off = False
         self._problem = ""
+        self._denied: list[str] = []
+        """This poll's refusals (401/403): said once when they start and once when they end."""
+        self._was_denied = False
 
     async def run(self, sink: Sink) -> None:
         while True:
@@ -69,6 +72,7 @@ class Poller:
 
     async def poll_once(self) -> events.Observation:
         at = self._clock()
+        self._denied = []
         health, problem = await self._client.health()
         if health is not events.Health.OK:
             self._identity, self._counters, self._slots = None, None, None
@@ -90,13 +94,15 @@ class Poller:
                 slots = await self._client.slots()
             except errors.UpstreamError as exc:
                 problem = str(exc)
+                self._unreadable("slots_unreadable", exc, quiet=True)
             self._slots = slots
             self._slots_activity = self._counters.activity if fresh and self._counters else None
         else:
             slots = self._slots  # /metrics shows no activity since /slots was read: nothing changed
-        if problem != self._problem and problem:
+        if problem != self._problem and problem and not self._denied:
             log.warning("slots_unreadable", error=problem)
         self._problem = problem
+        self._say_denied()
         return events.Observation(
             at=at,
             health=health,
@@ -106,6 +112,7 @@ class Poller:
             counters_fresh=fresh,
             sleeping=sleeping,
             problem=problem,
+            denied=tuple(self._denied),
         )
 
     def _slots_stale(self) -> bool:
@@ -137,6 +144,7 @@ class Poller:
             counters_fresh=fresh,
             sleeping=sleeping,
             problem=obs.problem,
+            denied=obs.denied,
         )
 
     async def _read_identity(self, *, refresh_model: bool) -> None:
@@ -147,7 +155,7 @@ class Poller:
             size, params = self._model[1]
             self._identity = (dataclasses.replace(identity, model_size=size, model_params=params), sleeping)
         except errors.UpstreamError as exc:
-            log.warning("props_unreadable", error=str(exc))
+            self._unreadable("props_unreadable", exc)
 
     async def _read_counters(self) -> bool:
         """Read /metrics; True if fresh counters were read."""
@@ -163,7 +171,31 @@ class Poller:
                 hint="start llama-server with --metrics",
             )
         except errors.UpstreamError as exc:
-            log.warning("metrics_unreadable", error=str(exc))
+            self._unreadable("metrics_unreadable", exc)
         else:
             return True
         return False
+
+    def _unreadable(self, event: str, exc: errors.UpstreamError, *, quiet: bool = False) -> None:
+        """Note a refusal (401/403) for :meth:`_say_denied`; log any other error as ``event``."""
+        if isinstance(exc, errors.UpstreamDenied):
+            self._denied.append(str(exc))
+        elif not quiet:
+            log.warning(event, error=str(exc))
+
+    def _say_denied(self) -> None:
+        """One line when the server starts refusing the sidecar, one when it stops: not one per poll."""
+        if bool(self._denied) == self._was_denied:
+            return
+        self._was_denied = bool(self._denied)
+        if self._denied:
+            log.error(
+                "server_refuses_sidecar",
+                refused=list(self._denied),
+                effect="no snapshots and no restores while llama-server refuses to show its slots; "
+                "/readyz answers 503 and llama_sidecar_server_readable is 0",
+                hint="give the sidecar one of llama-server's API keys: --api-key-file / LLAMA_API_KEY_FILE "
+                "(or --api-key / LLAMA_API_KEY); of a comma-separated list it sends the first key",
+            )
+        else:
+            log.info("server_readable", server=self._client.url)

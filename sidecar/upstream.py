@@ -199,6 +199,8 @@ class LlamaClient:
         message = f"{endpoint}: HTTP {status}: {_error_message(text)}"
         if status == 501:
             raise errors.UpstreamNotSupported(message, endpoint=endpoint, status=status)
+        if status in (401, 403):
+            raise errors.UpstreamDenied(message, endpoint=endpoint, status=status)
         if 400 <= status < 500:
             raise errors.UpstreamRejected(message, endpoint=endpoint, status=status)
         raise errors.UpstreamUnavailable(message, endpoint=endpoint, status=status)

@@ -31,6 +31,7 @@ def sidecar_registry() -> CollectorRegistry:
     registry = CollectorRegistry()
     ns = "llama_sidecar"
     Gauge("server_up", "1 while /health is ok", namespace=ns, registry=registry).set(1)
+    Gauge("server_readable", "0 while llama-server refuses the sidecar", namespace=ns, registry=registry).set(1)
     Counter("server_restarts", "Restarts detected", namespace=ns, registry=registry).inc(2)
 
     snapshots = Counter("snapshots", "Snapshot attempts", ["slot", "result"], namespace=ns, registry=registry)
