@@ -54,7 +54,7 @@ class Engine:
         self._first = True
         self._slot_count = 0
         self._said: events.Health | None = None
-        self._started = mono()
+        self._handled_at = mono()
 
     @property
     def server_url(self) -> str:
@@ -71,7 +71,7 @@ class Engine:
             link_problem=self.link_problem,
             last_snapshot=self.saver.last,
             last_restore=tuple(self.restorer.last),
-            observed_at=latest.at if latest is not None else self._started,
+            progress_at=self._handled_at,
             acting=self.saver.lock.locked(),
         )
 
@@ -92,6 +92,12 @@ class Engine:
         return self.restorer.last
 
     async def handle(self, obs: events.Observation, evts: list[events.Event]) -> None:
+        try:
+            await self._handle(obs, evts)
+        finally:
+            self._handled_at = self._mono()  # the loop made progress: see report.Liveness
+
+    async def _handle(self, obs: events.Observation, evts: list[events.Event]) -> None:
         if obs.health is not self._said:
             self._say_state(obs)
         self._metrics.server_readable.set(0 if obs.denied else 1)

@@ -5,12 +5,13 @@ layer depends on the small :class:`StatusSource` protocol only (the status,
 and the two admin actions), never on the engine's attributes.
 
 :class:`Liveness` is the pure rule behind ``/healthz``: the poll loop is
-alive while it keeps handing observations to the engine. Every call it makes
-to llama-server has a timeout, so a loop that has seen nothing new for
-longer than those timeouts allow is stuck (a hung disk, a lock never
-released, a bug), and only a restart of the sidecar clears that. A
-llama-server that hangs does not stop the loop: its calls time out and the
-loop goes on, so the sidecar stays live (and not ready).
+alive while the engine keeps finishing polls. Every call the loop makes to
+llama-server has a timeout, so a loop that has finished no poll for longer
+than those timeouts allow (a poll's calls, a few intervals, and the slot
+actions running) is stuck: on a hung disk, a lock never released, a bug.
+Only a restart of the sidecar clears that, which is what a liveness probe
+does. A llama-server that hangs does not stop the loop: its calls time out
+and the loop goes on, so the sidecar stays live (and not ready).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class Status:
     link_problem: str
     last_snapshot: snapshotter.SaveRecord | None
     last_restore: tuple[restorer.RestoreRecord, ...]
-    observed_at: float
-    """Monotonic time, in seconds, of the newest observation (of the engine's start before the first)."""
+    progress_at: float
+    """Monotonic time, in seconds, when the engine last finished handling a poll (its start before the first)."""
     acting: bool
     """A slot action (a save, a restore round, the slot-dir probe) is running."""
 
@@ -70,7 +71,7 @@ class StatusSource(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Liveness:
-    """How long the poll loop may go without a new observation before it counts as stuck."""
+    """How long the poll loop may go without finishing a poll before it counts as stuck."""
 
     poll_seconds: float
     """Longest a poll may take, every call timing out, plus :data:`STALL_POLLS` intervals."""
@@ -95,13 +96,13 @@ class Liveness:
 
     def stall(self, status: Status, now: float) -> str | None:
         """Why the loop counts as stuck at monotonic time ``now``, or None while it makes progress."""
-        quiet = now - status.observed_at
+        quiet = now - status.progress_at
         bound = self.bound(status)
         if quiet <= bound:
             return None
-        during = " (a slot action has been running all that time)" if status.acting else ""
+        during = ", a slot action included" if status.acting else ""
         return (
-            f"the poll loop has not observed llama-server for {quiet:.0f} s, more than the {bound:.0f} s "
+            f"the poll loop has finished no poll of llama-server for {quiet:.0f} s, more than the {bound:.0f} s "
             f"its timeouts allow{during}: it is stuck; restart the sidecar, and check the slot dir's "
             "filesystem if this repeats"
         )

@@ -123,7 +123,7 @@ async def _status(request: web.Request) -> web.Response:
             "slot_dir_linked": st.link_ok,
         },
         "loop": {
-            "seconds_since_observation": round(ctx.mono() - st.observed_at, 3),
+            "seconds_since_progress": round(ctx.mono() - st.progress_at, 3),
             "acting": st.acting,
             "allowed_seconds": ctx.liveness.bound(st),
         },

@@ -56,7 +56,9 @@ async def test_a_refused_key_is_not_ready_said_once_and_counted(make_fake: MakeF
         assert len(refusals) == 1, refusals
         assert refusals[0]["log_level"] == "error"
         assert "LLAMA_API_KEY_FILE" in refusals[0]["hint"]
-        noisy = [e for e in car.logs if e.get("event") in ("props_unreadable", "metrics_unreadable", "slots_unreadable")]
+        noisy = [
+            e for e in car.logs if e.get("event") in ("props_unreadable", "metrics_unreadable", "slots_unreadable")
+        ]
         assert noisy == []
         assert not list(slot_dir.glob("slot0-*.json")), "a snapshot without reading the slots?"
 
