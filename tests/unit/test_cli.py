@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sidecar import __main__ as cli
-from sidecar import config, errors, events, manifest, store
+from sidecar import config, errors, events, manifest, options, store
 
 
 def settings(*args: str) -> config.Settings:
@@ -272,3 +272,153 @@ def test_verify_reports_and_quarantines_a_bad_file(tmp_path: Path, capsys: pytes
     assert '{"checked": 1, "bad": 1}' in capsys.readouterr().out
     assert (tmp_path / (record.file + ".quarantined")).exists()
     assert cli.main(["verify", "--slot-dir", str(tmp_path)]) == 0  # quarantined files are not checked again
+
+
+# ---- one table of flags --------------------------------------------------------------
+
+
+def test_help_shows_every_variable_and_the_defaults_of_config(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option in options.OPTIONS:
+        assert f"[{option.env}]" in text, option.flag
+    defaults = config.UpstreamSettings()
+    for shown in (
+        f"(default {defaults.url}) [LLAMA_SIDECAR_SERVER]",
+        f"(default {defaults.request_timeout}) [LLAMA_SIDECAR_REQUEST_TIMEOUT]",
+        f"(default {config.PollSettings().interval}) [LLAMA_SIDECAR_POLL_INTERVAL]",
+        f"(default {config.ServerSettings().host}:{config.ServerSettings().port}) [LLAMA_SIDECAR_LISTEN]",
+        "(default 256) [LLAMA_SIDECAR_MIN_TOKENS]",
+        "(default 1073741824) [LLAMA_SIDECAR_MIN_FREE_BYTES]",
+    ):
+        assert shown in text
+
+
+def test_readme_lists_every_flag_with_its_variable() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("llama-kv-sidecar run\n", 1)[1].split("```", 1)[0]
+    listed = {line.split()[0]: line for line in block.splitlines() if line.strip().startswith("--")}
+    assert set(listed) == {o.flag for o in options.OPTIONS}
+    for option in options.OPTIONS:
+        assert f"[{option.env}]" in listed[option.flag], option.flag
+
+
+def test_unset_flags_take_the_defaults_of_config(tmp_path: Path) -> None:
+    s = settings("--slot-dir", str(tmp_path))
+    assert s == config.Settings(
+        upstream=config.UpstreamSettings(),
+        poll=config.PollSettings(),
+        snapshots=config.SnapshotSettings(slot_dir=tmp_path.resolve()),
+        server=config.ServerSettings(),
+        logs=config.LogSettings(),
+    )
+
+
+# ---- API keys and the admin token ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "sent"),
+    [("k1,k2", "k1"), (",k2", "k2"), ('"a,b",c', "a,b"), ("only", "only"), (",", None)],
+)
+def test_api_key_list_sends_the_first_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, sent: str | None
+) -> None:
+    assert settings("--slot-dir", str(tmp_path), "--api-key", given).upstream.api_key == sent
+    monkeypatch.setenv("LLAMA_API_KEY", given)
+    assert settings("--slot-dir", str(tmp_path)).upstream.api_key == sent
+
+
+def test_api_key_file_reads_llama_servers_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# rotated 2024-05-01\n\nk-new\nk-old\n")
+    assert settings("--slot-dir", str(tmp_path), "--api-key-file", str(keys)).upstream.api_key == "k-new"
+    monkeypatch.setenv("LLAMA_API_KEY_FILE", str(keys))
+    monkeypatch.setenv("LLAMA_API_KEY", "")  # Compose's `LLAMA_API_KEY: ${LLAMA_API_KEY:-}` when unset
+    assert settings("--slot-dir", str(tmp_path)).upstream.api_key == "k-new"
+
+
+def test_admin_token_file_drops_the_trailing_newline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\r\n")
+    assert settings("--slot-dir", str(tmp_path), "--admin-token-file", str(token)).server.admin_token == "s3cret"
+    token.write_text("s3cret\n")
+    monkeypatch.setenv("LLAMA_SIDECAR_ADMIN_TOKEN_FILE", str(token))
+    assert settings("--slot-dir", str(tmp_path)).server.admin_token == "s3cret"
+
+
+KEY_FILE = ("--api-key-file", "LLAMA_API_KEY_FILE")
+TOKEN_FILE = ("--admin-token-file", "LLAMA_SIDECAR_ADMIN_TOKEN_FILE")
+
+
+@pytest.mark.parametrize(
+    ("option", "content"),
+    [
+        (KEY_FILE, None),
+        (KEY_FILE, ""),
+        (KEY_FILE, "# only a comment\n"),
+        (TOKEN_FILE, None),
+        (TOKEN_FILE, ""),
+        (TOKEN_FILE, "\n"),
+    ],
+)
+def test_unreadable_or_empty_secret_file_exits_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    option: tuple[str, str],
+    content: str | None,
+) -> None:
+    flag, env = option
+    path = tmp_path / "secret"
+    if content is not None:
+        path.write_text(content)
+    assert cli.main(["run", "--slot-dir", str(tmp_path), flag, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert flag in err
+    assert str(path) in err
+    monkeypatch.setenv(env, str(path))
+    assert cli.main(["run", "--slot-dir", str(tmp_path)]) == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_a_directory_is_not_a_secret_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--slot-dir", str(tmp_path), "--api-key-file", str(tmp_path)]) == 2
+    assert "cannot read the file" in capsys.readouterr().err
+
+
+def test_a_secret_given_twice_at_one_level_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("from-file\n")
+    flags = ["run", "--slot-dir", str(tmp_path), "--api-key", "k", "--api-key-file", str(keys)]
+    assert cli.main(flags) == 2
+    assert "--api-key and --api-key-file are both set" in capsys.readouterr().err
+    # A flag wins over a variable, whichever of the two forms each one is.
+    monkeypatch.setenv("LLAMA_API_KEY", "from-env")
+    assert settings("--slot-dir", str(tmp_path), "--api-key-file", str(keys)).upstream.api_key == "from-file"
+    monkeypatch.setenv("LLAMA_API_KEY_FILE", str(tmp_path / "missing"))
+    assert settings("--slot-dir", str(tmp_path), "--api-key", "from-flag").upstream.api_key == "from-flag"
+    assert cli.main(["run", "--slot-dir", str(tmp_path)]) == 2
+    assert "LLAMA_API_KEY and LLAMA_API_KEY_FILE are both set" in capsys.readouterr().err
+
+
+def test_status_requires_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert settings("--slot-dir", str(tmp_path)).server.status_requires_token is False
+    s = settings("--slot-dir", str(tmp_path), "--admin-token", "t", "--status-requires-token")
+    assert s.server.status_requires_token is True
+    monkeypatch.setenv("LLAMA_SIDECAR_ADMIN_TOKEN", "t")
+    for word, wanted in (("yes", True), ("1", True), ("off", False), ("False", False)):
+        monkeypatch.setenv("LLAMA_SIDECAR_STATUS_REQUIRES_TOKEN", word)
+        assert settings("--slot-dir", str(tmp_path)).server.status_requires_token is wanted
+    monkeypatch.setenv("LLAMA_SIDECAR_STATUS_REQUIRES_TOKEN", "maybe")
+    assert cli.main(["run", "--slot-dir", str(tmp_path)]) == 2
+    assert "LLAMA_SIDECAR_STATUS_REQUIRES_TOKEN='maybe'" in capsys.readouterr().err
+    monkeypatch.delenv("LLAMA_SIDECAR_STATUS_REQUIRES_TOKEN")
+    monkeypatch.delenv("LLAMA_SIDECAR_ADMIN_TOKEN")
+    assert cli.main(["run", "--slot-dir", str(tmp_path), "--status-requires-token"]) == 2
+    assert "needs an admin token" in capsys.readouterr().err

@@ -1,0 +1,89 @@
+"""Secrets: read from files (not the process list), the Bearer scheme in any case, /status behind the token."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+from fakellama import FakeLlama, MakeFake
+from faultbed import SidecarProcess, eventually, make_settings, run_sidecar, until
+
+ADMIN = "admin-8Jd2kQ0v"
+API_KEY = "sk-llama-file-31c7e0"
+
+
+@pytest.mark.timeout(40)
+async def test_secrets_from_files_stay_out_of_the_process_list(
+    make_fake: MakeFake, slot_dir: Path, tmp_path: Path
+) -> None:
+    fake = make_fake(api_key=API_KEY)
+    fake.use(0, 300)
+    key_file = tmp_path / "api-key"
+    key_file.write_text(f"# llama-server's --api-key-file format\n{API_KEY}\nsk-older-key\n")
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(ADMIN + "\n")
+    proc = SidecarProcess(
+        [
+            "--server", fake.url, "--slot-dir", str(slot_dir), "--api-key-file", str(key_file),
+            "--admin-token-file", str(token_file), "--poll-interval", "0.05", "--idle-seconds", "0",
+            "--min-tokens", "10", "--min-free-bytes", "0", "--request-timeout", "0.5",
+        ],
+        tmp_path / "sidecar.log",
+    )  # fmt: skip
+    try:
+        url = await proc.wait_listening()
+        await until(lambda: list(slot_dir.glob("slot0-*.json")), timeout=10, what="a snapshot made with the file's key")
+        cmdline = Path(f"/proc/{proc.proc.pid}/cmdline").read_bytes().decode()
+        environ = Path(f"/proc/{proc.proc.pid}/environ").read_bytes().decode()
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+            session.post(url + "/restore", headers=admin) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+    finally:
+        proc.stop()
+    for text in (cmdline, environ, "\n".join(proc.lines())):
+        assert API_KEY not in text
+        assert ADMIN not in text
+    assert {s.auth for s in fake.requests("/slots")} == {f"Bearer {API_KEY}"}
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+async def test_the_bearer_scheme_is_matched_in_any_case(fake: FakeLlama, slot_dir: Path, scheme: str) -> None:
+    async with run_sidecar(make_settings(fake.url, slot_dir, admin_token=ADMIN)) as car:
+        code, body = await car.request("POST", "/restore", headers={"Authorization": f"{scheme} {ADMIN}"})
+        assert code == 200, body
+        for wrong in (f"Basic {ADMIN}", f"{scheme}{ADMIN}", f"{scheme} {ADMIN.upper()}"):
+            code, body = await car.request("POST", "/restore", headers={"Authorization": wrong})
+            assert code == 401, (wrong, body)
+
+
+@pytest.mark.timeout(20)
+async def test_status_can_require_the_admin_token(fake: FakeLlama, slot_dir: Path) -> None:
+    fake.use(0, 300)
+    settings = make_settings(fake.url, slot_dir, admin_token=ADMIN)
+    settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, status_requires_token=True))
+    async with run_sidecar(settings) as car:
+        await eventually(lambda: car.metric("snapshots_total", slot="0", result="ok"), what="a snapshot")
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {ADMIN}"}):
+            code, body = await car.request("GET", "/status", headers=headers)
+            assert code == 401, (headers, body)
+            assert "slot0-" not in body
+        code, body = await car.request("GET", "/status", headers={"Authorization": f"bearer {ADMIN}"})
+        assert code == 200, body
+        assert json.loads(body)["snapshots"]["0"]
+        for path in ("/healthz", "/readyz", "/metrics"):  # probes and scrapes need no token
+            code, body = await car.get(path)
+            assert code == 200, (path, body)
+
+
+@pytest.mark.timeout(20)
+async def test_status_is_open_by_default(fake: FakeLlama, slot_dir: Path) -> None:
+    async with run_sidecar(make_settings(fake.url, slot_dir, admin_token=ADMIN)) as car:
+        code, body = await car.get("/status")
+        assert code == 200, body
