@@ -77,7 +77,11 @@ def _listen(text: str) -> tuple[str, int]:
 
 def _first_key(text: str) -> str | None:
     """The first key of a list as llama-server reads ``--api-key``: comma-separated, CSV quoting."""
-    return next((key for key in next(csv.reader([text]), []) if key), None)
+    try:
+        keys = next(csv.reader([text]), [])
+    except csv.Error as exc:
+        raise errors.ConfigError(f"--api-key: the key list is not one line of comma-separated keys: {exc}") from exc
+    return next((key for key in keys if key), None)
 
 
 def _read_secret(flag: str, path: str) -> str:

@@ -330,6 +330,11 @@ def test_api_key_list_sends_the_first_key(
     assert settings("--slot-dir", str(tmp_path)).upstream.api_key == sent
 
 
+def test_a_key_list_on_two_lines_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_API_KEY", "k1\r\nk2")
+    assert cli.main(["run", "--slot-dir", str(tmp_path)]) == 2
+
+
 def test_api_key_file_reads_llama_servers_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     keys = tmp_path / "keys"
     keys.write_text("# rotated 2024-05-01\n\nk-new\nk-old\n")
