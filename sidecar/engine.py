@@ -56,10 +56,6 @@ class Engine:
         self._said: events.Health | None = None
         self._handled_at = mono()
 
-    @property
-    def server_url(self) -> str:
-        return self._client.url
-
     def status(self) -> report.Status:
         """What the engine knows now, for the HTTP layer."""
         latest = self.latest

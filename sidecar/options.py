@@ -11,7 +11,6 @@ default and the variable's name, so nothing is written twice.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import enum
 import os
@@ -19,9 +18,8 @@ import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from sidecar import config, errors, logs
+from sidecar import config, errors, logs, parse
 
 _GROUPS: dict[str, type[Any]] = {
     name: kind
@@ -29,82 +27,6 @@ _GROUPS: dict[str, type[Any]] = {
     if isinstance(kind, type) and dataclasses.is_dataclass(kind)
 }
 """The groups of ``config.Settings`` by field name: ``{"upstream": config.UpstreamSettings, ...}``."""
-
-
-def _number(kind: Callable[[str], Any], *, zero_ok: bool = False) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value < 0 or (value == 0 and not zero_ok):
-            raise argparse.ArgumentTypeError(f"{text!r} must be {'>= 0' if zero_ok else '> 0'}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def _switch(text: str) -> bool:
-    word = text.strip().lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} is not one of 1, true, yes, on, 0, false, no, off")
-
-
-def _url(text: str) -> str:
-    url = urlsplit(text)
-    try:
-        port_ok = url.port is None or url.port > 0
-    except ValueError:
-        port_ok = False
-    if url.scheme not in ("http", "https") or not url.hostname or not port_ok:
-        raise errors.ConfigError(
-            f"--server {text!r} is not an http(s) URL with a valid port, such as http://127.0.0.1:8080"
-        )
-    return text
-
-
-def _listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise errors.ConfigError(f"--listen {text!r} is not HOST:PORT (for example 127.0.0.1:9464)")
-    # An empty host (":9464") means every interface, as the user asked.
-    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104
-
-
-def _first_key(text: str) -> str | None:
-    """The first key of a list as llama-server reads ``--api-key``: comma-separated, CSV quoting."""
-    try:
-        keys = next(csv.reader([text]), [])
-    except csv.Error as exc:
-        raise errors.ConfigError(f"--api-key: the key list is not one line of comma-separated keys: {exc}") from exc
-    return next((key for key in keys if key), None)
-
-
-def _read_secret(flag: str, path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise errors.ConfigError(f"{flag} {path}: cannot read the file: {exc}") from exc
-
-
-def _key_file(path: str) -> str:
-    """The first key of a file as llama-server reads ``--api-key-file``: one per line, ``#`` comments."""
-    lines = _read_secret("--api-key-file", path).splitlines()
-    key = next((line for line in lines if line and not line.startswith("#")), None)
-    if key is None:
-        raise errors.ConfigError(f"--api-key-file {path}: the file holds no key (one key per line, # for comments)")
-    return key
-
-
-def _token_file(path: str) -> str:
-    token = _read_secret("--admin-token-file", path).removesuffix("\n").removesuffix("\r")
-    if not token:
-        raise errors.ConfigError(f"--admin-token-file {path}: the file is empty")
-    return token
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,7 +37,7 @@ class Option:
     """``group.name`` of the ``config.Settings`` field(s) the option sets."""
     help: str
     metavar: str | None = None
-    parse: Callable[[str], Any] = str
+    convert: Callable[[str], Any] = str
     """Turns the text into a value; argparse reports its errors (exit 2)."""
     check: Callable[[Any], Any] | None = None
     """Validates the parsed value; raises ``errors.ConfigError``. Returns a tuple for several fields."""
@@ -147,11 +69,11 @@ SLOT_DIR = Option(
     ("snapshots.slot_dir",),
     "snapshot directory: the same directory llama-server was given as --slot-save-path",
     metavar="DIR",
-    parse=Path,
+    convert=Path,
     check=Path.resolve,
 )
 OPTIONS: tuple[Option, ...] = (
-    Option("--server", "LLAMA_SIDECAR_SERVER", ("upstream.url",), "llama-server base URL", "URL", check=_url),
+    Option("--server", "LLAMA_SIDECAR_SERVER", ("upstream.url",), "llama-server base URL", "URL", check=parse.url),
     SLOT_DIR,
     Option(
         "--listen",
@@ -159,7 +81,7 @@ OPTIONS: tuple[Option, ...] = (
         ("server.host", "server.port"),
         "HOST:PORT for /metrics, /healthz, /readyz, /status (use 0.0.0.0:9464 in a container)",
         "HOST:PORT",
-        check=_listen,
+        check=parse.listen,
     ),
     Option(
         "--poll-interval",
@@ -167,7 +89,7 @@ OPTIONS: tuple[Option, ...] = (
         ("poll.interval",),
         "seconds between polls while the server is up",
         "SEC",
-        _number(float),
+        parse.number(float),
     ),
     Option(
         "--idle-seconds",
@@ -175,7 +97,7 @@ OPTIONS: tuple[Option, ...] = (
         ("snapshots.idle_seconds",),
         "save a slot once it has been idle this many seconds after a change",
         "SEC",
-        _number(float, zero_ok=True),
+        parse.number(float, zero_ok=True),
     ),
     Option(
         "--snapshot-interval",
@@ -183,7 +105,7 @@ OPTIONS: tuple[Option, ...] = (
         ("snapshots.interval",),
         "save a changed slot at least this often, in seconds, even if it never stays idle --idle-seconds long",
         "SEC",
-        _number(float),
+        parse.number(float),
     ),
     Option(
         "--min-tokens",
@@ -191,7 +113,7 @@ OPTIONS: tuple[Option, ...] = (
         ("snapshots.min_tokens",),
         "do not save slots holding fewer tokens",
         "N",
-        _number(int, zero_ok=True),
+        parse.number(int, zero_ok=True),
     ),
     Option(
         "--api-key",
@@ -200,7 +122,7 @@ OPTIONS: tuple[Option, ...] = (
         "llama-server's --api-key, sent as a Bearer token, never logged; of a comma-separated list "
         "(key rotation) the first key is sent; prefer --api-key-file: flags show in the process list",
         "KEY",
-        check=_first_key,
+        check=parse.first_key,
     ),
     Option(
         "--api-key-file",
@@ -209,7 +131,7 @@ OPTIONS: tuple[Option, ...] = (
         "read the API key from this file instead: llama-server's --api-key-file format, one key per line, "
         "# for comments; the first key is sent",
         "FILE",
-        check=_key_file,
+        check=parse.key_file,
     ),
     Option(
         "--admin-token",
@@ -226,14 +148,14 @@ OPTIONS: tuple[Option, ...] = (
         ("server.admin_token",),
         "read the admin token from this file instead (a trailing newline is ignored)",
         "FILE",
-        check=_token_file,
+        check=parse.token_file,
     ),
     Option(
         "--status-requires-token",
         "LLAMA_SIDECAR_STATUS_REQUIRES_TOKEN",
         ("server.status_requires_token",),
         "GET /status answers only callers sending the admin token (it lists slots, snapshots and the model path)",
-        parse=_switch,
+        convert=parse.switch,
         switch=True,
     ),
     Option(
@@ -242,7 +164,7 @@ OPTIONS: tuple[Option, ...] = (
         ("snapshots.keep_per_slot",),
         "newest snapshots kept per slot",
         "N",
-        _number(int),
+        parse.number(int),
     ),
     Option(
         "--max-bytes",
@@ -250,7 +172,7 @@ OPTIONS: tuple[Option, ...] = (
         ("snapshots.max_bytes",),
         "cap on all snapshots together, in bytes; 0 = no cap; a slot's newest snapshot is never deleted",
         "N",
-        _number(int, zero_ok=True),
+        parse.number(int, zero_ok=True),
     ),
     Option(
         "--max-age",
@@ -258,7 +180,7 @@ OPTIONS: tuple[Option, ...] = (
         ("snapshots.max_age",),
         "delete snapshots older than this many seconds, except a slot's newest; 0 = no limit",
         "SEC",
-        _number(float, zero_ok=True),
+        parse.number(float, zero_ok=True),
     ),
     Option(
         "--min-free-bytes",
@@ -266,7 +188,7 @@ OPTIONS: tuple[Option, ...] = (
         ("snapshots.min_free_bytes",),
         "skip saves that would leave less free space than this on the slot dir's filesystem, in bytes",
         "N",
-        _number(int, zero_ok=True),
+        parse.number(int, zero_ok=True),
     ),
     Option(
         "--final-timeout",
@@ -274,7 +196,7 @@ OPTIONS: tuple[Option, ...] = (
         ("snapshots.final_timeout",),
         "seconds allowed for the final snapshots on SIGTERM; keep it below the orchestrator's grace period",
         "SEC",
-        _number(float),
+        parse.number(float),
     ),
     Option(
         "--request-timeout",
@@ -282,7 +204,7 @@ OPTIONS: tuple[Option, ...] = (
         ("upstream.request_timeout",),
         "timeout of polling calls, seconds",
         "SEC",
-        _number(float),
+        parse.number(float),
     ),
     Option(
         "--action-timeout",
@@ -290,7 +212,7 @@ OPTIONS: tuple[Option, ...] = (
         ("upstream.action_timeout",),
         "timeout of one save or restore call, seconds",
         "SEC",
-        _number(float),
+        parse.number(float),
     ),
     Option(
         "--log-format",
@@ -319,7 +241,7 @@ def add(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
             parser.add_argument(
                 option.flag,
                 default=None,
-                type=option.parse,
+                type=option.convert,
                 choices=option.choices,
                 metavar=option.metavar,
                 help=text,
@@ -343,7 +265,7 @@ def raw_value(ns: argparse.Namespace, option: Option) -> tuple[Any, Source] | No
     if not text:
         return None
     try:
-        parsed = option.parse(text)
+        parsed = option.convert(text)
     except argparse.ArgumentTypeError as exc:
         raise errors.ConfigError(f"{option.env}={text!r} is not valid for {option.flag}: {exc}") from None
     if option.choices is not None and parsed not in option.choices:
