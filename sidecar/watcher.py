@@ -66,7 +66,10 @@ class Watcher:
         while True:
             timeout = max(0.0, next_rescan - loop.time())
             try:
-                first = await asyncio.wait_for(self._queue.get(), timeout)
+                # asyncio.timeout, not wait_for: in Python 3.11 wait_for swallows a cancellation
+                # that arrives as the queue yields an item, and the sidecar then hangs on SIGTERM.
+                async with asyncio.timeout(timeout):
+                    first = await self._queue.get()
             except TimeoutError:
                 await asyncio.to_thread(self._store.scan, clean=False)
                 await self.update_gauges()
