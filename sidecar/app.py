@@ -3,7 +3,8 @@
 One ``aiohttp.ClientSession`` for the whole process; the HTTP server starts
 first so /healthz answers while llama-server is still down; then a
 ``TaskGroup`` runs the named tasks ``poller`` (which hands every
-observation to the engine), ``watcher`` and ``stopper``. SIGTERM/SIGINT set
+observation to the engine), ``actions`` (the engine's action runner: slot
+saves and restores, never in the poll loop), ``watcher`` and ``stopper``. SIGTERM/SIGINT set
 the stop flag; the stopper then raises :class:`Terminate` to cancel the
 group (Python 3.11 has no ``TaskGroup.cancel``). After the group, whether it
 ended by signal or by a crash, the final snapshots run under a time budget,
@@ -23,7 +24,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 import sidecar
-from sidecar import config, engine, errors, metrics, poller, report, server, store, upstream, watcher
+from sidecar import config, engine, errors, metrics, poller, protocols, server, store, upstream, watcher
 
 log = structlog.get_logger("sidecar.app")
 
@@ -60,8 +61,9 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
         loop.add_signal_handler(sig, stop.set)
     async with aiohttp.ClientSession(raise_for_status=False) as session:
         client = upstream.LlamaClient(session, settings.upstream)
-        core = engine.Engine(client=client, snapshots=snapshots, stats=stats, settings=settings)
-        poll = poller.Poller(client, settings.poll)
+        clock = protocols.SystemClock()
+        core = engine.Engine(client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock)
+        poll = poller.Poller(client, settings.poll, clock=clock)
         watch = watcher.Watcher(snapshots, stats)
         app = server.make_app(
             source=core,
@@ -78,6 +80,7 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(poll.run(core.handle), name="poller")
+                group.create_task(core.run(), name="actions")
                 group.create_task(watch.run(), name="watcher")
                 group.create_task(_stopper(stop), name="stopper")
         except* Terminate:

@@ -1,60 +1,85 @@
 """What the sidecar does with each observation: log, count, restore, save.
 
-The :class:`Engine` is the consumer of the poller. It is the only place
-that holds the state of the current server process (its identity, the
-slots restored into it, whether its slot dir link has been proven) and it
-calls the pure policy for decisions and the snapshotter and restorer for
-effects. Observations are handled one at a time, so actions never overlap.
+The :class:`Engine` is the consumer of the poller and the only holder of
+the state of the current server process (its identity, the slots restored
+into it, whether its slot dir link has been proven). It is split in two so
+that a slot action never stops the sidecar from watching:
+
+* :meth:`Engine.handle` runs in the poll loop for every observation: it
+  logs and counts transitions, feeds the pure policy, judges restores, and
+  wakes the action runner. It never waits for the server.
+* :meth:`Engine.run` is the action runner, a task of its own: it checks
+  snapshot files while the server loads, then runs the restore round, the
+  slot-dir probe and the saves that are due, one action at a time, each
+  right after reading its slot (see :mod:`sidecar.actions`). A save the
+  server holds behind a busy slot then delays other actions, never the polls.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
+import dataclasses
 
 import structlog
 
-from sidecar import config, errors, events, metrics, policy, report, restorer, snapshotter, store, upstream
+from sidecar import (
+    actions,
+    config,
+    errors,
+    events,
+    metrics,
+    outcomes,
+    policy,
+    probe,
+    protocols,
+    restorer,
+    snapshotter,
+    store,
+)
 
 log = structlog.get_logger("sidecar.engine")
 RETRY_AFTER = 30.0
 """Seconds before a slot whose save failed, or was skipped for lack of disk, is tried again."""
+Cause = outcomes.SaveCause
 
 
 class Engine:
     def __init__(
         self,
         *,
-        client: upstream.LlamaClient,
+        client: protocols.Upstream,
         snapshots: store.SnapshotStore,
         stats: metrics.Metrics,
         settings: config.Settings,
-        mono: Callable[[], float] = time.monotonic,
+        clock: protocols.Clock | None = None,
     ) -> None:
         s = settings.snapshots
         self._client = client
-        self._store = snapshots
-        self._metrics = stats
-        self._mono = mono
+        self._snapshots = snapshots
+        self._stats = stats
+        self._clock = clock or protocols.SystemClock()
         self._down_interval = settings.poll.down_interval
-        self.policy = policy.Policy(s)
-        self.saver = snapshotter.Snapshotter(client=client, snapshots=snapshots, stats=stats, settings=s)
+        self.actions = actions.SlotActions(client=client, snapshots=snapshots)
+        self.policy = policy.Policy(policy.Timing(s.idle_seconds, s.interval, s.min_tokens))
+        self.saver = snapshotter.Snapshotter(
+            slot_actions=self.actions, snapshots=snapshots, stats=stats, settings=s, clock=self._clock
+        )
         self.restorer = restorer.Restorer(
-            client=client, snapshots=snapshots, stats=stats, lock=self.saver.lock, mono=mono
+            slot_actions=self.actions, snapshots=snapshots, stats=stats, clock=self._clock
         )
         self.latest: events.Observation | None = None
         self.identity: events.Identity | None = None
         self.healthy_at: float | None = None
         self.restore_due = True
-        """A restore round is owed: at start-up, and after each detected restart."""
-        self.link_ok: bool | None = None
-        """Whether the server is known to write into our slot dir (None: not yet known)."""
-        self.link_problem = ""
-        self._first = True
+        """A restore round is owed: at start-up, and after each detected restart or wake-up."""
+        self.link = probe.UNKNOWN
+        """Whether the server is known to write into our slot dir."""
+        self._restoring = False
+        self._prechecked = False
+        self._adopted = False
         self._slot_count = 0
         self._said: events.Health | None = None
-        self._handled_at = mono()
+        self._wake = asyncio.Event()
 
     def status(self) -> report.Status:
         """What the engine knows now, for the HTTP layer."""
@@ -79,13 +104,23 @@ class Engine:
         ok = await self.save(policy.Save(view.id, view.signature, view.tokens, policy.SaveReason.MANUAL))
         return report.SaveReply(ok, self.saver.last)
 
-    async def restore_now(self) -> list[restorer.RestoreRecord]:
-        """An admin's restore round into the slots that are empty now."""
-        obs = self.latest
-        if obs is None or obs.slots is None or self.identity is None:
-            return []
-        await self.restorer.restore_all(obs.slots, self.identity, healthy_at=None, counters=obs.counters)
-        return self.restorer.last
+    @property
+    def link_ok(self) -> bool | None:
+        return self.link.ok
+
+    @property
+    def link_problem(self) -> str:
+        return self.link.problem
+
+    def restore_owed(self) -> bool:
+        """Whether a restore round is owed or running: requests that reach the server now may race it."""
+        return self.restore_due or self._restoring
+
+    def acting(self) -> bool:
+        """Whether a slot action (save, restore, probe) is in flight or about to be sent."""
+        return self.actions.lock.locked()
+
+    # ---- the poll loop's side: never waits for the server ------------------------------
 
     async def handle(self, obs: events.Observation, evts: list[events.Event]) -> None:
         try:
@@ -98,41 +133,45 @@ class Engine:
             self._say_state(obs)
         self._metrics.server_readable.set(0 if obs.denied else 1)
         for event in evts:
-            self._on_event(event, obs)
+            self._on_event(event)
         self.latest = obs
         if obs.identity is not None:
             self.identity = obs.identity
-        if obs.health is not events.Health.OK or obs.slots is None or self.identity is None or obs.sleeping:
-            return  # asleep: its slots look empty, and any slot action would wake it
+        if not self._ready(obs):
+            if obs.health is not events.Health.OK and not self._prechecked:
+                self._wake.set()  # the server is loading: check the files the restore round will need
+            return
+        assert obs.slots is not None
         if len(obs.slots) != self._slot_count:
             self._slot_count = len(obs.slots)
-            self._metrics.init_slots(range(self._slot_count))
-        if self._first:
-            self._first = False
+            self._stats.init_slots(range(self._slot_count))
+        if not self._adopted:
+            self._adopted = True
             self._adopt_existing(obs.slots)
         self.policy.observe(obs.slots, obs.at)
-        if self.restore_due:
-            self.restore_due = False
-            await self._restore(obs)
         if self.restorer.pending:
-            self.restorer.verify(obs.slots, obs.counters)
-        if self.link_ok is None:
-            await self._probe(obs.slots)
-        for action in self.policy.due(self._mono()):
-            await self._act(action, obs)
+            self.restorer.verify(obs)
+        self._wake.set()
 
-    def _on_event(self, event: events.Event, obs: events.Observation) -> None:
+    def _ready(self, obs: events.Observation) -> bool:
+        """Whether slot actions may be sent: up, slots and identity read, awake (an action would wake it)."""
+        return (
+            obs.health is events.Health.OK and obs.slots is not None and self.identity is not None and not obs.sleeping
+        )
+
+    def _on_event(self, event: events.Event) -> None:
         kind = event.transition
         if kind is events.Transition.CAME_UP:
-            self._metrics.server_up.set(1)
+            self._stats.server_up.set(1)
             self.healthy_at = event.at
         elif kind is events.Transition.WENT_DOWN:
-            self._metrics.server_up.set(0)
+            self._stats.server_up.set(0)
+            self._prechecked = False  # it may come back as a new process: have the files checked by then
         elif kind is events.Transition.RESTARTED:
-            self._metrics.server_restarts.inc()
+            self._stats.server_restarts.inc()
             log.warning("server_restarted", reasons=list(event.reasons))
             self._slots_emptied(event.at)
-            self.link_ok = None  # the new process may have another --slot-save-path
+            self.link = probe.UNKNOWN  # the new process may have another --slot-save-path
         elif kind is events.Transition.SLEPT:
             log.info(
                 "server_sleeping",
@@ -177,98 +216,161 @@ class Engine:
     def _adopt_existing(self, slots: tuple[events.SlotView, ...]) -> None:
         """At start-up, treat slots whose content matches their newest snapshot as saved."""
         for view in slots:
-            newest = next(iter(self._store.snapshots(view.id)), None)
+            newest = next(iter(self._snapshots.snapshots(view.id)), None)
             if newest is None or view.task is None:
                 continue
             if newest.task == view.task and newest.tokens == view.tokens:
                 self.policy.settle(view.id, view.signature)
                 log.info("slot_already_saved", slot=view.id, file=newest.file)
 
-    async def _restore(self, obs: events.Observation) -> None:
-        assert obs.slots is not None
-        assert self.identity is not None
-        if not self._store.snapshots():
-            return
-        done = await self.restorer.restore_all(
-            obs.slots, self.identity, healthy_at=self.healthy_at, counters=obs.counters
-        )
-        if done:
-            self.link_ok = True
+    # ---- the action runner ------------------------------------------------------------------
 
-    async def _probe(self, slots: tuple[events.SlotView, ...]) -> None:
+    async def run(self) -> None:
+        """The action runner: check files first, then act whenever an observation asks for it."""
+        await self._precheck()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self.work()
+
+    async def work(self) -> None:
+        """Run what the newest observation makes due: file checks, the restore round, the probe, saves."""
+        obs = self.latest
+        if obs is None or obs.health is not events.Health.OK:
+            if not self._prechecked:
+                await self._precheck()
+            return
+        if not self._ready(obs):
+            return
+        if self.restore_due:
+            self.restore_due = False
+            self._restoring = True
+            try:
+                await self._restore(obs)
+            finally:
+                self._restoring = False
+        if self.link.ok is None:
+            await self._probe()
+        for action in self.policy.due(self._clock.monotonic()):
+            if self.restore_due or self.latest is None or not self._ready(self.latest):
+                return  # the server restarted, slept or went away meanwhile
+            if isinstance(action, policy.Skip):
+                self.saver.skip(action)
+                self.policy.settle(action.slot, action.signature)
+            else:
+                await self.save(action)
+
+    async def _precheck(self) -> None:
+        self._prechecked = True
+        if self.restore_due or self.latest is None or self.latest.health is not events.Health.OK:
+            await self.restorer.precheck()
+
+    async def _restore(self, obs: events.Observation) -> None:
+        assert self.identity is not None
+        if not self._snapshots.snapshots():
+            return
+        done = await self.restorer.restore_all(self.identity, healthy_at=self.healthy_at, counters=obs.counters)
+        if done:
+            self._set_link(probe.Link(True))
+
+    async def restore_now(self) -> list[restorer.RestoreRecord]:
+        """An admin's restore round into the slots that are empty now."""
+        obs = self.latest
+        if obs is None or not self._ready(obs) or self.identity is None:
+            return []
+        await self.restorer.restore_all(self.identity, healthy_at=None, counters=obs.counters)
+        return self.restorer.last
+
+    async def _probe(self) -> None:
         """Prove once per server process that the server writes into our slot dir."""
-        target = next((v for v in slots if v.virgin and not v.processing and v.id not in self.restorer.pending), None)
+        obs = self.latest
+        slots = obs.slots if obs is not None else None
+        target = next(
+            (v for v in slots or () if v.virgin and not v.processing and v.id not in self.restorer.pending), None
+        )
         if target is None:
             return  # the first real save will prove or disprove the link
-        async with self.saver.lock:  # a probe is a save: never two in flight
-            await self._probe_slot(target.id)
+        async with self.actions.lock:
+            try:
+                view = await self.actions.view(target.id)
+            except errors.UpstreamError:
+                return
+            if view is None or not view.virgin or view.processing:
+                return
+            self._set_link(await probe.probe(self.actions, self._snapshots, target.id))
 
-    async def _probe_slot(self, slot: int) -> None:
-        name = self._store.probe_name()
-        try:
-            await self._client.save(slot, name)
-        except errors.UpstreamNotSupported:
-            self._link(
-                False,
-                "llama-server refuses slot saves (HTTP 501): start it with "
-                f"--slot-save-path {self._store.dir} (the sidecar's --slot-dir, same directory)",
-            )
+    def _set_link(self, link: probe.Link) -> None:
+        if link == self.link:
             return
-        except errors.UpstreamError as exc:
-            log.warning("slot_dir_probe_failed", error=str(exc))
-            return
-        seen = await asyncio.to_thread(self._store.exists, name)
-        await asyncio.to_thread(self._store.remove, name)
-        if seen:
-            self._link(True, "")
-        else:
-            self._link(
-                False,
-                f"llama-server saved a probe file that did not appear in {self._store.dir}: "
-                "--slot-dir must be the directory llama-server was given as --slot-save-path "
-                "(the same volume, seen from both)",
-            )
+        self.link = link
+        if link.ok:
+            log.info("slot_dir_linked", slot_dir=str(self._snapshots.dir))
+        elif link.ok is False:
+            log.error("slot_dir_not_linked", problem=link.problem)
 
-    def _link(self, ok: bool, problem: str) -> None:
-        self.link_ok, self.link_problem = ok, problem
-        if ok:
-            log.info("slot_dir_linked", slot_dir=str(self._store.dir))
-        else:
-            log.error("slot_dir_not_linked", problem=problem)
-
-    async def _act(self, action: policy.Save | policy.Skip, obs: events.Observation) -> None:
-        if isinstance(action, policy.Skip):
-            self.saver.skip(action)
-            self.policy.settle(action.slot, action.signature)
-            return
-        await self.save(action, obs)
-
-    async def save(self, action: policy.Save, obs: events.Observation | None = None) -> bool:
-        obs = obs or self.latest
-        if self.identity is None or obs is None:
+    async def save(self, action: policy.Save) -> bool:
+        """Save one slot if it is idle right now; True if a snapshot was committed."""
+        if self.identity is None or self.latest is None:
             log.warning("snapshot_postponed", slot=action.slot, reason="server identity (/props) not read yet")
             return False
-        view = obs.slot(action.slot)
-        n_ctx = view.n_ctx if view else self.identity.n_ctx
-        record = await self.saver.save(action, identity=self.identity, slot_n_ctx=n_ctx)
-        last = self.saver.last
-        if record is not None:
-            self.link_ok = True
+        async with self.actions.lock:
+            try:
+                view = await self.actions.view(action.slot)
+            except errors.UpstreamError as exc:
+                log.warning("snapshot_postponed", slot=action.slot, reason=f"cannot read /slots: {exc}")
+                self.policy.defer(action.slot, self._clock.monotonic() + RETRY_AFTER)
+                return False
+            if view is None or view.signature is None:
+                log.info("snapshot_postponed", slot=action.slot, reason="the slot holds nothing (any more)")
+                return False
+            if view.processing:
+                self.policy.observe([view], self._clock.monotonic())
+                self.saver.busy(action)
+                return False
+            if view.signature != action.signature:  # it ran a turn since: save what it holds now
+                action = dataclasses.replace(action, signature=view.signature, tokens=view.tokens)
+            record = await self.saver.save(action, identity=self.identity, slot_n_ctx=view.n_ctx)
+        self._saved(action, record)
+        return record.result is outcomes.SaveResult.OK
+
+    def _saved(self, action: policy.Save, record: snapshotter.SaveRecord) -> None:
+        """What the outcome of a save means for the slot and the link."""
+        if record.cause is None:
+            self._set_link(probe.Link(True))
             self.policy.settle(action.slot, action.signature)
-        elif last is not None and last.result == "skipped" and "empty" in last.detail:
+        elif record.cause in (Cause.EMPTY, Cause.BELOW_MIN_TOKENS):
             self.policy.settle(action.slot, action.signature)
-        elif last is not None and last.result == "skipped":  # disk below the floor: try again later
-            self.policy.defer(action.slot, self._mono() + RETRY_AFTER)
-        elif last is not None and last.result == "failed":
-            self.policy.defer(action.slot, self._mono() + RETRY_AFTER)
-            if "--slot-dir must be" in last.detail:
-                self._link(False, last.detail)
-        return record is not None
+        elif record.cause is not Cause.SLOT_BUSY:  # busy: the policy proposes it again once idle
+            self.policy.defer(action.slot, self._clock.monotonic() + RETRY_AFTER)
+            if record.cause is Cause.NOT_LINKED:
+                self._set_link(probe.Link(False, record.detail))
+            elif record.cause is Cause.NOT_SUPPORTED:
+                self._set_link(probe.not_supported(str(self._snapshots.dir)))
 
     async def final_snapshots(self) -> None:
-        """Save every changed slot once more before the process exits."""
-        actions = self.policy.final()
-        if not actions:
+        """Save every changed, idle slot once more before the process exits; never wake a sleeping server."""
+        try:
+            await self._final_snapshots()
+        finally:
+            self.actions.sweep()  # files of actions cut short now; the next start-up cleans later ones
+
+    async def _final_snapshots(self) -> None:
+        obs = self.latest
+        if obs is None or not self._ready(obs):
+            log.info("final_snapshot_skipped", reason="llama-server is not up and awake")
+            return
+        try:
+            _, sleeping = await self._client.props()
+            fresh = await self.actions.slots()
+        except errors.UpstreamError as exc:
+            log.warning("final_snapshot_skipped", reason=f"cannot read the server's state: {exc}")
+            return
+        if sleeping:
+            log.info("final_snapshot_skipped", reason="llama-server is asleep: a save would wake it")
+            return
+        self.policy.observe(fresh, self._clock.monotonic())
+        todo = self.policy.final()
+        if not todo:
             log.info("final_snapshot_nothing_to_save")
-        for action in actions:
+        for action in todo:
             await self.save(action)

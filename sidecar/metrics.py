@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from sidecar import outcomes
+
 NAMESPACE = "llama_sidecar"
-SNAPSHOT_RESULTS = ("ok", "failed", "skipped")
-RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy")
-VERIFY_OUTCOMES = ("effective", "ineffective")
+SNAPSHOT_RESULTS = tuple(r.value for r in outcomes.SaveResult)
+RESTORE_RESULTS = tuple(r.value for r in outcomes.RestoreOutcome)
+VERIFY_OUTCOMES = tuple(v.value for v in outcomes.Verification)
 GC_REASONS = ("keep", "bytes", "age")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
 
@@ -52,7 +54,8 @@ class Metrics:
         self.snapshots = Counter(
             "snapshots",
             "Slot snapshots attempted, by slot and result: ok (committed), failed (save or check "
-            "failed), skipped (below --min-tokens, empty slot, or disk below the free-space floor).",
+            "failed), skipped (below --min-tokens, empty slot, disk below the free-space floor, or the slot "
+            "started processing a request just before the save: nothing is sent to a busy slot).",
             ["slot", "result"],
             namespace=NAMESPACE,
             registry=registry,
@@ -68,7 +71,8 @@ class Metrics:
             "restores",
             "Slot restore attempts, by slot and result: ok, failed (the server refused the file), "
             "incompatible (no snapshot fits this server), no_snapshot, slot_busy (the slot already "
-            "held a user's tokens or was processing).",
+            "held a user's tokens or was processing), raced (a request ran on the slot while the restore "
+            "call was in flight: the server restored after it, replacing that request's KV).",
             ["slot", "result"],
             namespace=NAMESPACE,
             registry=registry,

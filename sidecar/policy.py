@@ -13,7 +13,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Sequence
 
-from sidecar import config, events, manifest
+from sidecar import events, manifest, outcomes
 
 
 class SaveReason(enum.StrEnum):
@@ -114,20 +114,12 @@ class Policy:
         return [Save(slot, sig, sig[1], SaveReason.FINAL) for _, slot, sig in sorted(picks)]
 
 
-class RestoreOutcome(enum.StrEnum):
-    OK = "ok"
-    FAILED = "failed"
-    INCOMPATIBLE = "incompatible"
-    NO_SNAPSHOT = "no_snapshot"
-    SLOT_BUSY = "slot_busy"
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class RestorePlan:
     slot: int
     candidates: tuple[manifest.Manifest, ...]
     """Compatible snapshots, newest first; try the next one if a file fails its check."""
-    outcome: RestoreOutcome | None
+    outcome: outcomes.RestoreOutcome | None
     """Set when there is nothing to try: why."""
     refusals: tuple[tuple[str, str], ...] = ()
     """(file, why) of each snapshot refused as incompatible."""
@@ -138,9 +130,9 @@ def plan_restore(
 ) -> RestorePlan:
     """What to restore into ``view``: never into a busy slot or one holding tokens."""
     if view.processing or not view.empty:
-        return RestorePlan(view.id, (), RestoreOutcome.SLOT_BUSY)
+        return RestorePlan(view.id, (), outcomes.RestoreOutcome.SLOT_BUSY)
     if not snapshots:
-        return RestorePlan(view.id, (), RestoreOutcome.NO_SNAPSHOT)
+        return RestorePlan(view.id, (), outcomes.RestoreOutcome.NO_SNAPSHOT)
     good: list[manifest.Manifest] = []
     refusals: list[tuple[str, str]] = []
     for snap in sorted(snapshots, key=lambda m: (m.created, m.file), reverse=True):
@@ -149,7 +141,7 @@ def plan_restore(
             refusals.append((snap.file, "; ".join(problems)))
         else:
             good.append(snap)
-    outcome = None if good else RestoreOutcome.INCOMPATIBLE
+    outcome = None if good else outcomes.RestoreOutcome.INCOMPATIBLE
     return RestorePlan(view.id, tuple(good), outcome, tuple(refusals))
 
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import Awaitable, Callable
 
 import structlog
 
-from sidecar import config, errors, events, upstream
+from sidecar import config, errors, events, protocols
 
 log = structlog.get_logger("sidecar.poller")
 
@@ -32,14 +31,14 @@ Sink = Callable[[events.Observation, list[events.Event]], Awaitable[None]]
 class Poller:
     def __init__(
         self,
-        client: upstream.LlamaClient,
+        client: protocols.Upstream,
         settings: config.PollSettings,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: protocols.Clock | None = None,
     ) -> None:
         self._client = client
         self._settings = settings
-        self._clock = clock
+        self._clock = clock or protocols.SystemClock()
         self.prev: events.Observation | None = None
         self.last_up: events.Observation | None = None
         self._identity: tuple[events.Identity, bool] | None = None
@@ -71,8 +70,7 @@ class Poller:
             await asyncio.sleep(self._settings.interval if up else self._settings.down_interval)
 
     async def poll_once(self) -> events.Observation:
-        at = self._clock()
-        self._denied = []
+        at = self._clock.monotonic()
         health, problem = await self._client.health()
         if health is not events.Health.OK:
             self._identity, self._counters, self._slots = None, None, None

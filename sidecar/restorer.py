@@ -1,160 +1,263 @@
 """Putting snapshots back after a restart, and checking that it helped.
 
 A restore round runs once per server process (after a detected restart, or
-at start-up when the sidecar finds empty slots). For each slot it re-reads
-/slots right before acting, so a user's request that reached the new
-server first wins over an old snapshot; it tries the newest compatible
-snapshot, re-hashing it first so a corrupt file is never handed to the
-server; a file that fails the check is quarantined and the next older one
-is tried.
+at start-up when the sidecar finds empty slots). The window in which a
+user's request can reach a slot between the sidecar's look at it and the
+restore call is kept as small as the server allows:
+
+* files are checked (size and sha256) ahead, while the server is still
+  loading (:meth:`Restorer.precheck`), so no hashing sits inside the window;
+  a file checked then is trusted while its size, mtime and inode stay the
+  same; a file that fails a check is quarantined and the next older one is
+  tried;
+* the slot is read right before the restore call, and only an idle, empty
+  slot is restored into;
+* the slot is read again right after: if its ``id_task`` moved, a request
+  ran on it while the call was in flight, the server deferred the restore
+  behind it and then replaced that request's KV. That is counted as
+  ``raced``, never as ``ok``.
 
 Verification: a restore only counts as effective once the server reuses the
-tokens. When a restored slot runs its next task, the growth of
-``llamacpp:prompt_tokens_cached_total`` since the restore is compared with
-the restored token count.
+tokens. When a task that started after the restore (``id_task`` past the
+one read right after it) has run on the slot, the growth of
+``llamacpp:prompt_tokens_cached_total`` read after that task is compared
+with the restored token count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
-from collections.abc import Callable
 
 import structlog
 
-from sidecar import errors, events, manifest, metrics, policy, store, upstream
+from sidecar import actions, errors, events, manifest, metrics, outcomes, policy, protocols, store
 
 log = structlog.get_logger("sidecar.restore")
 EFFECTIVE_SHARE = 0.5
 """Share of the restored tokens the server must reuse for a restore to count as effective."""
+Outcome = outcomes.RestoreOutcome
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RestoreRecord:
     slot: int
-    result: str
+    result: outcomes.RestoreOutcome
     detail: str
     at: float
+    """Unix time of the attempt's end."""
     file: str | None = None
     tokens: int = 0
     seconds: float = 0.0
     since_healthy: float | None = None
 
 
-@dataclasses.dataclass(slots=True)
-class _Pending:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pending:
+    """A restore waiting for the slot's next task to show whether the server reused it."""
+
     tokens: int
     cached_before: float | None
+    task: int | None
+    """The slot's ``id_task`` read right after the restore: only a later task may judge it."""
+    at: float
+    """Monotonic time the restore ended: only counters read after it may judge it."""
+
+
+_DETAILS = {
+    Outcome.SLOT_BUSY: "slot already holds a request's tokens or is processing",
+    Outcome.NO_SNAPSHOT: "no snapshot of this slot",
+    Outcome.INCOMPATIBLE: "no snapshot of this slot fits this server",
+}
+_Stamp = tuple[int, int, int]
+"""(size, mtime_ns, inode) of a file when it passed its check."""
 
 
 class Restorer:
     def __init__(
         self,
         *,
-        client: upstream.LlamaClient,
+        slot_actions: actions.SlotActions,
         snapshots: store.SnapshotStore,
         stats: metrics.Metrics,
-        lock: asyncio.Lock,
-        mono: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        clock: protocols.Clock,
     ) -> None:
-        self._client = client
-        self._store = snapshots
-        self._metrics = stats
-        self._lock = lock
-        self._mono = mono
-        self._wall = wall
+        self._actions = slot_actions
+        self._snapshots = snapshots
+        self._stats = stats
+        self._clock = clock
         self.last: list[RestoreRecord] = []
-        self.pending: dict[int, _Pending] = {}
+        self.pending: dict[int, Pending] = {}
+        self._checked: dict[str, _Stamp] = {}
         self._verification_off_said = False
 
+    async def precheck(self) -> None:
+        """Check the newest good snapshot of every slot now, so the restore round does not hash.
+
+        Called while the server loads (or before the first poll), when the
+        files are all the sidecar can work on.
+        """
+        by_slot: dict[int, list[manifest.Manifest]] = {}
+        for snap in self._snapshots.snapshots():
+            by_slot.setdefault(snap.slot, []).append(snap)
+        started = time.perf_counter()
+        checked = 0
+        for snaps in by_slot.values():
+            for candidate in sorted(snaps, key=lambda m: (m.created, m.file), reverse=True):
+                checked += 1
+                if await self._check(candidate):
+                    break
+        if checked:
+            log.info("snapshots_prechecked", files=checked, seconds=round(time.perf_counter() - started, 4))
+
     async def restore_all(
-        self,
-        slots: tuple[events.SlotView, ...],
-        identity: events.Identity,
-        *,
-        healthy_at: float | None,
-        counters: events.Counters | None,
+        self, identity: events.Identity, *, healthy_at: float | None, counters: events.Counters | None
     ) -> dict[int, manifest.Manifest]:
-        """One restore round; returns the manifest restored into each slot."""
+        """One restore round into every idle, empty slot; returns the manifest restored into each slot."""
         done: dict[int, manifest.Manifest] = {}
         records: list[RestoreRecord] = []
-        async with self._lock:
-            for view in slots:
-                record, restored = await self._restore_slot(view.id, identity, healthy_at)
+        async with self._actions.lock:
+            try:
+                slot_ids = [v.id for v in await self._actions.slots()]
+            except errors.UpstreamError as exc:
+                log.warning("restore_round_postponed", error=str(exc))
+                slot_ids = []
+            for slot in slot_ids:
+                record, restored = await self._restore_slot(slot, identity, healthy_at, counters)
                 records.append(record)
                 if restored is not None:
-                    done[view.id] = restored
-                    self.pending[view.id] = _Pending(restored.tokens, counters.cached_tokens if counters else None)
+                    done[slot] = restored
         self.last = records
         return done
 
     async def _restore_slot(
-        self, slot: int, identity: events.Identity, healthy_at: float | None
+        self, slot: int, identity: events.Identity, healthy_at: float | None, counters: events.Counters | None
     ) -> tuple[RestoreRecord, manifest.Manifest | None]:
-        try:
-            fresh = await self._client.slots()
-        except errors.UpstreamError as exc:
-            return self._count(slot, policy.RestoreOutcome.FAILED, f"cannot read /slots: {exc}"), None
-        view = next((v for v in fresh if v.id == slot), None)
+        view, problem = await self._read(slot)
         if view is None:
-            return self._count(slot, policy.RestoreOutcome.FAILED, "slot vanished from /slots"), None
-        plan = policy.plan_restore(view, self._store.snapshots(slot), identity)
+            return self._count(slot, Outcome.FAILED, problem), None
+        plan = policy.plan_restore(view, self._snapshots.snapshots(slot), identity)
         for file, why in plan.refusals:
             log.warning("snapshot_incompatible", slot=slot, file=file, differences=why)
         if plan.outcome is not None:
-            detail = {
-                policy.RestoreOutcome.SLOT_BUSY: "slot already holds a request's tokens or is processing",
-                policy.RestoreOutcome.NO_SNAPSHOT: "no snapshot of this slot",
-                policy.RestoreOutcome.INCOMPATIBLE: "no snapshot of this slot fits this server",
-            }.get(plan.outcome, "")
-            return self._count(slot, plan.outcome, detail), None
+            return self._count(slot, plan.outcome, _DETAILS.get(plan.outcome, "")), None
         for candidate in plan.candidates:
-            started = time.perf_counter()
-            try:
-                await asyncio.to_thread(self._store.verify, candidate)
-            except errors.SnapshotError as exc:
-                log.error("snapshot_corrupt", slot=slot, file=candidate.file, reason=exc.reason, error=str(exc))
-                await asyncio.to_thread(self._store.quarantine, candidate.file, exc.reason, detail=str(exc))
-                continue
-            try:
-                result = await self._client.restore(slot, candidate.file)
-            except errors.UpstreamError as exc:
-                log.error(
-                    "restore_failed",
-                    slot=slot,
-                    file=candidate.file,
-                    error=str(exc),
-                    hint="the server refused a file that passed its checksum: check that llama-server "
-                    "runs with the same KV settings (--swa-full, cache types) as when it was saved",
-                )
-                return self._count(slot, policy.RestoreOutcome.FAILED, str(exc), candidate.file), None
-            seconds = time.perf_counter() - started
-            since = self._mono() - healthy_at if healthy_at is not None else None
-            self._metrics.restore_duration.observe(seconds)
-            if since is not None:
-                self._metrics.restart_to_restore.observe(since)
-            self._metrics.restored_tokens.labels(str(slot)).inc(result.tokens)
-            log.info(
-                "slot_restored",
+            if not self._checked_unchanged(candidate):
+                # Not checked ahead: hash it now, then read the slot again, as time has passed.
+                if not await self._check(candidate):
+                    continue
+                view, problem = await self._read(slot)
+                if view is None:
+                    return self._count(slot, Outcome.FAILED, problem), None
+                if view.processing or not view.empty:
+                    return self._count(slot, Outcome.SLOT_BUSY, _DETAILS[Outcome.SLOT_BUSY]), None
+            return await self._send(slot, view, candidate, healthy_at, counters)
+        return self._count(slot, Outcome.FAILED, "every snapshot of this slot failed its check"), None
+
+    async def _send(
+        self,
+        slot: int,
+        before: events.SlotView,
+        candidate: manifest.Manifest,
+        healthy_at: float | None,
+        counters: events.Counters | None,
+    ) -> tuple[RestoreRecord, manifest.Manifest | None]:
+        """The restore call itself, right after ``before`` was read; then look for a racing request."""
+        started = time.perf_counter()
+        try:
+            result = await self._actions.restore(slot, candidate.file)
+        except errors.UpstreamError as exc:
+            log.error(
+                "restore_failed",
                 slot=slot,
                 file=candidate.file,
-                tokens=result.tokens,
-                seconds=round(seconds, 4),
-                server_ms=result.server_ms,
-                since_healthy=None if since is None else round(since, 4),
+                error=str(exc),
+                hint="the server refused a file that passed its checksum: check that llama-server "
+                "runs with the same KV settings (--swa-full, cache types) as when it was saved",
             )
-            record = self._count(slot, policy.RestoreOutcome.OK, "", candidate.file, result.tokens, seconds, since)
-            return record, candidate
-        return self._count(slot, policy.RestoreOutcome.FAILED, "every snapshot of this slot failed its check"), None
+            return self._count(slot, Outcome.FAILED, str(exc), candidate.file), None
+        seconds = time.perf_counter() - started
+        after, _ = await self._read(slot)
+        if after is not None and after.task != before.task:
+            log.warning(
+                "restore_raced",
+                slot=slot,
+                file=candidate.file,
+                effect="a request ran on the slot while the restore call was in flight; the server ran the "
+                "restore after it, replacing that request's KV with the snapshot",
+                hint="its answer is not affected; its next turn re-prefills what it does not share with the snapshot",
+            )
+            return self._count(slot, Outcome.RACED, "a request took the slot during the restore", candidate.file), None
+        since = self._clock.monotonic() - healthy_at if healthy_at is not None else None
+        self._stats.restore_duration.observe(seconds)
+        if since is not None:
+            self._stats.restart_to_restore.observe(since)
+        self._stats.restored_tokens.labels(str(slot)).inc(result.tokens)
+        log.info(
+            "slot_restored",
+            slot=slot,
+            file=candidate.file,
+            tokens=result.tokens,
+            seconds=round(seconds, 4),
+            server_ms=result.server_ms,
+            since_healthy=None if since is None else round(since, 4),
+        )
+        self.pending[slot] = Pending(
+            tokens=result.tokens,
+            cached_before=counters.cached_tokens if counters else None,
+            task=after.task if after is not None else before.task,
+            at=self._clock.monotonic(),
+        )
+        record = self._count(slot, Outcome.OK, "", candidate.file, result.tokens, seconds, since)
+        return record, candidate
 
-    def verify(self, slots: tuple[events.SlotView, ...], counters: events.Counters | None) -> None:
-        """Judge pending restores whose slot has run a task since; call with fresh counters."""
-        for view in slots:
+    async def _read(self, slot: int) -> tuple[events.SlotView | None, str]:
+        try:
+            view = await self._actions.view(slot)
+        except errors.UpstreamError as exc:
+            return None, f"cannot read /slots: {exc}"
+        return view, "" if view is not None else "slot vanished from /slots"
+
+    async def _check(self, candidate: manifest.Manifest) -> bool:
+        """Whether ``candidate`` passes its size and sha256 check (cached while the file is unchanged)."""
+        if self._checked_unchanged(candidate):
+            return True
+        try:
+            await asyncio.to_thread(self._snapshots.verify, candidate)
+            stamp = await asyncio.to_thread(self._stamp, candidate.file)
+        except errors.SnapshotError as exc:
+            log.error("snapshot_corrupt", slot=candidate.slot, file=candidate.file, reason=exc.reason, error=str(exc))
+            await asyncio.to_thread(self._snapshots.quarantine, candidate.file, exc.reason, detail=str(exc))
+            self._checked.pop(candidate.file, None)
+            return False
+        if stamp is not None:
+            self._checked[candidate.file] = stamp
+        return True
+
+    def _checked_unchanged(self, candidate: manifest.Manifest) -> bool:
+        stamp = self._checked.get(candidate.file)
+        return stamp is not None and stamp == self._stamp(candidate.file)
+
+    def _stamp(self, file: str) -> _Stamp | None:
+        try:
+            st = os.stat(self._snapshots.dir / file)
+        except OSError:
+            return None
+        return st.st_size, st.st_mtime_ns, st.st_ino
+
+    def verify(self, obs: events.Observation) -> None:
+        """Judge pending restores whose slot has run a task that started after the restore."""
+        for view in obs.slots or ():
             pending = self.pending.get(view.id)
             if pending is None or view.task is None or view.processing:
                 continue
+            if (pending.task is not None and view.task <= pending.task) or obs.at <= pending.at:
+                continue  # no task since the restore, or this observation was taken before it ended
+            counters = obs.counters if obs.counters_fresh else None
+            if counters is None and obs.counters is not None:
+                continue  # counters carried over from an earlier poll: wait for fresh ones
             del self.pending[view.id]
             if counters is None or pending.cached_before is None:
                 if not self._verification_off_said:
@@ -167,10 +270,10 @@ class Restorer:
                 continue
             reused = counters.cached_tokens - pending.cached_before
             if reused >= EFFECTIVE_SHARE * pending.tokens:
-                self._metrics.restore_verifications.labels("effective").inc()
+                self._stats.restore_verifications.labels(outcomes.Verification.EFFECTIVE.value).inc()
                 log.info("restore_effective", slot=view.id, restored_tokens=pending.tokens, reused_tokens=reused)
             else:
-                self._metrics.restore_verifications.labels("ineffective").inc()
+                self._stats.restore_verifications.labels(outcomes.Verification.INEFFECTIVE.value).inc()
                 log.warning(
                     "restore_ineffective",
                     slot=view.id,
@@ -184,19 +287,19 @@ class Restorer:
     def _count(
         self,
         slot: int,
-        outcome: policy.RestoreOutcome,
+        outcome: outcomes.RestoreOutcome,
         detail: str,
         file: str | None = None,
         tokens: int = 0,
         seconds: float = 0.0,
         since: float | None = None,
     ) -> RestoreRecord:
-        self._metrics.restores.labels(str(slot), outcome.value).inc()
-        if outcome is not policy.RestoreOutcome.OK:
+        self._stats.restores.labels(str(slot), outcome.value).inc()
+        if outcome not in (Outcome.OK, Outcome.RACED):
             log.info(
-                "restore_skipped" if outcome is not policy.RestoreOutcome.FAILED else "restore_not_done",
+                "restore_skipped" if outcome is not Outcome.FAILED else "restore_not_done",
                 slot=slot,
                 result=outcome.value,
                 reason=detail,
             )
-        return RestoreRecord(slot, outcome.value, detail, self._wall(), file, tokens, seconds, since)
+        return RestoreRecord(slot, outcome, detail, self._clock.wall(), file, tokens, seconds, since)

@@ -10,7 +10,6 @@ field by field: a malformed or hostile reply becomes
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -18,7 +17,7 @@ from typing import Any, TypeVar
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar import config, errors, events
+from sidecar import config, errors, events, protocols
 
 _T = TypeVar("_T")
 
@@ -31,20 +30,6 @@ _ACTIVITY = (
 )
 MAX_BODY = 8 << 20
 """Largest reply read from llama-server, in bytes (a /slots reply with prompts is big)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ActionResult:
-    """Reply of a slot save or restore."""
-
-    slot: int
-    filename: str
-    tokens: int
-    """``n_saved`` or ``n_restored``."""
-    bytes: int
-    """``n_written`` or ``n_read``."""
-    server_ms: float
-    """``timings.save_ms`` or ``timings.restore_ms``."""
 
 
 class LlamaClient:
@@ -78,12 +63,6 @@ class LlamaClient:
         if not isinstance(body, list):
             raise errors.UpstreamProtocolError("/slots did not return a list", endpoint="/slots")
         return tuple(_slot_view(item) for item in body)
-
-    async def identity(self) -> tuple[events.Identity, bool]:
-        """Read /props and /v1/models; returns (identity, is_sleeping)."""
-        identity, sleeping = await self.props()
-        size, params = await self.model_meta()
-        return dataclasses.replace(identity, model_size=size, model_params=params), sleeping
 
     async def props(self) -> tuple[events.Identity, bool]:
         """Read /props: the identity without the model's size, and whether the server sleeps."""
@@ -136,17 +115,15 @@ class LlamaClient:
             processing=values.get("llamacpp:requests_processing", 0.0),
         )
 
-    async def save(self, slot: int, filename: str) -> ActionResult:
+    async def save(self, slot: int, filename: str) -> protocols.ActionResult:
         return await self._action(slot, "save", filename, ("n_saved", "n_written", "save_ms"))
 
-    async def restore(self, slot: int, filename: str) -> ActionResult:
+    async def restore(self, slot: int, filename: str) -> protocols.ActionResult:
         return await self._action(slot, "restore", filename, ("n_restored", "n_read", "restore_ms"))
 
-    async def erase(self, slot: int) -> int:
-        body = await self._json("POST", f"/slots/{slot}?action=erase", self._action_timeout, {})
-        return _field(_as_dict(body, "/slots erase"), "n_erased", int, "/slots erase")
-
-    async def _action(self, slot: int, action: str, filename: str, keys: tuple[str, str, str]) -> ActionResult:
+    async def _action(
+        self, slot: int, action: str, filename: str, keys: tuple[str, str, str]
+    ) -> protocols.ActionResult:
         endpoint = f"/slots {action}"
         body = _as_dict(
             await self._json("POST", f"/slots/{slot}?action={action}", self._action_timeout, {"filename": filename}),
@@ -154,7 +131,7 @@ class LlamaClient:
         )
         timings = body.get("timings")
         server_ms = timings.get(keys[2]) if isinstance(timings, dict) else None
-        return ActionResult(
+        return protocols.ActionResult(
             slot=slot,
             filename=filename,
             tokens=_field(body, keys[0], int, endpoint),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import config, events, manifest, policy
+from sidecar import events, manifest, outcomes, policy
 
 TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)
 IDENTITY = events.Identity(
@@ -245,16 +245,16 @@ def test_final_idle_first_then_busy_and_only_changed_slots_worth_a_file() -> Non
 )
 def test_restore_never_into_a_busy_or_non_empty_slot(view: events.SlotView) -> None:
     plan = policy.plan_restore(view, [snap(0, 100.0)], IDENTITY)
-    assert plan == policy.RestorePlan(0, (), policy.RestoreOutcome.SLOT_BUSY)
+    assert plan == policy.RestorePlan(0, (), outcomes.RestoreOutcome.SLOT_BUSY)
 
 
 def test_busy_wins_over_no_snapshot() -> None:
     plan = policy.plan_restore(slot(0, busy=True), [], IDENTITY)
-    assert plan.outcome is policy.RestoreOutcome.SLOT_BUSY
+    assert plan.outcome is outcomes.RestoreOutcome.SLOT_BUSY
 
 
 def test_no_snapshot() -> None:
-    assert policy.plan_restore(slot(0), [], IDENTITY) == policy.RestorePlan(0, (), policy.RestoreOutcome.NO_SNAPSHOT)
+    assert policy.plan_restore(slot(0), [], IDENTITY) == policy.RestorePlan(0, (), outcomes.RestoreOutcome.NO_SNAPSHOT)
 
 
 def test_slot_cleared_by_cache_idle_slots_may_be_restored() -> None:
@@ -274,7 +274,7 @@ def test_all_incompatible_names_each_field() -> None:
     )
     too_long = snap(0, 100.0, tokens=5000)
     plan = policy.plan_restore(slot(0, n_ctx=4096), [other_build, other_model, too_long], IDENTITY)
-    assert plan.outcome is policy.RestoreOutcome.INCOMPATIBLE
+    assert plan.outcome is outcomes.RestoreOutcome.INCOMPATIBLE
     assert plan.candidates == ()
     assert [file for file, _ in plan.refusals] == [other_build.file, other_model.file, too_long.file]
     whys = [why for _, why in plan.refusals]
@@ -287,7 +287,7 @@ def test_all_incompatible_names_each_field() -> None:
 
 def test_slot_beyond_server_slots_is_incompatible() -> None:
     plan = policy.plan_restore(slot(5), [snap(5, 1.0)], IDENTITY)
-    assert plan.outcome is policy.RestoreOutcome.INCOMPATIBLE
+    assert plan.outcome is outcomes.RestoreOutcome.INCOMPATIBLE
     assert plan.refusals[0][1].startswith("total_slots:")
 
 

@@ -22,7 +22,7 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar import config, errors, events, manifest, policy, poller, upstream
+from sidecar import config, errors, events, manifest, outcomes, policy, poller, protocols
 
 TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)
 RETRY_AFTER = 30.0
@@ -374,7 +374,7 @@ class Checker:
                 assert view.empty, (view, plan)
                 assert plan.outcome is None
             if view.processing or not view.empty:
-                assert plan.outcome is policy.RestoreOutcome.SLOT_BUSY
+                assert plan.outcome is outcomes.RestoreOutcome.SLOT_BUSY
 
 
 # ---- the properties ------------------------------------------------------------------
@@ -391,9 +391,22 @@ def test_random_histories(n_slots: int, metrics: bool, start_header: bool, steps
     run_history(Server(n_slots=n_slots, metrics=metrics, start_header=start_header), steps)
 
 
+@dataclasses.dataclass
+class ModelClock:
+    """The model server's time, as the one clock of the poller."""
+
+    server: Server
+
+    def monotonic(self) -> float:
+        return self.server.at
+
+    def wall(self) -> float:
+        return self.server.at
+
+
 def run_history(server: Server, steps: list[tuple[Op, bool]]) -> Checker:
-    client = cast(upstream.LlamaClient, ModelClient(server))
-    watcher = poller.Poller(client, config.PollSettings(interval=0.0, down_interval=0.0), clock=lambda: server.at)
+    client = cast(protocols.Upstream, ModelClient(server))
+    watcher = poller.Poller(client, config.PollSettings(interval=0.0, down_interval=0.0), clock=ModelClock(server))
     checker = Checker(server, watcher, steps)
     with structlog.testing.capture_logs(), contextlib.suppress(Done):
         asyncio.run(watcher.run(checker.sink))

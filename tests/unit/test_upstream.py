@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp.plugin import AiohttpServer
 
-from sidecar import config, errors, events, upstream
+from sidecar import config, errors, events, protocols, upstream
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -345,19 +345,16 @@ PROPS = {
 }
 
 
-async def test_identity_from_props_and_models(fake: FakeLlama, connect: Connect) -> None:
+async def test_props_and_model_meta(fake: FakeLlama, connect: Connect) -> None:
     fake.json("GET", "/props", PROPS)
     fake.json("GET", "/v1/models", {"data": [{"id": "gemma3", "meta": {"size": 253_000_000, "n_params": 268_098_176}}]})
-    identity, sleeping = await connect().identity()
+    client = connect()
+    identity, sleeping = await client.props()
     assert identity == events.Identity(
-        build_info="b11434-515e85511",
-        model_path="/models/gemma3.gguf",
-        total_slots=4,
-        n_ctx=4096,
-        model_size=253_000_000,
-        model_params=268_098_176,
+        build_info="b11434-515e85511", model_path="/models/gemma3.gguf", total_slots=4, n_ctx=4096
     )
     assert sleeping is False
+    assert await client.model_meta() == (253_000_000, 268_098_176)
 
 
 @pytest.mark.parametrize(
@@ -375,16 +372,18 @@ async def test_model_meta_unknown_when_the_server_does_not_say(fake: FakeLlama, 
     assert await connect().model_meta() == (None, None)
 
 
-async def test_identity_without_models_endpoint(fake: FakeLlama, connect: Connect) -> None:
+async def test_model_meta_without_models_endpoint(fake: FakeLlama, connect: Connect) -> None:
     fake.json("GET", "/props", dict(PROPS, is_sleeping=True))
-    identity, sleeping = await connect().identity()
+    client = connect()
+    identity, sleeping = await client.props()
     assert (identity.model_size, identity.model_params, sleeping) == (None, None, True)
+    assert await client.model_meta() == (None, None)
 
 
 async def test_identity_names_missing_props_field(fake: FakeLlama, connect: Connect) -> None:
     fake.json("GET", "/props", {k: v for k, v in PROPS.items() if k != "total_slots"})
     with pytest.raises(errors.UpstreamProtocolError, match="'total_slots'"):
-        await connect().identity()
+        await connect().props()
 
 
 # ---- /metrics ------------------------------------------------------------------------
@@ -443,7 +442,7 @@ async def test_save(fake: FakeLlama, connect: Connect) -> None:
         {"id_slot": 1, "filename": "a.bin", "n_saved": 4001, "n_written": 20_123_456, "timings": {"save_ms": 11.5}},
     )
     result = await connect().save(1, "a.bin")
-    assert result == upstream.ActionResult(slot=1, filename="a.bin", tokens=4001, bytes=20_123_456, server_ms=11.5)
+    assert result == protocols.ActionResult(slot=1, filename="a.bin", tokens=4001, bytes=20_123_456, server_ms=11.5)
     assert [(s.method, s.path, s.query, json.loads(s.body)) for s in fake.seen] == [
         ("POST", "/slots/1", {"action": "save"}, {"filename": "a.bin"})
     ]
@@ -456,7 +455,7 @@ async def test_restore(fake: FakeLlama, connect: Connect) -> None:
         {"id_slot": 0, "filename": "b.bin", "n_restored": 12001, "n_read": 45_000_000, "timings": {"restore_ms": 13}},
     )
     result = await connect().restore(0, "b.bin")
-    assert result == upstream.ActionResult(slot=0, filename="b.bin", tokens=12001, bytes=45_000_000, server_ms=13.0)
+    assert result == protocols.ActionResult(slot=0, filename="b.bin", tokens=12001, bytes=45_000_000, server_ms=13.0)
     assert fake.seen[0].query == {"action": "restore"}
 
 
@@ -490,9 +489,3 @@ async def test_restore_rejected_with_the_servers_message(fake: FakeLlama, connec
     fake.error("POST", "/slots/2", 400, message)
     with pytest.raises(errors.UpstreamRejected, match="invalid slot save file"):
         await connect().restore(2, "c.bin")
-
-
-async def test_erase(fake: FakeLlama, connect: Connect) -> None:
-    fake.json("POST", "/slots/3", {"id_slot": 3, "n_erased": 120})
-    assert await connect().erase(3) == 120
-    assert fake.seen[0].query == {"action": "erase"}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar import events, manifest, metrics, policy, store, watcher
+from sidecar import events, manifest, metrics, outcomes, policy, store, watcher
 
 FP = manifest.Fingerprint("b1", "/m.gguf", 10, 20, 4096, 1)
 
@@ -100,6 +100,6 @@ async def test_created_deleted_truncated_and_renamed_files_update_index_and_gaug
 
 
 def test_result_words_match_the_policy_vocabulary() -> None:
-    assert tuple(o.value for o in policy.RestoreOutcome) == metrics.RESTORE_RESULTS
+    assert tuple(o.value for o in outcomes.RestoreOutcome) == metrics.RESTORE_RESULTS
     assert tuple(r.value for r in policy.GcReason) == metrics.GC_REASONS
     assert events.Health.OK.value == "ok"
