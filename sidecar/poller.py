@@ -4,9 +4,10 @@
 loading, so a restart is seen within a quarter second); /props and /metrics
 whenever the server is up (/props says whether ``--sleep-idle-seconds`` put
 the server to sleep); /v1/models when the server comes up or its model
-changes; /slots when the server comes up and whenever /metrics shows
-activity since the last read (see ``_slots_stale``), or every poll when the
-server has no /metrics.
+changes; /slots when the server comes up, whenever /metrics shows activity
+since the last read or a slot last seen busy, and every poll when the server
+has no /metrics or its counters are too large to show every change (see
+``_slots_stale``).
 
 While the server sleeps /slots is not read (the read would wake it); the
 last awake observation stays the baseline for restart detection, so a
@@ -25,6 +26,8 @@ from sidecar import config, errors, events, protocols
 
 log = structlog.get_logger("sidecar.poller")
 
+ROUNDED_FROM = 1e6
+"""llama-server prints counters with 6 significant digits: from here on a small change may not show."""
 Sink = Callable[[events.Observation, list[events.Event]], Awaitable[None]]
 
 
@@ -49,25 +52,28 @@ class Poller:
         self._slots_activity: tuple[float, ...] | None = None
         self._metrics_off = False
         self._problem = ""
-        self._denied: list[str] = []
-        """This poll's refusals (401/403): said once when they start and once when they end."""
-        self._was_denied = False
+        self._rounded_said = False
 
     async def run(self, sink: Sink) -> None:
         while True:
-            obs = await self.poll_once()
-            if obs.health is not events.Health.OK:
-                self._down_since_up = True
-            evts = events.detect(self.prev, obs, last_up=self.last_up, was_down=self._down_since_up)
-            if any(e.transition is events.Transition.RESTARTED for e in evts):
-                obs = await self._refresh_after_restart(obs)
-            self.prev = obs
-            if obs.health is events.Health.OK and obs.slots is not None:
-                self.last_up = obs
-                self._down_since_up = False
+            obs, evts = await self.step()
             await sink(obs, evts)
             up = obs.health is events.Health.OK
             await asyncio.sleep(self._settings.interval if up else self._settings.down_interval)
+
+    async def step(self) -> tuple[events.Observation, list[events.Event]]:
+        """One poll, and the transitions it shows."""
+        obs = await self.poll_once()
+        if obs.health is not events.Health.OK:
+            self._down_since_up = True
+        evts = events.detect(self.prev, obs, last_up=self.last_up, was_down=self._down_since_up)
+        if any(e.transition is events.Transition.RESTARTED for e in evts):
+            obs = await self._refresh_after_restart(obs)
+        self.prev = obs
+        if obs.health is events.Health.OK and obs.slots is not None:
+            self.last_up = obs
+            self._down_since_up = False
+        return obs, evts
 
     async def poll_once(self) -> events.Observation:
         at = self._clock.monotonic()
@@ -114,19 +120,32 @@ class Poller:
         )
 
     def _slots_stale(self) -> bool:
-        """Whether /slots must be read again: the server did work since the last read, or is busy.
+        """Whether /slots must be read again: the server did work since the last read, or may have.
 
         Every /slots read is a task that resets llama-server's ``--sleep-idle-seconds``
         timer; /metrics is not. Reading /slots only when /metrics shows activity lets an
-        idle server fall asleep while the sidecar watches it.
+        idle server fall asleep while the sidecar watches it. But llama-server prints its
+        counters with 6 significant digits: from 1e6 on (``1.00003e+08``) a turn can end
+        without moving them, so unchanged rounded counters prove nothing; and a slot last
+        seen busy while the server reports none processing has finished its turn.
         """
         counters = self._counters
-        return (
-            self._slots is None
-            or counters is None
-            or counters.processing > 0
-            or counters.activity != self._slots_activity
-        )
+        if self._slots is None or counters is None or counters.processing > 0:
+            return True
+        if counters.activity != self._slots_activity:
+            return True
+        if any(view.processing for view in self._slots):
+            return True  # the turn seen running has ended (processing is 0): see how it ended
+        rounded = any(value >= ROUNDED_FROM for value in counters.activity)
+        if rounded and not self._rounded_said:
+            self._rounded_said = True
+            log.info(
+                "server_counters_rounded",
+                reason="llama-server's /metrics counters passed 1e6 and print rounded to 6 digits",
+                effect="/slots is read every poll, so no turn goes unseen; with --sleep-idle-seconds that "
+                "read keeps llama-server awake while the sidecar watches it",
+            )
+        return rounded
 
     async def _refresh_after_restart(self, obs: events.Observation) -> events.Observation:
         """Re-read identity and counters so the old process's values are not carried on."""

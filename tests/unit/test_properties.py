@@ -223,9 +223,6 @@ class ModelClient:
     async def model_meta(self) -> tuple[int | None, int | None]:
         return None, None
 
-    async def identity(self) -> tuple[events.Identity, bool]:
-        return await self.props()
-
     async def counters(self) -> events.Counters:
         self._check_up("/metrics")
         s = self.server
