@@ -360,13 +360,13 @@ class Engine:
             log.info("final_snapshot_skipped", reason="llama-server is not up and awake")
             return
         try:
-            _, sleeping = await self._client.props()
+            _, sleeping = await self._client.props()  # /props does not wake a sleeping server; /slots would
+            if sleeping:
+                log.info("final_snapshot_skipped", reason="llama-server is asleep: a save would wake it")
+                return
             fresh = await self.actions.slots()
         except errors.UpstreamError as exc:
             log.warning("final_snapshot_skipped", reason=f"cannot read the server's state: {exc}")
-            return
-        if sleeping:
-            log.info("final_snapshot_skipped", reason="llama-server is asleep: a save would wake it")
             return
         self.policy.observe(fresh, self._clock.monotonic())
         todo = self.policy.final()

@@ -1,0 +1,289 @@
+"""engine.Engine fed by a real poller over the in-memory server: what it sends, when, and what it counts."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+from pathlib import Path
+
+import memllama
+import pytest
+import structlog
+from prometheus_client import CollectorRegistry
+
+from sidecar import config, engine, errors, events, manifest, metrics, outcomes, poller, store
+
+
+@dataclasses.dataclass
+class Bed:
+    server: memllama.MemLlama
+    snapshots: store.SnapshotStore
+    registry: CollectorRegistry
+    clock: memllama.ManualClock
+    watcher: poller.Poller
+    core: engine.Engine
+
+    async def poll(self, *, after: float = 0.0) -> events.Observation:
+        """Move the clock on by ``after`` seconds, poll once and hand the observation to the engine."""
+        self.clock.now += after
+        obs, evts = await self.watcher.step()
+        await self.core.handle(obs, evts)
+        return obs
+
+    async def cycle(self, *, after: float = 0.0) -> events.Observation:
+        """A poll, then whatever it made due."""
+        obs = await self.poll(after=after)
+        await self.core.work()
+        return obs
+
+    def value(self, name: str, **labels: str) -> float:
+        found = self.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
+
+    def saves(self) -> list[tuple[int, str]]:
+        """Save calls, not counting the slot-dir probe."""
+        return [a for a in self.actions("save") if not a[1].startswith(store.PROBE_PREFIX)]
+
+    def actions(self, kind: str) -> list[tuple[int, str]]:
+        return [args for name, args in self.server.calls if name == kind]  # type: ignore[misc]
+
+
+def make_bed(slot_dir: Path, **snapshot_settings: float) -> Bed:
+    server = memllama.MemLlama(slot_dir)
+    stamps = itertools.count(1_764_000_000)
+    snapshots = store.SnapshotStore(slot_dir, clock=lambda: float(next(stamps)))
+    registry = CollectorRegistry()
+    clock = memllama.ManualClock()
+    settings = config.Settings(
+        upstream=config.UpstreamSettings(),
+        poll=config.PollSettings(),
+        snapshots=config.SnapshotSettings(
+            slot_dir=slot_dir,
+            min_free_bytes=0,
+            **{"idle_seconds": 2.0, "min_tokens": 100, **snapshot_settings},  # type: ignore[arg-type]
+        ),
+        server=config.ServerSettings(),
+    )
+    core = engine.Engine(
+        client=server, snapshots=snapshots, stats=metrics.Metrics(registry, version="t"), settings=settings, clock=clock
+    )
+    return Bed(server, snapshots, registry, clock, poller.Poller(server, settings.poll, clock=clock), core)
+
+
+@pytest.fixture
+def bed(tmp_path: Path) -> Bed:
+    return make_bed(tmp_path)
+
+
+async def test_an_idle_changed_slot_is_saved_once(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.cycle()
+    assert bed.saves() == []  # not idle long enough yet
+    await bed.cycle(after=3.0)
+    await bed.cycle(after=3.0)
+    assert [slot for slot, _ in bed.saves()] == [0]
+    assert [(m.slot, m.task, m.tokens) for m in bed.snapshots.snapshots()] == [(0, 1, 500)]
+    assert bed.value("llama_sidecar_snapshots_total", slot="0", result="ok") == 1
+    last = bed.core.saver.last
+    assert last is not None
+    assert (last.result, last.cause) == (outcomes.SaveResult.OK, None)
+
+
+async def test_no_save_is_sent_to_a_slot_that_started_processing_after_the_poll(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.poll()
+    await bed.poll(after=3.0)  # due now, as far as the last poll knows
+    bed.server.set_slot(0, processing=True)  # a request takes the slot before the save is sent
+    await bed.core.work()
+    assert bed.saves() == []
+    last = bed.core.saver.last
+    assert last is not None
+    assert (last.result, last.cause) == (outcomes.SaveResult.SKIPPED, outcomes.SaveCause.SLOT_BUSY)
+    assert bed.value("llama_sidecar_snapshots_total", slot="0", result="skipped") == 1
+    bed.server.set_slot(0, processing=False, task=2, tokens=800)  # its turn ends
+    await bed.cycle(after=1.0)
+    await bed.cycle(after=3.0)
+    assert [(m.task, m.tokens) for m in bed.snapshots.snapshots(0)] == [(2, 800)]
+
+
+async def test_polling_goes_on_while_the_server_holds_a_save(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.poll()
+    bed.server.hooks["save"] = memllama.forever  # the server defers the save (a busy slot it shares a loop with)
+    runner = asyncio.create_task(bed.core.run(), name="actions")
+    try:
+        async with asyncio.timeout(5):
+            await bed.poll(after=3.0)
+            while not bed.saves():
+                await asyncio.sleep(0)
+        assert bed.core.acting()
+        for n in range(5):  # each poll goes through at once, and the engine sees each one
+            async with asyncio.timeout(1):
+                obs = await bed.poll(after=1.0)
+            assert bed.core.latest is obs, n
+    finally:
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+    assert len(bed.saves()) == 1
+
+
+async def test_a_save_cut_short_leaves_no_file_even_when_the_server_writes_it_later(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.poll()
+    bed.server.fail["save"] = errors.UpstreamUnavailable("/slots: no answer within 300 s", endpoint="/slots")
+    await bed.cycle(after=3.0)
+    ((_, temp),) = bed.saves()
+    assert bed.core.saver.last is not None
+    assert bed.core.saver.last.cause is outcomes.SaveCause.SERVER
+    (bed.snapshots.dir / temp).write_bytes(b"x" * 5044)  # the deferred save runs after the call gave up
+    with structlog.testing.capture_logs() as logs:
+        await bed.core.final_snapshots()
+    assert not (bed.snapshots.dir / temp).exists()
+    assert [e["file"] for e in logs if e["event"] == "abandoned_file_removed"] == [temp]
+
+
+async def test_a_probe_cut_short_leaves_no_file(bed: Bed) -> None:
+    bed.server.fail["save"] = errors.UpstreamUnavailable("/slots: no answer within 300 s", endpoint="/slots")
+    await bed.cycle()  # every slot unused: the engine probes the slot dir link with slot 0
+    ((_, probe_name),) = bed.actions("save")
+    assert bed.core.link_ok is None
+    (bed.snapshots.dir / probe_name).write_bytes(b"x" * 44)
+    del bed.server.fail["save"]
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.cycle()
+    await bed.cycle(after=3.0)  # the next action sweeps first
+    assert not (bed.snapshots.dir / probe_name).exists()
+    assert bed.core.link_ok is True
+
+
+async def test_the_probe_proves_the_link_and_leaves_nothing(bed: Bed) -> None:
+    await bed.cycle()
+    assert bed.core.link_ok is True
+    assert [p.name for p in bed.snapshots.dir.iterdir()] == []
+
+
+async def test_a_probe_file_not_seen_means_another_directory(tmp_path: Path) -> None:
+    other = tmp_path / "server-side"
+    other.mkdir()
+    mine = tmp_path / "sidecar-side"
+    mine.mkdir()
+    bed = make_bed(mine)
+    bed.server.dir = other
+    await bed.cycle()
+    assert bed.core.link_ok is False
+    assert "--slot-dir must be the directory" in bed.core.link_problem
+
+
+async def test_final_snapshot_leaves_a_sleeping_server_asleep(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.poll()
+    bed.server.sleeping = True  # it fell asleep after the last poll
+    before = len(bed.server.calls)
+    await bed.core.final_snapshots()
+    assert [name for name, _ in bed.server.calls[before:]] == ["props"]
+
+
+async def test_final_snapshot_reads_the_slots_first(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.poll()
+    bed.server.set_slot(0, processing=True)  # since the last poll: slot 0 runs a request ...
+    bed.server.run_turn(1, task=2, tokens=700)  # ... and slot 1 ran one
+    await bed.core.final_snapshots()
+    assert [slot for slot, _ in bed.saves()] == [1]
+    assert [(m.slot, m.task, m.tokens) for m in bed.snapshots.snapshots()] == [(1, 2, 700)]
+
+
+async def test_a_restart_restores_each_slot_into_the_new_process(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.cycle()
+    await bed.cycle(after=3.0)
+    bed.server.health_state = events.Health.LOADING  # killed and restarted: loading the model
+    await bed.cycle(after=1.0)
+    bed.server.health_state = events.Health.OK
+    bed.server.start_time = 1_764_000_500.0
+    bed.server.slot_views = [memllama.slot(0), memllama.slot(1)]
+    bed.server.prompt_tokens = bed.server.cached_tokens = bed.server.decodes = 0.0
+    await bed.cycle(after=1.0)
+    assert bed.value("llama_sidecar_server_restarts_total") == 1
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1
+    assert bed.value("llama_sidecar_restores_total", slot="1", result="no_snapshot") == 1
+    assert not bed.core.restore_owed()
+
+
+async def test_an_admin_restore_is_judged_only_by_a_task_after_it(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=5, tokens=500)
+    await bed.cycle()
+    await bed.cycle(after=3.0)
+    assert len(bed.snapshots.snapshots(0)) == 1
+    bed.server.set_slot(0, tokens=0)  # cleared (an erase, or --cache-idle-slots): task 5 stays
+    await bed.cycle(after=1.0)
+    records = await bed.core.restore_now()
+    assert [(r.slot, r.result) for r in records] == [(0, "ok"), (1, "no_snapshot")]
+    await bed.cycle(after=1.0)  # the slot still shows task 5: that task ran before the restore
+    await bed.cycle(after=1.0)
+    assert bed.value("llama_sidecar_restore_verifications_total", outcome="ineffective") == 0
+    assert bed.value("llama_sidecar_restore_verifications_total", outcome="effective") == 0
+    bed.server.run_turn(0, task=6, tokens=520, cached=500)  # the next turn reuses the restored tokens
+    await bed.cycle(after=1.0)
+    assert bed.value("llama_sidecar_restore_verifications_total", outcome="effective") == 1
+    assert bed.value("llama_sidecar_restore_verifications_total", outcome="ineffective") == 0
+
+
+async def test_a_restore_whose_next_task_re_prefills_is_ineffective(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=5, tokens=500)
+    await bed.cycle()
+    await bed.cycle(after=3.0)
+    bed.server.set_slot(0, tokens=0)
+    await bed.cycle(after=1.0)
+    await bed.core.restore_now()
+    bed.server.run_turn(0, task=6, tokens=520, cached=0)
+    await bed.cycle(after=1.0)
+    assert bed.value("llama_sidecar_restore_verifications_total", outcome="ineffective") == 1
+
+
+async def test_every_result_word_is_a_label_from_the_enums(bed: Bed) -> None:
+    await bed.cycle()
+    for result in outcomes.SaveResult:
+        assert bed.value("llama_sidecar_snapshots_total", slot="1", result=result.value) == 0
+    for outcome in outcomes.RestoreOutcome:
+        assert bed.registry.get_sample_value("llama_sidecar_restores_total", {"slot": "1", "result": outcome}) == 0
+    assert metrics.RESTORE_RESULTS[-1] == "raced"
+
+
+async def test_files_are_checked_while_the_server_loads_not_once_it_is_up(
+    bed: Bed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.cycle()
+    await bed.cycle(after=3.0)
+    verify = bed.snapshots.verify
+    checked: list[events.Health] = []
+
+    def recorded_verify(record: manifest.Manifest) -> None:
+        checked.append(bed.server.health_state)
+        verify(record)
+
+    monkeypatch.setattr(bed.snapshots, "verify", recorded_verify)
+    bed.server.health_state = events.Health.DOWN  # killed
+    await bed.cycle(after=1.0)
+    bed.server.health_state = events.Health.LOADING
+    await bed.cycle(after=1.0)
+    assert checked == [events.Health.DOWN]  # checked as soon as it went away, once
+    bed.server.health_state = events.Health.OK
+    bed.server.start_time = 1_764_000_500.0
+    bed.server.slot_views = [memllama.slot(0), memllama.slot(1)]
+    await bed.cycle(after=1.0)
+    assert checked == [events.Health.DOWN]
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1

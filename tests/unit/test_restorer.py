@@ -1,0 +1,127 @@
+"""restorer.Restorer against the in-memory server: the window around the restore call, and its checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import memllama
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar import actions, manifest, metrics, outcomes, restorer, store
+
+FP = manifest.Fingerprint.of(memllama.IDENTITY, n_ctx=memllama.N_CTX)
+
+
+@dataclasses.dataclass
+class Bed:
+    server: memllama.MemLlama
+    snapshots: store.SnapshotStore
+    registry: CollectorRegistry
+    restorer: restorer.Restorer
+
+    def saved(self, slot: int, tokens: int, *, task: int = 1) -> manifest.Manifest:
+        """A committed snapshot of ``slot``, as an earlier save left it."""
+        temp = self.snapshots.temp_name(slot)
+        data = bytes([slot]) * memllama.HEADER + bytes([task % 256]) * (tokens * memllama.BYTES_PER_TOKEN)
+        (self.snapshots.dir / temp).write_bytes(data)
+        return self.snapshots.commit(temp, slot=slot, tokens=tokens, written=len(data), task=task, fingerprint=FP)
+
+    def value(self, name: str, **labels: str) -> float:
+        found = self.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
+
+    async def round(self) -> list[tuple[int, outcomes.RestoreOutcome]]:
+        await self.restorer.restore_all(memllama.IDENTITY, healthy_at=None, counters=None)
+        return [(r.slot, r.result) for r in self.restorer.last]
+
+
+@pytest.fixture
+def bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bed:
+    server = memllama.MemLlama(tmp_path)
+    stamps = itertools.count(1_764_000_000)
+    snapshots = store.SnapshotStore(tmp_path, clock=lambda: float(next(stamps)))
+    verify = snapshots.verify
+
+    def recorded_verify(record: manifest.Manifest) -> None:
+        server.calls.append(("verify", record.file))
+        verify(record)
+
+    monkeypatch.setattr(snapshots, "verify", recorded_verify)
+    registry = CollectorRegistry()
+    stats = metrics.Metrics(registry, version="t")
+    stats.init_slots(range(2))
+    slot_actions = actions.SlotActions(client=server, snapshots=snapshots)
+    worker = restorer.Restorer(
+        slot_actions=slot_actions, snapshots=snapshots, stats=stats, clock=memllama.ManualClock()
+    )
+    return Bed(server, snapshots, registry, worker)
+
+
+async def test_a_request_that_runs_on_the_slot_during_the_restore_call_is_counted_raced(bed: Bed) -> None:
+    bed.saved(0, 500)
+
+    async def request_runs_first(slot: int, filename: str) -> None:
+        bed.server.run_turn(slot, task=9, tokens=40)  # the server deferred the restore behind it
+
+    bed.server.hooks["restore"] = request_runs_first
+    assert await bed.round() == [(0, "raced"), (1, "no_snapshot")]
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="raced") == 1
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 0
+    assert bed.value("llama_sidecar_restored_tokens_total", slot="0") == 0
+    assert bed.restorer.pending == {}
+
+
+async def test_files_checked_ahead_are_not_hashed_between_the_slot_read_and_the_restore(bed: Bed) -> None:
+    newest = bed.saved(0, 500)
+    bed.saved(1, 300)
+    await bed.restorer.precheck()  # while the server loads
+    assert sorted(f for name, f in bed.server.calls if name == "verify") == sorted(
+        m.file for m in bed.snapshots.snapshots()
+    )
+    bed.server.calls.clear()
+    assert await bed.round() == [(0, "ok"), (1, "ok")]
+    names = bed.server.names()
+    assert "verify" not in names
+    for i, name in enumerate(names):
+        if name == "restore":
+            assert names[i - 1] == "slots"  # read right before
+            assert names[i + 1] == "slots"  # and right after
+    assert bed.restorer.pending[0].tokens == newest.tokens
+
+
+async def test_a_file_changed_after_its_check_is_checked_again_and_the_older_one_restored(bed: Bed) -> None:
+    older = bed.saved(0, 400, task=1)
+    newest = bed.saved(0, 500, task=2)
+    await bed.restorer.precheck()
+    path = bed.snapshots.dir / newest.file
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert await bed.round() == [(0, "ok"), (1, "no_snapshot")]
+    assert [args for name, args in bed.server.calls if name == "restore"] == [(0, older.file)]
+    assert (bed.snapshots.dir / (newest.file + store.QUARANTINE_SUFFIX)).exists()
+
+
+async def test_a_slot_whose_only_snapshot_is_corrupt_is_left_for_a_normal_prefill(bed: Bed) -> None:
+    only = bed.saved(0, 500)
+    (bed.snapshots.dir / only.file).write_bytes(b"\0" * only.bytes)
+    assert await bed.round() == [(0, "failed"), (1, "no_snapshot")]
+    assert "restore" not in bed.server.names()
+
+
+async def test_a_slot_taken_while_its_file_is_hashed_is_left_to_the_request(
+    bed: Bed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bed.saved(0, 500)  # not checked ahead (the sidecar started with the server already up)
+    verify = bed.snapshots.verify
+
+    def slow_verify(record: manifest.Manifest) -> None:
+        verify(record)
+        bed.server.set_slot(0, task=3, tokens=60, processing=True)  # a request arrives meanwhile
+
+    monkeypatch.setattr(bed.snapshots, "verify", slow_verify)
+    assert await bed.round() == [(0, "slot_busy"), (1, "no_snapshot")]
+    assert "restore" not in bed.server.names()
