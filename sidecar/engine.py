@@ -79,6 +79,8 @@ class Engine:
         self._adopted = False
         self._slot_count = 0
         self._said: events.Health | None = None
+        self._held: dict[int, tuple[int, int]] = {}
+        """The content of each slot whose save was last held (logged once per content)."""
         self._wake = asyncio.Event()
 
     def status(self) -> report.Status:
@@ -257,7 +259,7 @@ class Engine:
             if isinstance(action, policy.Skip):
                 self.saver.skip(action)
                 self.policy.settle(action.slot, action.signature)
-            else:
+            elif not self._hold(action, self.latest.slots or (), self.latest.counters):
                 await self.save(action)
 
     async def _precheck(self) -> None:
@@ -315,11 +317,12 @@ class Engine:
             return False
         async with self.actions.lock:
             try:
-                view = await self.actions.view(action.slot)
+                fresh = await self.actions.slots()
             except errors.UpstreamError as exc:
                 log.warning("snapshot_postponed", slot=action.slot, reason=f"cannot read /slots: {exc}")
                 self.policy.defer(action.slot, self._clock.monotonic() + RETRY_AFTER)
                 return False
+            view = next((v for v in fresh if v.id == action.slot), None)
             if view is None or view.signature is None:
                 log.info("snapshot_postponed", slot=action.slot, reason="the slot holds nothing (any more)")
                 return False
@@ -327,11 +330,32 @@ class Engine:
                 self.policy.observe([view], self._clock.monotonic())
                 self.saver.busy(action)
                 return False
+            if self._hold(action, fresh, None):
+                return False
             if view.signature != action.signature:  # it ran a turn since: save what it holds now
                 action = dataclasses.replace(action, signature=view.signature, tokens=view.tokens)
             record = await self.saver.save(action, identity=self.identity, slot_n_ctx=view.n_ctx)
         self._saved(action, record)
         return record.result is outcomes.SaveResult.OK
+
+    def _hold(self, action: policy.Save, slots: tuple[events.SlotView, ...], counters: events.Counters | None) -> bool:
+        """Whether to hold a due save because another slot is processing (see ``Policy.may_hold``)."""
+        if action.reason not in (policy.SaveReason.IDLE, policy.SaveReason.PERIODIC):
+            return False  # an admin's or the final save is taken now
+        others = any(v.processing for v in slots if v.id != action.slot) or (
+            counters is not None and counters.processing > 0
+        )
+        if not others or not self.policy.may_hold(action.slot, self._clock.monotonic()):
+            return False
+        if self._held.get(action.slot) != action.signature:
+            self._held[action.slot] = action.signature
+            log.info(
+                "snapshot_held",
+                slot=action.slot,
+                reason="another slot is processing: a save would stall its generation",
+                effect="saved once no slot is processing, or when --snapshot-interval runs out",
+            )
+        return True
 
     def _saved(self, action: policy.Save, record: snapshotter.SaveRecord) -> None:
         """What the outcome of a save means for the slot and the link."""

@@ -102,6 +102,18 @@ class Policy:
                 actions.append(Save(slot, sig, sig[1], SaveReason.PERIODIC))
         return actions
 
+    def may_hold(self, slot: int, now: float) -> bool:
+        """Whether a due save of ``slot`` may wait for a moment when no other slot is processing.
+
+        A save stalls every slot of the server; held, it lands between
+        generations instead. The hold ends once the slot's oldest unsaved change
+        is ``interval`` old: ``--snapshot-interval`` still bounds what a crash loses.
+        """
+        track = self.tracks.get(slot)
+        if track is None:
+            return False
+        return track.dirty_since is None or now - track.dirty_since < self.timing.interval
+
     def final(self) -> list[Save]:
         """Saves to take at shutdown: every changed slot worth a file, idle ones first."""
         picks = [

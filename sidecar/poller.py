@@ -4,10 +4,12 @@
 loading, so a restart is seen within a quarter second); /props and /metrics
 whenever the server is up (/props says whether ``--sleep-idle-seconds`` put
 the server to sleep); /v1/models when the server comes up or its model
-changes; /slots when the server comes up, whenever /metrics shows activity
-since the last read or a slot last seen busy, and every poll when the server
-has no /metrics or its counters are too large to show every change (see
-``_slots_stale``).
+changes, /props and /metrics side by side; /slots when the server comes up,
+whenever /metrics shows activity since the last read or a slot last seen
+busy, and every poll when the server has no /metrics or its counters are too
+large to show every change. While slots generate, /slots is read only when
+the number of busy slots changes, and every ``BUSY_REFRESH`` seconds: each
+read costs the generating server time (see ``_slots_stale``).
 
 While the server sleeps /slots is not read (the read would wake it); the
 last awake observation stays the baseline for restart detection, so a
@@ -26,6 +28,8 @@ from sidecar import config, errors, events, protocols
 
 log = structlog.get_logger("sidecar.poller")
 
+BUSY_REFRESH = 5.0
+"""Seconds between /slots reads while the same number of slots stays busy."""
 ROUNDED_FROM = 1e6
 """llama-server prints counters with 6 significant digits: from here on a small change may not show."""
 Sink = Callable[[events.Observation, list[events.Event]], Awaitable[None]]
@@ -53,6 +57,7 @@ class Poller:
         self._metrics_off = False
         self._problem = ""
         self._rounded_said = False
+        self._slots_read_at = 0.0
 
     async def run(self, sink: Sink) -> None:
         while True:
@@ -84,16 +89,15 @@ class Poller:
         came_up = self.prev is None or self.prev.health is not events.Health.OK
         if came_up:
             self._metrics_off = False
-        await self._read_identity(refresh_model=came_up)
+        fresh = await self._read_identity_and_counters(refresh_model=came_up)
         identity, sleeping = self._identity if self._identity else (None, False)
-        fresh = not self._metrics_off and await self._read_counters()
         slots: tuple[events.SlotView, ...] | None = None
         if sleeping:
             # Reading /slots would wake it. Its KV is gone: forget the slots read before, so the
             # first read after it wakes is a fresh one. The baseline for restart detection
             # (last_up) stays the last awake observation.
             self._slots, self._slots_activity = None, None
-        elif came_up or not fresh or self._slots_stale():
+        elif came_up or not fresh or self._slots_stale(at):
             try:
                 slots = await self._client.slots()
             except errors.UpstreamError as exc:
@@ -101,6 +105,7 @@ class Poller:
                 self._unreadable("slots_unreadable", exc, quiet=True)
             self._slots = slots
             self._slots_activity = self._counters.activity if fresh and self._counters else None
+            self._slots_read_at = at
         else:
             slots = self._slots  # /metrics shows no activity since /slots was read: nothing changed
         if problem != self._problem and problem and not self._denied:
@@ -119,7 +124,7 @@ class Poller:
             denied=tuple(self._denied),
         )
 
-    def _slots_stale(self) -> bool:
+    def _slots_stale(self, now: float) -> bool:
         """Whether /slots must be read again: the server did work since the last read, or may have.
 
         Every /slots read is a task that resets llama-server's ``--sleep-idle-seconds``
@@ -130,8 +135,14 @@ class Poller:
         seen busy while the server reports none processing has finished its turn.
         """
         counters = self._counters
-        if self._slots is None or counters is None or counters.processing > 0:
+        if self._slots is None or counters is None:
             return True
+        if counters.processing > 0:
+            # A busy slot is never saved, and each read costs the server time on the loop that
+            # generates: read only when the number of busy slots differs from the cached view's,
+            # and at least every BUSY_REFRESH seconds.
+            busy = sum(view.processing for view in self._slots)
+            return busy != counters.processing or now - self._slots_read_at >= BUSY_REFRESH
         if counters.activity != self._slots_activity:
             return True
         if any(view.processing for view in self._slots):
@@ -149,8 +160,7 @@ class Poller:
 
     async def _refresh_after_restart(self, obs: events.Observation) -> events.Observation:
         """Re-read identity and counters so the old process's values are not carried on."""
-        await self._read_identity(refresh_model=True)
-        fresh = not self._metrics_off and await self._read_counters()
+        fresh = await self._read_identity_and_counters(refresh_model=True)
         identity, sleeping = self._identity if self._identity else (None, False)
         return events.Observation(
             at=obs.at,
@@ -163,6 +173,14 @@ class Poller:
             problem=obs.problem,
             denied=obs.denied,
         )
+
+    async def _read_identity_and_counters(self, *, refresh_model: bool) -> bool:
+        """Read /props (and /v1/models) and /metrics side by side; True if fresh counters were read."""
+        if self._metrics_off:
+            await self._read_identity(refresh_model=refresh_model)
+            return False
+        _, fresh = await asyncio.gather(self._read_identity(refresh_model=refresh_model), self._read_counters())
+        return fresh
 
     async def _read_identity(self, *, refresh_model: bool) -> None:
         try:

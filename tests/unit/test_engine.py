@@ -287,3 +287,45 @@ async def test_files_are_checked_while_the_server_loads_not_once_it_is_up(
     await bed.cycle(after=1.0)
     assert checked == [events.Health.DOWN]
     assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1
+
+
+async def test_a_due_save_waits_while_another_slot_generates(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    bed.server.set_slot(1, task=2, tokens=50, processing=True)  # a long generation on slot 1
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(4):
+            await bed.cycle(after=3.0)
+    assert bed.saves() == []
+    assert [e["slot"] for e in logs if e["event"] == "snapshot_held"] == [0]  # said once
+    slot_reads = bed.server.names().count("slots")
+    await bed.core.work()
+    assert bed.server.names().count("slots") == slot_reads  # holding costs no /slots read
+    bed.server.run_turn(1, task=2, tokens=900)  # slot 1 is done
+    await bed.cycle(after=1.0)
+    await bed.cycle(after=3.0)
+    assert sorted(slot for slot, _ in bed.saves()) == [0, 1]
+
+
+async def test_a_held_save_is_taken_once_the_snapshot_interval_runs_out(tmp_path: Path) -> None:
+    bed = make_bed(tmp_path, interval=20.0)
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    bed.server.set_slot(1, task=2, tokens=50, processing=True)
+    await bed.cycle(after=1.0)
+    for _ in range(5):
+        await bed.cycle(after=3.0)
+    assert bed.saves() == []
+    await bed.cycle(after=10.0)  # 26 s since slot 0 changed: past --snapshot-interval
+    assert [slot for slot, _ in bed.saves()] == [0]
+
+
+async def test_a_save_held_when_the_slots_are_read_before_it(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.poll()
+    await bed.poll(after=3.0)
+    bed.server.set_slot(1, task=2, tokens=50, processing=True)  # starts after the poll
+    await bed.core.work()
+    assert bed.saves() == []
+    assert bed.value("llama_sidecar_snapshots_total", slot="0", result="skipped") == 0  # held, not skipped

@@ -208,6 +208,15 @@ def test_reset_forgets_settled_content() -> None:
     assert pol.due(12.0) == [policy.Save(0, (1, 500), 500, Idle)]
 
 
+def test_a_due_save_may_be_held_until_its_oldest_change_is_interval_old() -> None:
+    pol = policy.Policy(TIMING)
+    pol.observe([slot(0, task=1, tokens=500, busy=True)], 0.0)
+    pol.observe([slot(0, task=1, tokens=600)], 4.0)
+    assert pol.may_hold(0, 9.9)
+    assert not pol.may_hold(0, 10.0)  # TIMING.interval after the change began
+    assert not pol.may_hold(3, 0.0)  # a slot never seen
+
+
 def test_final_idle_first_then_busy_and_only_changed_slots_worth_a_file() -> None:
     pol = policy.Policy(TIMING)
     pol.observe(

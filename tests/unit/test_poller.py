@@ -87,3 +87,22 @@ async def test_small_counters_are_evidence_enough(server: MemLlama) -> None:
     server.run_turn(1, task=7, tokens=300, cached=290)
     assert (await slot_reads(watcher, server))[1] == 1  # the counters moved: read
     assert (await slot_reads(watcher, server))[1] == 0  # and nothing since: not read
+
+
+async def test_slots_are_not_read_on_every_poll_of_a_generation(server: MemLlama) -> None:
+    clock = ManualClock()
+    watcher = poller.Poller(server, config.PollSettings(), clock=clock)
+    await watcher.step()
+    server.set_slot(1, task=3, tokens=900, processing=True)
+    server.decodes += 1
+    assert (await slot_reads(watcher, server))[1] == 1  # a slot started: read
+    reads = 0
+    for _ in range(4):  # it generates: the counters move every poll, the same slot stays busy
+        clock.now += 1.0
+        server.decodes += 10
+        reads += (await slot_reads(watcher, server))[1]
+    assert reads == 0
+    clock.now += poller.BUSY_REFRESH
+    assert (await slot_reads(watcher, server))[1] == 1  # but never older than BUSY_REFRESH
+    server.set_slot(0, task=4, tokens=100, processing=True)  # a second slot starts
+    assert (await slot_reads(watcher, server))[1] == 1
