@@ -20,7 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 SLOTS = ("0", "1", "2", "3")
 SNAPSHOT_RESULTS = ("ok", "failed", "skipped")
-RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy")
+RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy", "raced")
 VERIFICATION_OUTCOMES = ("effective", "ineffective")
 GC_REASONS = ("keep", "bytes", "age")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
