@@ -7,9 +7,10 @@ restore call is kept as small as the server allows:
 
 * files are checked (size and sha256) ahead, while the server is still
   loading (:meth:`Restorer.precheck`), so no hashing sits inside the window;
-  a file checked then is trusted while its size, mtime and inode stay the
-  same; a file that fails a check is quarantined and the next older one is
-  tried;
+  a file checked then is trusted by the next restore round while its size,
+  mtime and inode stay the same; any other file is hashed in the round, and
+  the slot read again after; a file that fails a check is quarantined and the
+  next older one is tried;
 * the slot is read right before the restore call, and only an idle, empty
   slot is restored into;
 * the slot is read again right after: if its ``id_task`` moved, a request
@@ -99,6 +100,7 @@ class Restorer:
         Called while the server loads (or before the first poll), when the
         files are all the sidecar can work on.
         """
+        self._checked.clear()  # every restore round's files are hashed anew: just before it, or in it
         by_slot: dict[int, list[manifest.Manifest]] = {}
         for snap in self._snapshots.snapshots():
             by_slot.setdefault(snap.slot, []).append(snap)
@@ -129,6 +131,7 @@ class Restorer:
                 records.append(record)
                 if restored is not None:
                     done[slot] = restored
+        self._checked.clear()
         self.last = records
         return done
 

@@ -125,3 +125,13 @@ async def test_a_slot_taken_while_its_file_is_hashed_is_left_to_the_request(
     monkeypatch.setattr(bed.snapshots, "verify", slow_verify)
     assert await bed.round() == [(0, "slot_busy"), (1, "no_snapshot")]
     assert "restore" not in bed.server.names()
+
+
+async def test_each_restore_round_hashes_its_files_anew(bed: Bed) -> None:
+    bed.saved(0, 500)
+    await bed.restorer.precheck()
+    assert await bed.round() == [(0, "ok"), (1, "no_snapshot")]
+    bed.server.set_slot(0, tokens=0)
+    bed.server.calls.clear()
+    assert await bed.round() == [(0, "ok"), (1, "no_snapshot")]  # no precheck before this one
+    assert bed.server.names().count("verify") == 1
