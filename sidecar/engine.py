@@ -272,7 +272,9 @@ class Engine:
         if not self._snapshots.snapshots():
             return
         done = await self.restorer.restore_all(self.identity, healthy_at=self.healthy_at, counters=obs.counters)
-        if done:
+        if done is None:
+            self.restore_due = True  # the server did not answer /slots: the next poll tries again
+        elif done:
             self._set_link(probe.Link(True))
 
     async def restore_now(self) -> list[restorer.RestoreRecord]:

@@ -116,16 +116,19 @@ class Restorer:
 
     async def restore_all(
         self, identity: events.Identity, *, healthy_at: float | None, counters: events.Counters | None
-    ) -> dict[int, manifest.Manifest]:
-        """One restore round into every idle, empty slot; returns the manifest restored into each slot."""
+    ) -> dict[int, manifest.Manifest] | None:
+        """One restore round into every idle, empty slot; returns the manifest restored into each slot.
+
+        None if the round could not start (/slots unreadable): try again at the next poll.
+        """
         done: dict[int, manifest.Manifest] = {}
         records: list[RestoreRecord] = []
         async with self._actions.lock:
             try:
                 slot_ids = [v.id for v in await self._actions.slots()]
             except errors.UpstreamError as exc:
-                log.warning("restore_round_postponed", error=str(exc))
-                slot_ids = []
+                log.warning("restore_round_postponed", error=str(exc), effect="tried again at the next poll")
+                return None
             for slot in slot_ids:
                 record, restored = await self._restore_slot(slot, identity, healthy_at, counters)
                 records.append(record)

@@ -329,3 +329,22 @@ async def test_a_save_held_when_the_slots_are_read_before_it(bed: Bed) -> None:
     await bed.core.work()
     assert bed.saves() == []
     assert bed.value("llama_sidecar_snapshots_total", slot="0", result="skipped") == 0  # held, not skipped
+
+
+async def test_a_restore_round_that_cannot_read_the_slots_is_tried_again(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.cycle()
+    await bed.cycle(after=3.0)
+    bed.server.health_state = events.Health.LOADING
+    await bed.cycle(after=1.0)
+    bed.server.health_state = events.Health.OK
+    bed.server.start_time = 1_764_000_500.0
+    bed.server.slot_views = [memllama.slot(0), memllama.slot(1)]
+    await bed.poll(after=1.0)
+    bed.server.fail["slots"] = errors.UpstreamUnavailable("/slots: no answer within 5 s", endpoint="/slots")
+    await bed.core.work()
+    assert bed.core.restore_owed()
+    del bed.server.fail["slots"]
+    await bed.cycle(after=1.0)
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1
