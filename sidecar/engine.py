@@ -41,6 +41,7 @@ log = structlog.get_logger("sidecar.engine")
 RETRY_AFTER = 30.0
 """Seconds before a slot whose save failed, or was skipped for lack of disk, is tried again."""
 Cause = outcomes.SaveCause
+ASLEEP = "llama-server is asleep (--sleep-idle-seconds): a save would wake it"
 
 
 class Engine:
@@ -382,13 +383,16 @@ class Engine:
 
     async def _final_snapshots(self) -> None:
         obs = self.latest
+        if obs is not None and obs.sleeping:
+            log.info("final_snapshot_skipped", reason=ASLEEP)
+            return
         if obs is None or not self._ready(obs):
-            log.info("final_snapshot_skipped", reason="llama-server is not up and awake")
+            log.info("final_snapshot_skipped", reason="llama-server is not up, or its slots were not read")
             return
         try:
             _, sleeping = await self._client.props()  # /props does not wake a sleeping server; /slots would
             if sleeping:
-                log.info("final_snapshot_skipped", reason="llama-server is asleep: a save would wake it")
+                log.info("final_snapshot_skipped", reason=ASLEEP)
                 return
             fresh = await self.actions.slots()
         except errors.UpstreamError as exc:
