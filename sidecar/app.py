@@ -24,7 +24,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 import sidecar
-from sidecar import config, engine, errors, metrics, poller, protocols, server, store, upstream, watcher
+from sidecar import config, engine, errors, metrics, poller, protocols, report, server, store, upstream, watcher
 
 log = structlog.get_logger("sidecar.app")
 

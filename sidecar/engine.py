@@ -32,6 +32,7 @@ from sidecar import (
     policy,
     probe,
     protocols,
+    report,
     restorer,
     snapshotter,
     store,
@@ -61,7 +62,7 @@ class Engine:
         self._clock = clock or protocols.SystemClock()
         self._down_interval = settings.poll.down_interval
         self.actions = actions.SlotActions(client=client, snapshots=snapshots)
-        self.policy = policy.Policy(policy.Timing(s.idle_seconds, s.interval, s.min_tokens))
+        self.policy = policy.Policy(s)
         self.saver = snapshotter.Snapshotter(
             slot_actions=self.actions, snapshots=snapshots, stats=stats, settings=s, clock=self._clock
         )
@@ -83,6 +84,9 @@ class Engine:
         self._held: dict[int, tuple[int, int]] = {}
         """The content of each slot whose save was last held (logged once per content)."""
         self._wake = asyncio.Event()
+        self._handled_at = self._clock.monotonic()
+        self._working_since: float | None = None
+        """When the action runner's current pass began; None between passes."""
 
     def status(self) -> report.Status:
         """What the engine knows now, for the HTTP layer."""
@@ -95,8 +99,10 @@ class Engine:
             link_problem=self.link_problem,
             last_snapshot=self.saver.last,
             last_restore=tuple(self.restorer.last),
-            progress_at=self._handled_at,
-            acting=self.saver.lock.locked(),
+            # The older of the two: the last poll handled, and the start of the action runner's
+            # current pass (a hung disk or call stops the runner, not the polls).
+            progress_at=min(self._handled_at, self._working_since or self._handled_at),
+            acting=self._working_since is not None or self.acting(),
         )
 
     async def save_now(self, slot: int) -> report.SaveReply | None:
@@ -129,12 +135,12 @@ class Engine:
         try:
             await self._handle(obs, evts)
         finally:
-            self._handled_at = self._mono()  # the loop made progress: see report.Liveness
+            self._handled_at = self._clock.monotonic()  # the loop made progress: see report.Liveness
 
     async def _handle(self, obs: events.Observation, evts: list[events.Event]) -> None:
         if obs.health is not self._said:
             self._say_state(obs)
-        self._metrics.server_readable.set(0 if obs.denied else 1)
+        self._stats.server_readable.set(0 if obs.denied else 1)
         for event in evts:
             self._on_event(event)
         self.latest = obs
@@ -234,7 +240,11 @@ class Engine:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await self.work()
+            self._working_since = self._clock.monotonic()
+            try:
+                await self.work()
+            finally:
+                self._working_since = None
 
     async def work(self) -> None:
         """Run what the newest observation makes due: file checks, the restore round, the probe, saves."""

@@ -13,7 +13,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Sequence
 
-from sidecar import events, manifest, outcomes
+from sidecar import config, events, manifest, outcomes
 
 
 class SaveReason(enum.StrEnum):
@@ -112,7 +112,7 @@ class Policy:
         track = self.tracks.get(slot)
         if track is None:
             return False
-        return track.dirty_since is None or now - track.dirty_since < self.timing.interval
+        return track.dirty_since is None or now - track.dirty_since < self.settings.interval
 
     def final(self) -> list[Save]:
         """Saves to take at shutdown: every changed slot worth a file, idle ones first."""

@@ -58,6 +58,9 @@ class Poller:
         self._problem = ""
         self._rounded_said = False
         self._slots_read_at = 0.0
+        self._denied: list[str] = []
+        """This poll's refusals (401/403): said once when they start and once when they end."""
+        self._was_denied = False
 
     async def run(self, sink: Sink) -> None:
         while True:
@@ -82,6 +85,7 @@ class Poller:
 
     async def poll_once(self) -> events.Observation:
         at = self._clock.monotonic()
+        self._denied = []
         health, problem = await self._client.health()
         if health is not events.Health.OK:
             self._identity, self._counters, self._slots = None, None, None

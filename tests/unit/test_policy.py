@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import events, manifest, outcomes, policy
+from sidecar import config, events, manifest, outcomes, policy
 
 TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)
 IDENTITY = events.Identity(
