@@ -16,6 +16,7 @@ from collections.abc import Callable
 import structlog
 
 from sidecar import config, errors, events, metrics, policy, report, restorer, snapshotter, store, upstream
+from sidecar.proxy import gate
 
 log = structlog.get_logger("sidecar.engine")
 RETRY_AFTER = 30.0
@@ -31,6 +32,7 @@ class Engine:
         stats: metrics.Metrics,
         settings: config.Settings,
         mono: Callable[[], float] = time.monotonic,
+        restore_gate: gate.Gate | None = None,
     ) -> None:
         s = settings.snapshots
         self._client = client
@@ -55,6 +57,8 @@ class Engine:
         self._slot_count = 0
         self._said: events.Health | None = None
         self._handled_at = mono()
+        self.gate = restore_gate or gate.Gate(mono=mono)
+        """Closed while the server is down or loading and while a restore round is owed or running."""
 
     def status(self) -> report.Status:
         """What the engine knows now, for the HTTP layer."""
@@ -69,6 +73,7 @@ class Engine:
             last_restore=tuple(self.restorer.last),
             progress_at=self._handled_at,
             acting=self.saver.lock.locked(),
+            restore_gate=self.gate.reason,
         )
 
     async def save_now(self, slot: int) -> report.SaveReply | None:
@@ -97,12 +102,16 @@ class Engine:
         if obs.health is not self._said:
             self._say_state(obs)
         self._metrics.server_readable.set(0 if obs.denied else 1)
+        if obs.health is not events.Health.OK:
+            self.gate.close(f"llama-server is {obs.health.value}")
         for event in evts:
             self._on_event(event, obs)
         self.latest = obs
         if obs.identity is not None:
             self.identity = obs.identity
         if obs.health is not events.Health.OK or obs.slots is None or self.identity is None or obs.sleeping:
+            if obs.health is events.Health.OK:
+                self.gate.open(seen_at=obs.at)  # up, but nothing the sidecar can restore now
             return  # asleep: its slots look empty, and any slot action would wake it
         if len(obs.slots) != self._slot_count:
             self._slot_count = len(obs.slots)
@@ -114,6 +123,7 @@ class Engine:
         if self.restore_due:
             self.restore_due = False
             await self._restore(obs)
+        self.gate.open(seen_at=obs.at)
         if self.restorer.pending:
             self.restorer.verify(obs.slots, obs.counters)
         if self.link_ok is None:
@@ -157,6 +167,7 @@ class Engine:
         self.restorer.pending.clear()
         self.restore_due = True
         self.healthy_at = at
+        self.gate.close("a restore round is owed: llama-server lost its slots (restart or wake-up)")
 
     def _say_state(self, obs: events.Observation) -> None:
         """Log the server's state once per change, not on every poll."""
