@@ -172,8 +172,10 @@ async def test_client_sending_headers_slowly_is_disconnected_and_others_are_serv
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
         started = time.monotonic()
         closed_after = None
-        trickle = b"GET /health HTTP/1.1\r\nHost: a\r\nX-Slow: " + b"a" * 200
-        for byte in trickle:
+        trickle = b"GET /health HTTP/1.1\r\nHost: a\r\nX-Slow: " + b"a" * 1000
+        for byte in trickle:  # one byte every 0.1 s, for at most 6 s
+            if time.monotonic() - started > 6.0:
+                break
             try:
                 writer.write(bytes([byte]))
                 await writer.drain()
