@@ -19,6 +19,8 @@ from aiohttp import web
 from sidecar import config
 from sidecar.proxy import relay
 
+KEEPALIVE = 2.0
+"""Seconds an idle connection to llama-server is kept for reuse; llama-server closes its own after 5 s."""
 MAX_FIELD_SIZE = 64 << 10
 """Largest header line accepted, in bytes (aiohttp's default is 8 KiB; long API keys and cookies fit)."""
 
@@ -45,7 +47,7 @@ def session(upstream: config.UpstreamSettings) -> aiohttp.ClientSession:
     relayed as sent (no decompression).
     """
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=upstream.connect_timeout),
         auto_decompress=False,
         raise_for_status=False,

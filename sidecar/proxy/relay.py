@@ -156,13 +156,19 @@ class Relay:
                     self._gate.suspect(f"the proxy could not connect to llama-server ({exc.__class__.__name__})")
                     continue
                 except (aiohttp.ClientError, TimeoutError) as exc:
-                    # Sent, but llama-server went away before the first answer byte.
-                    if not gated or not replay_left:
+                    # Sent, and the connection closed before the first answer byte: a crash, or a
+                    # kept-alive connection llama-server closed just then. Sent once more at once: after
+                    # a crash that attempt finds nothing listening, and waits above like any other.
+                    if not replay_left:
                         return self._unreachable(exc), routes.Outcome.ERROR
                     replay_left = False
-                    self._gate.suspect("llama-server closed a connection before answering (a crash?)")
-                    log.info("proxy_request_replayed", route=route.value, error=exc.__class__.__name__,
-                             effect="held until llama-server is back and restored, then sent once more")  # fmt: skip
+                    log.info(
+                        "proxy_request_replayed",
+                        route=route.value,
+                        error=exc.__class__.__name__,
+                        effect="llama-server closed the connection before answering; the request is sent "
+                        "once more (after the restart and restore, if llama-server is gone)",
+                    )
                     continue
                 if gated and up.status == 503:
                     answer, text = await _read_all(up)

@@ -289,23 +289,14 @@ async def test_held_request_goes_through_once_the_gate_opens(upstream: tuple[Ups
 
 
 @pytest.mark.timeout(20)
-async def test_request_dropped_before_any_answer_byte_is_held_and_sent_once_more(
-    upstream: tuple[Upstream, str],
-) -> None:
+async def test_request_dropped_before_any_answer_byte_is_sent_once_more(upstream: tuple[Upstream, str]) -> None:
     fake, url = upstream
     async with run_proxy(url) as proxy:
-        before = time.monotonic()
-        request = asyncio.create_task(_post(proxy.url, "/drop-once/completion", json={"prompt": "x"}))
-        await until(lambda: not proxy.gate.is_open, what="the gate closed on the dropped connection")
-        # A poll that started before the proxy saw the failure speaks for the old process: it must not open.
-        proxy.gate.open(seen_at=before)
-        await asyncio.sleep(0.2)
-        assert not request.done()
-        assert not proxy.gate.is_open
-        proxy.gate.open(seen_at=time.monotonic())
-        status, _, _ = await request
-        assert status == 200
-    assert fake.paths() == ["/drop-once/completion", "/drop-once/completion"]
+        for path in ("/drop-once/completion", "/drop-once/tokenize"):
+            fake.dropped = 0
+            status, _, _ = await _post(proxy.url, path, json={"prompt": "x"})
+            assert status == 200
+    assert fake.paths() == ["/drop-once/completion"] * 2 + ["/drop-once/tokenize"] * 2
 
 
 @pytest.mark.timeout(20)
@@ -314,11 +305,17 @@ async def test_completion_to_a_server_that_is_not_listening_waits_for_it(
 ) -> None:
     fake = Upstream()
     async with run_proxy(f"http://127.0.0.1:{unused_tcp_port}") as proxy:
+        before = time.monotonic()
         request = asyncio.create_task(_post(proxy.url, "/v1/completions", json={"prompt": "x"}))
         await until(lambda: not proxy.gate.is_open, what="the gate closed on a refused connection")
         status, _, _ = await _post(proxy.url, "/tokenize", json={"content": "x"})
         assert status == 502, "a non-completion route answers at once when the server is down"
         await aiohttp_raw_server(fake.handle, port=unused_tcp_port)
+        # A poll that started before the proxy saw the failure speaks for the old process: it must not open.
+        proxy.gate.open(seen_at=before)
+        await asyncio.sleep(0.3)
+        assert not request.done()
+        assert not proxy.gate.is_open
         proxy.gate.open(seen_at=time.monotonic())
         status, _, _ = await request
         assert status == 200
