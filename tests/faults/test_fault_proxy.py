@@ -8,14 +8,16 @@ of the engine.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import RawTestServer
-from faultbed import eventually, until
+from faultbed import SidecarProcess, eventually, until
 from proxybed import Upstream, raw_exchange, run_proxy, status_of
 
 from sidecar.proxy import gate
@@ -334,3 +336,15 @@ async def test_completion_answered_loading_model_is_held_and_retried(upstream: t
         status, _, _ = await request
         assert status == 200
     assert len(fake.arrived) == 2
+
+
+@pytest.mark.timeout(30)
+def test_proxy_port_in_use_is_a_clear_error_at_start(slot_dir: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = SidecarProcess(["--slot-dir", str(slot_dir), "--proxy-listen", f"127.0.0.1:{port}"], tmp_path / "log")
+        assert proc.proc.wait(20) == 2
+    output = "\n".join(proc.lines())
+    assert f"--proxy-listen 127.0.0.1:{port}: cannot listen there" in output
