@@ -150,10 +150,11 @@ class Relay:
                         skip_auto_headers=_NO_AUTO_HEADERS,
                     )
                 except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                    # The request never reached llama-server: waiting and sending it again is safe.
+                    # Nothing listens: a crash the poller may not have seen yet. The request never
+                    # reached llama-server, so a completion can wait and be sent when it is back.
+                    self._gate.suspect(f"the proxy could not connect to llama-server ({exc.__class__.__name__})")
                     if not gated:
                         return self._unreachable(exc), routes.Outcome.ERROR
-                    self._gate.suspect(f"the proxy could not connect to llama-server ({exc.__class__.__name__})")
                     continue
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     # Sent, and the connection closed before the first answer byte: a crash, or a
