@@ -45,6 +45,8 @@ class Latency:
     route: str
     direct_ms: list[float]
     proxy_ms: list[float]
+    cpu_us: float
+    """The sidecar's CPU time per proxied request (its idle polling subtracted), in microseconds."""
 
     def added(self, q: float) -> float:
         return rig.percentile(self.proxy_ms, q) - rig.percentile(self.direct_ms, q)
@@ -84,8 +86,19 @@ class _Conn:
 
     def __init__(self, port: int) -> None:
         self.http = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.reconnects = 0
 
     def timed(self, path: str, body: dict[str, object]) -> float:
+        try:
+            return self._timed(path, body)
+        except (http.client.HTTPException, OSError):
+            # llama-server closes a kept-alive connection after 100 requests: time the request again
+            # on a new connection.
+            self.reconnects += 1
+            self.http.close()
+            return self._timed(path, body)
+
+    def _timed(self, path: str, body: dict[str, object]) -> float:
         data = json.dumps(body)
         started = time.perf_counter()
         self.http.request("POST", path, data, {"Content-Type": "application/json"})
@@ -116,6 +129,11 @@ def run(bed: rig.Rig, *, reps: int, stream_seconds: float, rounds: int, say: rig
             {"prompt": PROMPT, "n_predict": 1, "temperature": 0, "cache_prompt": True, "id_slot": 0},
         ),
     }
+    assert side.proc is not None
+    pid = side.proc.pid
+    idle_cpu, idle_started = rig.cpu_seconds(pid), time.monotonic()
+    time.sleep(3.0)
+    idle_rate = (rig.cpu_seconds(pid) - idle_cpu) / (time.monotonic() - idle_started)
     latencies = []
     for route, (path, body) in requests.items():
         say(f"  {route}: {reps} requests each way, alternating")
@@ -125,14 +143,17 @@ def run(bed: rig.Rig, *, reps: int, stream_seconds: float, rounds: int, say: rig
                 for conn in conns.values():
                     conn.timed(path, body)
             times: dict[str, list[float]] = {DIRECT: [], PROXY: []}
+            cpu, started = rig.cpu_seconds(pid), time.monotonic()
             for n in range(reps):
                 order = (DIRECT, PROXY) if n % 2 == 0 else (PROXY, DIRECT)
                 for name in order:
                     times[name].append(conns[name].timed(path, body))
+            cpu = rig.cpu_seconds(pid) - cpu - idle_rate * (time.monotonic() - started)
         finally:
             for conn in conns.values():
                 conn.close()
-        latencies.append(Latency(route, times[DIRECT], times[PROXY]))
+        say(f"    reconnects: {', '.join(f'{name} {conn.reconnects}' for name, conn in conns.items())}")
+        latencies.append(Latency(route, times[DIRECT], times[PROXY], cpu / reps * 1e6))
 
     gaps = {DIRECT: Gaps(DIRECT, []), PROXY: Gaps(PROXY, [])}
     for n in range(rounds):
@@ -159,10 +180,12 @@ def table(result: Result) -> str:
                 rig.percentile(lat.direct_ms, 99),
                 rig.percentile(lat.proxy_ms, 99),
                 lat.added(99),
+                lat.cpu_us,
             ]
         )
     head = ["non-streamed request", "n", "p50 direct", "p50 proxy", "added", "p99 direct", "p99 proxy", "added"]
-    part1 = rig.table(head, rows) + "\n(ms)"
+    head.append("sidecar CPU/request")
+    part1 = rig.table(head, rows) + "\n(ms; the sidecar's CPU time per proxied request in µs, its polling subtracted)"
     rows2 = []
     for g in result.gaps:
         pooled = g.pooled
