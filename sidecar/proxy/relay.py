@@ -33,6 +33,8 @@ log = structlog.get_logger("sidecar.proxy")
 _DROP_REQUEST = frozenset({"host", "content-length", "expect"})
 _DROP_RESPONSE = frozenset({"content-length"})
 _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+WHOLE_ANSWER_BYTES = 1 << 20
+"""Answers with a Content-Length up to this size are relayed in one write; others chunk by chunk."""
 _LOADING = b"Loading model"
 """llama-server's 503 message while it loads: the new process cannot serve yet."""
 
@@ -214,10 +216,21 @@ class Relay:
     ) -> tuple[web.StreamResponse, routes.Outcome]:
         clean = False
         try:
+            headers = routes.end_to_end(list(up.headers.items()), drop=_DROP_RESPONSE)
+            length = up.content_length if "Transfer-Encoding" not in up.headers else None
+            if length is not None and length <= WHOLE_ANSWER_BYTES:
+                # A short answer of known length (a non-streamed JSON reply): read whole and sent in
+                # one write. Nothing is held back, since llama-server writes such a reply at once.
+                try:
+                    body = await up.read()
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    return self._unreachable(exc), routes.Outcome.ERROR
+                clean = True
+                return web.Response(status=up.status, reason=up.reason, body=body, headers=headers), (routes.Outcome.OK)
             response = web.StreamResponse(status=up.status, reason=up.reason)
-            response.headers.extend(routes.end_to_end(list(up.headers.items()), drop=_DROP_RESPONSE))
-            if up.content_length is not None and "Transfer-Encoding" not in up.headers:
-                response.content_length = up.content_length
+            response.headers.extend(headers)
+            if length is not None:
+                response.content_length = length
             await response.prepare(request)
             while True:
                 try:

@@ -6,6 +6,7 @@ it gets (method, raw path, headers, body) and answers by path:
 * ``/hang``: never answers; sets ``hung_up`` when the proxy drops the connection;
 * ``/sse``: an event stream whose events are released one at a time by ``step``;
 * ``/cut``: two events, then the connection is closed mid-answer (a crash);
+* ``/short``: a JSON answer that declares 100 bytes and stops after 10 (a crash);
 * ``/drop-once...``: the first request is dropped before any answer byte, the next answered;
 * ``/loading-once...``: the first request gets llama-server's 503 "Loading model";
 * anything else: a JSON echo of what arrived.
@@ -71,6 +72,13 @@ class Upstream:
             self.loading_sent += 1
             error = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
             return web.json_response(error, status=503)
+        if path == "/short":
+            response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "100"})
+            await response.prepare(request)
+            await response.write(b'{"content"')
+            assert request.transport is not None
+            request.transport.close()
+            return response
         if path in ("/sse", "/cut"):
             return await self._events(request, cut=path == "/cut")
         echo = {

@@ -256,6 +256,16 @@ async def test_answer_cut_mid_stream_is_cut_for_the_client_too(upstream: tuple[U
 
 
 @pytest.mark.timeout(20)
+async def test_answer_shorter_than_its_length_becomes_a_502(upstream: tuple[Upstream, str]) -> None:
+    _, url = upstream
+    async with run_proxy(url) as proxy:
+        status, _, body = await _post(proxy.url, "/short", json={})
+        assert status == 502, body
+        assert "could not get an answer from llama-server" in body["error"]["message"]
+        assert proxy.count("other", "error") == 1
+
+
+@pytest.mark.timeout(20)
 async def test_completion_held_past_the_limit_gets_503_with_retry_after_and_others_pass(
     upstream: tuple[Upstream, str],
 ) -> None:
