@@ -102,7 +102,6 @@ async def _start_proxy(
 ) -> listener.Listener | None:
     if settings.proxy.host is None:
         return None
-    stats.init_proxy()
     client = listener.session(settings.upstream)
     handler = relay.Relay(
         session=client,

@@ -179,16 +179,13 @@ class Metrics:
         )
         for outcome in VERIFY_OUTCOMES:
             self.restore_verifications.labels(outcome)
+        for route in routes.Route:  # at zero without the proxy too, so dashboards and alerts see series
+            for result in routes.Outcome:
+                self.proxy_requests.labels(route.value, result.value)
         for reason in GC_REASONS:
             self.gc_deleted.labels(reason)
         for reason in QUARANTINE_REASONS:
             self.quarantined.labels(reason)
-
-    def init_proxy(self) -> None:
-        """Create every (route, outcome) series at zero when the proxy starts."""
-        for route in routes.Route:
-            for outcome in routes.Outcome:
-                self.proxy_requests.labels(route.value, outcome.value)
 
     def init_slots(self, slot_ids: range) -> None:
         """Create every (slot, result) series at zero once the slot count is known."""

@@ -191,7 +191,5 @@ def _families(registry: CollectorRegistry) -> dict[str, tuple[str, frozenset[str
 def test_synthetic_page_has_the_families_of_the_sidecar() -> None:
     """exposition.py must not drift from sidecar/metrics.py (names, types, labels)."""
     real = CollectorRegistry()
-    stats = metrics.Metrics(real, version="0.0.0")
-    stats.init_slots(range(len(exposition.SLOTS)))
-    stats.init_proxy()
+    metrics.Metrics(real, version="0.0.0").init_slots(range(len(exposition.SLOTS)))
     assert _families(exposition.sidecar_registry()) == _families(real)

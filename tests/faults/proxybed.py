@@ -141,7 +141,6 @@ async def run_proxy(
 ) -> AsyncIterator[Proxy]:
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version="test")
-    stats.init_proxy()
     restore_gate = gate.Gate()
     if gate_open:
         restore_gate.open(seen_at=time.monotonic())
