@@ -1,7 +1,7 @@
 """`python -m bench`: run the benchmarks, print tables, write a PNG and a JSON.
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
-footprint, scaling. Progress goes to stderr, results to stdout.
+footprint, scaling, proxy. Progress goes to stderr, results to stdout.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any
 
 from bench import REPO_ROOT, goals, machine, plot, rig, scaling
 from bench import footprint as footprint_mod
+from bench import proxy as proxy_mod
 from bench import restart as restart_mod
 from bench import stall as stall_mod
 from bench import ttft as ttft_mod
 
-SECTIONS = ("ttft", "restart", "stall", "footprint", "scaling")
+SECTIONS = ("ttft", "restart", "stall", "footprint", "scaling", "proxy")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             "scaling",
             "5. Scaling: snapshot size, save/restore, checksum vs disk",
             lambda: _scaling(bed, p, results.points),
+        )
+        section(
+            "proxy",
+            "6. Proxy (--proxy-listen): added latency and streamed token gaps",
+            lambda: proxy_mod.measure(bed, quick=bool(ns.quick), say=say),
         )
     finally:
         bed.close()

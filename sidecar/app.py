@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 import sidecar
 from sidecar import config, engine, errors, metrics, poller, protocols, report, server, store, upstream, watcher
+from sidecar.proxy import gate, listener, relay
 
 log = structlog.get_logger("sidecar.app")
 
@@ -62,7 +63,10 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
     async with aiohttp.ClientSession(raise_for_status=False) as session:
         client = upstream.LlamaClient(session, settings.upstream)
         clock = protocols.SystemClock()
-        core = engine.Engine(client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock)
+        restore_gate = gate.Gate(mono=clock.monotonic)
+        core = engine.Engine(
+            client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock, restore_gate=restore_gate
+        )
         poll = poller.Poller(client, settings.poll, clock=clock)
         watch = watcher.Watcher(snapshots, stats)
         app = server.make_app(
@@ -74,6 +78,11 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
         )
         handle = await server.start(app, settings.server)
         log.info("listening", host=handle.host, port=handle.port)
+        try:
+            proxy = await _start_proxy(settings, restore_gate, stats)
+        except BaseException:
+            await handle.close()
+            raise
         watch.start()
         if ready is not None:
             ready.set()
@@ -86,7 +95,43 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
         except* Terminate:
             log.info("stopping", reason="signal")
         finally:
+            if proxy is not None:
+                await proxy.close()  # no new requests may change the slots during the final snapshots
             await _shutdown(core, settings, watch, handle)
+
+
+async def _start_proxy(
+    settings: config.Settings, restore_gate: gate.Gate, stats: metrics.Metrics
+) -> listener.Listener | None:
+    if settings.proxy.host is None:
+        return None
+    client = listener.session(settings.upstream)
+    handler = relay.Relay(
+        session=client,
+        restore_gate=restore_gate,
+        stats=stats,
+        upstream=settings.upstream,
+        settings=settings.proxy,
+        admin_token=settings.server.admin_token,
+    )
+    try:
+        proxy = await listener.start(handler, client, settings.proxy)
+    except OSError as exc:
+        await client.close()
+        raise errors.ConfigError(
+            f"--proxy-listen {settings.proxy.host}:{settings.proxy.port}: cannot listen there ({exc.strerror or exc})"
+        ) from exc
+    except BaseException:
+        await client.close()
+        raise
+    log.info(
+        "proxy_listening",
+        host=proxy.host,
+        port=proxy.port,
+        server=settings.upstream.url,
+        hold_seconds=settings.proxy.hold_seconds,
+    )
+    return proxy
 
 
 async def _shutdown(

@@ -77,9 +77,26 @@ class LogSettings:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ProxySettings:
+    host: str | None = None
+    """Address the proxy listens on; None: no proxy (the sidecar stays out of the request path)."""
+    port: int = 0
+    hold_seconds: float = 120.0
+    """Longest a completion request waits at the restore gate before a 503 with Retry-After."""
+    max_body_bytes: int = 32 << 20
+    """Largest request body the proxy accepts (413 above it); bodies are kept for one replay."""
+    idle_timeout: float = 75.0
+    """Seconds a client connection may sit without a complete request (idle keep-alive or
+    headers sent slowly) before the proxy closes it."""
+    retry_after: int = 10
+    """Seconds suggested in Retry-After when a held request times out."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     upstream: UpstreamSettings
     poll: PollSettings
     snapshots: SnapshotSettings
     server: ServerSettings
     logs: LogSettings = dataclasses.field(default_factory=LogSettings)
+    proxy: ProxySettings = dataclasses.field(default_factory=ProxySettings)

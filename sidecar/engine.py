@@ -37,6 +37,7 @@ from sidecar import (
     snapshotter,
     store,
 )
+from sidecar.proxy import gate
 
 log = structlog.get_logger("sidecar.engine")
 RETRY_AFTER = 30.0
@@ -54,6 +55,7 @@ class Engine:
         stats: metrics.Metrics,
         settings: config.Settings,
         clock: protocols.Clock | None = None,
+        restore_gate: gate.Gate | None = None,
     ) -> None:
         s = settings.snapshots
         self._client = client
@@ -87,6 +89,8 @@ class Engine:
         self._handled_at = self._clock.monotonic()
         self._working_since: float | None = None
         """When the action runner's current pass began; None between passes."""
+        self.gate = restore_gate or gate.Gate(mono=self._clock.monotonic)
+        """Closed while the server is down or loading and while a restore round is owed or running."""
 
     def status(self) -> report.Status:
         """What the engine knows now, for the HTTP layer."""
@@ -103,6 +107,7 @@ class Engine:
             # current pass (a hung disk or call stops the runner, not the polls).
             progress_at=min(self._handled_at, self._working_since or self._handled_at),
             acting=self._working_since is not None or self.acting(),
+            restore_gate=self.gate.reason,
         )
 
     async def save_now(self, slot: int) -> report.SaveReply | None:
@@ -141,6 +146,8 @@ class Engine:
         if obs.health is not self._said:
             self._say_state(obs)
         self._stats.server_readable.set(0 if obs.denied else 1)
+        if obs.health is not events.Health.OK:
+            self.gate.close(f"llama-server is {obs.health.value}")
         for event in evts:
             self._on_event(event)
         self.latest = obs
@@ -149,6 +156,8 @@ class Engine:
         if not self._ready(obs):
             if obs.health is not events.Health.OK and not self._prechecked:
                 self._wake.set()  # the server is loading: check the files the restore round will need
+            elif obs.health is events.Health.OK:
+                self.gate.open(seen_at=obs.at)  # up, but nothing the sidecar can restore now
             return
         assert obs.slots is not None
         if len(obs.slots) != self._slot_count:
@@ -160,6 +169,8 @@ class Engine:
         self.policy.observe(obs.slots, obs.at)
         if self.restorer.pending:
             self.restorer.verify(obs)
+        if not self.restore_owed():
+            self.gate.open(seen_at=obs.at)  # else the action runner opens it once the round is done
         self._wake.set()
 
     def _ready(self, obs: events.Observation) -> bool:
@@ -205,6 +216,7 @@ class Engine:
         self.restorer.pending.clear()
         self.restore_due = True
         self.healthy_at = at
+        self.gate.close("a restore round is owed: llama-server lost its slots (restart or wake-up)")
 
     def _say_state(self, obs: events.Observation) -> None:
         """Log the server's state once per change, not on every poll."""
@@ -262,6 +274,8 @@ class Engine:
                 await self._restore(obs)
             finally:
                 self._restoring = False
+            if not self.restore_due:
+                self.gate.open(seen_at=obs.at)
         if self.link.ok is None:
             await self._probe()
         for action in self.policy.due(self._clock.monotonic()):

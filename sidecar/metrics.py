@@ -12,6 +12,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from sidecar import outcomes
+from sidecar.proxy import routes
 
 NAMESPACE = "llama_sidecar"
 SNAPSHOT_RESULTS = tuple(r.value for r in outcomes.SaveResult)
@@ -21,6 +22,7 @@ GC_REASONS = ("keep", "bytes", "age")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_HOLD = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 _RESTART = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -146,8 +148,43 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.proxy_requests = Counter(
+            "proxy_requests",
+            "Requests through the proxy (--proxy-listen), by route (completion: routes that run a "
+            "task in a slot and wait at the restore gate; other) and outcome: ok (llama-server's "
+            "answer relayed, whatever its status), error (llama-server unreachable, or gone "
+            "mid-answer), held_timeout (held --proxy-hold-seconds, answered 503), refused (slot "
+            "action without the admin token), invalid (bad path or body too big), cancelled "
+            "(the client went away first).",
+            ["route", "outcome"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.proxy_hold = Histogram(
+            "proxy_hold_seconds",
+            "Seconds a request waited at the restore gate (while llama-server was down, loading "
+            "or being restored), for requests that met it closed.",
+            buckets=_HOLD,
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.proxy_inflight = Gauge(
+            "proxy_inflight_requests",
+            "Requests the proxy is handling now, those held at the gate included.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.proxy_held = Gauge(
+            "proxy_held_requests",
+            "Requests waiting at the restore gate now.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         for outcome in VERIFY_OUTCOMES:
             self.restore_verifications.labels(outcome)
+        for route in routes.Route:  # at zero without the proxy too, so dashboards and alerts see series
+            for result in routes.Outcome:
+                self.proxy_requests.labels(route.value, result.value)
         for reason in GC_REASONS:
             self.gc_deleted.labels(reason)
         for reason in QUARANTINE_REASONS:

@@ -215,6 +215,32 @@ OPTIONS: tuple[Option, ...] = (
         parse.number(float),
     ),
     Option(
+        "--proxy-listen",
+        "LLAMA_SIDECAR_PROXY_LISTEN",
+        ("proxy.host", "proxy.port"),
+        "HOST:PORT of an optional reverse proxy in front of llama-server; clients that use it wait while "
+        "llama-server restarts and its slots are restored instead of failing or re-prefilling (default: off)",
+        "HOST:PORT",
+        check=parse.proxy_listen,
+    ),
+    Option(
+        "--proxy-hold-seconds",
+        "LLAMA_SIDECAR_PROXY_HOLD_SECONDS",
+        ("proxy.hold_seconds",),
+        "longest a completion request waits at the proxy for llama-server to be back and restored; "
+        "then 503 with Retry-After",
+        "SEC",
+        parse.number(float),
+    ),
+    Option(
+        "--proxy-max-body-bytes",
+        "LLAMA_SIDECAR_PROXY_MAX_BODY_BYTES",
+        ("proxy.max_body_bytes",),
+        "largest request body the proxy accepts; 413 above it",
+        "N",
+        parse.number(int),
+    ),
+    Option(
         "--log-format",
         "LLAMA_SIDECAR_LOG_FORMAT",
         ("logs.format",),

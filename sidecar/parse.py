@@ -62,6 +62,13 @@ def listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104
 
 
+def proxy_listen(text: str) -> tuple[str, int]:
+    try:
+        return listen(text)
+    except errors.ConfigError:
+        raise errors.ConfigError(f"--proxy-listen {text!r} is not HOST:PORT (for example 127.0.0.1:8081)") from None
+
+
 def first_key(text: str) -> str | None:
     """The first key of a list as llama-server reads ``--api-key``: comma-separated, CSV quoting."""
     try:

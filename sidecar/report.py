@@ -45,6 +45,8 @@ class Status:
     """Monotonic time, in seconds, when the engine last finished handling a poll (its start before the first)."""
     acting: bool
     """A slot action (a save, a restore round, the slot-dir probe) is running."""
+    restore_gate: str = ""
+    """Why the restore gate is closed (server down or loading, restore round owed or running); "" when open."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

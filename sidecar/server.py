@@ -3,8 +3,9 @@
 ``/metrics`` (Prometheus), ``/healthz`` (the process is alive and its poll
 loop makes progress: a kubelet liveness probe restarts a stuck sidecar),
 ``/readyz`` (llama-server healthy and readable with our key, the slot dir
-writable and linked), ``/status`` (JSON for humans and scripts; optionally
-behind the admin token). ``POST /snapshot`` and ``POST /restore`` exist
+writable and linked, and no restore round owed or running: the restore
+gate open), ``/status`` (JSON for humans and scripts; optionally behind
+the admin token). ``POST /snapshot`` and ``POST /restore`` exist
 only with an admin token and answer 401 without it.
 
 Handlers read the engine through ``report.StatusSource`` only: one frozen
@@ -92,6 +93,8 @@ def _readiness(ctx: _Context, st: report.Status) -> list[str]:
         problems.append(writable)
     if st.link_ok is False:
         problems.append(st.link_problem)
+    if st.restore_gate:
+        problems.append(f"restore gate closed: {st.restore_gate}")
     return problems
 
 

@@ -24,6 +24,8 @@ RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy", "
 VERIFICATION_OUTCOMES = ("effective", "ineffective")
 GC_REASONS = ("keep", "bytes", "age")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
+PROXY_ROUTES = ("completion", "other")
+PROXY_OUTCOMES = ("ok", "error", "held_timeout", "refused", "invalid", "cancelled")
 
 
 def sidecar_registry() -> CollectorRegistry:
@@ -81,6 +83,17 @@ def sidecar_registry() -> CollectorRegistry:
         namespace=ns,
         registry=registry,
     ).set(time.time() - 60)
+    proxy_requests = Counter(
+        "proxy_requests", "Requests through the proxy", ["route", "outcome"], namespace=ns, registry=registry
+    )
+    for route in PROXY_ROUTES:
+        for n, outcome in enumerate(PROXY_OUTCOMES):
+            proxy_requests.labels(route=route, outcome=outcome).inc(100 // (n + 1))
+    hold = Histogram("proxy_hold_seconds", "Time held at the gate", namespace=ns, registry=registry)
+    for seconds in (0.3, 1.2, 4.0, 121.0):
+        hold.observe(seconds)
+    Gauge("proxy_inflight_requests", "Requests in flight", namespace=ns, registry=registry).set(3)
+    Gauge("proxy_held_requests", "Requests held", namespace=ns, registry=registry).set(1)
     return registry
 
 

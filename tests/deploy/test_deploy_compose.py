@@ -78,3 +78,11 @@ def test_every_image_is_pinned(config: dict[str, Any]) -> None:
         tag = image.rpartition(":")[2]
         assert tag not in {"", "latest"}, f"{name}: {image}"
         assert "/" not in tag, f"{name}: {image} has no tag"
+
+
+def test_clients_reach_llama_server_only_through_the_proxy(config: dict[str, Any]) -> None:
+    services = config["services"]
+    assert "ports" not in services["llama-server"], "llama-server must be reachable only inside the stack"
+    proxy = services["sidecar"]["environment"]["LLAMA_SIDECAR_PROXY_LISTEN"]
+    published = {(p["published"], p["target"]) for p in services["sidecar"]["ports"]}
+    assert ("8080", int(proxy.rpartition(":")[2])) in published

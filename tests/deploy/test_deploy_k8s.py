@@ -108,3 +108,15 @@ def test_llama_server_image_matches_compose() -> None:
     (server,) = [c for c in pod["containers"] if c["name"] == "llama-server"]
     compose = (DEPLOY / "compose.yaml").read_text(encoding="utf-8")
     assert f"x-llama-image: &llama-image {server['image']}\n" in compose
+
+
+def test_service_sends_clients_to_the_proxy_even_while_the_pod_is_not_ready() -> None:
+    docs = _documents()
+    containers = {c["name"]: c for c in docs[("Deployment", "llama-server")]["spec"]["template"]["spec"]["containers"]}
+    sidecar = containers["sidecar"]
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert int(env["LLAMA_SIDECAR_PROXY_LISTEN"].rpartition(":")[2]) == ports["proxy"]
+    service = docs[("Service", "llama-server")]["spec"]
+    assert {p["port"]: p["targetPort"] for p in service["ports"]}[8080] == "proxy"
+    assert service["publishNotReadyAddresses"] is True

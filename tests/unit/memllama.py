@@ -101,7 +101,7 @@ class MemLlama:
 
     async def counters(self) -> events.Counters:
         self.calls.append(("counters", None))
-        values = (self.decodes, self.prompt_tokens, self.cached_tokens)
+        values: tuple[float, ...] = (self.decodes, self.prompt_tokens, self.cached_tokens)
         if self.metrics_text_digits is not None:
             values = tuple(float(f"{v:.{self.metrics_text_digits}g}") for v in values)
         return events.Counters(

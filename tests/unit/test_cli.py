@@ -427,3 +427,40 @@ def test_status_requires_token(
     monkeypatch.delenv("LLAMA_SIDECAR_ADMIN_TOKEN")
     assert cli.main(["run", "--slot-dir", str(tmp_path), "--status-requires-token"]) == 2
     assert "needs an admin token" in capsys.readouterr().err
+
+
+def test_proxy_is_off_by_default_and_on_with_its_flags(tmp_path: Path) -> None:
+    assert settings("--slot-dir", str(tmp_path)).proxy == config.ProxySettings()
+    assert config.ProxySettings().host is None
+    s = settings(
+        "--slot-dir",
+        str(tmp_path),
+        "--proxy-listen",
+        "0.0.0.0:8081",
+        "--proxy-hold-seconds",
+        "30",
+        "--proxy-max-body-bytes",
+        "1000",
+    )
+    assert (s.proxy.host, s.proxy.port, s.proxy.hold_seconds, s.proxy.max_body_bytes) == ("0.0.0.0", 8081, 30.0, 1000)
+
+
+def test_proxy_settings_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_SIDECAR_PROXY_LISTEN", "127.0.0.1:8090")
+    monkeypatch.setenv("LLAMA_SIDECAR_PROXY_HOLD_SECONDS", "7.5")
+    monkeypatch.setenv("LLAMA_SIDECAR_PROXY_MAX_BODY_BYTES", "2048")
+    s = settings("--slot-dir", str(tmp_path))
+    assert (s.proxy.host, s.proxy.port, s.proxy.hold_seconds, s.proxy.max_body_bytes) == ("127.0.0.1", 8090, 7.5, 2048)
+
+
+def test_bad_proxy_listen_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--slot-dir", str(tmp_path), "--proxy-listen", "8081"]) == 2
+    assert "--proxy-listen '8081' is not HOST:PORT" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--proxy-hold-seconds", "0"), ("--proxy-max-body-bytes", "-1")])
+def test_bad_proxy_numbers_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "--slot-dir", str(tmp_path), flag, value])
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err

@@ -78,7 +78,7 @@ async def test_files_checked_ahead_are_not_hashed_between_the_slot_read_and_the_
     newest = bed.saved(0, 500)
     bed.saved(1, 300)
     await bed.restorer.precheck()  # while the server loads
-    assert sorted(f for name, f in bed.server.calls if name == "verify") == sorted(
+    assert sorted(str(f) for name, f in bed.server.calls if name == "verify") == sorted(
         m.file for m in bed.snapshots.snapshots()
     )
     bed.server.calls.clear()

@@ -91,7 +91,7 @@ async def test_a_file_that_does_not_match_the_servers_size_fails_its_check(tmp_p
         path.write_bytes(path.read_bytes()[: result.bytes // 2])
         return result
 
-    server.save = short_write  # type: ignore[method-assign]
+    server.save = short_write  # type: ignore[method-assign,assignment]
     record = await save(saver)
     assert (record.result, record.cause) == (R.FAILED, C.CHECK)
     assert [p.name for p in tmp_path.iterdir()] == []

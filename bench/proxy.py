@@ -1,0 +1,250 @@
+"""What the proxy (--proxy-listen) adds: latency of a non-streamed request, and gaps between streamed tokens.
+
+One llama-server (-np 1) and one sidecar with the proxy on. Every request
+goes to llama-server directly and through the proxy in turn, each way on its
+own keep-alive connection, so drift in the machine's load hits both alike.
+
+- Non-streamed: ``POST /tokenize`` (almost no server time, so the proxy's own
+  cost shows plainly; a route that does not wait at the restore gate) and
+  ``POST /completion`` with ``n_predict`` 1 on a cached prompt (a completion
+  route: through the gate). Added latency is the proxy's percentile minus
+  the direct one.
+- Streamed: a long completion streamed for a few seconds, directly and
+  through the proxy in alternating rounds; the gaps between consecutive
+  token events (the wait for the first token is not a gap).
+
+Targets: under 1 ms added at p50 for a non-streamed request; the p99 token
+gap through the proxy within noise of the direct one, where noise is the
+spread of the per-round p99s of the same path.
+
+Run alone with ``python -m bench.proxy [--quick]``, or as the ``proxy``
+section of ``python -m bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import http.client
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+from bench import REPO_ROOT, client, rig
+from bench.beds import llamabed
+
+DIRECT, PROXY = "direct", "proxy"
+ADDED_P50_TARGET_MS = 1.0
+PROMPT = "The proxy benchmark asks for one token after this short sentence."
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Latency:
+    route: str
+    direct_ms: list[float]
+    proxy_ms: list[float]
+    cpu_us: float
+    """The sidecar's CPU time per proxied request (its idle polling subtracted), in microseconds."""
+
+    def added(self, q: float) -> float:
+        return rig.percentile(self.proxy_ms, q) - rig.percentile(self.direct_ms, q)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Gaps:
+    path: str
+    rounds: list[list[float]]
+    """Inter-token gaps (ms) of each round."""
+
+    @property
+    def pooled(self) -> list[float]:
+        return [g for r in self.rounds for g in r]
+
+    @property
+    def round_p99s(self) -> list[float]:
+        return [rig.percentile(r, 99) for r in self.rounds]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Result:
+    latencies: list[Latency]
+    gaps: list[Gaps]
+
+    @property
+    def noise_ms(self) -> float:
+        """Spread of the per-round p99 gaps within one path, the larger of the two paths."""
+        return max(max(g.round_p99s) - min(g.round_p99s) for g in self.gaps)
+
+    def gap_p99(self, path: str) -> float:
+        return rig.percentile(next(g for g in self.gaps if g.path == path).pooled, 99)
+
+
+class _Conn:
+    """One keep-alive connection that times each request."""
+
+    def __init__(self, port: int) -> None:
+        self.http = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.reconnects = 0
+
+    def timed(self, path: str, body: dict[str, object]) -> float:
+        try:
+            return self._timed(path, body)
+        except (http.client.HTTPException, OSError):
+            # llama-server closes a kept-alive connection after 100 requests: time the request again
+            # on a new connection.
+            self.reconnects += 1
+            self.http.close()
+            return self._timed(path, body)
+
+    def _timed(self, path: str, body: dict[str, object]) -> float:
+        data = json.dumps(body)
+        started = time.perf_counter()
+        self.http.request("POST", path, data, {"Content-Type": "application/json"})
+        resp = self.http.getresponse()
+        payload = resp.read()
+        elapsed = (time.perf_counter() - started) * 1000
+        if resp.status != 200:
+            raise rig.BenchError(f"{path} answered HTTP {resp.status}: {payload[:300]!r}")
+        return elapsed
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def run(bed: rig.Rig, *, reps: int, stream_seconds: float, rounds: int, say: rig.Say) -> Result:
+    slot_dir = bed.slot_dir("proxy")
+    server = bed.server(slot_dir=slot_dir, n_slots=1, ctx_size=4096)
+    proxy_port = llamabed.free_port()
+    side = bed.sidecar(server, slot_dir, **{"--proxy-listen": f"127.0.0.1:{proxy_port}"})
+    rig.wait_until(
+        lambda: side.metric("llama_sidecar_server_up") == 1, timeout=60, what="the sidecar to see llama-server up"
+    )
+    ports = {DIRECT: server.port, PROXY: proxy_port}
+    requests: dict[str, tuple[str, dict[str, object]]] = {
+        "POST /tokenize": ("/tokenize", {"content": PROMPT}),
+        "POST /completion, n_predict 1": (
+            "/completion",
+            {"prompt": PROMPT, "n_predict": 1, "temperature": 0, "cache_prompt": True, "id_slot": 0},
+        ),
+    }
+    assert side.proc is not None
+    pid = side.proc.pid
+    idle_cpu, idle_started = rig.cpu_seconds(pid), time.monotonic()
+    time.sleep(3.0)
+    idle_rate = (rig.cpu_seconds(pid) - idle_cpu) / (time.monotonic() - idle_started)
+    latencies = []
+    for route, (path, body) in requests.items():
+        say(f"  {route}: {reps} requests each way, alternating")
+        conns = {name: _Conn(port) for name, port in ports.items()}
+        try:
+            for _ in range(20):  # warm-up: connections, the server's prompt cache
+                for conn in conns.values():
+                    conn.timed(path, body)
+            times: dict[str, list[float]] = {DIRECT: [], PROXY: []}
+            cpu, started = rig.cpu_seconds(pid), time.monotonic()
+            for n in range(reps):
+                order = (DIRECT, PROXY) if n % 2 == 0 else (PROXY, DIRECT)
+                for name in order:
+                    times[name].append(conns[name].timed(path, body))
+            cpu = rig.cpu_seconds(pid) - cpu - idle_rate * (time.monotonic() - started)
+        finally:
+            for conn in conns.values():
+                conn.close()
+        say(f"    reconnects: {', '.join(f'{name} {conn.reconnects}' for name, conn in conns.items())}")
+        latencies.append(Latency(route, times[DIRECT], times[PROXY], cpu / reps * 1e6))
+
+    gaps = {DIRECT: Gaps(DIRECT, []), PROXY: Gaps(PROXY, [])}
+    for n in range(rounds):
+        order = (DIRECT, PROXY) if n % 2 == 0 else (PROXY, DIRECT)
+        for name in order:
+            say(f"  streamed tokens, round {n + 1}/{rounds}: {name}, {stream_seconds:.0f} s")
+            rig.wait_idle(server.url)
+            arrivals: list[float] = []
+            client.stream(ports[name], stream_seconds, arrivals)
+            gaps[name].rounds.append([(b - a) * 1000 for a, b in itertools.pairwise(arrivals)])
+    return Result(latencies, [gaps[DIRECT], gaps[PROXY]])
+
+
+def table(result: Result) -> str:
+    rows = []
+    for lat in result.latencies:
+        rows.append(
+            [
+                lat.route,
+                len(lat.direct_ms),
+                rig.percentile(lat.direct_ms, 50),
+                rig.percentile(lat.proxy_ms, 50),
+                lat.added(50),
+                rig.percentile(lat.direct_ms, 99),
+                rig.percentile(lat.proxy_ms, 99),
+                lat.added(99),
+                lat.cpu_us,
+            ]
+        )
+    head = ["non-streamed request", "n", "p50 direct", "p50 proxy", "added", "p99 direct", "p99 proxy", "added"]
+    head.append("sidecar CPU/request")
+    part1 = rig.table(head, rows) + "\n(ms; the sidecar's CPU time per proxied request in µs, its polling subtracted)"
+    rows2 = []
+    for g in result.gaps:
+        pooled = g.pooled
+        rows2.append(
+            [
+                g.path,
+                len(pooled),
+                rig.percentile(pooled, 50),
+                rig.percentile(pooled, 99),
+                ", ".join(f"{p:.1f}" for p in g.round_p99s),
+            ]
+        )
+    part2 = rig.table(["streamed tokens", "gaps", "p50 gap", "p99 gap", "p99 per round"], rows2, digits=2)
+    return part1 + "\n\n" + part2 + "\n(ms)\n\n" + "\n".join(verdicts(result))
+
+
+def verdicts(result: Result) -> list[str]:
+    lines = []
+    for lat in result.latencies:
+        added = lat.added(50)
+        mark = "MET" if added < ADDED_P50_TARGET_MS else "MISSED"
+        lines.append(f"{mark:6}  {lat.route}: {added:.3f} ms added at p50 (target < {ADDED_P50_TARGET_MS:g} ms)")
+    direct, via = result.gap_p99(DIRECT), result.gap_p99(PROXY)
+    noise = result.noise_ms
+    mark = "MET" if via - direct <= noise else "MISSED"
+    lines.append(
+        f"{mark:6}  p99 token gap {via:.2f} ms through the proxy vs {direct:.2f} ms direct "
+        f"(ratio {via / direct:.3f}); noise, the spread of per-round p99s: {noise:.2f} ms"
+    )
+    return lines
+
+
+def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[Result, str]:
+    result = run(
+        bed,
+        reps=100 if quick else 400,
+        stream_seconds=4.0 if quick else 8.0,
+        rounds=2 if quick else 4,
+        say=say,
+    )
+    return result, table(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.proxy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests and shorter streams")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="logs go here")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
+    ns = parser.parse_args(argv)
+    bed = rig.Rig(log_dir=ns.out / f"logs-proxy-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
+    try:
+        before = rig.busy()
+        _, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
+        print(f"## Proxy overhead\n({before} at start, {rig.busy()} at end)\n")
+        print(body)
+    finally:
+        bed.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The proxy's own port: a low-level aiohttp server with the relay as its only handler.
+
+No router and no middlewares in the way (every method and path goes to the
+relay). ``handler_cancellation`` cancels a request's handler when its client
+disconnects, which cancels the upstream request with it.
+``keepalive_timeout`` closes a client connection that has not sent a
+complete request within ``idle_timeout``: it bounds idle keep-alive
+connections and clients that send their headers a byte at a time
+(slowloris) alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import aiohttp
+from aiohttp import web
+
+from sidecar import config
+from sidecar.proxy import relay
+
+KEEPALIVE = 2.0
+"""Seconds an idle connection to llama-server is kept for reuse; llama-server closes its own after 5 s."""
+MAX_FIELD_SIZE = 64 << 10
+"""Largest header line accepted, in bytes (aiohttp's default is 8 KiB; long API keys and cookies fit)."""
+
+
+@dataclasses.dataclass(slots=True)
+class Listener:
+    runner: web.ServerRunner
+    session: aiohttp.ClientSession
+    host: str
+    port: int
+
+    async def close(self) -> None:
+        try:
+            await self.runner.cleanup()
+        finally:
+            await self.session.close()
+
+
+def session(upstream: config.UpstreamSettings) -> aiohttp.ClientSession:
+    """The proxy's own connection pool to llama-server, apart from the poller's.
+
+    No total or read timeout: a completion may prefill for minutes before
+    its first byte, and a client that gives up cancels it. Answers are
+    relayed as sent (no decompression).
+    """
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=upstream.connect_timeout),
+        auto_decompress=False,
+        raise_for_status=False,
+    )
+
+
+async def start(handler: relay.Relay, client: aiohttp.ClientSession, settings: config.ProxySettings) -> Listener:
+    assert settings.host is not None
+    server = web.Server(
+        handler.handle,
+        handler_cancellation=True,
+        keepalive_timeout=settings.idle_timeout,
+        max_field_size=MAX_FIELD_SIZE,
+        access_log=None,
+    )
+    runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
+    addresses = runner.addresses
+    port = int(addresses[0][1]) if addresses else settings.port
+    return Listener(runner, client, settings.host, port)

@@ -1,0 +1,273 @@
+"""Forward one request to llama-server and relay its answer as it arrives.
+
+Bodies are read whole (capped) before forwarding, so that a completion that
+never got an answer byte can be sent once more after a restart. Answers are
+never buffered: every chunk llama-server writes (an SSE token, say) is
+written to the client as soon as it is read. Once the first answer byte has
+been relayed nothing is retried; if llama-server dies mid-answer the
+client's connection is closed without the final chunk, so the client sees a
+cut answer, not a complete one.
+
+A client that goes away cancels this handler (the listener runs with
+``handler_cancellation``), which closes the upstream connection:
+llama-server then stops the task and frees the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Callable
+
+import aiohttp
+import structlog
+import yarl
+from aiohttp import web
+
+from sidecar import config, metrics
+from sidecar.proxy import gate, routes
+
+log = structlog.get_logger("sidecar.proxy")
+
+_DROP_REQUEST = frozenset({"host", "content-length", "expect"})
+_DROP_RESPONSE = frozenset({"content-length"})
+_NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+WHOLE_ANSWER_BYTES = 1 << 20
+"""Answers with a Content-Length up to this size are relayed in one write; others chunk by chunk."""
+_LOADING = b"Loading model"
+"""llama-server's 503 message while it loads: the new process cannot serve yet."""
+
+
+def error(status: int, message: str, kind: str, *, headers: dict[str, str] | None = None) -> web.Response:
+    """An error in llama-server's (OpenAI-style) shape, so clients show the message."""
+    body = {"error": {"code": status, "message": message, "type": kind}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Relay:
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        restore_gate: gate.Gate,
+        stats: metrics.Metrics,
+        upstream: config.UpstreamSettings,
+        settings: config.ProxySettings,
+        admin_token: str | None,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._session = session
+        self._gate = restore_gate
+        self._metrics = stats
+        self._base = upstream.url.rstrip("/")
+        self._api_key = upstream.api_key
+        self._settings = settings
+        self._admin_token = admin_token
+        self._mono = mono
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        kind = routes.classify(request.method, request.raw_path)
+        outcome = routes.Outcome.ERROR
+        self._metrics.proxy_inflight.inc()
+        try:
+            response, outcome = await self._serve(request, kind)
+        except asyncio.CancelledError:
+            outcome = routes.Outcome.CANCELLED
+            raise
+        finally:
+            self._metrics.proxy_inflight.dec()
+            self._metrics.proxy_requests.labels(kind.route.value, outcome.value).inc()
+        return response
+
+    async def _serve(self, request: web.BaseRequest, kind: routes.Request) -> tuple[web.StreamResponse, routes.Outcome]:
+        if kind.verdict is routes.Verdict.BAD_PATH:
+            return error(400, "the proxy does not forward this path (dot segments, backslashes or "
+                         "not an origin-form path)", "invalid_request_error"), routes.Outcome.INVALID  # fmt: skip
+        headers = routes.end_to_end(list(request.headers.items()), drop=_DROP_REQUEST)
+        if kind.verdict is routes.Verdict.SLOT_ACTION:
+            if not self._is_admin(request):
+                return error(
+                    403,
+                    "slot actions (POST /slots/...) are reserved to llama-kv-sidecar: they would overwrite, "
+                    "restore or erase the snapshots it keeps. Send 'Authorization: Bearer <sidecar admin "
+                    "token>' to pass one through anyway.",
+                    "permission_error",
+                ), routes.Outcome.REFUSED
+            headers = [(k, v) for k, v in headers if k.lower() != "authorization"]
+            if self._api_key:
+                headers.append(("Authorization", f"Bearer {self._api_key}"))
+        body = await self._body(request)
+        if body is None:
+            limit = self._settings.max_body_bytes
+            return error(
+                413,
+                f"request body over {limit} bytes: raise --proxy-max-body-bytes if such requests are expected",
+                "invalid_request_error",
+            ), routes.Outcome.INVALID
+        return await self._forward(request, kind.route, headers, body)
+
+    def _is_admin(self, request: web.BaseRequest) -> bool:
+        if not self._admin_token:
+            return False
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        return scheme == "Bearer" and hmac.compare_digest(given.encode(), self._admin_token.encode())
+
+    async def _body(self, request: web.BaseRequest) -> bytes | None:
+        """The whole request body, or None when it is over the cap (checked before and while reading)."""
+        limit = self._settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return None
+        body = bytearray()
+        while chunk := await request.content.readany():
+            body += chunk
+            if len(body) > limit:
+                return None
+        return bytes(body)
+
+    async def _forward(
+        self, request: web.BaseRequest, route: routes.Route, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[web.StreamResponse, routes.Outcome]:
+        gated = route is routes.Route.COMPLETION
+        deadline = self._mono() + self._settings.hold_seconds
+        url = yarl.URL(self._base + request.raw_path, encoded=True)
+        replay_left = True
+        held = None
+        try:
+            while True:
+                if gated and not self._gate.is_open:
+                    held = held or 0.0
+                    started = self._mono()
+                    ok = await self._hold(deadline - started)
+                    held += self._mono() - started
+                    if not ok:
+                        return self._held_too_long(), routes.Outcome.HELD_TIMEOUT
+                try:
+                    up = await self._session.request(
+                        request.method,
+                        url,
+                        headers=headers,
+                        data=body or None,
+                        allow_redirects=False,
+                        skip_auto_headers=_NO_AUTO_HEADERS,
+                    )
+                except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                    # Nothing listens: a crash the poller may not have seen yet. The request never
+                    # reached llama-server, so a completion can wait and be sent when it is back.
+                    self._gate.suspect(f"the proxy could not connect to llama-server ({exc.__class__.__name__})")
+                    if not gated:
+                        return self._unreachable(exc), routes.Outcome.ERROR
+                    continue
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    # Sent, and the connection closed before the first answer byte: a crash, or a
+                    # kept-alive connection llama-server closed just then. Sent once more at once: after
+                    # a crash that attempt finds nothing listening, and waits above like any other.
+                    if not replay_left:
+                        return self._unreachable(exc), routes.Outcome.ERROR
+                    replay_left = False
+                    log.info(
+                        "proxy_request_replayed",
+                        route=route.value,
+                        error=exc.__class__.__name__,
+                        effect="llama-server closed the connection before answering; the request is sent "
+                        "once more (after the restart and restore, if llama-server is gone)",
+                    )
+                    continue
+                if gated and up.status == 503:
+                    answer, text = await _read_all(up)
+                    if _LOADING not in text:
+                        return answer, routes.Outcome.OK
+                    self._gate.suspect("llama-server answered 503 'Loading model': a new process")
+                    continue
+                return await self._relay(request, up)
+        finally:
+            if held is not None:
+                self._metrics.proxy_hold.observe(held)
+
+    async def _hold(self, timeout: float) -> bool:
+        self._metrics.proxy_held.inc()
+        try:
+            return await self._gate.wait(timeout)
+        finally:
+            self._metrics.proxy_held.dec()
+
+    def _held_too_long(self) -> web.Response:
+        seconds = self._settings.hold_seconds
+        reason = self._gate.reason or "the restore gate kept closing"
+        log.warning(
+            "proxy_request_held_too_long",
+            seconds=seconds,
+            reason=reason,
+            effect="answered 503 with Retry-After",
+            hint="see the sidecar's /status and llama-server's log; raise --proxy-hold-seconds for slow loads",
+        )
+        return error(
+            503,
+            f"llama-server is not ready after {seconds:g} s: {reason}. Retry later.",
+            "unavailable_error",
+            headers={"Retry-After": str(self._settings.retry_after)},
+        )
+
+    def _unreachable(self, exc: BaseException) -> web.Response:
+        return error(502, f"the proxy could not get an answer from llama-server: {exc}", "server_error")
+
+    async def _relay(
+        self, request: web.BaseRequest, up: aiohttp.ClientResponse
+    ) -> tuple[web.StreamResponse, routes.Outcome]:
+        clean = False
+        try:
+            headers = routes.end_to_end(list(up.headers.items()), drop=_DROP_RESPONSE)
+            length = up.content_length if "Transfer-Encoding" not in up.headers else None
+            if length is not None and length <= WHOLE_ANSWER_BYTES:
+                # A short answer of known length (a non-streamed JSON reply): read whole and sent in
+                # one write. Nothing is held back, since llama-server writes such a reply at once.
+                try:
+                    body = await up.read()
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    return self._unreachable(exc), routes.Outcome.ERROR
+                clean = True
+                return web.Response(status=up.status, reason=up.reason, body=body, headers=headers), (routes.Outcome.OK)
+            response = web.StreamResponse(status=up.status, reason=up.reason)
+            response.headers.extend(headers)
+            if length is not None:
+                response.content_length = length
+            await response.prepare(request)
+            while True:
+                try:
+                    chunk = await up.content.readany()
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    log.warning(
+                        "proxy_answer_cut",
+                        error=exc.__class__.__name__,
+                        effect="llama-server went away mid-answer; the client's connection was closed "
+                        "before the end of the answer, so it sees a cut answer",
+                    )
+                    if request.transport is not None:
+                        request.transport.close()
+                    return response, routes.Outcome.ERROR
+                if not chunk:
+                    break
+                try:
+                    await response.write(chunk)
+                except ConnectionError:
+                    return response, routes.Outcome.CANCELLED
+            await response.write_eof()
+            clean = True
+            return response, routes.Outcome.OK
+        finally:
+            if clean:
+                up.release()
+            else:
+                up.close()  # llama-server sees the connection drop and stops the task
+
+
+async def _read_all(up: aiohttp.ClientResponse) -> tuple[web.Response, bytes]:
+    """A short answer read whole (a 503), to look into it before relaying it."""
+    try:
+        body = await up.read()
+    except (aiohttp.ClientError, TimeoutError):
+        body = b""
+    finally:
+        up.close()
+    headers = routes.end_to_end(list(up.headers.items()), drop=_DROP_RESPONSE)
+    return web.Response(status=up.status, reason=up.reason, body=body, headers=headers), body

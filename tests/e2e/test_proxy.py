@@ -1,0 +1,202 @@
+"""The proxy (--proxy-listen) in front of a real llama-server: restarts, streaming, slot actions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from llamabed import LlamaServer, MakeServer, free_port, http_json, make_prompt, slots
+from sidecarbed import MakeSidecar, SidecarProcess
+
+PROMPT_TOKENS = 2000
+ADMIN = "admin-7c1d0e5b"
+
+
+def _with_proxy(sidecar: MakeSidecar, server: LlamaServer, slot_dir: Path, **extra: str) -> tuple[SidecarProcess, str]:
+    port = free_port()
+    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}", **extra})
+    url = f"http://127.0.0.1:{port}"
+    side.wait_for(lambda: _reachable(url), timeout=20, what="the proxy to answer /health")
+    return side, url
+
+
+def _reachable(url: str) -> bool:
+    try:
+        return http_json("GET", url + "/health", timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
+class Agent:
+    """A client that sends one turn and retries every 0.1 s until it gets an answer, noting every failure."""
+
+    def __init__(self, url: str, prompt: str) -> None:
+        self.url, self.prompt = url, prompt
+        self.failures: list[str] = []
+        self.turns = 0
+
+    def turn(self, n_predict: int = 8, deadline: float = 300.0) -> dict[str, Any]:
+        body = {"prompt": self.prompt, "n_predict": n_predict, "cache_prompt": True, "temperature": 0}
+        give_up = time.monotonic() + deadline
+        while time.monotonic() < give_up:
+            try:
+                status, answer = http_json("POST", self.url + "/completion", body, timeout=300)
+            except OSError as exc:
+                self.failures.append(repr(exc))
+            else:
+                if status == 200:
+                    self.turns += 1
+                    result: dict[str, Any] = answer
+                    return result
+                self.failures.append(f"HTTP {status}: {answer!r}"[:300])
+            time.sleep(0.1)
+        raise AssertionError(f"no answer within {deadline} s; failures: {self.failures}")
+
+    def turn_in_thread(self, **kw: Any) -> tuple[threading.Thread, list[dict[str, Any]]]:
+        out: list[dict[str, Any]] = []
+        thread = threading.Thread(target=lambda: out.append(self.turn(**kw)), name="agent", daemon=True)
+        thread.start()
+        return thread, out
+
+
+def _saves(side: SidecarProcess) -> float:
+    return side.metric("llama_sidecar_snapshots_total", slot="0", result="ok")
+
+
+def _processing(server: LlamaServer) -> bool:
+    try:
+        return bool(slots(server.url)[0]["is_processing"])
+    except (OSError, RuntimeError):
+        return False
+
+
+def test_agent_retrying_through_three_kill9_restarts_always_reuses_its_kv_and_never_fails(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    server = llama(slot_dir=slot_dir)
+    side, proxy = _with_proxy(sidecar, server, slot_dir)
+    agent = Agent(proxy, make_prompt(server.url, PROMPT_TOKENS, seed=91))
+    cold = agent.turn()
+    n_prompt = cold["timings"]["prompt_n"]
+    assert n_prompt >= PROMPT_TOKENS * 0.95
+    side.wait_for(lambda: _saves(side) >= 1, what="first snapshot")
+
+    first_answers: list[dict[str, Any]] = []
+    for cycle, how in enumerate(("while idle", "mid-request", "and the agent races the restore")):
+        saved = _saves(side)
+        if how == "mid-request":
+            thread, out = agent.turn_in_thread(n_predict=256)
+            side.wait_for(lambda: _processing(server), timeout=30, what="the agent's request running")
+            server.kill()
+            server.start()
+        elif how == "while idle":
+            server.kill()
+            thread, out = agent.turn_in_thread()
+            side.wait_for(
+                lambda: side.metric("llama_sidecar_proxy_held_requests") >= 1, what="the agent held at the gate"
+            )
+            code, body = side.get("/readyz")
+            assert code == 503, body
+            assert "restore gate closed" in body
+            server.start()
+        else:
+            server.kill()
+            server.start()
+            server.wait_healthy()  # the new process answers; the sidecar may not have polled it yet
+            thread, out = agent.turn_in_thread()
+        thread.join(300)
+        assert out, f"cycle {cycle}: the agent got no answer"
+        first_answers.append(out[0])
+        reused = out[0]["timings"]["cache_n"]
+        print(f"restart {cycle + 1} ({how}): first answer cache_n={reused} of {n_prompt}")
+        assert reused >= 0.95 * n_prompt, f"restart {cycle + 1} ({how}): cache_n {reused} of {n_prompt}"
+        assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == cycle + 1
+        side.wait_for(lambda: _saves(side) > saved, what=f"snapshot after restart {cycle + 1}")  # noqa: B023
+
+    assert agent.failures == [], agent.failures
+    assert side.metric("llama_sidecar_server_restarts_total") == 3
+    assert side.metric("llama_sidecar_proxy_requests_total", route="completion", outcome="ok") == agent.turns
+    for outcome in ("error", "held_timeout", "cancelled"):
+        assert side.metric("llama_sidecar_proxy_requests_total", route="completion", outcome=outcome) == 0
+    assert side.metric("llama_sidecar_proxy_hold_seconds_count") >= 3
+    assert side.get("/readyz")[0] == 200
+    assert side.log_events("proxy_request_replayed"), "the request cut by the kill was not replayed"
+
+
+async def _stream(url: str, prompt: str, n_predict: int) -> tuple[list[float], list[str], int]:
+    """POST a streamed /completion; return the arrival time of each token event, the tokens, and reads."""
+    # No prompt cache: both runs prefill the same way, so greedy sampling gives the same tokens.
+    body = {"prompt": prompt, "n_predict": n_predict, "stream": True, "temperature": 0, "cache_prompt": False}
+    arrivals: list[float] = []
+    tokens: list[str] = []
+    reads = 0
+    buffer = b""
+    async with aiohttp.ClientSession() as session, session.post(url + "/completion", json=body) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        async for chunk in resp.content.iter_any():
+            reads += 1
+            now = time.monotonic()
+            buffer += chunk
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                data = json.loads(event.removeprefix(b"data: "))
+                if data.get("content"):
+                    arrivals.append(now)
+                    tokens.append(data["content"])
+    return arrivals, tokens, reads
+
+
+async def test_streaming_through_the_proxy_arrives_token_by_token(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    server = llama(slot_dir=slot_dir)
+    _, proxy = _with_proxy(sidecar, server, slot_dir)
+    prompt = "Write a long story about a river and a stone:"
+    direct, direct_tokens, _ = await _stream(server.url, prompt, 48)
+    via, via_tokens, reads = await _stream(proxy, prompt, 48)
+    assert len(via_tokens) >= 32
+    assert via_tokens == direct_tokens, "the proxy changed the stream"
+    assert reads >= len(via_tokens) * 0.8, f"{reads} reads for {len(via_tokens)} tokens: events were batched"
+    spread_direct, spread_via = direct[-1] - direct[0], via[-1] - via[0]
+    print(f"token events spread over {spread_via:.3f} s via the proxy, {spread_direct:.3f} s direct, {reads} reads")
+    assert spread_via >= 0.5 * spread_direct, "the tokens arrived all at once: the proxy buffered the stream"
+
+
+def test_client_slot_actions_are_refused_and_the_snapshot_stays_intact(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    server = llama(slot_dir=slot_dir)
+    side, proxy = _with_proxy(sidecar, server, slot_dir, **{"--admin-token": ADMIN})
+    agent = Agent(proxy, make_prompt(server.url, PROMPT_TOKENS, seed=92))
+    cold = agent.turn()
+    side.wait_for(lambda: _saves(side) >= 1, what="snapshot")
+    manifest = json.loads(next(slot_dir.glob("slot*.json")).read_text())
+    snapshot = slot_dir / manifest["file"]
+    before = hashlib.sha256(snapshot.read_bytes()).hexdigest()
+    tokens_before = slots(server.url)[0]["n_prompt_tokens"]
+
+    for action, body in (
+        ("erase", None),
+        ("save", {"filename": manifest["file"]}),
+        ("restore", {"filename": manifest["file"]}),
+    ):
+        code, answer = http_json("POST", f"{proxy}/slots/0?action={action}", body)
+        assert code == 403, (action, answer)
+        assert "reserved to llama-kv-sidecar" in answer["error"]["message"]
+
+    assert hashlib.sha256(snapshot.read_bytes()).hexdigest() == before
+    assert slots(server.url)[0]["n_prompt_tokens"] == tokens_before, "a refused erase reached the server"
+    assert side.metric("llama_sidecar_proxy_requests_total", route="other", outcome="refused") == 3
+    again = agent.turn()
+    assert again["timings"]["cache_n"] >= 0.95 * cold["timings"]["prompt_n"]
+    assert side.metric("llama_sidecar_snapshots_quarantined_total", reason="checksum") == 0
+
+    code, answer = http_json("POST", f"{proxy}/slots/0?action=erase", None, api_key=ADMIN)
+    assert code == 200, answer
+    assert answer["n_erased"] > 0, "the admin token passes a slot action through"

@@ -1,0 +1,360 @@
+"""The proxy against faults and hostile clients the real llama-server cannot produce on demand.
+
+The relay and listener are the real ones; the upstream is a scripted aiohttp
+server (:mod:`proxybed`) and the restore gate is driven by the test in place
+of the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import RawTestServer
+from faultbed import SidecarProcess, eventually, until
+from proxybed import Upstream, raw_exchange, run_proxy, status_of
+
+from sidecar.proxy import gate
+
+ADMIN = "admin-Zq8w3Xv1"
+API_KEY = "sk-llama-7f3c9b1d2e4a"
+MakeRaw = Callable[..., Awaitable[RawTestServer]]
+
+
+@pytest.fixture
+async def upstream(aiohttp_raw_server: MakeRaw) -> tuple[Upstream, str]:
+    fake = Upstream()
+    server = await aiohttp_raw_server(fake.handle)
+    return fake, str(server.make_url("")).rstrip("/")
+
+
+async def _post(url: str, path: str, **kwargs: Any) -> tuple[int, dict[str, Any], Any]:
+    async with aiohttp.ClientSession() as session, session.post(url + path, **kwargs) as resp:
+        body = await resp.json(content_type=None)
+        return resp.status, dict(resp.headers), body
+
+
+@pytest.mark.timeout(20)
+async def test_every_method_and_path_is_forwarded_with_body_and_end_to_end_headers(
+    upstream: tuple[Upstream, str],
+) -> None:
+    fake, url = upstream
+    body = b'{"prompt": "x", "n_predict": 1}' * 100
+    async with run_proxy(url) as proxy, aiohttp.ClientSession() as session:
+        for method in ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
+            path = f"/v1/some/{method.lower()}?model=a%20b&x=1"
+            headers = {
+                "Authorization": "Bearer client-key-1",
+                "X-Client": "kept",
+                "Connection": "keep-alive, X-Hop",
+                "X-Hop": "dropped, named by Connection",
+                "Keep-Alive": "timeout=5",
+                "Proxy-Authorization": "Basic c2VjcmV0",
+                "TE": "trailers",
+            }
+            async with session.request(method, proxy.url + path, data=body, headers=headers) as resp:
+                echo = await resp.json()
+                assert resp.status == 200
+                assert resp.headers["X-Upstream"] == "yes"
+                assert "X-Private" not in resp.headers
+            seen = {k.lower(): v for k, v in echo["headers"]}
+            assert echo["method"] == method
+            assert echo["raw_path"] == path
+            assert echo["body_bytes"] == len(body)
+            assert seen["authorization"] == "Bearer client-key-1", "Authorization must pass through as is"
+            assert seen["x-client"] == "kept"
+            for hop in ("x-hop", "keep-alive", "proxy-authorization", "te"):
+                assert hop not in seen, f"hop-by-hop header {hop} was forwarded"
+        assert proxy.count("other", "ok") == 6
+    assert len(fake.arrived) == 6
+
+
+@pytest.mark.timeout(20)
+async def test_body_over_the_cap_is_refused_before_reaching_the_server(upstream: tuple[Upstream, str]) -> None:
+    fake, url = upstream
+    async with run_proxy(url, max_body_bytes=64 << 10) as proxy:
+        status, _, body = await _post(proxy.url, "/completion", data=b"x" * (1 << 20))
+        assert status == 413, body
+        assert "--proxy-max-body-bytes" in body["error"]["message"]
+
+        async def chunked() -> Any:  # no Content-Length: the cap is enforced while reading
+            for _ in range(40):
+                yield b"y" * 4096
+
+        status, _, body = await _post(proxy.url, "/completion", data=chunked())
+        assert status == 413, body
+        status, _, echo = await _post(proxy.url, "/completion", data=b"z" * (60 << 10))
+        assert status == 200
+        assert echo["body_bytes"] == 60 << 10
+        assert proxy.count("completion", "invalid") == 2
+    assert fake.paths() == ["/completion"], "an oversized body reached the server"
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    "target",
+    [
+        b"/../slots/0?action=erase",
+        b"/v1/%2e%2e/slots/0?action=erase",
+        b"/v1/%2E%2E/completion",
+        b"/a/./completion",
+        b"/a\\..\\slots/0",
+        b"/a/%5c../b",
+        b"/x%00y",
+        b"//slots/0?action=erase",
+        b"http://elsewhere.example/completion",
+    ],
+)
+async def test_paths_with_dot_segments_or_foreign_targets_are_refused(
+    upstream: tuple[Upstream, str], target: bytes
+) -> None:
+    fake, url = upstream
+    async with run_proxy(url) as proxy:
+        request = b"POST " + target + b" HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}"
+        answer = await raw_exchange(proxy.port, request)
+        assert status_of(answer) == 400, answer[:200]
+        assert proxy.count("other", "invalid") == 1
+    assert not fake.arrived, f"{target!r} reached the server as {fake.paths()}"
+
+
+@pytest.mark.timeout(20)
+async def test_slot_actions_are_refused_however_spelled_unless_the_admin_token_is_sent(
+    upstream: tuple[Upstream, str],
+) -> None:
+    fake, url = upstream
+    async with run_proxy(url, admin_token=ADMIN, api_key=API_KEY) as proxy:
+        refused = [
+            ("POST", "/slots/0?action=erase"),
+            ("POST", "/slots/0?action=save"),
+            ("POST", "/slots/1?action=restore"),
+            ("POST", "/slots%2F0?action=erase"),
+            ("POST", "/slots%2f0?action=erase"),
+            ("POST", "/v1//slots/0?action=erase"),
+            ("POST", "/api/slots/0?action=erase"),
+            ("POST", "/SLOTS/0?action=erase"),
+            ("PUT", "/slots/0?action=erase"),
+            ("POST", "/slots"),
+        ]
+        for method, path in refused:
+            for auth in ({}, {"Authorization": f"Bearer {API_KEY}"}, {"Authorization": f"Bearer {ADMIN}x"}):
+                answer = await raw_exchange(
+                    proxy.port,
+                    f"{method} {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 23\r\n".encode()
+                    + b"".join(f"{k}: {v}\r\n".encode() for k, v in auth.items())
+                    + b'\r\n{"filename": "x.bin"}\r\n',
+                )
+                assert status_of(answer) == 403, (method, path, auth, answer[:300])
+                assert b"reserved to llama-kv-sidecar" in answer or b"\r\n\r\n" in answer
+        assert not fake.arrived, f"refused slot actions reached the server: {fake.paths()}"
+        assert proxy.count("other", "refused") == len(refused) * 3
+
+        async with aiohttp.ClientSession() as session:
+            async with session.get(proxy.url + "/slots", headers={"Authorization": "Bearer c"}) as resp:
+                assert resp.status == 200, "reading /slots is not a slot action"
+            admin = {"Authorization": f"Bearer {ADMIN}"}
+            async with session.post(proxy.url + "/slots/0?action=erase", headers=admin) as resp:
+                echo = await resp.json()
+                assert resp.status == 200
+        sent = {k.lower(): v for k, v in echo["headers"]}
+        assert sent["authorization"] == f"Bearer {API_KEY}", "the admin token must not reach llama-server"
+
+
+@pytest.mark.timeout(20)
+async def test_client_sending_headers_slowly_is_disconnected_and_others_are_served(
+    upstream: tuple[Upstream, str],
+) -> None:
+    fake, url = upstream
+    async with run_proxy(url, idle_timeout=1.0) as proxy:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        started = time.monotonic()
+        closed_after = None
+        trickle = b"GET /health HTTP/1.1\r\nHost: a\r\nX-Slow: " + b"a" * 1000
+        for byte in trickle:  # one byte every 0.1 s, for at most 6 s
+            if time.monotonic() - started > 6.0:
+                break
+            try:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                async with asyncio.timeout(0.1):
+                    data = await reader.read(1)
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                data = b""
+            if data == b"":
+                closed_after = time.monotonic() - started
+                break
+        writer.close()
+        assert closed_after is not None, "the proxy kept a connection open that never finished its headers"
+        assert closed_after < 5.0
+        status, _, _ = await _post(proxy.url, "/completion", json={"prompt": "x"})
+        assert status == 200
+    assert fake.paths() == ["/completion"]
+
+
+@pytest.mark.timeout(20)
+async def test_client_that_goes_away_cancels_the_upstream_request(upstream: tuple[Upstream, str]) -> None:
+    fake, url = upstream
+    async with run_proxy(url) as proxy:
+        with pytest.raises(TimeoutError):
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+                await session.post(proxy.url + "/hang", json={"prompt": "x"})
+        await eventually(_is_set(fake.hung_up), timeout=5, what="the upstream request to be cancelled")
+        await until(lambda: proxy.count("other", "cancelled") == 1, what="cancelled counted")
+        assert proxy.gauge("proxy_inflight_requests") == 0
+
+        fake.hung_up.clear()  # a stream the client leaves after its first event
+        async with aiohttp.ClientSession() as session:
+            resp = await session.post(proxy.url + "/sse", json={"stream": True})
+            assert (await resp.content.readline()).startswith(b"data: ")
+            resp.close()
+        fake.step.set()
+        await until(lambda: proxy.count("other", "cancelled") == 2, what="the stream's end counted as cancelled")
+
+
+def _is_set(event: asyncio.Event) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return event.is_set()
+
+    return check
+
+
+@pytest.mark.timeout(20)
+async def test_events_are_relayed_one_by_one_not_buffered(upstream: tuple[Upstream, str]) -> None:
+    fake, url = upstream
+    async with run_proxy(url) as proxy, aiohttp.ClientSession() as session:
+        async with session.post(proxy.url + "/sse", json={"stream": True}) as resp:
+            assert resp.headers["Content-Type"] == "text/event-stream"
+            for n in range(3):
+                # The upstream writes event n+1 only after the client has read event n through the proxy.
+                async with asyncio.timeout(3):
+                    line = await resp.content.readline()
+                assert line == f'data: {{"n": {n}}}\n'.encode(), line
+                assert await resp.content.readline() == b"\n"
+                fake.step.set()
+            assert await resp.content.read() == b"data: [DONE]\n\n"
+        assert proxy.count("completion", "ok") == 0
+        assert proxy.count("other", "ok") == 1
+
+
+@pytest.mark.timeout(20)
+async def test_answer_cut_mid_stream_is_cut_for_the_client_too(upstream: tuple[Upstream, str]) -> None:
+    _, url = upstream
+    async with run_proxy(url) as proxy, aiohttp.ClientSession() as session:
+        async with session.post(proxy.url + "/cut", json={"stream": True}) as resp:
+            first = await resp.content.readline()
+            assert first.startswith(b"data: ")
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.content.read()
+        await until(lambda: proxy.count("other", "error") == 1, what="the cut counted as an error")
+
+
+@pytest.mark.timeout(20)
+async def test_answer_shorter_than_its_length_becomes_a_502(upstream: tuple[Upstream, str]) -> None:
+    _, url = upstream
+    async with run_proxy(url) as proxy:
+        status, _, body = await _post(proxy.url, "/short", json={})
+        assert status == 502, body
+        assert "could not get an answer from llama-server" in body["error"]["message"]
+        assert proxy.count("other", "error") == 1
+
+
+@pytest.mark.timeout(20)
+async def test_completion_held_past_the_limit_gets_503_with_retry_after_and_others_pass(
+    upstream: tuple[Upstream, str],
+) -> None:
+    fake, url = upstream
+    async with run_proxy(url, hold_seconds=0.5, gate_open=False) as proxy:
+        started = time.monotonic()
+        status, headers, body = await _post(proxy.url, "/v1/chat/completions", json={"messages": []})
+        waited = time.monotonic() - started
+        assert status == 503, body
+        assert int(headers["Retry-After"]) > 0
+        assert gate.NOT_POLLED in body["error"]["message"]
+        assert 0.5 <= waited < 3
+        assert proxy.count("completion", "held_timeout") == 1
+        assert proxy.held() == 1
+        async with aiohttp.ClientSession() as session, session.get(proxy.url + "/health") as resp:
+            assert resp.status == 200, "non-completion routes do not wait at the gate"
+    assert fake.paths() == ["/health"]
+
+
+@pytest.mark.timeout(20)
+async def test_held_request_goes_through_once_the_gate_opens(upstream: tuple[Upstream, str]) -> None:
+    fake, url = upstream
+    async with run_proxy(url, gate_open=False) as proxy:
+        request = asyncio.create_task(_post(proxy.url, "/completion", json={"prompt": "x"}))
+        await until(lambda: proxy.gauge("proxy_held_requests") == 1, what="the request held at the gate")
+        assert not fake.arrived
+        proxy.gate.open(seen_at=time.monotonic())
+        status, _, _ = await request
+        assert status == 200
+        assert proxy.count("completion", "ok") == 1
+        assert proxy.held() == 1
+        assert proxy.gauge("proxy_held_requests") == 0
+
+
+@pytest.mark.timeout(20)
+async def test_request_dropped_before_any_answer_byte_is_sent_once_more(upstream: tuple[Upstream, str]) -> None:
+    fake, url = upstream
+    async with run_proxy(url) as proxy:
+        for path in ("/drop-once/completion", "/drop-once/tokenize"):
+            fake.dropped = 0
+            status, _, _ = await _post(proxy.url, path, json={"prompt": "x"})
+            assert status == 200
+    assert fake.paths() == ["/drop-once/completion"] * 2 + ["/drop-once/tokenize"] * 2
+
+
+@pytest.mark.timeout(20)
+async def test_completion_to_a_server_that_is_not_listening_waits_for_it(
+    unused_tcp_port: int, aiohttp_raw_server: MakeRaw
+) -> None:
+    fake = Upstream()
+    async with run_proxy(f"http://127.0.0.1:{unused_tcp_port}") as proxy:
+        before = time.monotonic()
+        request = asyncio.create_task(_post(proxy.url, "/v1/completions", json={"prompt": "x"}))
+        await until(lambda: not proxy.gate.is_open, what="the gate closed on a refused connection")
+        status, _, _ = await _post(proxy.url, "/tokenize", json={"content": "x"})
+        assert status == 502, "a non-completion route answers at once when the server is down"
+        await aiohttp_raw_server(fake.handle, port=unused_tcp_port)
+        # A poll that started before the proxy saw the failure speaks for the old process: it must not open.
+        proxy.gate.open(seen_at=before)
+        await asyncio.sleep(0.3)
+        assert not request.done()
+        assert not proxy.gate.is_open
+        proxy.gate.open(seen_at=time.monotonic())
+        status, _, _ = await request
+        assert status == 200
+        assert proxy.count("completion", "ok") == 1
+        assert proxy.count("other", "error") == 1
+    assert fake.paths() == ["/v1/completions"]
+
+
+@pytest.mark.timeout(20)
+async def test_completion_answered_loading_model_is_held_and_retried(upstream: tuple[Upstream, str]) -> None:
+    fake, url = upstream
+    async with run_proxy(url) as proxy:
+        request = asyncio.create_task(_post(proxy.url, "/loading-once/completion", json={"prompt": "x"}))
+        await until(lambda: not proxy.gate.is_open, what="the gate closed on 'Loading model'")
+        proxy.gate.open(seen_at=time.monotonic())
+        status, _, _ = await request
+        assert status == 200
+    assert len(fake.arrived) == 2
+
+
+@pytest.mark.timeout(30)
+def test_proxy_port_in_use_is_a_clear_error_at_start(slot_dir: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = SidecarProcess(["--slot-dir", str(slot_dir), "--proxy-listen", f"127.0.0.1:{port}"], tmp_path / "log")
+        assert proc.proc.wait(20) == 2
+    output = "\n".join(proc.lines())
+    assert f"--proxy-listen 127.0.0.1:{port}: cannot listen there" in output

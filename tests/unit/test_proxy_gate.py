@@ -1,0 +1,116 @@
+"""The restore gate and the proxy's route classification, without any network."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sidecar.proxy import gate, routes
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_gate_starts_closed_and_opens_on_a_poll() -> None:
+    g = gate.Gate(mono=Clock())
+    assert not g.is_open
+    assert g.reason == gate.NOT_POLLED
+    assert not await g.wait(0.01)
+    g.open(seen_at=0.0)
+    assert g.is_open
+    assert g.reason == ""
+    assert await g.wait(0.0)
+
+
+async def test_suspicion_is_cleared_only_by_a_poll_started_after_it() -> None:
+    clock = Clock()
+    g = gate.Gate(mono=clock)
+    g.open(seen_at=clock.now)
+    clock.now = 105.0
+    g.suspect("connection refused")
+    assert not g.is_open
+    g.open(seen_at=104.9)  # a poll in flight when the proxy saw the failure: the old process
+    g.open(seen_at=105.0)
+    assert not g.is_open
+    assert g.reason == "connection refused"
+    g.open(seen_at=105.1)
+    assert g.is_open
+
+
+async def test_engine_closing_then_opening_within_one_poll_opens() -> None:
+    """A restore round closes the gate after its poll started; the same poll opens it once done."""
+    clock = Clock()
+    g = gate.Gate(mono=clock)
+    poll_started = clock.now
+    clock.now += 0.5
+    g.close("a restore round is owed")
+    g.open(seen_at=poll_started)
+    assert g.is_open
+
+
+async def test_waiters_are_released_together_and_counted() -> None:
+    g = gate.Gate(mono=Clock())
+    waiters = [asyncio.create_task(g.wait(5.0)) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert g.waiting == 3
+    g.open(seen_at=1.0)
+    assert await asyncio.gather(*waiters) == [True, True, True]
+    assert g.waiting == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "route", "verdict"),
+    [
+        ("POST", "/completion", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/completions", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/completions", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/chat/completions", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/chat/completions?x=1", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/messages", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/responses", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/infill", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/embeddings", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/embedding", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/rerank", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/api-prefix/v1/chat/completions", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/chat/%63ompletions", routes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("GET", "/completion", routes.Route.OTHER, routes.Verdict.FORWARD),
+        ("POST", "/v1/messages/count_tokens", routes.Route.OTHER, routes.Verdict.FORWARD),
+        ("POST", "/tokenize", routes.Route.OTHER, routes.Verdict.FORWARD),
+        ("POST", "/apply-template", routes.Route.OTHER, routes.Verdict.FORWARD),
+        ("GET", "/v1/models", routes.Route.OTHER, routes.Verdict.FORWARD),
+        ("GET", "/health", routes.Route.OTHER, routes.Verdict.FORWARD),
+        ("GET", "/slots", routes.Route.OTHER, routes.Verdict.FORWARD),
+        ("GET", "/", routes.Route.OTHER, routes.Verdict.FORWARD),
+        ("POST", "/slots/0?action=save", routes.Route.OTHER, routes.Verdict.SLOT_ACTION),
+        ("POST", "/slots%2F0?action=erase", routes.Route.OTHER, routes.Verdict.SLOT_ACTION),
+        ("POST", "/prefix/slots/3?action=restore", routes.Route.OTHER, routes.Verdict.SLOT_ACTION),
+        ("DELETE", "/slots/0", routes.Route.OTHER, routes.Verdict.SLOT_ACTION),
+        ("POST", "/../slots/0", routes.Route.OTHER, routes.Verdict.BAD_PATH),
+        ("POST", "/a/%2e/completion", routes.Route.OTHER, routes.Verdict.BAD_PATH),
+        ("GET", "http://example.com/health", routes.Route.OTHER, routes.Verdict.BAD_PATH),
+        ("GET", "*", routes.Route.OTHER, routes.Verdict.BAD_PATH),
+    ],
+)
+def test_routes_are_classified_on_the_path_llama_server_will_see(
+    method: str, path: str, route: routes.Route, verdict: routes.Verdict
+) -> None:
+    assert routes.classify(method, path) == routes.Request(route, verdict)
+
+
+def test_hop_by_hop_headers_and_those_named_by_connection_are_dropped() -> None:
+    headers = [
+        ("Connection", "close, X-Hop"),
+        ("X-Hop", "1"),
+        ("Keep-Alive", "5"),
+        ("Transfer-Encoding", "chunked"),
+        ("Authorization", "Bearer k"),
+        ("Host", "a"),
+    ]
+    assert routes.end_to_end(headers, drop=frozenset({"host"})) == [("Authorization", "Bearer k")]
