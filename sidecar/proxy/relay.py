@@ -131,7 +131,7 @@ class Relay:
         gated = route is routes.Route.COMPLETION
         deadline = self._mono() + self._settings.hold_seconds
         url = yarl.URL(self._base + request.raw_path, encoded=True)
-        replay_left = True
+        replays = 0
         held = None
         try:
             while True:
@@ -161,10 +161,14 @@ class Relay:
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     # Sent, and the connection closed before the first answer byte: a crash, or a
                     # kept-alive connection llama-server closed just then. Sent once more at once: after
-                    # a crash that attempt finds nothing listening, and waits above like any other.
-                    if not replay_left:
+                    # a crash that attempt finds nothing listening, and waits above like any other. A
+                    # second such failure (the dying process still held the listening socket) closes
+                    # the gate: a completion is then sent a last time after the restart and restore.
+                    replays += 1
+                    if replays > (2 if gated else 1):
                         return self._unreachable(exc), routes.Outcome.ERROR
-                    replay_left = False
+                    if replays == 2:
+                        self._gate.suspect(f"llama-server closed the connection twice ({exc.__class__.__name__})")
                     log.info(
                         "proxy_request_replayed",
                         route=route.value,

@@ -8,6 +8,7 @@ it gets (method, raw path, headers, body) and answers by path:
 * ``/cut``: two events, then the connection is closed mid-answer (a crash);
 * ``/short``: a JSON answer that declares 100 bytes and stops after 10 (a crash);
 * ``/drop-once...``: the first request is dropped before any answer byte, the next answered;
+* ``/drop-twice...``: the first two requests are dropped so, the next answered;
 * ``/loading-once...``: the first request gets llama-server's 503 "Loading model";
 * anything else: a JSON echo of what arrived.
 
@@ -63,7 +64,9 @@ class Upstream:
             except asyncio.CancelledError:
                 self.hung_up.set()
                 raise
-        if path.startswith("/drop-once") and not self.dropped:
+        if (path.startswith("/drop-once") and not self.dropped) or (
+            path.startswith("/drop-twice") and self.dropped < 2
+        ):
             self.dropped += 1
             assert request.transport is not None
             request.transport.close()

@@ -312,6 +312,25 @@ async def test_request_dropped_before_any_answer_byte_is_sent_once_more(upstream
 
 
 @pytest.mark.timeout(20)
+async def test_completion_dropped_twice_waits_at_the_gate_and_is_sent_after_the_restore(
+    upstream: tuple[Upstream, str],
+) -> None:
+    fake, url = upstream
+    async with run_proxy(url) as proxy:
+        request = asyncio.create_task(_post(proxy.url, "/drop-twice/completion", json={"prompt": "x"}))
+        await until(lambda: not proxy.gate.is_open, what="the gate closed on the second drop")
+        await until(lambda: proxy.gauge("proxy_held_requests") == 1, what="the request held at the gate")
+        assert len(fake.arrived) == 2
+        proxy.gate.open(seen_at=time.monotonic())
+        status, _, _ = await request
+        assert status == 200
+        fake.dropped = 0
+        status, _, _ = await _post(proxy.url, "/drop-twice/tokenize", json={"content": "x"})
+        assert status == 502, "a route that never waits is sent at most twice"
+    assert fake.paths() == ["/drop-twice/completion"] * 3 + ["/drop-twice/tokenize"] * 2
+
+
+@pytest.mark.timeout(20)
 async def test_completion_to_a_server_that_is_not_listening_waits_for_it(
     unused_tcp_port: int, aiohttp_raw_server: MakeRaw
 ) -> None:
