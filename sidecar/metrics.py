@@ -19,6 +19,7 @@ RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy")
 VERIFY_OUTCOMES = ("effective", "ineffective")
 GC_REASONS = ("keep", "bytes", "age")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
+SLOT_DIR_OPERATIONS = ("read", "write", "scan")
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _HOLD = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -139,6 +140,16 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.slot_dir_errors = Counter(
+            "slot_dir_errors",
+            "I/O errors in the slot dir that were not retried away, by operation: read (a manifest or "
+            "snapshot could not be read; it is not quarantined, nothing proves it bad), write (a rename "
+            "or delete failed), scan (the directory could not be listed or measured: removed, moved, "
+            "unmounted). /readyz names the current problem.",
+            ["operation"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.last_snapshot = Gauge(
             "last_snapshot_timestamp_seconds",
             "Unix time of the newest committed snapshot.",
@@ -186,6 +197,8 @@ class Metrics:
             self.gc_deleted.labels(reason)
         for reason in QUARANTINE_REASONS:
             self.quarantined.labels(reason)
+        for operation in SLOT_DIR_OPERATIONS:
+            self.slot_dir_errors.labels(operation)
 
     def init_slots(self, slot_ids: range) -> None:
         """Create every (slot, result) series at zero once the slot count is known."""

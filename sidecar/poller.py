@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
@@ -27,6 +28,8 @@ from sidecar import config, errors, events, upstream
 log = structlog.get_logger("sidecar.poller")
 
 Sink = Callable[[events.Observation, list[events.Event]], Awaitable[None]]
+Weights = Callable[[str], Awaitable[str | None]]
+"""Model path → checksum of the model file, or None if unreadable (``weights.WeightsIdentifier.identify``)."""
 
 
 class Poller:
@@ -36,14 +39,16 @@ class Poller:
         settings: config.PollSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
+        weights: Weights | None = None,
     ) -> None:
         self._client = client
+        self._weights = weights
         self._settings = settings
         self._clock = clock
         self.prev: events.Observation | None = None
         self.last_up: events.Observation | None = None
         self._identity: tuple[events.Identity, bool] | None = None
-        self._model: tuple[str, tuple[int | None, int | None]] | None = None
+        self._model: tuple[str, dict[str, Any]] | None = None
         self._counters: events.Counters | None = None
         self._slots: tuple[events.SlotView, ...] | None = None
         self._down_since_up = False
@@ -151,11 +156,22 @@ class Poller:
         try:
             identity, sleeping = await self._client.props()
             if refresh_model or self._model is None or self._model[0] != identity.model_path:
-                self._model = (identity.model_path, await self._client.model_meta())
-            size, params = self._model[1]
-            self._identity = (dataclasses.replace(identity, model_size=size, model_params=params), sleeping)
+                self._model = (identity.model_path, await self._model_facts(identity.model_path, sleeping))
+            self._identity = (dataclasses.replace(identity, **self._model[1]), sleeping)
         except errors.UpstreamError as exc:
             self._unreadable("props_unreadable", exc)
+
+    async def _model_facts(self, model_path: str, sleeping: bool) -> dict[str, Any]:
+        """Size, parameter count, weights checksum and LoRA adapters: read once per server process."""
+        size, params = await self._client.model_meta()
+        adapters = None
+        if not sleeping:  # /lora-adapters would wake it
+            try:
+                adapters = await self._client.adapters()
+            except errors.UpstreamError as exc:
+                log.warning("lora_adapters_unreadable", error=str(exc))
+        weights = await self._weights(model_path) if self._weights is not None else None
+        return {"model_size": size, "model_params": params, "weights": weights, "adapters": adapters}
 
     async def _read_counters(self) -> bool:
         """Read /metrics; True if fresh counters were read."""

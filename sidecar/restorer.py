@@ -115,6 +115,9 @@ class Restorer:
             try:
                 await asyncio.to_thread(self._store.verify, candidate)
             except errors.SnapshotError as exc:
+                if exc.reason not in store.BAD_CONTENT:  # unreadable now, not proven bad: keep it
+                    log.warning("snapshot_unreadable", slot=slot, file=candidate.file, error=str(exc))
+                    continue
                 log.error("snapshot_corrupt", slot=slot, file=candidate.file, reason=exc.reason, error=str(exc))
                 await asyncio.to_thread(self._store.quarantine, candidate.file, exc.reason, detail=str(exc))
                 continue

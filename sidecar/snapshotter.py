@@ -62,6 +62,9 @@ class Snapshotter:
         slot = action.slot
         need = self._estimate_bytes(action.tokens)
         usage = await asyncio.to_thread(self._store.usage)
+        if usage.problem:
+            self._fail(slot, usage.problem, time.perf_counter())
+            return None
         if usage.free_bytes - need < self._settings.min_free_bytes:
             if not self._low_disk:
                 log.warning(

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import xxhash
 from prometheus_client import CollectorRegistry
 
-from sidecar import events, manifest, metrics, policy, store, watcher
+from sidecar import events, hashing, manifest, metrics, policy, store, watcher
 
 FP = manifest.Fingerprint("b1", "/m.gguf", 10, 20, 4096, 1)
 
@@ -45,7 +45,8 @@ def _write_pair(directory: Path, slot: int, stamp: str, size: int) -> manifest.M
         file=name,
         tokens=100,
         bytes=size,
-        sha256=hashlib.sha256(data).hexdigest(),
+        checksum=manifest.Checksum(hashing.Algorithm.XXH3_128, xxhash.xxh3_128_hexdigest(data)),
+        generation=1,
         created=time.time(),
         task=1,
         fingerprint=FP,
