@@ -53,7 +53,7 @@ def _new(algorithm: Algorithm) -> _Hasher:
     return hashlib.sha256()
 
 
-def _digest_fd(fd: int, algorithm: Algorithm) -> str:
+def fd_digest(fd: int, algorithm: Algorithm) -> str:
     with contextlib.suppress(OSError):  # advice only; some filesystems refuse it
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     hasher = _new(algorithm)
@@ -71,7 +71,7 @@ def file_digest(path: Path, algorithm: Algorithm = CURRENT) -> str:
     """The hex digest of a file's content."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return _digest_fd(fd, algorithm)
+        return fd_digest(fd, algorithm)
     finally:
         os.close(fd)
 
@@ -85,7 +85,7 @@ def digest_and_sync(path: Path, algorithm: Algorithm = CURRENT) -> str:
     """
     fd = os.open(path, os.O_RDONLY)
     try:
-        digest = _digest_fd(fd, algorithm)
+        digest = fd_digest(fd, algorithm)
         os.fdatasync(fd)
     finally:
         os.close(fd)

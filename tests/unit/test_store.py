@@ -492,7 +492,9 @@ def test_an_unreadable_manifest_is_reported_and_kept_not_quarantined(
     assert fresh.snapshots() == [record]
 
 
-def test_a_read_error_that_clears_on_retry_is_not_even_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_error_that_clears_on_retry_is_not_even_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     record = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
     FlakyReads(monkeypatch, record.file.replace(".bin", ".json"), errno.EIO, times=1)
     fresh = store.SnapshotStore(tmp_path, clock=StepClock())
