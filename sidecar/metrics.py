@@ -63,7 +63,8 @@ class Metrics:
         )
         self.snapshot_duration = Histogram(
             "snapshot_duration_seconds",
-            "Seconds per successful snapshot: the server's save call plus the sidecar's size check, sha256 and fsync.",
+            "Seconds per successful snapshot: the server's save call plus the sidecar's size check, "
+            "checksum and fdatasync.",
             buckets=_FAST,
             namespace=NAMESPACE,
             registry=registry,
