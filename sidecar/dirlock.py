@@ -40,7 +40,13 @@ class DirLock:
 
     def acquire(self) -> None:
         """Take the lock or raise ConfigError naming the sidecar that holds it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        except OSError as exc:
+            raise errors.ConfigError(
+                f"cannot open the lock file {self.path}: {exc.strerror or exc}: the slot dir must be "
+                "writable by this user"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
