@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ class WeightsIdentifier:
         entry = cache.get(model_path)
         if entry is not None and tuple(entry.get("key", ())) == key:
             return str(entry["weights"])
+        started = time.perf_counter()
         try:
             digest = hashing.file_digest(path)
             after = _key(path)
@@ -80,7 +82,8 @@ class WeightsIdentifier:
         while len(cache) > CACHE_KEEP:
             cache.pop(next(iter(cache)))
         self._save(cache)
-        log.info("model_file_hashed", model_path=model_path, weights=weights, bytes=key[1])
+        seconds = time.perf_counter() - started
+        log.info("model_file_hashed", model_path=model_path, weights=weights, bytes=key[1], seconds=round(seconds, 3))
         return weights
 
     def _unreadable(self, model_path: str, exc: OSError) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 from llamabed import MakeServer, complete, make_prompt
@@ -32,9 +33,11 @@ def test_a_second_sidecar_on_the_same_dir_exits_naming_the_first_which_keeps_wor
     in_flight.write_bytes(b"being written")
 
     second = sidecar(server, slot_dir, start=False)
+    started = time.monotonic()
     second.start(wait=False)
     assert second.proc is not None
     assert second.proc.wait(30) == 2
+    refused_in = time.monotonic() - started
     said = second.log_path.read_text()
     assert "another llama-kv-sidecar holds the slot dir" in said
     assert f"pid {first.proc.pid} on host {socket.gethostname()}" in said
@@ -46,6 +49,7 @@ def test_a_second_sidecar_on_the_same_dir_exits_naming_the_first_which_keeps_wor
     complete(server.url, make_prompt(server.url, TOKENS * 2, seed=72))
     _saved(first, 0, n=2)
     assert first.get("/readyz")[0] == 200
+    print(f"second sidecar: exit 2 after {refused_in:.2f} s naming pid {first.proc.pid}; the first saved again")
 
 
 def test_slot_dir_removed_under_a_running_sidecar_then_a_new_one_mounted(
@@ -59,7 +63,9 @@ def test_slot_dir_removed_under_a_running_sidecar_then_a_new_one_mounted(
     assert side.get("/readyz")[0] == 200
 
     slot_dir.rename(tmp_path / "moved-away")
+    started = time.monotonic()
     side.wait_for(lambda: side.get("/readyz")[0] == 503, what="/readyz 503")
+    not_ready_in = time.monotonic() - started
     code, body = side.get("/readyz")
     assert code == 503
     assert any("does not exist" in p and str(slot_dir) in p for p in json.loads(body)["problems"]), body
@@ -75,7 +81,9 @@ def test_slot_dir_removed_under_a_running_sidecar_then_a_new_one_mounted(
     assert len(side.log_events("slot_dir_lost")) == 1
 
     slot_dir.mkdir()  # a new, empty directory at the same path: a volume mounted again
+    started = time.monotonic()
     side.wait_for(lambda: side.get("/readyz")[0] == 200, what="/readyz 200 again")
+    ready_in = time.monotonic() - started
     assert json.loads((slot_dir / ".llama-kv-sidecar.lock").read_text())["pid"] == side.proc.pid
     complete(server.url, make_prompt(server.url, TOKENS, seed=75), id_slot=1)
     _saved(side, 1)
@@ -83,3 +91,4 @@ def test_slot_dir_removed_under_a_running_sidecar_then_a_new_one_mounted(
     assert side.log_events("slot_dir_back")
     assert os.path.exists(tmp_path / "moved-away")  # nothing of the old directory was touched
     assert len(list((tmp_path / "moved-away").glob("slot0-*.json"))) == 1
+    print(f"slot dir gone: /readyz 503 after {not_ready_in:.2f} s, 200 again {ready_in:.2f} s after a new one")

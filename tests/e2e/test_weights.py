@@ -102,4 +102,9 @@ def test_other_weights_of_the_same_size_are_refused_naming_weights(
     assert "model_path" not in refusal["differences"]  # the shape fields all match: only the weights tell
     assert "model_size" not in refusal["differences"]
     assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 0
-    assert len(side.log_events("model_file_hashed")) == 2  # once per content, not per poll
+    hashed = side.log_events("model_file_hashed")
+    assert len(hashed) == 2  # once per content, not per poll
+    print(
+        f"other weights: 1 of 1 snapshot refused naming weights; model file {hashed[1]['bytes']} bytes "
+        f"hashed in {hashed[0]['seconds']} s and {hashed[1]['seconds']} s"
+    )
