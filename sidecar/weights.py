@@ -112,7 +112,9 @@ class WeightsIdentifier:
     def _save(self, cache: dict[str, dict[str, Any]]) -> None:
         temp = self._cache_path.with_name(f".tmp-{secrets.token_hex(6)}.json")
         try:
-            temp.write_text(json.dumps(cache, indent=1) + "\n")
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(cache, indent=1) + "\n")
             os.replace(temp, self._cache_path)
         except OSError as exc:
             with contextlib.suppress(OSError):

@@ -40,7 +40,7 @@ async def test_cached_in_memory_and_across_a_restart(model: Path, cache_dir: Pat
     restarted = weights.WeightsIdentifier(cache_dir)  # a new process: only the cache file is left
     assert await restarted.identify(str(model)) == value
     assert restarted.hashed == 0
-    assert (cache_dir / weights.CACHE_NAME).exists()
+    assert (cache_dir / weights.CACHE_NAME).stat().st_mode & 0o007 == 0  # like the snapshots: not world-readable
 
 
 async def test_other_weights_written_in_place_are_hashed_again(model: Path, cache_dir: Path) -> None:
