@@ -82,31 +82,38 @@ class Watcher:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        next_check = loop.time() + CHECK_EVERY
         next_rescan = loop.time() + RESCAN_EVERY
         await self.update_gauges()
         while True:
-            timeout = max(0.0, min(CHECK_EVERY, next_rescan - loop.time()))
+            timeout = max(0.0, min(next_check, next_rescan) - loop.time())
             try:
                 # asyncio.timeout, not wait_for: in Python 3.11 wait_for swallows a cancellation
                 # that arrives as the queue yields an item, and the sidecar then hangs on SIGTERM.
                 async with asyncio.timeout(timeout):
                     first = await self._queue.get()
             except TimeoutError:
+                pass
+            else:
+                await self._refresh(first)
+            if loop.time() >= next_check:  # also under a steady stream of events
                 await self.check_dir()
-                if loop.time() >= next_rescan:
-                    await asyncio.to_thread(self._store.scan, clean=False)
-                    await self.update_gauges()
-                    next_rescan = loop.time() + RESCAN_EVERY
-                continue
-            names = {first}
-            await asyncio.sleep(0.05)  # let a burst of events for one file arrive
-            while not self._queue.empty():
-                names.add(self._queue.get_nowait())
-            for name in names:
-                path = Path(name)
-                if path.parent == self._store.dir:
-                    await asyncio.to_thread(self._store.refresh, path.name)
-            await self.update_gauges()
+                next_check = loop.time() + CHECK_EVERY
+            if loop.time() >= next_rescan:
+                await asyncio.to_thread(self._store.scan, clean=False)
+                await self.update_gauges()
+                next_rescan = loop.time() + RESCAN_EVERY
+
+    async def _refresh(self, first: str) -> None:
+        names = {first}
+        await asyncio.sleep(0.05)  # let a burst of events for one file arrive
+        while not self._queue.empty():
+            names.add(self._queue.get_nowait())
+        for name in names:
+            path = Path(name)
+            if path.parent == self._store.dir:
+                await asyncio.to_thread(self._store.refresh, path.name)
+        await self.update_gauges()
 
     async def check_dir(self) -> None:
         """Notice the slot dir going away or coming back, and recover; never raises for the filesystem."""
