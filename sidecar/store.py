@@ -41,9 +41,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from sidecar import errors, hashing, manifest
+from sidecar import errors, hashing, manifest, slotdir
 
-TEMP_PREFIX = ".tmp-"
+TEMP_PREFIX = slotdir.TEMP_PREFIX
 PROBE_PREFIX = ".probe-"
 QUARANTINE_SUFFIX = ".quarantined"
 QUARANTINE_KEEP = 4
@@ -100,6 +100,7 @@ class SnapshotStore:
 
     def __init__(self, slot_dir: Path, *, clock: Clock, read_only: bool = False) -> None:
         self.dir = slot_dir
+        self._fs = slotdir.SlotDir(slot_dir, self._report)
         self._clock = clock
         self._read_only = read_only
         """Report bad files through ``on_quarantine`` but rename nothing (``verify --dry-run``)."""
@@ -107,8 +108,6 @@ class SnapshotStore:
         self._index: dict[str, manifest.Manifest] = {}
         self._generation = 0
         """Highest generation seen or given out by this process."""
-        self._problem = ""
-        """The last filesystem error of a scan or a measurement; cleared by the next success."""
         self._newer_said: set[str] = set()
         self._blocked = ""
         """Why this process must stay off the directory (another sidecar holds it); empty when it may work."""
@@ -118,6 +117,9 @@ class SnapshotStore:
         """Called with (operation: read|write|scan, file name, error) for each I/O error that was not retried away."""
         self.on_newer: Callable[[str, int], None] = lambda name, found: None
         """Called once per manifest of a newer format, with its name and format."""
+
+    def _report(self, operation: str, name: str, error: str) -> None:
+        self.on_io_error(operation, name, error)  # looked up at each call: callers set it after construction
 
     # ---- reading -----------------------------------------------------------------
 
@@ -129,34 +131,16 @@ class SnapshotStore:
 
     def usage(self) -> Usage:
         """Bytes and files in the slot dir and free space; never raises (see ``Usage.problem``)."""
-        used = 0
-        try:
-            entries = self._entries()
-            stats = os.statvfs(self.dir)
-        except OSError as exc:
-            with self._lock:
-                count = len(self._index)
-            return Usage(0, count, 0, self._failed("scan", "", exc))
-        for entry in entries:
-            with contextlib.suppress(OSError):  # removed since the listing
-                used += entry.stat(follow_symlinks=False).st_size
+        measured = self._fs.measure()
         with self._lock:
             count = len(self._index)
-        self._problem = ""
-        return Usage(used_bytes=used, snapshot_files=count, free_bytes=stats.f_bavail * stats.f_frsize)
+        if isinstance(measured, str):
+            return Usage(0, count, 0, measured)
+        return Usage(used_bytes=measured[0], snapshot_files=count, free_bytes=measured[1])
 
     def check_writable(self) -> str | None:
         """None if the slot dir is a writable directory, else what is wrong (for /readyz)."""
-        if self._blocked:
-            return self._blocked
-        if not self.dir.is_dir():
-            return (
-                f"slot dir {self.dir} does not exist or is not a directory (removed, moved or unmounted?): "
-                "no snapshots or restores until it is back"
-            )
-        if not os.access(self.dir, os.W_OK | os.X_OK):
-            return f"slot dir {self.dir} is not writable by this user (uid {os.getuid()})"
-        return self._problem or None
+        return self._blocked or self._fs.check()
 
     def block(self, reason: str) -> None:
         """Stay off the directory: list no snapshots, commit nothing, until called with an empty reason."""
@@ -164,11 +148,7 @@ class SnapshotStore:
 
     def dir_identity(self) -> tuple[int, int] | None:
         """(device, inode) of the slot dir, None while it is missing: tells a dir put back from a new one."""
-        try:
-            st = os.stat(self.dir)
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino)
+        return self._fs.identity()
 
     # ---- start-up and rescans ------------------------------------------------------
 
@@ -182,20 +162,19 @@ class SnapshotStore:
         """
         findings: list[str] = []
         try:
-            names = {e.name for e in self._entries()}
-            self._problem = ""
+            names = {e.name for e in self._fs.files()}
         except FileNotFoundError as exc:
-            self._failed("scan", "", exc)
+            self._fs.failed("scan", exc)
             names = set()
         except OSError as exc:
-            self._failed("scan", "", exc)
+            self._fs.failed("scan", exc)
             return findings
         with self._lock:
             before = dict(self._index)
         index: dict[str, manifest.Manifest] = {}
         for name in sorted(names):
             if name.startswith((TEMP_PREFIX, PROBE_PREFIX)):
-                if clean and self._unlink(name):
+                if clean and self._fs.unlink(name):
                     findings.append(f"removed {name}: left over from an interrupted save")
                 continue
             if not name.endswith(".json") or name.endswith(QUARANTINE_SUFFIX):
@@ -211,7 +190,7 @@ class SnapshotStore:
             for name in sorted(names):
                 stem_json = Path(name).stem + ".json"
                 orphan = manifest.NAME_RE.match(name) and name not in index and stem_json not in names
-                if orphan and self._unlink(name):
+                if orphan and self._fs.unlink(name):
                     findings.append(f"removed {name}: its save was interrupted before the manifest was written")
         with self._lock:
             self._index = index
@@ -259,7 +238,7 @@ class SnapshotStore:
                 return None
             except OSError as exc:
                 if attempt + 1 == READ_ATTEMPTS:
-                    self.on_io_error("read", json_name, _describe(exc))
+                    self.on_io_error("read", json_name, slotdir.describe(exc))
                     raise
                 time.sleep(RETRY_PAUSE * (2**attempt))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -339,20 +318,20 @@ class SnapshotStore:
             )
             os.replace(path, self.dir / final)
         except OSError as exc:
-            self._unlink(temp)
-            raise errors.SnapshotError(f"committing {temp} failed: {_describe(exc)}", reason=Problem.IO) from exc
+            self._fs.unlink(temp)
+            raise errors.SnapshotError(f"committing {temp} failed: {slotdir.describe(exc)}", reason=Problem.IO) from exc
         except BaseException:
-            self._unlink(temp)
+            self._fs.unlink(temp)
             raise
         try:
-            self._write_manifest(record)
+            self._fs.write_atomically(Path(final).stem + ".json", record.to_json(), mode=FILE_MODE)
         except OSError as exc:
-            self._unlink(final)
+            self._fs.unlink(final)
             raise errors.SnapshotError(
-                f"writing the manifest of {final} failed: {_describe(exc)}", reason=Problem.IO
+                f"writing the manifest of {final} failed: {slotdir.describe(exc)}", reason=Problem.IO
             ) from exc
         except BaseException:
-            self._unlink(final)
+            self._fs.unlink(final)
             raise
         with self._lock:
             self._index[final] = record
@@ -366,21 +345,6 @@ class SnapshotStore:
             if not (self.dir / final).exists() and not (self.dir / (Path(final).stem + ".json")).exists():
                 return final
             stamp += datetime.timedelta(microseconds=1)
-
-    def _write_manifest(self, record: manifest.Manifest) -> None:
-        target = self.dir / (Path(record.file).stem + ".json")
-        temp = self.dir / f"{TEMP_PREFIX}{secrets.token_hex(6)}.json"
-        try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(record.to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(temp, target)
-        except BaseException:
-            self._unlink(temp.name)
-            raise
-        _fsync_dir(self.dir)
 
     def verify(self, record: manifest.Manifest) -> None:
         """Raise SnapshotError unless the file still has its manifest's size and checksum.
@@ -401,8 +365,10 @@ class SnapshotStore:
                 raise errors.SnapshotError(f"{record.file} is gone", reason=Problem.SIZE) from exc
             raise errors.SnapshotError(f"{record.file} was removed meanwhile", reason=Problem.MISSING) from exc
         except OSError as exc:
-            self.on_io_error("read", record.file, _describe(exc))
-            raise errors.SnapshotError(f"reading {record.file} failed: {_describe(exc)}", reason=Problem.IO) from exc
+            self.on_io_error("read", record.file, slotdir.describe(exc))
+            raise errors.SnapshotError(
+                f"reading {record.file} failed: {slotdir.describe(exc)}", reason=Problem.IO
+            ) from exc
         if digest != record.checksum.digest:
             raise errors.SnapshotError(
                 f"{record.file} does not match its {record.checksum.algorithm} checksum (the file changed on disk)",
@@ -425,18 +391,13 @@ class SnapshotStore:
             return
         stem = Path(file).stem
         for name in (stem + ".json", stem + ".bin"):
-            try:
-                os.replace(self.dir / name, self.dir / (name + QUARANTINE_SUFFIX))
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                self.on_io_error("write", name, _describe(exc))
+            self._fs.set_aside(name, QUARANTINE_SUFFIX)
         self.on_quarantine(file, reason, detail)
         self._trim_quarantine()
 
     def _trim_quarantine(self) -> None:
         try:
-            entries = self._entries()
+            entries = self._fs.files()
         except OSError:
             return
         dated: list[tuple[float, str]] = []
@@ -446,62 +407,17 @@ class SnapshotStore:
                     dated.append((entry.stat().st_mtime, entry.name))
         for _, name in sorted(dated, reverse=True)[QUARANTINE_KEEP:]:
             stem = name.removesuffix(".bin" + QUARANTINE_SUFFIX)
-            self._unlink(name)
-            self._unlink(stem + ".json" + QUARANTINE_SUFFIX)
+            self._fs.unlink(name)
+            self._fs.unlink(stem + ".json" + QUARANTINE_SUFFIX)
 
     def delete(self, record: manifest.Manifest) -> bool:
         """Unpublish (manifest first), then remove the file; False if an I/O error stopped it (reported)."""
         with self._lock:
             self._index.pop(record.file, None)
-        return self._unlink(Path(record.file).stem + ".json") and self._unlink(record.file)
+        return self._fs.unlink(Path(record.file).stem + ".json") and self._fs.unlink(record.file)
 
     def remove(self, name: str) -> None:
-        self._unlink(name)
+        self._fs.unlink(name)
 
     def exists(self, name: str) -> bool:
-        try:
-            return (self.dir / name).exists()
-        except OSError:
-            return False
-
-    def _unlink(self, name: str) -> bool:
-        """Remove a file; True if it is gone (also if it was never there)."""
-        try:
-            (self.dir / name).unlink()
-        except FileNotFoundError:
-            return True
-        except OSError as exc:
-            self.on_io_error("write", name, _describe(exc))
-            return False
-        return True
-
-    def _entries(self) -> list[os.DirEntry[str]]:
-        """Regular files of the slot dir; raises OSError if it cannot be listed."""
-        found = []
-        with os.scandir(self.dir) as it:
-            for entry in it:
-                with contextlib.suppress(OSError):
-                    if entry.is_file(follow_symlinks=False):
-                        found.append(entry)
-        return found
-
-    def _failed(self, operation: str, name: str, exc: OSError) -> str:
-        """Remember and report a filesystem error of the slot dir itself; returns the problem."""
-        problem = f"slot dir {self.dir}: {_describe(exc)}"
-        if problem != self._problem:
-            self.on_io_error(operation, name, _describe(exc))
-        self._problem = problem
-        return problem
-
-
-def _describe(exc: OSError) -> str:
-    name = os.strerror(exc.errno) if exc.errno else type(exc).__name__
-    return f"{name} ({type(exc).__name__}, errno {exc.errno})" + (f": {exc.filename}" if exc.filename else "")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        return self._fs.exists(name)

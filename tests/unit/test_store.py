@@ -440,7 +440,7 @@ def test_format_1_snapshots_stay_restorable_and_untouched_and_new_ones_sort_abov
     assert snaps.snapshots(0) == [new, loaded]  # generation 1 beats generation 0 whatever the clocks said
     assert (tmp_path / old.replace(".bin", ".json")).read_text() == text_before  # never rewritten
     with (tmp_path / old).open("r+b") as fh:
-        fh.write(b"\xff")
+        fh.write(bytes([data[0] ^ 0xFF]))
     with pytest.raises(errors.SnapshotError) as info:
         snaps.verify(loaded)
     assert info.value.reason == "checksum"
