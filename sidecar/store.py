@@ -177,9 +177,9 @@ class SnapshotStore:
                 if clean and self._fs.unlink(name):
                     findings.append(f"removed {name}: left over from an interrupted save")
                 continue
-            if not name.endswith(".json") or name.endswith(QUARANTINE_SUFFIX):
-                continue
             bin_name = Path(name).stem + ".bin"
+            if not name.endswith(".json") or not manifest.NAME_RE.match(bin_name):
+                continue  # not a manifest: quarantined, or a file of ours (.llama-kv-sidecar.*) or someone else's
             try:
                 loaded = self._load(name)
             except OSError:

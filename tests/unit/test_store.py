@@ -632,3 +632,17 @@ def test_a_blocked_store_lists_and_commits_nothing(snaps: store.SnapshotStore) -
         commit(snaps)
     snaps.block("")
     assert snaps.snapshots() == [record]
+
+
+def test_other_json_files_in_the_slot_dir_are_not_manifests(snaps: store.SnapshotStore) -> None:
+    record = commit(snaps)
+    (snaps.dir / ".llama-kv-sidecar.weights.json").write_text('{"/models/m.gguf": {}}')  # the weights cache
+    (snaps.dir / "notes.json").write_text("[]")
+    before = names(snaps.dir)
+    bad = Quarantined()
+    snaps.on_quarantine = bad
+    snaps.scan(clean=True)
+    snaps.refresh(".llama-kv-sidecar.weights.json")
+    assert bad.calls == []
+    assert names(snaps.dir) == before
+    assert snaps.snapshots() == [record]
