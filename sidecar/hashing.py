@@ -8,7 +8,8 @@ signature against an attacker who can write the slot dir: such a writer
 could rewrite the manifest as well. Manifests of format 1 carry sha256
 digests; they stay readable and are verified with sha256.
 
-Files are read in 8 MiB chunks into one reused buffer, with
+Files are read in 8 MiB chunks into one reused buffer (an anonymous
+mapping, given back to the system after each file), with
 ``POSIX_FADV_SEQUENTIAL`` so the kernel reads ahead. ``hashlib`` and
 ``xxhash`` release the GIL on large buffers, so hashing in a worker thread
 leaves the event loop free.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import hashlib
+import mmap
 import os
 from pathlib import Path
 from typing import Protocol
@@ -57,13 +59,15 @@ def fd_digest(fd: int, algorithm: Algorithm) -> str:
     with contextlib.suppress(OSError):  # advice only; some filesystems refuse it
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     hasher = _new(algorithm)
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    while True:
-        got = os.readv(fd, [buf])
-        if got <= 0:
-            break
-        hasher.update(view[:got])
+    # An anonymous mapping, not a bytearray: malloc would keep an 8 MiB block in the arena of
+    # each worker thread that ever hashed, and the process would grow by that much per thread.
+    buf = mmap.mmap(-1, CHUNK)
+    try:
+        with memoryview(buf) as view:
+            while (got := os.readv(fd, [buf])) > 0:
+                hasher.update(view[:got])
+    finally:
+        buf.close()
     return hasher.hexdigest()
 
 

@@ -16,6 +16,7 @@ class Client:
         self.sleeping = False
         self.start_time = 1.0
         self.adapter_reads = 0
+        self.processing = 0.0
 
     async def health(self) -> tuple[events.Health, str]:
         return events.Health.OK, ""
@@ -32,7 +33,7 @@ class Client:
         return (events.Adapter(0, "/models/style.gguf", 0.5),)
 
     async def counters(self) -> events.Counters:
-        return events.Counters(start_time=self.start_time, prompt_tokens=0, cached_tokens=0)
+        return events.Counters(start_time=self.start_time, prompt_tokens=0, cached_tokens=0, processing=self.processing)
 
     async def slots(self) -> tuple[events.SlotView, ...]:
         return (events.SlotView(id=0, n_ctx=4096, processing=False, task=None, tokens=0),)
@@ -69,3 +70,22 @@ async def test_weights_and_adapters_are_read_when_the_server_comes_up(sleeping: 
 def test_the_client_has_every_method_the_fake_stands_in_for() -> None:
     for name in ("health", "props", "model_meta", "adapters", "counters", "slots"):
         assert callable(getattr(upstream.LlamaClient, name)), name
+
+
+async def test_adapters_wait_for_an_idle_server_and_never_hold_the_poll() -> None:
+    # /lora-adapters is a task on the server's loop: while a prefill runs it would wait behind it.
+    client = Client()
+    client.processing = 1.0
+    poll = poller.Poller(client, config.PollSettings(), weights=Weights())  # type: ignore[arg-type]
+    for _ in range(2):
+        obs = await poll.poll_once()
+        poll.prev = obs
+        assert obs.identity is not None
+        assert obs.identity.weights is not None  # the rest of the identity is there at once
+        assert obs.identity.adapters is None
+    assert client.adapter_reads == 0
+    client.processing = 0.0
+    obs = await poll.poll_once()
+    assert obs.identity is not None
+    assert obs.identity.adapters == (events.Adapter(0, "/models/style.gguf", 0.5),)
+    assert client.adapter_reads == 1
