@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 import sidecar
-from sidecar import app, errors, logs, options, store
+from sidecar import app, dirlock, errors, logs, options, store
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,16 +80,29 @@ def _verify(ns: argparse.Namespace) -> int:
         print(f"BAD {file}: {reason}: {detail} ({action})")
 
     snaps.on_quarantine = report
-    snaps.scan(clean=False)
-    checked = snaps.snapshots()
-    for m in checked:
-        try:
-            snaps.verify(m)
-            print(f"ok  {m.file} ({m.tokens} tokens, {m.bytes} bytes)")
-        except errors.SnapshotError as exc:
-            snaps.quarantine(m.file, exc.reason, detail=str(exc))
-    print(json.dumps({"checked": len(checked), "bad": len(bad)}))
-    return 1 if bad else 0
+    snaps.on_io_error = lambda operation, name, error: print(f"ERROR {name}: {operation}: {error} (kept)")
+    snaps.on_newer = lambda name, found: print(f"SKIP {name}: manifest format {found} is newer (kept)")
+    lock = dirlock.DirLock(snaps.dir)
+    if not ns.dry_run:
+        lock.acquire()  # it quarantines: not beside a running sidecar's own checks
+    try:
+        snaps.scan(clean=False)
+        checked = snaps.snapshots()
+        unreadable = 0
+        for m in checked:
+            try:
+                snaps.verify(m)
+                print(f"ok  {m.file} ({m.tokens} tokens, {m.bytes} bytes)")
+            except errors.SnapshotError as exc:
+                if exc.reason in store.BAD_CONTENT:
+                    snaps.quarantine(m.file, exc.reason, detail=str(exc))
+                else:
+                    unreadable += 1
+    finally:
+        lock.release()
+    summary = {"checked": len(checked), "bad": len(bad)} | ({"unreadable": unreadable} if unreadable else {})
+    print(json.dumps(summary))
+    return 1 if bad or unreadable else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

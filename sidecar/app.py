@@ -24,7 +24,21 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 import sidecar
-from sidecar import config, engine, errors, metrics, poller, protocols, report, server, store, upstream, watcher
+from sidecar import (
+    config,
+    dirlock,
+    engine,
+    errors,
+    metrics,
+    poller,
+    protocols,
+    report,
+    server,
+    store,
+    upstream,
+    watcher,
+    weights,
+)
 from sidecar.proxy import gate, listener, relay
 
 log = structlog.get_logger("sidecar.app")
@@ -45,9 +59,27 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
     stats = metrics.Metrics(registry, version=sidecar.__version__)
     snapshots = store.SnapshotStore(settings.snapshots.slot_dir, clock=time.time)
     snapshots.on_quarantine = lambda file, reason, detail: _quarantined(stats, file, reason, detail)
+    snapshots.on_io_error = lambda operation, name, error: _io_error(stats, operation, name, error)
+    snapshots.on_newer = _newer_format
     problem = snapshots.check_writable()
     if problem:
         raise errors.ConfigError(problem + ": create it, or fix --slot-dir / LLAMA_SIDECAR_SLOT_DIR")
+    lock = dirlock.DirLock(settings.snapshots.slot_dir)
+    lock.acquire()
+    try:
+        await _run(settings, snapshots, stats, registry, lock, ready)
+    finally:
+        lock.release()
+
+
+async def _run(
+    settings: config.Settings,
+    snapshots: store.SnapshotStore,
+    stats: metrics.Metrics,
+    registry: CollectorRegistry,
+    lock: dirlock.DirLock,
+    ready: asyncio.Event | None,
+) -> None:
     for finding in await asyncio.to_thread(snapshots.scan, clean=True):
         log.info("slot_dir_cleaned", finding=finding)
     log.info(
@@ -67,8 +99,9 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
         core = engine.Engine(
             client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock, restore_gate=restore_gate
         )
-        poll = poller.Poller(client, settings.poll, clock=clock)
-        watch = watcher.Watcher(snapshots, stats)
+        identify = weights.WeightsIdentifier(settings.snapshots.slot_dir).identify
+        poll = poller.Poller(client, settings.poll, clock=clock, weights=identify)
+        watch = watcher.Watcher(snapshots, stats, lock)
         app = server.make_app(
             source=core,
             snapshots=snapshots,
@@ -164,4 +197,26 @@ def _quarantined(stats: metrics.Metrics, file: str, reason: str, detail: str) ->
         reason=reason,
         detail=detail,
         effect="never restored; kept with a .quarantined suffix for inspection",
+    )
+
+
+def _io_error(stats: metrics.Metrics, operation: str, name: str, error: str) -> None:
+    stats.slot_dir_errors.labels(operation if operation in metrics.SLOT_DIR_OPERATIONS else "read").inc()
+    log.error(
+        "slot_dir_io_error",
+        operation=operation,
+        file=name,
+        error=error,
+        effect="nothing is quarantined or deleted for it; retried at the next scan",
+        hint="check the slot dir's disk, mount and permissions (the sidecar and llama-server need read and write)",
+    )
+
+
+def _newer_format(name: str, found: int) -> None:
+    log.warning(
+        "manifest_newer_format",
+        file=name,
+        format=found,
+        effect="left alone, not restored: a newer llama-kv-sidecar wrote it",
+        hint="run the newer llama-kv-sidecar on this slot dir, or remove the snapshot by hand",
     )

@@ -58,6 +58,15 @@ class SlotView:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Adapter:
+    """One LoRA adapter loaded by the server (``GET /lora-adapters``)."""
+
+    id: int
+    path: str
+    scale: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Identity:
     """What a snapshot must match to be restored into this server."""
 
@@ -67,6 +76,10 @@ class Identity:
     n_ctx: int
     model_size: int | None = None
     model_params: int | None = None
+    weights: str | None = None
+    """Checksum of the model file (``xxh3-128:<hex>``); None when the sidecar cannot read the file."""
+    adapters: tuple[Adapter, ...] | None = None
+    """LoRA adapters with their scales; None when the server does not say."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

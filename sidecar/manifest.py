@@ -2,9 +2,18 @@
 
 A manifest is the commit marker of a snapshot: the ``.bin`` file is only a
 snapshot once its ``.json`` manifest exists (see ``store``). It records the
-slot, the token count, the byte size, the sha256 of the file, and the
-fingerprint of the server that wrote it, so the restorer can refuse files
-that would not fit the running server and say which field differs.
+slot, the token count, the byte size, the checksum of the file, a
+generation number that orders the snapshots of a directory, and the
+fingerprint of the server that wrote it (including a checksum of the model
+file and the LoRA adapters), so the restorer can refuse files that would
+not fit the running server and say which field differs.
+
+Formats: 1 (sha256 in ``sha256``, no generation, no weights) is still read
+and restorable, as generation 0, older than every format-2 snapshot; it is
+never rewritten, so the files of an older sidecar stay as they were. 2 adds
+``checksum`` (algorithm and digest), ``generation`` and the fingerprint's
+``weights`` and ``adapters``. A manifest of a newer format raises
+:class:`NewerFormatError`: it was written by a newer sidecar and is left alone.
 """
 
 from __future__ import annotations
@@ -12,13 +21,31 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
-from sidecar import events
+from sidecar import events, hashing
 
-FORMAT = 1
+FORMAT = 2
+"""Format of the manifests this sidecar writes."""
+READABLE = (1, 2)
 NAME_RE = re.compile(r"^slot(?P<slot>\d{1,4})-(?P<stamp>\d{8}T\d{12}Z)\.bin$")
 """Final snapshot names: ``slot<id>-<UTC yyyymmddThhmmssffffff>Z.bin``."""
+
+
+class NewerFormatError(Exception):
+    """The manifest is of a format this sidecar does not know: a newer sidecar wrote it."""
+
+    def __init__(self, found: int) -> None:
+        super().__init__(f"manifest format {found} is newer than this sidecar's {FORMAT}")
+        self.found = found
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Checksum:
+    algorithm: hashing.Algorithm
+    digest: str
+    """Lower-case hex."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -29,6 +56,10 @@ class Fingerprint:
     model_params: int | None
     n_ctx: int
     total_slots: int
+    weights: str | None = None
+    """Checksum of the model file, ``<algorithm>:<hex>``; None when it was not readable."""
+    adapters: tuple[events.Adapter, ...] | None = None
+    """LoRA adapters and scales; None when unknown."""
 
     @classmethod
     def of(cls, identity: events.Identity, *, n_ctx: int) -> Fingerprint:
@@ -39,6 +70,8 @@ class Fingerprint:
             model_params=identity.model_params,
             n_ctx=n_ctx,
             total_slots=identity.total_slots,
+            weights=identity.weights,
+            adapters=identity.adapters,
         )
 
 
@@ -48,9 +81,12 @@ class Manifest:
     file: str
     tokens: int
     bytes: int
-    sha256: str
+    checksum: Checksum
+    generation: int
+    """Position in the directory's history: 1 + the highest generation present when committed.
+    Orders snapshots whatever the wall clock did; format-1 manifests read as 0."""
     created: float
-    """Unix time the snapshot was committed."""
+    """Unix time the snapshot was committed (for display and --max-age, never for ordering)."""
     task: int | None
     """``id_task`` of the slot when saved, to recognise unchanged slots after a sidecar restart."""
     fingerprint: Fingerprint
@@ -62,19 +98,31 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
-        """Parse a manifest; raise ValueError naming the first bad field."""
+        """Parse a manifest of any readable format.
+
+        Raise ValueError naming the first bad field (the content is damaged),
+        or NewerFormatError for a format newer than this sidecar's.
+        """
         raw = json.loads(text)
         if not isinstance(raw, dict):
             raise ValueError("manifest is not a JSON object")
-        if raw.get("format") != FORMAT:
-            raise ValueError(f"manifest format {raw.get('format')!r} is not {FORMAT}")
+        fmt = raw.get("format")
+        if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
+            raise ValueError(f"manifest format {fmt!r} is not a format number")
+        if fmt > FORMAT:
+            raise NewerFormatError(fmt)
         fp = _obj(raw, "fingerprint")
+        if fmt == 1:
+            checksum, generation = Checksum(hashing.Algorithm.SHA256, _str(raw, "sha256")), 0
+        else:
+            checksum, generation = _checksum(_obj(raw, "checksum")), _int(raw, "generation")
         manifest = cls(
             slot=_int(raw, "slot"),
             file=_str(raw, "file"),
             tokens=_int(raw, "tokens"),
             bytes=_int(raw, "bytes"),
-            sha256=_str(raw, "sha256"),
+            checksum=checksum,
+            generation=generation,
             created=_num(raw, "created"),
             task=_opt_int(raw, "task"),
             fingerprint=Fingerprint(
@@ -84,20 +132,31 @@ class Manifest:
                 model_params=_opt_int(fp, "model_params"),
                 n_ctx=_int(fp, "n_ctx"),
                 total_slots=_int(fp, "total_slots"),
+                weights=None if fp.get("weights") is None else _str(fp, "weights"),
+                adapters=_adapters(fp),
             ),
         )
         match = NAME_RE.match(manifest.file)
         if match is None or int(match["slot"]) != manifest.slot:
             raise ValueError(f"manifest names file {manifest.file!r}, not a snapshot of slot {manifest.slot}")
-        if not re.fullmatch(r"[0-9a-f]{64}", manifest.sha256):
-            raise ValueError("manifest sha256 is not 64 hex digits")
+        digits = hashing.DIGEST_HEX[checksum.algorithm]
+        if not re.fullmatch(f"[0-9a-f]{{{digits}}}", checksum.digest):
+            name = "sha256" if fmt == 1 else "checksum digest"
+            raise ValueError(f"manifest {name} is not {digits} lower-case hex digits")
         return manifest
+
+
+def newest_first(manifests: Iterable[Manifest]) -> list[Manifest]:
+    """Order by generation (then by time and name, among format-1 snapshots of generation 0)."""
+    return sorted(manifests, key=lambda m: (m.generation, m.created, m.file), reverse=True)
 
 
 def incompatibilities(manifest: Manifest, identity: events.Identity, *, slot_n_ctx: int) -> list[str]:
     """Why ``manifest`` cannot be restored into a server of ``identity``; empty if it can.
 
     Each entry names the field, the snapshot's value and the server's value.
+    A field one side does not know (None) is not a difference: the older
+    fields still decide, as they did before the field existed.
     """
     fp = manifest.fingerprint
     problems: list[str] = []
@@ -109,6 +168,13 @@ def incompatibilities(manifest: Manifest, identity: events.Identity, *, slot_n_c
     ):
         if ours is not None and theirs is not None and ours != theirs:
             problems.append(f"{name}: snapshot {ours!r}, server {theirs!r}")
+    if fp.weights is not None and identity.weights is not None and fp.weights != identity.weights:
+        problems.append(
+            f"weights: snapshot {fp.weights}, server {identity.weights} "
+            "(the model file has other content: KV computed with other weights would change answers)"
+        )
+    if fp.adapters is not None and identity.adapters is not None and fp.adapters != identity.adapters:
+        problems.append(f"adapters: snapshot {_show(fp.adapters)}, server {_show(identity.adapters)}")
     if fp.total_slots != identity.total_slots:
         problems.append(
             f"total_slots: snapshot {fp.total_slots}, server {identity.total_slots} "
@@ -119,6 +185,35 @@ def incompatibilities(manifest: Manifest, identity: events.Identity, *, slot_n_c
     if manifest.tokens > slot_n_ctx:
         problems.append(f"n_ctx: snapshot holds {manifest.tokens} tokens, slot context is {slot_n_ctx}")
     return problems
+
+
+def _show(adapters: tuple[events.Adapter, ...]) -> str:
+    return "[" + ", ".join(f"{a.id}:{a.path}@{a.scale:g}" for a in adapters) + "]" if adapters else "none"
+
+
+def _checksum(raw: dict[str, Any]) -> Checksum:
+    name = _str(raw, "algorithm")
+    try:
+        algorithm = hashing.Algorithm(name)
+    except ValueError:
+        raise ValueError(
+            f"manifest checksum algorithm {name!r} is not one of {[a.value for a in hashing.Algorithm]}"
+        ) from None
+    return Checksum(algorithm, _str(raw, "digest"))
+
+
+def _adapters(raw: dict[str, Any]) -> tuple[events.Adapter, ...] | None:
+    value = raw.get("adapters")
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError("manifest field 'adapters' is not a list")
+    found: list[events.Adapter] = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise ValueError("manifest field 'adapters' holds a non-object")
+        found.append(events.Adapter(id=_int(item, "id"), path=_str(item, "path"), scale=_num(item, "scale")))
+    return tuple(found)
 
 
 def _get(raw: dict[str, Any], key: str) -> Any:

@@ -20,6 +20,7 @@ RESTORE_RESULTS = tuple(r.value for r in outcomes.RestoreOutcome)
 VERIFY_OUTCOMES = tuple(v.value for v in outcomes.Verification)
 GC_REASONS = ("keep", "bytes", "age")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
+SLOT_DIR_OPERATIONS = ("read", "write", "scan")
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _HOLD = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -64,7 +65,8 @@ class Metrics:
         )
         self.snapshot_duration = Histogram(
             "snapshot_duration_seconds",
-            "Seconds per successful snapshot: the server's save call plus the sidecar's size check, sha256 and fsync.",
+            "Seconds per successful snapshot: the server's save call plus the sidecar's size check, "
+            "checksum and fdatasync.",
             buckets=_FAST,
             namespace=NAMESPACE,
             registry=registry,
@@ -142,6 +144,16 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.slot_dir_errors = Counter(
+            "slot_dir_errors",
+            "I/O errors in the slot dir that were not retried away, by operation: read (a manifest or "
+            "snapshot could not be read; it is not quarantined, nothing proves it bad), write (a rename "
+            "or delete failed), scan (the directory could not be listed or measured: removed, moved, "
+            "unmounted). /readyz names the current problem.",
+            ["operation"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.last_snapshot = Gauge(
             "last_snapshot_timestamp_seconds",
             "Unix time of the newest committed snapshot.",
@@ -189,6 +201,8 @@ class Metrics:
             self.gc_deleted.labels(reason)
         for reason in QUARANTINE_REASONS:
             self.quarantined.labels(reason)
+        for operation in SLOT_DIR_OPERATIONS:
+            self.slot_dir_errors.labels(operation)
 
     def init_slots(self, slot_ids: range) -> None:
         """Create every (slot, result) series at zero once the slot count is known."""

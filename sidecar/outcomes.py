@@ -39,6 +39,8 @@ class SaveCause(enum.StrEnum):
     """Failed: the server refused, timed out or could not be reached."""
     CHECK = "check"
     """Failed: the file the server wrote failed the sidecar's size check, or could not be committed."""
+    SLOT_DIR = "slot_dir"
+    """Failed: the slot dir could not be read or measured (moved, removed, I/O error); tried again later."""
 
 
 SKIP_CAUSES = frozenset({SaveCause.BELOW_MIN_TOKENS, SaveCause.EMPTY, SaveCause.LOW_DISK, SaveCause.SLOT_BUSY})

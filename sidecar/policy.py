@@ -147,7 +147,7 @@ def plan_restore(
         return RestorePlan(view.id, (), outcomes.RestoreOutcome.NO_SNAPSHOT)
     good: list[manifest.Manifest] = []
     refusals: list[tuple[str, str]] = []
-    for snap in sorted(snapshots, key=lambda m: (m.created, m.file), reverse=True):
+    for snap in manifest.newest_first(snapshots):
         problems = manifest.incompatibilities(snap, identity, slot_n_ctx=view.n_ctx)
         if problems:
             refusals.append((snap.file, "; ".join(problems)))
@@ -177,7 +177,7 @@ def select_for_deletion(
     say: a slot always keeps its last good snapshot.
     """
     by_slot: dict[int, list[manifest.Manifest]] = {}
-    for snap in sorted(snapshots, key=lambda m: (m.created, m.file), reverse=True):
+    for snap in manifest.newest_first(snapshots):
         by_slot.setdefault(snap.slot, []).append(snap)
     protected = {group[0].file for group in by_slot.values()}
     doomed: dict[str, tuple[manifest.Manifest, GcReason]] = {}
@@ -191,7 +191,7 @@ def select_for_deletion(
     if max_bytes > 0:
         remaining = [s for s in snapshots if s.file not in doomed]
         total = sum(s.bytes for s in remaining)
-        for snap in sorted(remaining, key=lambda m: (m.created, m.file)):
+        for snap in reversed(manifest.newest_first(remaining)):
             if total <= max_bytes:
                 break
             if snap.file in protected:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
@@ -33,6 +34,8 @@ BUSY_REFRESH = 5.0
 ROUNDED_FROM = 1e6
 """llama-server prints counters with 6 significant digits: from here on a small change may not show."""
 Sink = Callable[[events.Observation, list[events.Event]], Awaitable[None]]
+Weights = Callable[[str], Awaitable[str | None]]
+"""Model path → checksum of the model file, or None if unreadable (``weights.WeightsIdentifier.identify``)."""
 
 
 class Poller:
@@ -42,14 +45,18 @@ class Poller:
         settings: config.PollSettings,
         *,
         clock: protocols.Clock | None = None,
+        weights: Weights | None = None,
     ) -> None:
         self._client = client
+        self._weights = weights
         self._settings = settings
         self._clock = clock or protocols.SystemClock()
         self.prev: events.Observation | None = None
         self.last_up: events.Observation | None = None
         self._identity: tuple[events.Identity, bool] | None = None
-        self._model: tuple[str, tuple[int | None, int | None]] | None = None
+        self._model: tuple[str, dict[str, Any]] | None = None
+        self._adapters: tuple[events.Adapter, ...] | None = None
+        self._adapters_due = True
         self._counters: events.Counters | None = None
         self._slots: tuple[events.SlotView, ...] | None = None
         self._down_since_up = False
@@ -94,6 +101,7 @@ class Poller:
         if came_up:
             self._metrics_off = False
         fresh = await self._read_identity_and_counters(refresh_model=came_up)
+        await self._read_adapters(fresh)
         identity, sleeping = self._identity if self._identity else (None, False)
         slots: tuple[events.SlotView, ...] | None = None
         if sleeping:
@@ -190,11 +198,37 @@ class Poller:
         try:
             identity, sleeping = await self._client.props()
             if refresh_model or self._model is None or self._model[0] != identity.model_path:
-                self._model = (identity.model_path, await self._client.model_meta())
-            size, params = self._model[1]
-            self._identity = (dataclasses.replace(identity, model_size=size, model_params=params), sleeping)
+                self._model = (identity.model_path, await self._model_facts(identity.model_path))
+            facts = {**self._model[1], "adapters": self._adapters}
+            self._identity = (dataclasses.replace(identity, **facts), sleeping)
         except errors.UpstreamError as exc:
             self._unreadable("props_unreadable", exc)
+
+    async def _model_facts(self, model_path: str) -> dict[str, Any]:
+        """Size, parameter count and weights checksum: read once per server process."""
+        size, params = await self._client.model_meta()
+        self._adapters, self._adapters_due = None, True
+        weights = await self._weights(model_path) if self._weights is not None else None
+        return {"model_size": size, "model_params": params, "weights": weights}
+
+    async def _read_adapters(self, fresh: bool) -> None:
+        """LoRA adapters, once per server process, read only while the server is awake and idle.
+
+        /lora-adapters is a task on the server's loop: it waits behind a prefill
+        (and would hold this poll, and a restore round, as long) and wakes a
+        sleeping server. Until it is read the identity says None (not compared).
+        """
+        if not self._adapters_due or self._identity is None or self._identity[1]:
+            return
+        if fresh and self._counters is not None and self._counters.processing > 0:
+            return
+        try:
+            self._adapters = await self._client.adapters()
+        except errors.UpstreamError as exc:
+            log.warning("lora_adapters_unreadable", error=str(exc), effect="tried again at the next idle poll")
+            return
+        self._adapters_due = False
+        self._identity = (dataclasses.replace(self._identity[0], adapters=self._adapters), self._identity[1])
 
     async def _read_counters(self) -> bool:
         """Read /metrics; True if fresh counters were read."""

@@ -234,6 +234,9 @@ class Restorer:
             await asyncio.to_thread(self._snapshots.verify, candidate)
             stamp = await asyncio.to_thread(self._stamp, candidate.file)
         except errors.SnapshotError as exc:
+            if exc.reason not in store.BAD_CONTENT:  # unreadable now, not proven bad: keep it
+                log.warning("snapshot_unreadable", slot=candidate.slot, file=candidate.file, error=str(exc))
+                return False
             log.error("snapshot_corrupt", slot=candidate.slot, file=candidate.file, reason=exc.reason, error=str(exc))
             await asyncio.to_thread(self._snapshots.quarantine, candidate.file, exc.reason, detail=str(exc))
             self._checked.pop(candidate.file, None)

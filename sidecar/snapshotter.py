@@ -59,6 +59,8 @@ class Snapshotter:
         slot = action.slot
         need = self._estimate_bytes(action.tokens)
         usage = await asyncio.to_thread(self._snapshots.usage)
+        if usage.problem:
+            return self._fail(slot, outcomes.SaveCause.SLOT_DIR, usage.problem, 0.0)
         if usage.free_bytes - need < self._settings.min_free_bytes:
             if not self._low_disk:
                 log.warning(

@@ -92,6 +92,33 @@ class LlamaClient:
             params if isinstance(params, int) and not isinstance(params, bool) else None,
         )
 
+    async def adapters(self) -> tuple[events.Adapter, ...] | None:
+        """LoRA adapters and their scales (``GET /lora-adapters``); None if the server does not say.
+
+        The call is a task on the server's loop: it wakes a sleeping server, so
+        it is read only when the server comes up or restarts.
+        """
+        try:
+            body = await self._json("GET", "/lora-adapters", self._timeout)
+        except errors.UpstreamRejected:
+            return None  # an older server without the endpoint
+        if not isinstance(body, list):
+            raise errors.UpstreamProtocolError("/lora-adapters did not return a list", endpoint="/lora-adapters")
+        found: list[events.Adapter] = []
+        for item in body:
+            entry = _as_dict(item, "/lora-adapters")
+            scale = entry.get("scale")
+            if not isinstance(scale, int | float) or isinstance(scale, bool):
+                raise errors.UpstreamProtocolError(f"/lora-adapters: scale is {scale!r:.40}", endpoint="/lora-adapters")
+            found.append(
+                events.Adapter(
+                    id=_field(entry, "id", int, "/lora-adapters"),
+                    path=_field(entry, "path", str, "/lora-adapters"),
+                    scale=float(scale),
+                )
+            )
+        return tuple(found)
+
     async def counters(self) -> events.Counters:
         status, headers, text = await self._request("GET", "/metrics", self._timeout)
         del status

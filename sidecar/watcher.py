@@ -7,6 +7,15 @@ drains the queue in batches, re-reads the touched manifests and updates
 created, deleted, truncated or renamed by anyone show up within a second
 without rescanning on each poll. A full rescan every ``RESCAN_EVERY``
 seconds is the safety net for missed events.
+
+Every ``CHECK_EVERY`` seconds it also checks that the slot dir is still the
+directory it watches. When the dir is removed, moved away or unmounted, the
+sidecar keeps running: it says so once, /readyz turns 503 with the cause
+(``store.check_writable``), and saves fail with that reason. When a
+directory is back at the path (the same one or a new one), it takes the
+directory lock again, watches it again and rescans. If another sidecar
+took the lock meanwhile, this one stays off the directory and says who
+holds it until that one lets go.
 """
 
 from __future__ import annotations
@@ -20,10 +29,12 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
-from sidecar import metrics, store
+from sidecar import dirlock, errors, metrics, store
 
 log = structlog.get_logger("sidecar.watcher")
 RESCAN_EVERY = 60.0
+CHECK_EVERY = 1.0
+"""Seconds between checks that the slot dir is still there and still ours."""
 _IGNORED = {"opened", "closed_no_write"}
 
 
@@ -41,13 +52,22 @@ class _Handoff(FileSystemEventHandler):
 
 
 class Watcher:
-    def __init__(self, snapshots: store.SnapshotStore, stats: metrics.Metrics) -> None:
+    def __init__(
+        self, snapshots: store.SnapshotStore, stats: metrics.Metrics, lock: dirlock.DirLock | None = None
+    ) -> None:
         self._store = snapshots
         self._metrics = stats
+        self._lock = lock
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._observer: BaseObserver | None = None
+        self._dir_id: tuple[int, int] | None = None
+        self._lost = False
 
     def start(self) -> None:
+        self._dir_id = self._store.dir_identity()
+        self._observe()
+
+    def _observe(self) -> None:
         observer = Observer()
         observer.schedule(_Handoff(asyncio.get_running_loop(), self._queue), str(self._store.dir))
         observer.daemon = True
@@ -56,41 +76,94 @@ class Watcher:
 
     async def stop(self) -> None:
         if self._observer is not None:
-            self._observer.stop()
-            await asyncio.to_thread(self._observer.join, 5.0)
+            observer, self._observer = self._observer, None
+            observer.stop()
+            await asyncio.to_thread(observer.join, 5.0)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        next_check = loop.time() + CHECK_EVERY
         next_rescan = loop.time() + RESCAN_EVERY
         await self.update_gauges()
         while True:
-            timeout = max(0.0, next_rescan - loop.time())
+            timeout = max(0.0, min(next_check, next_rescan) - loop.time())
             try:
                 # asyncio.timeout, not wait_for: in Python 3.11 wait_for swallows a cancellation
                 # that arrives as the queue yields an item, and the sidecar then hangs on SIGTERM.
                 async with asyncio.timeout(timeout):
                     first = await self._queue.get()
             except TimeoutError:
+                pass
+            else:
+                await self._refresh(first)
+            if loop.time() >= next_check:  # also under a steady stream of events
+                await self.check_dir()
+                next_check = loop.time() + CHECK_EVERY
+            if loop.time() >= next_rescan:
                 await asyncio.to_thread(self._store.scan, clean=False)
                 await self.update_gauges()
                 next_rescan = loop.time() + RESCAN_EVERY
-                continue
-            names = {first}
-            await asyncio.sleep(0.05)  # let a burst of events for one file arrive
-            while not self._queue.empty():
-                names.add(self._queue.get_nowait())
-            for name in names:
-                path = Path(name)
-                if path.parent == self._store.dir:
-                    await asyncio.to_thread(self._store.refresh, path.name)
-            await self.update_gauges()
+
+    async def _refresh(self, first: str) -> None:
+        names = {first}
+        await asyncio.sleep(0.05)  # let a burst of events for one file arrive
+        while not self._queue.empty():
+            names.add(self._queue.get_nowait())
+        for name in names:
+            path = Path(name)
+            if path.parent == self._store.dir:
+                await asyncio.to_thread(self._store.refresh, path.name)
+        await self.update_gauges()
+
+    async def check_dir(self) -> None:
+        """Notice the slot dir going away or coming back, and recover; never raises for the filesystem."""
+        current = await asyncio.to_thread(self._store.dir_identity)
+        unchanged = current is not None and current == self._dir_id and not self._lost
+        if unchanged and (self._lock is None or self._lock.holds()):
+            return
+        if current is None:
+            if not self._lost:
+                self._lost = True
+                log.error(
+                    "slot_dir_lost",
+                    slot_dir=str(self._store.dir),
+                    effect="no snapshots or restores, /readyz answers 503; the sidecar keeps running "
+                    f"and checks every {CHECK_EVERY:g} s for the directory to come back",
+                    hint="restore the directory (or its volume mount) at this path",
+                )
+                await asyncio.to_thread(self._store.scan, clean=False)
+                await self.update_gauges()
+            return
+        if self._lock is not None and not self._lock.holds():
+            try:
+                await asyncio.to_thread(self._lock.acquire)
+            except (errors.ConfigError, OSError) as exc:
+                self._store.block(str(exc))
+                if not self._lost:
+                    self._lost = True
+                    log.error("slot_dir_taken", slot_dir=str(self._store.dir), error=str(exc))
+                return
+            self._store.block("")
+        await self.stop()
+        try:
+            self._observe()
+        except OSError as exc:
+            log.warning("slot_dir_unwatchable", slot_dir=str(self._store.dir), error=str(exc))
+            return
+        self._dir_id = current
+        await asyncio.to_thread(self._store.scan, clean=False)
+        await self.update_gauges()
+        log.info(
+            "slot_dir_back" if self._lost else "slot_dir_replaced",
+            slot_dir=str(self._store.dir),
+            snapshots=len(self._store.snapshots()),
+        )
+        self._lost = False
 
     async def update_gauges(self) -> None:
-        try:
-            usage = await asyncio.to_thread(self._store.usage)
-        except OSError as exc:
-            log.warning("disk_usage_unreadable", slot_dir=str(self._store.dir), error=str(exc))
-            return
+        usage = await asyncio.to_thread(self._store.usage)
+        if usage.problem:
+            return  # reported by the store; the last good figures stay
         self._metrics.disk_used.set(usage.used_bytes)
         self._metrics.disk_free.set(usage.free_bytes)
         self._metrics.snapshot_files.set(usage.snapshot_files)

@@ -26,6 +26,7 @@ GC_REASONS = ("keep", "bytes", "age")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
 PROXY_ROUTES = ("completion", "other")
 PROXY_OUTCOMES = ("ok", "error", "held_timeout", "refused", "invalid", "cancelled")
+SLOT_DIR_OPERATIONS = ("read", "write", "scan")
 
 
 def sidecar_registry() -> CollectorRegistry:
@@ -76,6 +77,9 @@ def sidecar_registry() -> CollectorRegistry:
     )
     for reason in QUARANTINE_REASONS:
         quarantined.labels(reason=reason).inc(0)
+    slot_dir_errors = Counter("slot_dir_errors", "Slot dir I/O errors", ["operation"], namespace=ns, registry=registry)
+    for operation in SLOT_DIR_OPERATIONS:
+        slot_dir_errors.labels(operation=operation).inc(0)
     Info("build", "Version of the sidecar", namespace=ns, registry=registry).info({"version": "0.0.0"})
     Gauge(
         "last_snapshot_timestamp_seconds",

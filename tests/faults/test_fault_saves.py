@@ -11,11 +11,11 @@ snapshot still on disk, indexed, and the one restored after a restart.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
+import xxhash
 from fakellama import Action, FakeLlama, Reply, SaveFault, SaveKind
 from faultbed import eventually, make_settings, run_sidecar, until
 
@@ -33,10 +33,10 @@ async def test_bad_save_is_never_promoted(fake: FakeLlama, slot_dir: Path, kind:
     fake.use(0, 300)  # slot 1 stays empty: the sidecar's slot-dir probe goes there
     async with run_sidecar(make_settings(fake.url, slot_dir)) as car:
         await eventually(lambda: car.metric("snapshots_total", slot="0", result="ok"), what="first snapshot")
-        good = sorted(p.name for p in slot_dir.iterdir())
+        good = sorted(p.name for p in slot_dir.iterdir() if not p.name.startswith(".llama-kv-sidecar"))
         assert len(good) == 2, good  # slot0-<stamp>.bin and its .json
         good_bin = next(name for name in good if name.endswith(".bin"))
-        good_digest = hashlib.sha256((slot_dir / good_bin).read_bytes()).hexdigest()
+        good_digest = xxhash.xxh3_128_hexdigest((slot_dir / good_bin).read_bytes())
         saves_before = len(fake.saves)
 
         fake.save_fault = SaveFault(kind, slot=0)
@@ -48,7 +48,9 @@ async def test_bad_save_is_never_promoted(fake: FakeLlama, slot_dir: Path, kind:
         attempt = fake.saves[saves_before]
         assert attempt.slot == 0
         assert attempt.filename.startswith(".tmp-"), "the server must write to a temp name, never a final one"
-        assert sorted(p.name for p in slot_dir.iterdir()) == good, "temp file left behind or a manifest written"
+        assert sorted(p.name for p in slot_dir.iterdir() if not p.name.startswith(".llama-kv-sidecar")) == good, (
+            "temp file left behind or a manifest written"
+        )
         assert await car.metric("snapshots_total", slot="0", result="ok") == 1
         assert await car.metric("snapshots_total", slot="0", result="failed") == 1
 
@@ -62,9 +64,9 @@ async def test_bad_save_is_never_promoted(fake: FakeLlama, slot_dir: Path, kind:
         assert status["last_snapshot"]["result"] == "failed"
         await eventually(lambda: car.metric("snapshot_files"), what="snapshot_files gauge")
         assert await car.metric("snapshot_files") == 1
-        assert hashlib.sha256((slot_dir / good_bin).read_bytes()).hexdigest() == good_digest
+        assert xxhash.xxh3_128_hexdigest((slot_dir / good_bin).read_bytes()) == good_digest
         manifest = json.loads((slot_dir / good_bin.replace(".bin", ".json")).read_text())
-        assert manifest["sha256"] == good_digest
+        assert manifest["checksum"] == {"algorithm": "xxh3-128", "digest": good_digest}
         if kind is SaveKind.NOTHING:
             code, body = await car.get("/readyz")
             assert code == 503

@@ -99,6 +99,10 @@ class MemLlama:
     async def model_meta(self) -> tuple[int | None, int | None]:
         return None, None
 
+    async def adapters(self) -> tuple[events.Adapter, ...] | None:
+        self.calls.append(("adapters", None))
+        return ()
+
     async def counters(self) -> events.Counters:
         self.calls.append(("counters", None))
         values: tuple[float, ...] = (self.decodes, self.prompt_tokens, self.cached_tokens)

@@ -37,7 +37,8 @@ def test_ls_lists_every_snapshot_with_its_manifest(tmp_path: Path) -> None:
     assert b.file in out.stdout
     assert "2 snapshot(s)" in out.stdout
     lines = _run("ls", "--slot-dir", str(tmp_path), "--json").stdout.splitlines()
-    assert sorted(json.loads(line)["sha256"] for line in lines) == sorted([a.sha256, b.sha256])
+    digests = sorted(json.loads(line)["checksum"]["digest"] for line in lines)
+    assert digests == sorted([a.checksum.digest, b.checksum.digest])
 
 
 def test_verify_reports_and_quarantines_a_flipped_byte_and_dry_run_touches_nothing(tmp_path: Path) -> None:

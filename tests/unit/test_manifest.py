@@ -1,4 +1,4 @@
-"""manifest.Manifest (de)serialisation and manifest.incompatibilities."""
+"""manifest.Manifest (de)serialisation of formats 1 and 2, ordering, and manifest.incompatibilities."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sidecar import events, manifest
+from sidecar import events, hashing, manifest
 
 IDENTITY = events.Identity(
     build_info="b515-515e85511",
@@ -18,13 +18,16 @@ IDENTITY = events.Identity(
     n_ctx=16384,
     model_size=253_000_000,
     model_params=268_000_000,
+    weights="xxh3-128:" + "0f" * 16,
+    adapters=(events.Adapter(0, "/models/style.gguf", 0.5),),
 )
 GOOD = manifest.Manifest(
     slot=2,
     file="slot2-20251129T111213123456Z.bin",
     tokens=4001,
     bytes=20_000_000,
-    sha256="ab" * 32,
+    checksum=manifest.Checksum(hashing.Algorithm.XXH3_128, "ab" * 16),
+    generation=7,
     created=1_764_414_733.123456,
     task=17,
     fingerprint=manifest.Fingerprint.of(IDENTITY, n_ctx=4096),
@@ -41,14 +44,17 @@ def test_round_trip() -> None:
 
 
 def test_round_trip_with_unknowns() -> None:
-    fp = dataclasses.replace(GOOD.fingerprint, model_size=None, model_params=None)
+    fp = dataclasses.replace(GOOD.fingerprint, model_size=None, model_params=None, weights=None, adapters=None)
     m = dataclasses.replace(GOOD, task=None, fingerprint=fp)
     assert manifest.Manifest.from_json(m.to_json()) == m
 
 
 def test_json_records_format_and_fingerprint() -> None:
     body = raw()
-    assert body["format"] == manifest.FORMAT
+    assert body["format"] == manifest.FORMAT == 2
+    assert body["checksum"] == {"algorithm": "xxh3-128", "digest": "ab" * 16}
+    assert body["generation"] == 7
+    assert "sha256" not in body
     assert body["fingerprint"] == {
         "build_info": "b515-515e85511",
         "model_path": "/models/gemma3-270m.gguf",
@@ -56,6 +62,8 @@ def test_json_records_format_and_fingerprint() -> None:
         "model_params": 268_000_000,
         "n_ctx": 4096,
         "total_slots": 4,
+        "weights": "xxh3-128:" + "0f" * 16,
+        "adapters": [{"id": 0, "path": "/models/style.gguf", "scale": 0.5}],
     }
 
 
@@ -81,7 +89,8 @@ def _set(value: Any, *path: str) -> Callable[[dict[str, Any]], None]:
 
 MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("format missing", _del("format"), "format"),
-    ("format 2", _set(2, "format"), "format"),
+    ("format 0", _set(0, "format"), "format"),
+    ("format string", _set("2", "format"), "format"),
     ("slot missing", _del("slot"), "'slot'"),
     ("slot string", _set("2", "slot"), "'slot'"),
     ("slot bool", _set(True, "slot"), "'slot'"),
@@ -93,10 +102,17 @@ MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("tokens negative", _set(-3, "tokens"), "'tokens'"),
     ("bytes missing", _del("bytes"), "'bytes'"),
     ("bytes string", _set("20MB", "bytes"), "'bytes'"),
-    ("sha256 missing", _del("sha256"), "'sha256'"),
-    ("sha256 int", _set(5, "sha256"), "'sha256'"),
-    ("sha256 short", _set("abc", "sha256"), "sha256"),
-    ("sha256 upper hex", _set("AB" * 32, "sha256"), "sha256"),
+    ("checksum missing", _del("checksum"), "'checksum'"),
+    ("checksum algorithm unknown", _set("md5", "checksum", "algorithm"), "'md5'"),
+    ("checksum digest int", _set(5, "checksum", "digest"), "'digest'"),
+    ("checksum digest short", _set("abc", "checksum", "digest"), "checksum digest"),
+    ("checksum digest upper hex", _set("AB" * 16, "checksum", "digest"), "checksum digest"),
+    ("checksum digest of sha256 length", _set("ab" * 32, "checksum", "digest"), "checksum digest"),
+    ("generation missing", _del("generation"), "'generation'"),
+    ("generation negative", _set(-1, "generation"), "'generation'"),
+    ("weights int", _set(5, "fingerprint", "weights"), "'weights'"),
+    ("adapters object", _set({}, "fingerprint", "adapters"), "'adapters'"),
+    ("adapter scale string", _set([{"id": 0, "path": "/a", "scale": "1"}], "fingerprint", "adapters"), "'scale'"),
     ("created missing", _del("created"), "'created'"),
     ("created string", _set("yesterday", "created"), "'created'"),
     ("created bool", _set(False, "created"), "'created'"),
@@ -202,3 +218,101 @@ def test_unknown_model_size_on_either_side_is_not_a_difference() -> None:
     assert manifest.incompatibilities(GOOD, unknown_server, slot_n_ctx=4096) == []
     fp = dataclasses.replace(GOOD.fingerprint, model_size=None, model_params=None)
     assert manifest.incompatibilities(dataclasses.replace(GOOD, fingerprint=fp), IDENTITY, slot_n_ctx=4096) == []
+
+
+def test_every_difference_is_listed_with_weights_and_adapters() -> None:
+    server = events.Identity("other", "/x.gguf", 1, 512, 1, 1, weights="xxh3-128:" + "11" * 16, adapters=())
+    fields = [p.split(":")[0] for p in manifest.incompatibilities(GOOD, server, slot_n_ctx=512)]
+    assert fields == [
+        "build_info",
+        "model_path",
+        "model_size",
+        "model_params",
+        "weights",
+        "adapters",
+        "total_slots",
+        "n_ctx",
+    ]
+
+
+def test_other_weights_of_the_same_shape_are_named() -> None:
+    # A fine-tune copied over the same file: same path, size and parameter count, other content.
+    server = dataclasses.replace(IDENTITY, weights="xxh3-128:" + "22" * 16)
+    (problem,) = manifest.incompatibilities(GOOD, server, slot_n_ctx=4096)
+    assert problem.startswith("weights: ")
+    assert GOOD.fingerprint.weights is not None
+    assert GOOD.fingerprint.weights in problem
+    assert server.weights is not None
+    assert server.weights in problem
+
+
+@pytest.mark.parametrize(
+    "adapters",
+    [(), (events.Adapter(0, "/models/style.gguf", 1.0),), (events.Adapter(0, "/models/other.gguf", 0.5),)],
+    ids=["none loaded", "other scale", "other file"],
+)
+def test_other_lora_adapters_are_named(adapters: tuple[events.Adapter, ...]) -> None:
+    server = dataclasses.replace(IDENTITY, adapters=adapters)
+    (problem,) = manifest.incompatibilities(GOOD, server, slot_n_ctx=4096)
+    assert problem.startswith("adapters: snapshot [0:/models/style.gguf@0.5], server ")
+
+
+def test_weights_unknown_on_either_side_fall_back_to_the_older_fields() -> None:
+    unread = dataclasses.replace(IDENTITY, weights=None, adapters=None)
+    assert manifest.incompatibilities(GOOD, unread, slot_n_ctx=4096) == []
+    fp = dataclasses.replace(GOOD.fingerprint, weights=None, adapters=None)
+    assert manifest.incompatibilities(dataclasses.replace(GOOD, fingerprint=fp), IDENTITY, slot_n_ctx=4096) == []
+
+
+# ---- formats -------------------------------------------------------------------------
+
+FORMAT_1 = {
+    "format": 1,
+    "slot": 2,
+    "file": "slot2-20251129T111213123456Z.bin",
+    "tokens": 4001,
+    "bytes": 20_000_000,
+    "sha256": "cd" * 32,
+    "created": 1_764_414_733.5,
+    "task": 17,
+    "fingerprint": {
+        "build_info": "b515-515e85511",
+        "model_path": "/models/gemma3-270m.gguf",
+        "model_size": 253_000_000,
+        "model_params": 268_000_000,
+        "n_ctx": 4096,
+        "total_slots": 4,
+    },
+}
+
+
+def test_format_1_reads_as_generation_0_with_its_sha256() -> None:
+    old = manifest.Manifest.from_json(json.dumps(FORMAT_1))
+    assert old.checksum == manifest.Checksum(hashing.Algorithm.SHA256, "cd" * 32)
+    assert old.generation == 0
+    assert (old.fingerprint.weights, old.fingerprint.adapters) == (None, None)
+    assert manifest.incompatibilities(old, IDENTITY, slot_n_ctx=4096) == []  # still restorable
+
+
+@pytest.mark.parametrize(("key", "value"), [("sha256", "CD" * 32), ("sha256", "cd" * 16)])
+def test_format_1_with_a_bad_sha256_is_damaged(key: str, value: str) -> None:
+    with pytest.raises(ValueError, match="sha256"):
+        manifest.Manifest.from_json(json.dumps({**FORMAT_1, key: value}))
+
+
+@pytest.mark.parametrize("found", [3, 17])
+def test_a_newer_format_is_not_damage(found: int) -> None:
+    body = {**raw(), "format": found, "some_future_field": [1, 2]}
+    with pytest.raises(manifest.NewerFormatError) as info:
+        manifest.Manifest.from_json(json.dumps(body))
+    assert not isinstance(info.value, ValueError)  # callers quarantine on ValueError only
+    assert info.value.found == found
+
+
+def test_newest_first_orders_by_generation_not_by_clock() -> None:
+    older_clock_newer_gen = dataclasses.replace(GOOD, generation=9, created=1_000.0)
+    newer_clock_older_gen = dataclasses.replace(GOOD, generation=8, created=2_000_000_000.0)
+    format_1_late = dataclasses.replace(GOOD, generation=0, created=2_100_000_000.0)
+    format_1_early = dataclasses.replace(GOOD, generation=0, created=900.0)
+    given = [format_1_early, newer_clock_older_gen, format_1_late, older_clock_newer_gen]
+    assert manifest.newest_first(given) == [older_clock_newer_gen, newer_clock_older_gen, format_1_late, format_1_early]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import config, events, manifest, outcomes, policy
+from sidecar import config, events, hashing, manifest, outcomes, policy
 
 TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)
 IDENTITY = events.Identity(
@@ -38,7 +38,8 @@ def snap(
         file=f"slot{slot_id}-{stamp}.bin",
         tokens=tokens,
         bytes=size,
-        sha256="0" * 64,
+        checksum=manifest.Checksum(hashing.Algorithm.SHA256, "0" * 64),
+        generation=int(created),
         created=created,
         task=1,
         fingerprint=fingerprint,

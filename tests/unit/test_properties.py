@@ -22,7 +22,7 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar import config, errors, events, manifest, outcomes, policy, poller, protocols
+from sidecar import config, errors, events, hashing, manifest, outcomes, policy, poller, protocols
 
 TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)
 RETRY_AFTER = 30.0
@@ -223,6 +223,11 @@ class ModelClient:
     async def model_meta(self) -> tuple[int | None, int | None]:
         return None, None
 
+    async def adapters(self) -> tuple[events.Adapter, ...] | None:
+        self._check_up("/lora-adapters")
+        assert not self.server.sleeping, "/lora-adapters wakes a sleeping server"
+        return ()
+
     async def counters(self) -> events.Counters:
         self._check_up("/metrics")
         s = self.server
@@ -252,7 +257,8 @@ def _manifest(slot: int, created: float, tokens: int, identity: events.Identity)
         file=f"slot{slot}-{stamp}.bin",
         tokens=tokens,
         bytes=tokens * 5000,
-        sha256="0" * 64,
+        checksum=manifest.Checksum(hashing.Algorithm.SHA256, "0" * 64),
+        generation=int(created),
         created=created,
         task=None,
         fingerprint=manifest.Fingerprint.of(identity, n_ctx=N_CTX),

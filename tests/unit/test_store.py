@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
+import errno
+import json
 import os
 import stat
 from pathlib import Path
 
 import pytest
+import xxhash
 
-from sidecar import errors, events, manifest, store
+from sidecar import errors, events, hashing, manifest, policy, store
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
 
@@ -68,7 +71,8 @@ def test_commit_publishes_file_and_manifest(snaps: store.SnapshotStore) -> None:
     assert manifest.NAME_RE.match(record.file)
     assert record.file.startswith("slot1-")
     assert (snaps.dir / record.file).read_bytes() == data
-    assert record.sha256 == hashlib.sha256(data).hexdigest()
+    assert record.checksum == manifest.Checksum(hashing.Algorithm.XXH3_128, xxhash.xxh3_128_hexdigest(data))
+    assert record.generation == 1
     assert (record.slot, record.tokens, record.bytes, record.task, record.fingerprint) == (1, 321, 4096, 9, FP)
     assert manifest.Manifest.from_json((snaps.dir / (stem + ".json")).read_text()) == record
     assert snaps.snapshots() == [record]
@@ -258,11 +262,13 @@ def test_delete_removes_manifest_and_file(snaps: store.SnapshotStore) -> None:
 def test_delete_unpublishes_the_manifest_before_the_file(snaps: store.SnapshotStore) -> None:
     record = commit(snaps)
     json_name = record.file.removesuffix(".bin") + ".json"
+    errors_seen = Quarantined()
+    snaps.on_io_error = errors_seen
     # Make the .bin impossible to unlink (a directory in its place): the manifest must already be gone.
     (snaps.dir / record.file).unlink()
     (snaps.dir / record.file).mkdir()
-    with pytest.raises(IsADirectoryError):
-        snaps.delete(record)
+    assert snaps.delete(record) is False  # reported, not raised: retention must not end the process
+    assert [(op, name) for op, name, _ in errors_seen.calls] == [("write", record.file)]
     assert json_name not in names(snaps.dir)
     assert snaps.snapshots() == []
 
@@ -289,27 +295,24 @@ def test_check_writable(tmp_path: Path) -> None:
     assert "does not exist" in problem
 
 
-def _blocked_manifest_store(tmp_path: Path) -> tuple[store.SnapshotStore, str]:
-    """A store whose next manifest cannot be written: a directory squats on its name.
+def test_failed_manifest_write_is_a_snapshot_error_and_publishes_nothing(
+    snaps: store.SnapshotStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Disk full while the manifest is written: as root, permissions cannot be used to make it fail.
+    real_fdopen = os.fdopen
 
-    Stands in for the I/O failures a manifest write meets in production (disk full, EIO,
-    a slot dir owned by llama-server's uid); as root, permissions cannot be used to make it fail.
-    """
-    probe_dir, real_dir = tmp_path / "probe", tmp_path / "real"
-    probe_dir.mkdir()
-    real_dir.mkdir()
-    name = commit(store.SnapshotStore(probe_dir, clock=StepClock())).file
-    (real_dir / name.replace(".bin", ".json")).mkdir()
-    return store.SnapshotStore(real_dir, clock=StepClock()), name
+    def full(fd: int, *args: object, **kwargs: object) -> object:
+        os.close(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-
-def test_failed_manifest_write_is_a_snapshot_error_and_publishes_nothing(tmp_path: Path) -> None:
-    snaps, name = _blocked_manifest_store(tmp_path)
+    monkeypatch.setattr(os, "fdopen", full)
     with pytest.raises(errors.SnapshotError) as info:
         commit(snaps)
+    monkeypatch.setattr(os, "fdopen", real_fdopen)
     assert info.value.reason == "io"
     assert isinstance(info.value.__cause__, OSError)
-    assert names(snaps.dir) == {name.replace(".bin", ".json")}  # only the squatter: no .bin, no temp files
+    assert "No space left on device" in str(info.value)
+    assert names(snaps.dir) == set()  # no .bin, no temp files
     assert snaps.snapshots() == []
 
 
@@ -323,3 +326,323 @@ def test_read_only_store_reports_but_renames_nothing(tmp_path: Path) -> None:
     ro.scan(clean=False)
     assert [(name, reason) for name, reason, _ in seen.calls] == [(record.file, "size")]
     assert names(tmp_path) == before
+
+
+# ---- ordering by generation, whatever the clock does -----------------------------------
+
+
+class SetClock:
+    """A wall clock the test sets; it steps back when told to, as NTP or an operator can make it."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_clock_stepped_back_neither_deletes_nor_hides_the_new_snapshot(tmp_path: Path) -> None:
+    clock = SetClock(2_000_000_000.0)
+    snaps = store.SnapshotStore(tmp_path, clock=clock)
+    before = commit(snaps, 0)
+    clock.now -= 3600.0  # the clock steps back an hour
+    after = commit(snaps, 0)
+    assert after.created < before.created
+    assert after.generation == before.generation + 1
+    assert snaps.snapshots(0) == [after, before]
+    # Retention keeps the one just committed, and a restore plan tries it first.
+    doomed = policy.select_for_deletion(snaps.snapshots(), keep_per_slot=1, max_bytes=0, max_age=0, now=clock.now)
+    assert [(m.file, reason) for m, reason in doomed] == [(before.file, policy.GcReason.KEEP)]
+    view = events.SlotView(id=0, n_ctx=4096, processing=False, task=None, tokens=0)
+    identity = events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10)
+    assert policy.plan_restore(view, snaps.snapshots(0), identity).candidates == (after, before)
+    # The byte cap too takes the older generation first.
+    capped = policy.select_for_deletion(
+        [before, dataclasses.replace(after, slot=0), commit(snaps, 1)],
+        keep_per_slot=5,
+        max_bytes=1,
+        max_age=0,
+        now=clock.now,
+    )
+    assert [m.file for m, _ in capped] == [before.file]
+
+
+def test_generations_continue_after_a_sidecar_restart(tmp_path: Path) -> None:
+    clock = SetClock(2_000_000_000.0)
+    first = store.SnapshotStore(tmp_path, clock=clock)
+    records = [commit(first, slot) for slot in (0, 1, 0)]
+    assert [r.generation for r in records] == [1, 2, 3]
+    first.delete(records[0])
+    clock.now = 1_000_000_000.0  # and the clock is far behind at the next start
+    again = store.SnapshotStore(tmp_path, clock=clock)
+    again.scan(clean=True)
+    newer = commit(again, 1)
+    assert newer.generation == 4
+    assert again.snapshots(1) == [newer, records[1]]
+
+
+def test_the_same_instant_twice_gets_a_new_name_and_overwrites_nothing(tmp_path: Path) -> None:
+    clock = SetClock(2_000_000_000.0)
+    snaps = store.SnapshotStore(tmp_path, clock=clock)
+    first = commit(snaps, 0, data=b"a" * 100)
+    second = commit(snaps, 0, data=b"b" * 100)  # the clock did not move (or came back to the same microsecond)
+    assert first.file != second.file
+    assert (tmp_path / first.file).read_bytes() == b"a" * 100
+    assert (tmp_path / second.file).read_bytes() == b"b" * 100
+    assert snaps.snapshots(0) == [second, first]
+
+
+# ---- format 1 manifests: read, restorable, left as they are --------------------------
+
+
+def _format_1(directory: Path, slot: int, stamp: str, data: bytes, created: float) -> str:
+    """A snapshot committed by the previous release (manifest format 1, sha256)."""
+    name = f"slot{slot}-{stamp}.bin"
+    (directory / name).write_bytes(data)
+    body = {
+        "format": 1,
+        "slot": slot,
+        "file": name,
+        "tokens": 300,
+        "bytes": len(data),
+        "sha256": hashlib_sha256(data),
+        "created": created,
+        "task": 9,
+        "fingerprint": {
+            "build_info": "b1",
+            "model_path": "/m.gguf",
+            "model_size": 1000,
+            "model_params": 10,
+            "n_ctx": 4096,
+            "total_slots": 4,
+        },
+    }
+    (directory / f"slot{slot}-{stamp}.json").write_text(json.dumps(body, indent=2))
+    return name
+
+
+def hashlib_sha256(data: bytes) -> str:
+    import hashlib  # noqa: PLC0415 - only the format-1 fixtures need it
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_format_1_snapshots_stay_restorable_and_untouched_and_new_ones_sort_above(tmp_path: Path) -> None:
+    data = os.urandom(2048)
+    old = _format_1(tmp_path, 0, "20991231T235959000000Z", data, created=4_000_000_000.0)  # a future clock
+    text_before = (tmp_path / old.replace(".bin", ".json")).read_text()
+    snaps = store.SnapshotStore(tmp_path, clock=SetClock(2_000_000_000.0))
+    assert snaps.scan(clean=True) == []
+    (loaded,) = snaps.snapshots()
+    assert (loaded.generation, loaded.checksum.algorithm) == (0, hashing.Algorithm.SHA256)
+    snaps.verify(loaded)  # checked with its own sha256
+    new = commit(snaps, 0)
+    assert snaps.snapshots(0) == [new, loaded]  # generation 1 beats generation 0 whatever the clocks said
+    assert (tmp_path / old.replace(".bin", ".json")).read_text() == text_before  # never rewritten
+    with (tmp_path / old).open("r+b") as fh:
+        fh.write(bytes([data[0] ^ 0xFF]))
+    with pytest.raises(errors.SnapshotError) as info:
+        snaps.verify(loaded)
+    assert info.value.reason == "checksum"
+    assert "sha256" in str(info.value)
+
+
+# ---- only proof of bad content quarantines -------------------------------------------
+
+
+class FlakyReads:
+    """Path.read_bytes failing with ``errno`` for one file name, ``times`` times (None: always)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str, code: int, times: int | None) -> None:
+        self.name, self.code, self.left = name, code, times
+        self.failures = 0
+        real = Path.read_bytes
+
+        def read_bytes(path: Path) -> bytes:
+            if path.name == self.name and (self.left is None or self.left > 0):
+                if self.left is not None:
+                    self.left -= 1
+                self.failures += 1
+                raise OSError(self.code, os.strerror(self.code), str(path))
+            return real(path)
+
+        monkeypatch.setattr(Path, "read_bytes", read_bytes)
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EACCES])
+def test_an_unreadable_manifest_is_reported_and_kept_not_quarantined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    record = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
+    json_name = record.file.replace(".bin", ".json")
+    before = names(tmp_path)
+    flaky = FlakyReads(monkeypatch, json_name, code, times=None)
+    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
+    bad, io = Quarantined(), Quarantined()
+    fresh.on_quarantine, fresh.on_io_error = bad, io
+    fresh.scan(clean=True)
+    assert bad.calls == []
+    assert names(tmp_path) == before  # nothing renamed, nothing deleted
+    assert flaky.failures == store.READ_ATTEMPTS  # retried before it was reported
+    assert [(op, name) for op, name, _ in io.calls] == [("read", json_name)]
+    assert os.strerror(code) in io.calls[0][2]
+    assert fresh.snapshots() == []
+    flaky.left = 0  # the disk recovers: the next scan finds the snapshot again
+    fresh.scan(clean=False)
+    assert fresh.snapshots() == [record]
+
+
+def test_a_read_error_that_clears_on_retry_is_not_even_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
+    FlakyReads(monkeypatch, record.file.replace(".bin", ".json"), errno.EIO, times=1)
+    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
+    io = Quarantined()
+    fresh.on_io_error = io
+    fresh.scan(clean=True)
+    assert fresh.snapshots() == [record]
+    assert io.calls == []
+
+
+def test_a_snapshot_known_before_stays_indexed_while_its_manifest_is_unreadable(
+    snaps: store.SnapshotStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = commit(snaps)
+    FlakyReads(monkeypatch, record.file.replace(".bin", ".json"), errno.EIO, times=None)
+    snaps.scan(clean=False)
+    snaps.refresh(record.file)
+    assert snaps.snapshots() == [record]
+
+
+def test_an_io_error_while_verifying_is_not_proof(snaps: store.SnapshotStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    record = commit(snaps)
+    before = names(snaps.dir)
+
+    def broken(path: Path, algorithm: hashing.Algorithm = hashing.CURRENT) -> str:
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(hashing, "file_digest", broken)
+    io, bad = Quarantined(), Quarantined()
+    snaps.on_io_error, snaps.on_quarantine = io, bad
+    with pytest.raises(errors.SnapshotError) as info:
+        snaps.verify(record)
+    assert info.value.reason == "io"
+    assert info.value.reason not in store.BAD_CONTENT
+    snaps.quarantine(record.file, info.value.reason, detail=str(info.value))  # a careless caller
+    assert bad.calls == []
+    assert names(snaps.dir) == before
+    assert [op for op, _, _ in io.calls] == ["read", "read"]
+
+
+def test_files_vanishing_during_a_scan_are_a_race_not_damage(
+    snaps: store.SnapshotStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = commit(snaps)
+    real = Path.read_bytes
+
+    def read_then_lose(path: Path) -> bytes:  # retention deletes the pair right after the manifest is read
+        raw = real(path)
+        if path.name == record.file.replace(".bin", ".json"):
+            (snaps.dir / record.file).unlink()
+            path.unlink()
+        return raw
+
+    monkeypatch.setattr(Path, "read_bytes", read_then_lose)
+    bad = Quarantined()
+    snaps.on_quarantine = bad
+    snaps.scan(clean=False)
+    assert bad.calls == []
+    assert snaps.snapshots() == []
+    assert names(snaps.dir) == set()
+
+
+def test_a_manifest_of_a_newer_format_is_left_alone_with_one_warning(tmp_path: Path) -> None:
+    record = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
+    json_path = tmp_path / record.file.replace(".bin", ".json")
+    body = json.loads(json_path.read_text())
+    body["format"] = manifest.FORMAT + 1
+    body["checksum"] = {"algorithm": "some-future-hash", "digest": "?"}
+    json_path.write_text(json.dumps(body))
+    before = names(tmp_path)
+    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
+    newer, bad = [], Quarantined()
+    fresh.on_newer = lambda name, found: newer.append((name, found))
+    fresh.on_quarantine = bad
+    for _ in range(3):
+        fresh.scan(clean=True)
+    fresh.refresh(json_path.name)
+    assert newer == [(json_path.name, manifest.FORMAT + 1)]
+    assert bad.calls == []
+    assert fresh.snapshots() == []
+    assert names(tmp_path) == before
+
+
+def test_quarantine_trimming_never_touches_files_kept_for_io_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = store.SnapshotStore(tmp_path, clock=StepClock())
+    keep = [commit(first, 0) for _ in range(store.QUARANTINE_KEEP + 2)]
+    for record in keep:
+        FlakyReads(monkeypatch, record.file.replace(".bin", ".json"), errno.EIO, times=None)
+        monkeypatch.undo()
+    FlakyReads(monkeypatch, keep[0].file.replace(".bin", ".json"), errno.EIO, times=None)
+    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
+    fresh.scan(clean=True)
+    for record in keep[1:]:
+        fresh.quarantine(record.file, "checksum")
+    assert keep[0].file in names(tmp_path)
+    assert keep[0].file.replace(".bin", ".json") in names(tmp_path)
+
+
+# ---- the slot dir itself going away --------------------------------------------------
+
+
+def test_a_removed_slot_dir_is_reported_not_raised_and_recovers(tmp_path: Path) -> None:
+    slot_dir = tmp_path / "slots"
+    slot_dir.mkdir()
+    snaps = store.SnapshotStore(slot_dir, clock=StepClock())
+    record = commit(snaps)
+    io = Quarantined()
+    snaps.on_io_error = io
+    slot_dir.rename(tmp_path / "moved")
+    usage = snaps.usage()  # statvfs of a missing dir: reported in the result, not raised
+    assert "No such file or directory" in usage.problem
+    problem = snaps.check_writable()
+    assert problem is not None
+    assert "does not exist" in problem
+    assert snaps.scan(clean=False) == []
+    assert snaps.snapshots() == []
+    with pytest.raises(errors.SnapshotError):
+        snaps.commit(snaps.temp_name(0), slot=0, tokens=300, written=1000, task=9, fingerprint=FP)
+    assert [op for op, _, _ in io.calls] == ["scan"]  # said once, not at every call
+    (tmp_path / "moved").rename(slot_dir)
+    snaps.scan(clean=False)
+    assert snaps.check_writable() is None
+    assert snaps.usage().problem == ""
+    assert snaps.snapshots() == [record]
+
+
+def test_a_blocked_store_lists_and_commits_nothing(snaps: store.SnapshotStore) -> None:
+    record = commit(snaps)
+    snaps.block("another llama-kv-sidecar holds the slot dir")
+    assert snaps.snapshots() == []
+    assert snaps.check_writable() == "another llama-kv-sidecar holds the slot dir"
+    with pytest.raises(errors.SnapshotError, match="another llama-kv-sidecar"):
+        commit(snaps)
+    snaps.block("")
+    assert snaps.snapshots() == [record]
+
+
+def test_other_json_files_in_the_slot_dir_are_not_manifests(snaps: store.SnapshotStore) -> None:
+    record = commit(snaps)
+    (snaps.dir / ".llama-kv-sidecar.weights.json").write_text('{"/models/m.gguf": {}}')  # the weights cache
+    (snaps.dir / "notes.json").write_text("[]")
+    before = names(snaps.dir)
+    bad = Quarantined()
+    snaps.on_quarantine = bad
+    snaps.scan(clean=True)
+    snaps.refresh(".llama-kv-sidecar.weights.json")
+    assert bad.calls == []
+    assert names(snaps.dir) == before
+    assert snaps.snapshots() == [record]

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import xxhash
 from prometheus_client import CollectorRegistry
 
-from sidecar import events, manifest, metrics, outcomes, policy, store, watcher
+from sidecar import dirlock, events, hashing, manifest, metrics, outcomes, policy, store, watcher
 
 FP = manifest.Fingerprint("b1", "/m.gguf", 10, 20, 4096, 1)
 
@@ -45,7 +45,8 @@ def _write_pair(directory: Path, slot: int, stamp: str, size: int) -> manifest.M
         file=name,
         tokens=100,
         bytes=size,
-        sha256=hashlib.sha256(data).hexdigest(),
+        checksum=manifest.Checksum(hashing.Algorithm.XXH3_128, xxhash.xxh3_128_hexdigest(data)),
+        generation=1,
         created=time.time(),
         task=1,
         fingerprint=FP,
@@ -103,3 +104,74 @@ def test_result_words_match_the_policy_vocabulary() -> None:
     assert tuple(o.value for o in outcomes.RestoreOutcome) == metrics.RESTORE_RESULTS
     assert tuple(r.value for r in policy.GcReason) == metrics.GC_REASONS
     assert events.Health.OK.value == "ok"
+
+
+@pytest.fixture
+async def watched_subdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[store.SnapshotStore, dirlock.DirLock, asyncio.Task[None]]]:
+    """A watcher on tmp_path/slots holding its lock, checking the directory every 50 ms."""
+    monkeypatch.setattr(watcher, "CHECK_EVERY", 0.05)
+    slot_dir = tmp_path / "slots"
+    slot_dir.mkdir()
+    stats = metrics.Metrics(CollectorRegistry(), version="test")
+    snaps = store.SnapshotStore(slot_dir, clock=time.time)
+    lock = dirlock.DirLock(slot_dir)
+    lock.acquire()
+    watch = watcher.Watcher(snaps, stats, lock)
+    watch.start()
+    task = asyncio.create_task(watch.run(), name="watcher")
+    try:
+        yield snaps, lock, task
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await watch.stop()
+        lock.release()
+
+
+async def test_a_slot_dir_moved_away_is_reported_and_a_new_one_is_taken_over(
+    watched_subdir: tuple[store.SnapshotStore, dirlock.DirLock, asyncio.Task[None]], tmp_path: Path
+) -> None:
+    snaps, lock, task = watched_subdir
+    first = _write_pair(snaps.dir, 0, "20260101T000000000000Z", 1000)
+    await _eventually(lambda: [m.file for m in snaps.snapshots()] == [first.file])
+    snaps.dir.rename(tmp_path / "away")
+    await _eventually(lambda: "does not exist" in (snaps.check_writable() or ""))
+    await _eventually(lambda: snaps.snapshots() == [])
+    assert not task.done()  # the watcher (and with it the process) keeps running
+    snaps.dir.mkdir()  # a new, empty directory at the path: a volume mounted again
+    await _eventually(lambda: snaps.check_writable() is None and lock.holds())
+    second = _write_pair(snaps.dir, 1, "20260101T000001000000Z", 1000)
+    await _eventually(lambda: [m.file for m in snaps.snapshots()] == [second.file])  # watched again
+
+
+async def test_a_slot_dir_put_back_brings_its_snapshots_back(
+    watched_subdir: tuple[store.SnapshotStore, dirlock.DirLock, asyncio.Task[None]], tmp_path: Path
+) -> None:
+    snaps, lock, _ = watched_subdir
+    first = _write_pair(snaps.dir, 0, "20260101T000000000000Z", 1000)
+    await _eventually(lambda: [m.file for m in snaps.snapshots()] == [first.file])
+    snaps.dir.rename(tmp_path / "away")
+    await _eventually(lambda: snaps.check_writable() is not None)
+    (tmp_path / "away").rename(snaps.dir)
+    await _eventually(lambda: snaps.check_writable() is None)
+    await _eventually(lambda: [m.file for m in snaps.snapshots()] == [first.file])
+    assert lock.holds()
+
+
+async def test_a_new_slot_dir_taken_by_another_sidecar_is_left_to_it(
+    watched_subdir: tuple[store.SnapshotStore, dirlock.DirLock, asyncio.Task[None]], tmp_path: Path
+) -> None:
+    snaps, lock, _ = watched_subdir
+    snaps.dir.rename(tmp_path / "away")
+    snaps.dir.mkdir()
+    other = dirlock.DirLock(snaps.dir)
+    other.acquire()  # another sidecar got there first
+    theirs = _write_pair(snaps.dir, 0, "20260101T000000000000Z", 1000)
+    await _eventually(lambda: "another llama-kv-sidecar holds" in (snaps.check_writable() or ""))
+    assert snaps.snapshots() == []  # its conversations are not ours to restore
+    other.release()
+    await _eventually(lambda: snaps.check_writable() is None and lock.holds())
+    await _eventually(lambda: [m.file for m in snaps.snapshots()] == [theirs.file])

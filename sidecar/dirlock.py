@@ -1,0 +1,98 @@
+"""One sidecar per slot dir: an exclusive ``flock`` held for the process lifetime.
+
+Two sidecars on one directory would delete each other's temp files at
+start-up and restore each other's conversations. ``run`` and ``verify``
+(which quarantines) take the lock on ``.llama-kv-sidecar.lock`` in the slot
+dir; ``ls`` and ``verify --dry-run`` only read and take none. The file
+holds the holder's pid, host and start time, so the refusal can name it.
+The kernel releases the lock when the process dies, however it dies, so a
+stale lock file is harmless: only a live holder blocks. On NFS, Linux maps
+``flock`` to a POSIX lock the server arbitrates between clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+from sidecar import errors
+
+LOCK_NAME = ".llama-kv-sidecar.lock"
+
+
+class DirLock:
+    """Hold with :meth:`acquire`; :meth:`release` (or process exit) lets go."""
+
+    def __init__(self, slot_dir: Path) -> None:
+        self.dir = slot_dir
+        self._fd: int | None = None
+        self._held: tuple[int, int] | None = None
+        """(device, inode) of the lock file this process holds."""
+
+    @property
+    def path(self) -> Path:
+        return self.dir / LOCK_NAME
+
+    def acquire(self) -> None:
+        """Take the lock or raise ConfigError naming the sidecar that holds it."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+        except OSError as exc:
+            raise errors.ConfigError(
+                f"cannot open the lock file {self.path}: {exc.strerror or exc}: the slot dir must be "
+                "writable by this user"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe_holder(fd)
+            os.close(fd)
+            raise errors.ConfigError(
+                f"another llama-kv-sidecar holds the slot dir {self.dir} ({holder}): one sidecar per "
+                f"slot dir; stop that one, or give this one the directory of its own llama-server "
+                f"(lock file {LOCK_NAME})"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        since = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}) + "\n"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, body.encode(), 0)
+        self.release()
+        self._fd = fd
+        st = os.fstat(fd)
+        self._held = (st.st_dev, st.st_ino)
+
+    def holds(self) -> bool:
+        """Whether the lock file in the slot dir now is the one this process locked.
+
+        False after the directory was removed, moved or replaced: the lock
+        went with the old directory and must be taken again on the new one.
+        """
+        if self._held is None:
+            return False
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._held
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd, self._held = None, None
+
+
+def _describe_holder(fd: int) -> str:
+    try:
+        raw = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {raw['pid']} on host {raw['host']}, since {raw['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown: the lock file does not say"
