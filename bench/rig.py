@@ -43,7 +43,7 @@ class BenchError(RuntimeError):
 
 class Rig:
     def __init__(self, *, log_dir: Path, threads: int = 2) -> None:
-        self.binary = llamabed.llama_server_binary()
+        self.binary, self.build = llamabed.llama_server_binary()
         self.model = llamabed.model_path()
         self.threads = threads
         self.log_dir = log_dir

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import exposition
-import promql
 import pytest
 import yaml
 from deploytools import DEPLOY, require_tool
 from prometheus_client import CollectorRegistry
 
 from sidecar import metrics
+from support import promql
 
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 STARTUP_TIMEOUT = 30.0

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from llamabed import MakeServer, complete, http_json, make_prompt, slot_action, tokenize
+
+from support.llamabed import MakeServer, complete, http_json, make_prompt, slot_action, tokenize
 
 TAIL = " and then the caravan went home"
 

@@ -14,12 +14,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-import promql
 import pytest
-from llamabed import MakeServer, complete, make_prompt
-from prombed import Prometheus
 from prometheus_client.parser import text_string_to_metric_families
-from sidecarbed import MakeSidecar
+
+from support import promql
+from support.llamabed import MakeServer, complete, make_prompt
+from support.prombed import Prometheus
+from support.sidecarbed import MakeSidecar
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 

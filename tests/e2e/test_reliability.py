@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from llamabed import MakeServer, complete, make_prompt
-from sidecarbed import MakeSidecar, SidecarProcess
+
+from support.llamabed import MakeServer, complete, make_prompt
+from support.sidecarbed import MakeSidecar, SidecarProcess
 
 TOKENS = 1024
 

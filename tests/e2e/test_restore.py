@@ -6,8 +6,8 @@ import functools
 import time
 from pathlib import Path
 
-from llamabed import MakeServer, complete, make_prompt
-from sidecarbed import MakeSidecar, SidecarProcess
+from support.llamabed import MakeServer, complete, make_prompt
+from support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 2048
 

@@ -8,8 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from llamabed import MakeServer, free_port
-from sidecarbed import MakeSidecar
+from support.llamabed import MakeServer
+from support.net import free_port
+from support.sidecarbed import MakeSidecar
 
 
 def test_server_unreachable_at_start_keeps_trying_and_says_so_once(

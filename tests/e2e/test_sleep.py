@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from llamabed import MakeServer, complete, http_json, make_prompt
-from sidecarbed import MakeSidecar
+from support.llamabed import MakeServer, complete, http_json, make_prompt
+from support.sidecarbed import MakeSidecar
 
 TOKENS = 1024
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llamabed import MakeServer, complete, make_prompt
-from sidecarbed import MakeSidecar, SidecarProcess
+from support.llamabed import MakeServer, complete, make_prompt
+from support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 1024
 

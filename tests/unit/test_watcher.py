@@ -6,13 +6,14 @@ import asyncio
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar import events, manifest, metrics, policy, store, watcher
+from support.wait import until
 
 FP = manifest.Fingerprint("b1", "/m.gguf", 10, 20, 4096, 1)
 
@@ -54,13 +55,6 @@ def _write_pair(directory: Path, slot: int, stamp: str, size: int) -> manifest.M
     return record
 
 
-async def _eventually(check: Callable[[], bool], within: float = 1.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "not within a second"
-        await asyncio.sleep(0.02)
-
-
 def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     value = registry.get_sample_value(name, labels)
     return -1.0 if value is None else value
@@ -72,8 +66,8 @@ async def test_created_deleted_truncated_and_renamed_files_update_index_and_gaug
     snaps, registry = watched
     a = _write_pair(snaps.dir, 0, "20260101T000000000000Z", 4096)
     _write_pair(snaps.dir, 1, "20260101T000001000000Z", 1000)
-    await _eventually(lambda: _value(registry, "llama_sidecar_snapshot_files") == 2)
-    await _eventually(lambda: _value(registry, "llama_sidecar_disk_used_bytes") >= 5096)
+    await until(lambda: _value(registry, "llama_sidecar_snapshot_files") == 2, timeout=1.0)
+    await until(lambda: _value(registry, "llama_sidecar_disk_used_bytes") >= 5096, timeout=1.0)
     assert [m.file for m in snaps.snapshots(0)] == [a.file]
 
     # Renamed by someone: the index follows the new name (manifest moved last).
@@ -83,19 +77,19 @@ async def test_created_deleted_truncated_and_renamed_files_update_index_and_gaug
     os.replace(snaps.dir / f"{old}.bin", snaps.dir / f"{new}.bin")
     (snaps.dir / f"{new}.json").write_text(body)
     os.remove(snaps.dir / f"{old}.json")
-    await _eventually(lambda: [m.file for m in snaps.snapshots(1)] == [f"{new}.bin"])
+    await until(lambda: [m.file for m in snaps.snapshots(1)] == [f"{new}.bin"], timeout=1.0)
 
     # Truncated: quarantined, out of the index, counted.
     with open(snaps.dir / a.file, "r+b") as fh:
         fh.truncate(10)
-    await _eventually(lambda: _value(registry, "llama_sidecar_snapshots_quarantined_total", reason="size") == 1)
+    await until(lambda: _value(registry, "llama_sidecar_snapshots_quarantined_total", reason="size") == 1, timeout=1.0)
     assert snaps.snapshots(0) == []
-    await _eventually(lambda: _value(registry, "llama_sidecar_snapshot_files") == 1)
+    await until(lambda: _value(registry, "llama_sidecar_snapshot_files") == 1, timeout=1.0)
 
     # Deleted: gone from the index and the gauges.
     os.remove(snaps.dir / f"{new}.bin")
-    await _eventually(lambda: snaps.snapshots() == [])
-    await _eventually(lambda: _value(registry, "llama_sidecar_snapshot_files") == 0)
+    await until(lambda: snaps.snapshots() == [], timeout=1.0)
+    await until(lambda: _value(registry, "llama_sidecar_snapshot_files") == 0, timeout=1.0)
     assert _value(registry, "llama_sidecar_disk_free_bytes") > 0
 
 
