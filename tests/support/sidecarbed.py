@@ -10,7 +10,6 @@ defaults, so a developer's environment would change what is tested.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+from support.environ import child_env
 from support.readers import json_lines, parse_metrics, sample
 from support.wait import wait_until
 
@@ -34,9 +34,13 @@ FAST = {
 }
 
 
-def clean_environ(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment without `LLAMA_*`, plus `extra`."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")} | (extra or {})
+def manifests(slot_dir: Path) -> list[str]:
+    """Names of the committed snapshots' manifests in a slot dir, oldest first."""
+    return sorted(p.name for p in slot_dir.glob("slot*.json"))
+
+
+def bin_of(manifest_name: str) -> str:
+    return manifest_name.removesuffix(".json") + ".bin"
 
 
 class SidecarProcess:
@@ -71,7 +75,7 @@ class SidecarProcess:
         before = len(self.logs())
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                self.args(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=clean_environ(self.env)
+                self.args(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(self.env)
             )
         self.port = self.wait_for(lambda: self._listening(before), timeout=20, what="the 'listening' log line")
         self.wait_for(lambda: self.get("/healthz")[0] == 200, timeout=20, what="/healthz")
@@ -131,6 +135,22 @@ class SidecarProcess:
         code, text = self.get("/metrics")
         assert code == 200, text
         return sample(parse_metrics(text), name, **labels)
+
+    def wait_saved(self, n: int = 1, slot: int = 0, timeout: float = 60.0) -> None:
+        """Wait until `n` snapshots of `slot` were committed."""
+        self.wait_for(
+            lambda: self.metric("llama_sidecar_snapshots_total", slot=str(slot), result="ok") >= n,
+            timeout=timeout,
+            what=f"{n} snapshot(s) of slot {slot}",
+        )
+
+    def wait_restored(self, n: int = 1, slot: int = 0, timeout: float = 60.0) -> None:
+        """Wait until `n` restores into `slot` succeeded."""
+        self.wait_for(
+            lambda: self.metric("llama_sidecar_restores_total", slot=str(slot), result="ok") >= n,
+            timeout=timeout,
+            what=f"{n} restore(s) of slot {slot}",
+        )
 
     def lines(self) -> list[str]:
         return self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
