@@ -28,7 +28,7 @@ import threading
 import time
 
 from bench import client, rig
-from bench.beds import llamabed, sidecarbed
+from bench.beds import llamabed, sidecarbed, wait
 
 NONE, DIRECT, SIDECAR = "no sidecar", "bench saves slot 1", "sidecar (defaults)"
 DIRECT_SAVE_AFTER = 2.5
@@ -99,7 +99,7 @@ def window(
     thread = threading.Thread(target=client.stream, args=(server.port, seconds, times), name="stream", daemon=True)
     start = time.time()
     thread.start()
-    rig.wait_until(lambda: len(times) >= 2, timeout=120, what="first streamed tokens")
+    wait.wait_until(lambda: len(times) >= 2, timeout=120, what="first streamed tokens")
     began = time.monotonic()
     while time.monotonic() - began < seconds - period:
         cycle = time.monotonic()
