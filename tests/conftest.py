@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-FIGURES = pytest.StashKey[list[str]]()
+from support.report import SUMMARY
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[FIGURES] = []
+    config.stash[SUMMARY] = []
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    """Print the figures the tests measured (quoted by the docs), whatever the output capture."""
-    lines = config.stash.get(FIGURES, [])
+    """Print the figures the tests measured (quoted by the docs) and the llama-server build, whatever the capture."""
+    lines = config.stash.get(SUMMARY, [])
     if lines:
         terminalreporter.section("measured")
         for line in lines:
@@ -27,7 +27,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
 @pytest.fixture
 def figure(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """`figure("...")` records one line for the end-of-run "measured" section."""
-    lines = request.config.stash[FIGURES]
+    lines = request.config.stash[SUMMARY]
     name = request.node.name
 
     def record(text: str) -> None:

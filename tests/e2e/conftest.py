@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from support.llamabed import LlamaServer, MakeServer, llama_server_binary, model_path
+from support.report import SUMMARY
 from support.sidecarbed import MakeSidecar, SidecarProcess
 
 
@@ -24,9 +25,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def llama_binary(pytestconfig: pytest.Config) -> Path:
     """The llama-server binary (built once per machine, then cached), of the pinned build."""
     binary, build = llama_server_binary()
-    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"\nllama-server: {binary} (build {build})")
+    pytestconfig.stash[SUMMARY].append(f"llama-server: {binary} (build {build})")
     return binary
 
 
