@@ -7,6 +7,7 @@ from pathlib import Path
 
 from support.llamabed import MakeServer, complete, make_prompt
 from support.sidecarbed import MakeSidecar, SidecarProcess, bin_of, manifests
+from support.wait import wait_until
 
 TOKENS = 512
 
@@ -77,21 +78,25 @@ def test_max_age_deletes_an_expired_snapshot_after_a_save(
 def test_max_age_deletes_an_expired_snapshot_while_the_server_is_idle(
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
 ) -> None:
-    """Two snapshots of a slot, then no more traffic: the older one passes --max-age and must go."""
+    """Two snapshots of a slot, then no more traffic: once the older passes --max-age it must go."""
     server = llama(slot_dir=slot_dir)
     convo = [make_prompt(server.url, TOKENS, seed=91)]
-    side = sidecar(server, slot_dir, extra={"--keep-per-slot": "5", "--max-age": "6"})
+    side = sidecar(server, slot_dir, extra={"--keep-per-slot": "5"})
     complete(server.url, convo[0])
     side.wait_saved()
     _turn(server.url, convo, seed=92)
     side.wait_saved(2)
-    kept = manifests(slot_dir)
-    assert len(kept) == 2, f"the older snapshot went before the server was idle: {kept}"
-    older, newest = kept
+    side.terminate()
+    older, newest = manifests(slot_dir)
+    created = (slot_dir / older).stat().st_mtime
+    wait_until(lambda: time.time() - created > 4, timeout=10, what="the older snapshot to be 4 s old")
+    # A sidecar with --max-age 3 and a server that stays idle: no save will come to trigger a clean-up.
+    side = sidecar(server, slot_dir, extra={"--keep-per-slot": "5", "--max-age": "3"})
+    side.wait_for(lambda: side.log_events("slot_already_saved"), what="the newest snapshot adopted")
     side.wait_for(
         lambda: _deleted(side, "age") == 1,
-        timeout=25,
-        what="the older snapshot to be deleted by --max-age 6 on an idle server",
+        timeout=20,
+        what="the expired snapshot to be deleted by --max-age 3 on an idle server",
     )
     assert manifests(slot_dir) == [newest]
     assert not (slot_dir / bin_of(older)).exists()
