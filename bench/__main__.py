@@ -1,7 +1,9 @@
 """`python -m bench`: run the benchmarks, print tables, write a PNG and a JSON.
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
-footprint, scaling, proxy. Progress goes to stderr, results to stdout.
+footprint, scaling, proxy. Progress goes to stderr, results to stdout, ending
+with one verdict line per goal (MET, MISSED or NO VERDICT, with the figures).
+The exit status is 1 when a goal was missed.
 """
 
 from __future__ import annotations
@@ -169,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     raw["goals"] = [dataclasses.asdict(v) for v in verdicts]
     print("\n## Goals\n")
     print(goals.table(verdicts))
+    print()
+    print("\n".join(goals.lines(verdicts)), flush=True)
     print(
         f"\nload avg {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} (1/5/15 min) at end, {rig.busy()}; "
         f"run took {raw['elapsed_s'] / 60:.1f} min; machine has {info.cores} cores"
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {png_path.relative_to(REPO_ROOT) if png_path.is_relative_to(REPO_ROOT) else png_path}, "
         f"{json_path.name}; logs in {bed.log_dir.name}/"
     )
-    return 0
+    return goals.exit_code(verdicts)
 
 
 def _title(raw: dict[str, Any]) -> str:

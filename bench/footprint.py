@@ -25,7 +25,7 @@ import threading
 import time
 
 from bench import client, rig
-from bench.beds import llamabed, sidecarbed
+from bench.beds import llamabed, sidecarbed, wait
 
 BARE_LOOP = """
 import asyncio, sys
@@ -105,7 +105,7 @@ def run(bed: rig.Rig, *, seconds: float, say: rig.Say) -> list[State]:
     times: list[float] = []
     streamer = threading.Thread(target=client.stream, args=(server.port, seconds + 4, times), daemon=True)
     streamer.start()
-    rig.wait_until(lambda: len(times) >= 2, timeout=120, what="first streamed tokens")
+    wait.wait_until(lambda: len(times) >= 2, timeout=120, what="first streamed tokens")
     states.append(sample("server streaming, poll 1.0 s", side, server, seconds=seconds, polls=1.0))
     say(f"  {states[-1].name}: sidecar {states[-1].sidecar_cpu * 100:.2f}% of a core")
     streamer.join(timeout=120)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from bench import REPO_ROOT, client, rig
-from bench.beds import llamabed
+from bench.beds import net, wait
 
 DIRECT, PROXY = "direct", "proxy"
 ADDED_P50_TARGET_MS = 1.0
@@ -116,9 +116,9 @@ class _Conn:
 def run(bed: rig.Rig, *, reps: int, stream_seconds: float, rounds: int, say: rig.Say) -> Result:
     slot_dir = bed.slot_dir("proxy")
     server = bed.server(slot_dir=slot_dir, n_slots=1, ctx_size=4096)
-    proxy_port = llamabed.free_port()
+    proxy_port = net.free_port()
     side = bed.sidecar(server, slot_dir, **{"--proxy-listen": f"127.0.0.1:{proxy_port}"})
-    rig.wait_until(
+    wait.wait_until(
         lambda: side.metric("llama_sidecar_server_up") == 1, timeout=60, what="the sidecar to see llama-server up"
     )
     ports = {DIRECT: server.port, PROXY: proxy_port}

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from bench import rig
-from bench.beds import llamabed, sidecarbed
+from bench.beds import llamabed, sidecarbed, wait
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,16 +51,15 @@ class Sample:
 
 def wait_healthy(url: str, *, timeout: float = 300.0) -> float:
     """Poll /health every 10 ms; return the unix time of the first 200."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            status, _ = llamabed.http_json("GET", url + "/health", timeout=2.0)
-        except OSError:
-            status = 0
-        if status == 200:
-            return time.time()
-        time.sleep(0.01)
-    raise rig.BenchError(f"server not healthy after {timeout:.0f}s")
+    return wait.wait_until(lambda: _healthy(url) and time.time(), timeout=timeout, what=f"{url}/health", every=0.01)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        status, _ = llamabed.http_json("GET", url + "/health", timeout=2.0)
+    except OSError:
+        return False
+    return status == 200
 
 
 def _nth_restore(side: sidecarbed.SidecarProcess, n: int) -> dict[str, Any] | None:

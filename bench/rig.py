@@ -14,14 +14,12 @@ import os
 import shutil
 import statistics
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from bench.beds import llamabed, sidecarbed
+from bench.beds import llamabed, sidecarbed, wait
 
-T = TypeVar("T")
 Say = Callable[[str], None]
 """Where a benchmark reports progress (stderr)."""
 
@@ -43,7 +41,7 @@ class BenchError(RuntimeError):
 
 class Rig:
     def __init__(self, *, log_dir: Path, threads: int = 2) -> None:
-        self.binary = llamabed.llama_server_binary()
+        self.binary, self.build = llamabed.llama_server_binary()
         self.model = llamabed.model_path()
         self.threads = threads
         self.log_dir = log_dir
@@ -101,20 +99,9 @@ def clear_dir(path: Path) -> None:
             entry.unlink()
 
 
-def wait_until(check: Callable[[], T], *, timeout: float, what: str, every: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
-
-
 def wait_idle(url: str, *, timeout: float = 120.0) -> None:
     """Wait until no slot of the server is processing."""
-    wait_until(
+    wait.wait_until(
         lambda: not any(s.get("is_processing") for s in llamabed.slots(url)),
         timeout=timeout,
         what="idle slots",

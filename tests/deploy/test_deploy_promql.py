@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import exposition
-import promql
 import pytest
 import yaml
 from deploytools import DEPLOY, require_tool
 from prometheus_client import CollectorRegistry
 
 from sidecar import metrics
+from support import promql
+from support.wait import wait_until
 
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 STARTUP_TIMEOUT = 30.0
@@ -95,21 +95,21 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _wait_for_two_scrapes(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     """Both jobs up, each with at least two samples of `up`."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT
     expr = 'count_over_time(up{job=~"llama-kv-sidecar|llama-server"}[1m]) >= 2 and up == 1'
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"prometheus exited {proc.returncode}:\n{log.read_text()}", pytrace=False)
+
+    def scraped() -> bool:
         try:
-            if len(promql.query(url, expr)) == 2:  # one series per job
-                return
+            return len(promql.query(url, expr)) == 2  # one series per job
         except (urllib.error.URLError, ConnectionError):
-            pass  # not listening yet
-        time.sleep(0.2)
-    pytest.fail(
-        f"Prometheus did not scrape both targets twice in {STARTUP_TIMEOUT} s:\n{log.read_text()}",
-        pytrace=False,
-    )
+            return False  # not listening yet
+
+    def exited() -> str | None:
+        return None if proc.poll() is None else f"prometheus exited {proc.returncode}:\n{log.read_text()}"
+
+    try:
+        wait_until(scraped, timeout=STARTUP_TIMEOUT, what="both targets scraped twice", every=0.2, gone=exited)
+    except AssertionError as err:
+        pytest.fail(f"{err}\n{log.read_text()}", pytrace=False)
 
 
 @pytest.mark.prometheus
@@ -131,15 +131,14 @@ def test_alert_expressions_run(prometheus: str) -> None:
 
 @pytest.mark.prometheus
 def test_alert_rules_evaluate_without_errors(prometheus: str) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while True:
+
+    def evaluated() -> list[dict[str, Any]]:
         groups = _get_json(f"{prometheus}/api/v1/rules")["data"]["groups"]
         rules = [rule for group in groups for rule in group["rules"]]
         # A rule not evaluated yet reports the zero time, 0001-01-01T00:00:00Z.
-        if rules and not any(rule["lastEvaluation"].startswith("0001-") for rule in rules):
-            break
-        assert time.monotonic() < deadline, "alert rules were not evaluated"
-        time.sleep(0.2)
+        return [] if any(rule["lastEvaluation"].startswith("0001-") for rule in rules) else rules
+
+    rules = wait_until(evaluated, timeout=STARTUP_TIMEOUT, what="every alert rule evaluated", every=0.2)
     assert len(rules) == len(promql.rule_expressions())
     assert [(rule["name"], rule.get("lastError", "")) for rule in rules if rule["health"] != "ok"] == []
 

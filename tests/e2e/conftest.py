@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from llamabed import LlamaServer, MakeServer, llama_server_binary, model_path
-from sidecarbed import SidecarProcess
+
+from support.llamabed import LlamaServer, MakeServer, llama_server_binary, model_path
+from support.report import SUMMARY
+from support.sidecarbed import MakeSidecar, SidecarProcess
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -20,23 +22,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def llama_binary() -> Path:
-    """The llama-server binary (built once per machine, then cached)."""
-    return llama_server_binary()
+def llama_binary(pytestconfig: pytest.Config) -> Path:
+    """The llama-server binary (built once per machine, then cached), of the pinned build."""
+    binary, build = llama_server_binary()
+    pytestconfig.stash[SUMMARY].append(f"llama-server: {binary} (build {build})")
+    return binary
 
 
 @pytest.fixture(scope="session")
 def model() -> Path:
     """The gemma3-270m Q4_K_M model file."""
     return model_path()
-
-
-@pytest.fixture
-def slot_dir(tmp_path: Path) -> Path:
-    """An empty directory for `--slot-save-path`."""
-    path = tmp_path / "slots"
-    path.mkdir()
-    return path
 
 
 @pytest.fixture
@@ -62,16 +58,14 @@ def llama(llama_binary: Path, model: Path, tmp_path: Path) -> Iterator[MakeServe
 
 
 @pytest.fixture
-def sidecar(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """Factory: `make(server, slot_dir, extra={flag: value}, start=True)` -> a running sidecar."""
+def sidecar(tmp_path: Path) -> Iterator[MakeSidecar]:
+    """Factory: `make(server, slot_dir, extra={flag: value}, env={...})` -> a running sidecar."""
     made: list[SidecarProcess] = []
 
-    def make(server: LlamaServer, slot_dir: Path, start: bool = True, **kw: Any) -> SidecarProcess:
+    def make(server: LlamaServer, slot_dir: Path, **kw: Any) -> SidecarProcess:
         proc = SidecarProcess(server.url, slot_dir, tmp_path / f"sidecar-{len(made)}.log", **kw)
         made.append(proc)
-        if start:
-            proc.start()
-        return proc
+        return proc.start()
 
     yield make
     for proc in made:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llamabed import MakeServer, complete, make_prompt
-from sidecarbed import MakeSidecar, SidecarProcess
+from support.llamabed import MakeServer, complete, make_prompt
+from support.sidecarbed import MakeSidecar, SidecarProcess
 
 TOKENS = 512
 NEW_KEY = "sk-rotated-in-7a1c"

@@ -14,8 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from llamabed import LlamaHTTPError, MakeServer, call, complete, make_prompt, slots
-from sidecarbed import MakeSidecar, SidecarProcess
+from support.llamabed import LlamaHTTPError, MakeServer, call, complete, make_prompt, slots
+from support.sidecarbed import MakeSidecar, SidecarProcess
 
 TOKEN = "admin-secret"
 LONG_GENERATION = 6000

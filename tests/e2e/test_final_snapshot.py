@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llamabed import MakeServer, complete, http_json, make_prompt
-from sidecarbed import MakeSidecar
-
 from sidecar import engine
+from support.llamabed import MakeServer, complete, http_json, make_prompt
+from support.sidecarbed import MakeSidecar
 
 
 def _sleeping(url: str) -> bool:

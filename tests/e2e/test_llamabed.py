@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
-from llamabed import MakeServer, complete, http_json, make_prompt, slot_action, tokenize
+
+from support.llamabed import MakeServer, build_of, call, complete, http_json, make_prompt, slot_action, tokenize
 
 TAIL = " and then the caravan went home"
 
@@ -58,3 +61,26 @@ def test_saving_an_empty_slot_saves_zero_tokens(llama: MakeServer, slot_dir: Pat
     saved = slot_action(server.url, 0, "save", "empty.bin")
     assert saved["n_saved"] == 0
     assert (slot_dir / "empty.bin").stat().st_size == saved["n_written"]
+
+
+def _start_time(url: str) -> int:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        return int(resp.headers["Process-Start-Time-Unix"])
+
+
+def test_the_server_is_the_checked_build_and_its_start_time_header_changes_with_the_process(
+    llama: MakeServer, llama_binary: Path
+) -> None:
+    # Despite its name the header is ggml_time_us() at start: CLOCK_MONOTONIC microseconds, not
+    # Unix time. Only its equality within one process, and change across processes, can be used.
+    before = time.monotonic()
+    server = llama()
+    assert call("GET", server.url + "/props")["build_info"] == build_of(llama_binary)
+    first = _start_time(server.url)
+    assert before * 1e6 <= first <= time.monotonic() * 1e6
+    assert _start_time(server.url) == first  # the same process: the same value
+    restarted_at = time.monotonic()
+    server.restart(graceful=False)
+    second = _start_time(server.url)
+    assert restarted_at * 1e6 <= second <= time.monotonic() * 1e6
+    assert second > first

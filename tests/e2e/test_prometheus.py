@@ -11,27 +11,29 @@ import os
 import shutil
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
-import promql
 import pytest
-from llamabed import MakeServer, complete, make_prompt
-from prombed import Prometheus
-from prometheus_client.parser import text_string_to_metric_families
-from sidecarbed import MakeSidecar
+
+from support import promql
+from support.llamabed import MakeServer, complete, make_prompt
+from support.prombed import Prometheus
+from support.readers import has_sample, sample, scrape
+from support.sidecarbed import MakeSidecar, SidecarProcess
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 def _server_counter(url: str, name: str) -> float:
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return float(sample.value)
-    raise AssertionError(f"{name} not in llama-server's /metrics")
+    samples = scrape(url + "/metrics")
+    assert has_sample(samples, name), f"{name} not in llama-server's /metrics"
+    return sample(samples, name)
+
+
+def _gauge_matches_disk(side: SidecarProcess, slot_dir: Path) -> int:
+    """The slot dir's bytes once the sidecar's disk gauge shows them (0 until then)."""
+    on_disk = sum(p.stat().st_size for p in slot_dir.iterdir() if p.is_file())
+    return on_disk if side.metric("llama_sidecar_disk_used_bytes") == on_disk else 0
 
 
 @pytest.mark.prometheus
@@ -44,17 +46,18 @@ def test_prometheus_sees_restart_restore_hit_rate_latency_tokens_and_disk(
     with Prometheus(tmp_path / "prometheus", targets) as prom:
         prompt = make_prompt(server.url, 1024, seed=31)
         complete(server.url, prompt)
-        side.wait_for(lambda: side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") >= 1, what="save")
+        side.wait_saved()
         server.restart(graceful=False)
-        side.wait_for(lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1, what="restore")
+        side.wait_restored()
         complete(server.url, prompt + " then more")
         side.wait_for(
             lambda: side.metric("llama_sidecar_restore_verifications_total", outcome="effective") >= 1,
             what="verification",
         )
-        # The follow-up turn changed the slot: let its snapshot land so the disk is quiet while we compare.
-        side.wait_for(lambda: side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") >= 2, what="save")
-        time.sleep(0.5)
+        # The follow-up turn changed the slot: let its snapshot land, and the sidecar's disk gauge
+        # agree with the directory, so the disk is quiet while we compare.
+        side.wait_saved(2)
+        on_disk = side.wait_for(lambda: _gauge_matches_disk(side, slot_dir), what="the disk gauge to settle")
         prom.wait_scraped(list(targets), after=time.time())
 
         assert prom.scalar("llama_sidecar_server_up") == 1
@@ -81,7 +84,6 @@ def test_prometheus_sees_restart_restore_hit_rate_latency_tokens_and_disk(
         )
         assert ratio == pytest.approx(cached / (cached + prefilled))
 
-        on_disk = sum(p.stat().st_size for p in slot_dir.iterdir() if p.is_file())
         assert prom.scalar("llama_sidecar_disk_used_bytes") == on_disk
         assert prom.scalar("llama_sidecar_snapshot_files") == len(list(slot_dir.glob("slot*.json")))
         stats = os.statvfs(slot_dir)

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from llamabed import LlamaServer, MakeServer, free_port, http_json, make_prompt, slots
-from sidecarbed import MakeSidecar, SidecarProcess
+
+from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt, slots
+from support.net import free_port
+from support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 2000
 ADMIN = "admin-7c1d0e5b"

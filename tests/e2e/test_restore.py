@@ -2,48 +2,40 @@
 
 from __future__ import annotations
 
-import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from llamabed import MakeServer, complete, make_prompt
-from sidecarbed import MakeSidecar, SidecarProcess
+from support.llamabed import MakeServer, complete, make_prompt
+from support.sidecarbed import MakeSidecar, manifests
 
 PROMPT_TOKENS = 2048
 
 
-def _at_least(side: SidecarProcess, name: str, slot: int) -> bool:
-    return side.metric(name, slot=str(slot), result="ok") >= 1
-
-
 def _snapshot_count(slot_dir: Path) -> int:
-    return len(list(slot_dir.glob("slot*.json")))
+    return len(manifests(slot_dir))
 
 
 def test_kill9_restart_is_restored_without_client_action(
-    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, figure: Callable[[str], None]
 ) -> None:
     server = llama(slot_dir=slot_dir)
     side = sidecar(server, slot_dir)
     prompt = make_prompt(server.url, PROMPT_TOKENS, seed=1)
     cold = complete(server.url, prompt)
     assert cold["timings"]["prompt_n"] >= PROMPT_TOKENS * 0.95
-    side.wait_for(
-        lambda: side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") >= 1, what="first snapshot"
-    )
+    side.wait_saved()
     assert _snapshot_count(slot_dir) == 1
 
     server.restart(graceful=False)
-    side.wait_for(
-        lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1, what="restore after kill -9"
-    )
+    side.wait_restored()
     assert side.metric("llama_sidecar_server_restarts_total") == 1
 
     warm = complete(server.url, prompt + " and then a few more words")
     n_prompt = cold["timings"]["prompt_n"]
-    print(
-        f"cold prompt_ms={cold['timings']['prompt_ms']:.0f} warm prompt_ms={warm['timings']['prompt_ms']:.0f} "
-        f"cache_n={warm['timings']['cache_n']} of {n_prompt}"
+    figure(
+        f"after kill -9: {warm['timings']['cache_n']} of {n_prompt} tokens reused from the restored slot;"
+        f" prompt_ms cold {cold['timings']['prompt_ms']:.0f}, warm {warm['timings']['prompt_ms']:.0f}"
     )
     assert warm["timings"]["cache_n"] >= 0.95 * n_prompt
 
@@ -55,9 +47,7 @@ def test_graceful_restart_is_restored(llama: MakeServer, sidecar: MakeSidecar, s
     cold = complete(server.url, prompt)
     side.wait_for(lambda: _snapshot_count(slot_dir) == 1, what="snapshot")
     server.restart(graceful=True)
-    side.wait_for(
-        lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1, what="restore after SIGTERM"
-    )
+    side.wait_restored()
     warm = complete(server.url, prompt + " once more")
     assert warm["timings"]["cache_n"] >= 0.95 * cold["timings"]["prompt_n"]
 
@@ -73,9 +63,7 @@ def test_sidecar_started_after_server_came_back_restores_at_startup(
     first.kill()
     server.restart(graceful=False)
     second = sidecar(server, slot_dir)
-    second.wait_for(
-        lambda: second.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1, what="start-up restore"
-    )
+    second.wait_restored()
     assert second.metric("llama_sidecar_server_restarts_total") == 0
     warm = complete(server.url, prompt + " again")
     assert warm["timings"]["cache_n"] >= 0.95 * cold["timings"]["prompt_n"]
@@ -88,16 +76,10 @@ def test_two_slots_two_conversations_both_come_back(llama: MakeServer, sidecar: 
     colds = []
     for slot, prompt in enumerate(prompts):
         colds.append(complete(server.url, prompt, id_slot=slot))
-        side.wait_for(
-            functools.partial(_at_least, side, "llama_sidecar_snapshots_total", slot),
-            what=f"snapshot of slot {slot}",
-        )
+        side.wait_saved(slot=slot)
     server.restart(graceful=False)
     for slot in range(2):
-        side.wait_for(
-            functools.partial(_at_least, side, "llama_sidecar_restores_total", slot),
-            what=f"restore of slot {slot}",
-        )
+        side.wait_restored(slot=slot)
     for slot, prompt in enumerate(prompts):
         warm = complete(server.url, prompt + " continued", id_slot=slot)
         assert warm["timings"]["cache_n"] >= 0.95 * colds[slot]["timings"]["prompt_n"], slot

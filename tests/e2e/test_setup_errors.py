@@ -3,21 +3,51 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
-from llamabed import MakeServer, free_port
-from sidecarbed import MakeSidecar
+from support.llamabed import MakeServer
+from support.net import free_port
+from support.sidecarbed import MakeSidecar
+from support.wait import wait_until
+
+
+class _Refuser:
+    """Listens on a port and closes every connection at once, counting them: a server that is not there."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.calls = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.calls += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(5)
 
 
 def test_server_unreachable_at_start_keeps_trying_and_says_so_once(
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
 ) -> None:
     server = llama(slot_dir=slot_dir, start=False)
-    side = sidecar(server, slot_dir)
-    time.sleep(2)  # about eight polls of a server that is not there
+    refuser = _Refuser(server.port)
+    try:
+        side = sidecar(server, slot_dir)
+        wait_until(lambda: refuser.calls >= 8, timeout=30, what="eight polls of a server that is not there")
+    finally:
+        refuser.close()
     assert len(side.log_events("server_unreachable")) == 1
     assert side.get("/healthz")[0] == 200
     code, body = side.get("/readyz")

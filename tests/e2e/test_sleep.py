@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from llamabed import MakeServer, complete, http_json, make_prompt
-from sidecarbed import MakeSidecar
+from support.llamabed import MakeServer, complete, http_json, make_prompt
+from support.sidecarbed import MakeSidecar
 
 TOKENS = 1024
 
@@ -22,7 +22,7 @@ def test_sleeping_server_is_left_asleep_and_idle_slots_come_back_when_it_wakes(
     side = sidecar(server, slot_dir)
     first = make_prompt(server.url, TOKENS, seed=61)
     complete(server.url, first, id_slot=0)
-    side.wait_for(lambda: side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") >= 1, what="save")
+    side.wait_saved()
     side.wait_for(lambda: side.log_events("server_sleeping"), timeout=30, what="the server falling asleep")
     time.sleep(3)  # a dozen polls: none of them may wake the server or count as a restart
     assert _sleeping(server.url)
@@ -30,7 +30,7 @@ def test_sleeping_server_is_left_asleep_and_idle_slots_come_back_when_it_wakes(
     assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 0
 
     complete(server.url, make_prompt(server.url, 300, seed=62), id_slot=1)  # a request wakes it
-    side.wait_for(lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1, what="refill")
+    side.wait_restored()
     assert side.log_events("server_woke")
     warm = complete(server.url, first + " after the nap", id_slot=0)
     assert warm["timings"]["cache_n"] >= 0.95 * TOKENS

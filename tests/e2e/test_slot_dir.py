@@ -8,8 +8,8 @@ import socket
 import time
 from pathlib import Path
 
-from llamabed import MakeServer, complete, make_prompt
-from sidecarbed import MakeSidecar, SidecarProcess
+from support.llamabed import MakeServer, complete, make_prompt
+from support.sidecarbed import MakeSidecar, SidecarProcess
 
 TOKENS = 512
 
@@ -22,7 +22,7 @@ def _saved(side: SidecarProcess, slot: int, n: int = 1) -> None:
 
 
 def test_a_second_sidecar_on_the_same_dir_exits_naming_the_first_which_keeps_working(
-    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, tmp_path: Path
 ) -> None:
     server = llama(slot_dir=slot_dir)
     first = sidecar(server, slot_dir)
@@ -32,11 +32,9 @@ def test_a_second_sidecar_on_the_same_dir_exits_naming_the_first_which_keeps_wor
     in_flight = slot_dir / ".tmp-slot0-0123456789ab.bin"  # as if the first were mid-save
     in_flight.write_bytes(b"being written")
 
-    second = sidecar(server, slot_dir, start=False)
+    second = SidecarProcess(server.url, slot_dir, tmp_path / "second.log")
     started = time.monotonic()
-    second.start(wait=False)
-    assert second.proc is not None
-    assert second.proc.wait(30) == 2
+    assert second.run_to_exit(30) == 2
     refused_in = time.monotonic() - started
     said = second.log_path.read_text()
     assert "another llama-kv-sidecar holds the slot dir" in said

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llamabed import MakeServer, complete, make_prompt
-from sidecarbed import MakeSidecar, SidecarProcess
+from support.llamabed import MakeServer, complete, make_prompt
+from support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 1024
 
@@ -18,9 +18,9 @@ def _restart_and_reuse(
     side = sidecar(server, slot_dir)
     prompt = make_prompt(server.url, PROMPT_TOKENS, seed=21)
     complete(server.url, prompt)
-    side.wait_for(lambda: side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") >= 1, what="save")
+    side.wait_saved()
     server.restart(graceful=False)
-    side.wait_for(lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") >= 1, what="restore")
+    side.wait_restored()
     warm = complete(server.url, prompt + " and a question")
     return side, warm
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 import xxhash
-from llamabed import MakeServer, complete, make_prompt
-from sidecarbed import MakeSidecar
+
+from support.llamabed import MakeServer, complete, make_prompt
+from support.sidecarbed import MakeSidecar
 
 _SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 """GGUF value types of fixed size: their byte counts (8 is a string, 9 an array)."""

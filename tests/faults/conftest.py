@@ -1,28 +1,13 @@
-"""Fixtures of the fault tests: a fake llama-server on a loopback port, and a slot dir."""
+"""Fixtures of the fault tests: a fake llama-server on a loopback port."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakellama import FakeLlama, MakeFake
 
-
-@pytest.fixture(autouse=True)
-def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hide the caller's LLAMA_* variables: the CLI reads them as defaults."""
-    for name in list(os.environ):
-        if name.startswith("LLAMA_"):
-            monkeypatch.delenv(name)
-
-
-@pytest.fixture
-def slot_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "slots"
-    path.mkdir()
-    return path
+from support.fakellama import FakeLlama, MakeFake
 
 
 @pytest.fixture

@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
-from fakellama import MakeFake
-from faultbed import Sidecar, eventually, make_settings, run_sidecar, until
+
+from support.fakellama import MakeFake
+from support.faultbed import Sidecar, make_settings, run_sidecar
+from support.wait import eventually, until
 
 RIGHT = "sk-right-5e1dcar"
 WRONG = "sk-wrong-5e1dcar"

@@ -13,8 +13,10 @@ import itertools
 from pathlib import Path
 
 import pytest
-from fakellama import FakeLlama, MakeFake, SaveFault, SaveKind
-from faultbed import eventually, make_settings, run_sidecar, until
+
+from support.fakellama import FakeLlama, MakeFake, SaveFault, SaveKind
+from support.faultbed import make_settings, run_sidecar
+from support.wait import eventually, until
 
 ADMIN = "admin-token-for-tests"
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from fakellama import FakeLlama, Reply
-from faultbed import Sidecar, eventually, make_settings, open_sockets, run_sidecar, until
 
 from sidecar import config, errors, upstream
+from support.fakellama import FakeLlama, Reply
+from support.faultbed import Sidecar, make_settings, open_sockets, run_sidecar
+from support.wait import eventually, until
 
 TIMEOUT = 0.5
 SLACK = 0.6
@@ -69,7 +70,8 @@ async def test_hung_server_times_out_without_leaking(fake: FakeLlama, slot_dir: 
 
         fake.replies.clear()
         await eventually(lambda: car.metric("server_up"), timeout=3, what="server_up back to 1")
-        await asyncio.sleep(0.3)  # a few polls with counters read after coming back
+        polled = len(fake.requests("/metrics"))
+        await until(lambda: len(fake.requests("/metrics")) >= polled + 3, what="polls with counters read after")
         assert await car.metric("server_restarts_total") == 0
         assert not car.events("server_restarted")
 

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakellama import FakeLlama, SaveFault, SaveKind
-from faultbed import Sidecar, eventually, make_settings, run_sidecar, until
 
 from sidecar import config, report, store
+from support.fakellama import FakeLlama, SaveFault, SaveKind
+from support.faultbed import Sidecar, make_settings, run_sidecar
+from support.wait import eventually, until
 
 REQUEST_TIMEOUT = 0.2
 INTERVAL = 0.05

@@ -8,7 +8,6 @@ the slot's new content.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from collections.abc import Callable, MutableMapping
@@ -16,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakellama import FakeLlama, Reply
-from faultbed import Sidecar, eventually, make_settings, run_sidecar, until
+
+from support.fakellama import FakeLlama, Reply
+from support.faultbed import Sidecar, make_settings, run_sidecar
+from support.wait import eventually, until
 
 MakeReply = Callable[[FakeLlama], Reply]
 
@@ -164,7 +165,7 @@ async def test_valid_big_slots_reply_is_read(fake: FakeLlama, slot_dir: Path) ->
         entry["params"] = {"grammar": "root ::= " + " | ".join(f'"word{i}"' for i in range(20_000))[: 128 << 10]}
     fake.replies["/slots"] = Reply.chunked(body, chunk=16 << 10, pause=0.002)
     async with run_sidecar(make_settings(fake.url, slot_dir)) as car:
-        await asyncio.sleep(0.5)
+        await eventually(lambda: car.metric("snapshots_total", slot="0", result="ok"), what="the snapshot of slot 0")
         assert car.alive()
         problems = [e["error"] for e in car.events("slots_unreadable")]
         assert not problems, problems

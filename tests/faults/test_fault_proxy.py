@@ -17,10 +17,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import RawTestServer
-from faultbed import SidecarProcess, eventually, until
-from proxybed import Upstream, raw_exchange, run_proxy, status_of
 
 from sidecar.proxy import gate
+from support.proxybed import Upstream, raw_exchange, run_proxy, status_of
+from support.sidecarbed import SidecarProcess
+from support.wait import eventually, until
 
 ADMIN = "admin-Zq8w3Xv1"
 API_KEY = "sk-llama-7f3c9b1d2e4a"
@@ -373,7 +374,9 @@ def test_proxy_port_in_use_is_a_clear_error_at_start(slot_dir: Path, tmp_path: P
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = SidecarProcess(["--slot-dir", str(slot_dir), "--proxy-listen", f"127.0.0.1:{port}"], tmp_path / "log")
-        assert proc.proc.wait(20) == 2
+        proc = SidecarProcess(
+            "http://127.0.0.1:1", slot_dir, tmp_path / "log", extra={"--proxy-listen": f"127.0.0.1:{port}"}
+        )
+        assert proc.run_to_exit(20) == 2
     output = "\n".join(proc.lines())
     assert f"--proxy-listen 127.0.0.1:{port}: cannot listen there" in output

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from fakellama import FakeLlama, Reply
-from faultbed import Sidecar, eventually, make_settings, run_sidecar
 
 from sidecar import config
+from support.fakellama import FakeLlama, Reply
+from support.faultbed import Sidecar, make_settings, run_sidecar
+from support.wait import eventually
 
 
 def _settings(fake: FakeLlama, slot_dir: Path) -> config.Settings:

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from fakellama import Action, FakeLlama, Reply, SaveFault, SaveKind
-from faultbed import eventually, make_settings, run_sidecar, until
+
+from support.fakellama import Action, FakeLlama, Reply, SaveFault, SaveKind
+from support.faultbed import make_settings, run_sidecar
+from support.wait import eventually, until
 
 CASES = [
     pytest.param(SaveKind.TRUNCATE, "bytes but the server reported writing", id="truncated-file"),

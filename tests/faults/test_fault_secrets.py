@@ -8,8 +8,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from fakellama import FakeLlama, MakeFake
-from faultbed import SidecarProcess, eventually, make_settings, run_sidecar, until
+
+from support.fakellama import FakeLlama, MakeFake
+from support.faultbed import make_settings, run_sidecar
+from support.sidecarbed import SidecarProcess
+from support.wait import eventually, until
 
 ADMIN = "admin-8Jd2kQ0v"
 API_KEY = "sk-llama-file-31c7e0"
@@ -26,15 +29,17 @@ async def test_secrets_from_files_stay_out_of_the_process_list(
     token_file = tmp_path / "admin-token"
     token_file.write_text(ADMIN + "\n")
     proc = SidecarProcess(
-        [
-            "--server", fake.url, "--slot-dir", str(slot_dir), "--api-key-file", str(key_file),
-            "--admin-token-file", str(token_file), "--poll-interval", "0.05", "--idle-seconds", "0",
-            "--min-tokens", "10", "--min-free-bytes", "0", "--request-timeout", "0.5",
-        ],
+        fake.url,
+        slot_dir,
         tmp_path / "sidecar.log",
+        extra={
+            "--api-key-file": str(key_file), "--admin-token-file": str(token_file), "--poll-interval": "0.05",
+            "--idle-seconds": "0", "--min-tokens": "10", "--request-timeout": "0.5",
+        },
     )  # fmt: skip
     try:
-        url = await proc.wait_listening()
+        url = proc.start().url
+        assert proc.proc is not None
         await until(lambda: list(slot_dir.glob("slot0-*.json")), timeout=10, what="a snapshot made with the file's key")
         cmdline = Path(f"/proc/{proc.proc.pid}/cmdline").read_bytes().decode()
         environ = Path(f"/proc/{proc.proc.pid}/environ").read_bytes().decode()
@@ -45,7 +50,7 @@ async def test_secrets_from_files_stay_out_of_the_process_list(
         ):
             assert resp.status == 200, await resp.text()
     finally:
-        proc.stop()
+        proc.terminate(15)
     for text in (cmdline, environ, "\n".join(proc.lines())):
         assert API_KEY not in text
         assert ADMIN not in text

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from fakellama import FakeLlama, MakeFake, Reply
-from faultbed import Sidecar, SidecarProcess, eventually, make_settings, run_sidecar, until
 
 from sidecar import __main__ as cli
+from support.fakellama import FakeLlama, MakeFake, Reply
+from support.faultbed import Sidecar, make_settings, run_sidecar
+from support.sidecarbed import SidecarProcess
+from support.wait import eventually, until
 
 ADMIN = "admin-Zq8w3Xv1"
 API_KEY = "sk-llama-7f3c9b1d2e4a"
@@ -76,15 +78,16 @@ async def test_api_key_is_sent_and_never_shown(make_fake: MakeFake, slot_dir: Pa
     fake = make_fake(api_key=API_KEY)
     fake.use(0, 300)
     proc = SidecarProcess(
-        [
-            "--server", fake.url, "--slot-dir", str(slot_dir), "--api-key", API_KEY, "--admin-token", ADMIN,
-            "--poll-interval", "0.05", "--idle-seconds", "0", "--min-tokens", "10", "--min-free-bytes", "0",
-            "--request-timeout", "0.5", "--log-level", "debug",
-        ],
+        fake.url,
+        slot_dir,
         tmp_path / "sidecar.log",
+        extra={
+            "--api-key": API_KEY, "--admin-token": ADMIN, "--poll-interval": "0.05", "--idle-seconds": "0",
+            "--min-tokens": "10", "--request-timeout": "0.5", "--log-level": "debug",
+        },
     )  # fmt: skip
     try:
-        url = await proc.wait_listening()
+        url = proc.start().url
         await until(lambda: list(slot_dir.glob("slot0-*.json")), timeout=10, what="a committed snapshot of slot 0")
         # Failures log the server's replies: make some, to check that none carries the key.
         refused = Reply.error(401, "Invalid API Key")
@@ -98,7 +101,7 @@ async def test_api_key_is_sent_and_never_shown(make_fake: MakeFake, slot_dir: Pa
                 async with session.get(url + path) as resp:
                     shown.append(await resp.text())
     finally:
-        proc.stop()
+        proc.terminate(15)
 
     for endpoint in ("/slots", "/props", "/metrics", "save"):
         seen = fake.requests(endpoint)

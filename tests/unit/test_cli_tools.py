@@ -29,7 +29,6 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_ls_lists_every_snapshot_with_its_manifest(tmp_path: Path) -> None:
     a = _snapshot(tmp_path, 0, 5000)
-    time.sleep(0.01)
     b = _snapshot(tmp_path, 1, 7000)
     out = _run("ls", "--slot-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from sidecar import events
+from support.views import slot
 
 T = events.Transition
 IDENTITY = events.Identity(
@@ -19,12 +20,6 @@ IDENTITY = events.Identity(
     model_params=268_000_000,
 )
 COUNTERS = events.Counters(start_time=1_700_000_000.0, prompt_tokens=5000.0, cached_tokens=1200.0)
-
-
-def slot(
-    slot_id: int = 0, *, task: int | None = None, tokens: int = 0, busy: bool = False, n_ctx: int = 4096
-) -> events.SlotView:
-    return events.SlotView(id=slot_id, n_ctx=n_ctx, processing=busy, task=task, tokens=tokens)
 
 
 def up(

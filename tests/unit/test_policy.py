@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sidecar import config, events, hashing, manifest, outcomes, policy
+from support.views import slot
 
 TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)
 IDENTITY = events.Identity(
@@ -16,12 +17,6 @@ IDENTITY = events.Identity(
 )
 FP = manifest.Fingerprint.of(IDENTITY, n_ctx=4096)
 Idle = policy.SaveReason.IDLE
-
-
-def slot(
-    slot_id: int = 0, *, task: int | None = None, tokens: int = 0, busy: bool = False, n_ctx: int = 4096
-) -> events.SlotView:
-    return events.SlotView(id=slot_id, n_ctx=n_ctx, processing=busy, task=task, tokens=tokens)
 
 
 def snap(

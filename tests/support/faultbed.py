@@ -1,10 +1,10 @@
-"""The real sidecar run against a :class:`fakellama.FakeLlama`, in-process or as a subprocess.
+"""The real sidecar run in-process against a :class:`support.fakellama.FakeLlama`.
 
-In-process (:func:`run_sidecar`): ``app.main(settings, ready=...)`` runs as a
-task of the test's event loop, its structlog events are captured with
+:func:`run_sidecar`: ``app.main(settings, ready=...)`` runs as a task of the
+test's event loop, its structlog events are captured with
 ``structlog.testing.capture_logs``, and its listen port (``port=0``) is read
-from its own ``listening`` log line. As a subprocess (:class:`SidecarProcess`):
-``python -m sidecar run ... --log-format json``, its stderr kept in a file.
+from its own ``listening`` log line. As a subprocess, the sidecar is
+:class:`support.sidecarbed.SidecarProcess`.
 """
 
 from __future__ import annotations
@@ -14,21 +14,16 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, MutableMapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import structlog
-from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar import app, config
+from support.readers import Samples, parse_metrics, sample
 
-T = TypeVar("T")
 METRIC_PREFIX = "llama_sidecar_"
 
 
@@ -62,40 +57,6 @@ def make_settings(
     )
 
 
-async def eventually(check: Callable[[], Awaitable[T]], *, timeout: float = 5.0, what: str = "") -> T:
-    """Await ``check()`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or check}: last value {value!r}")
-        await asyncio.sleep(0.02)
-
-
-async def until(check: Callable[[], T], *, timeout: float = 5.0, what: str = "") -> T:
-    """Like :func:`eventually` for a plain (non-async) check."""
-
-    async def wrapped() -> T:
-        return check()
-
-    return await eventually(wrapped, timeout=timeout, what=what)
-
-
-def parse_metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    out: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name, frozenset(sample.labels.items())] = float(sample.value)
-    return out
-
-
-def sample(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
-    """One sample by name (without the ``llama_sidecar_`` prefix) and labels; 0.0 when absent."""
-    return samples.get((METRIC_PREFIX + name, frozenset(labels.items())), 0.0)
-
-
 def open_sockets(pid: int | str = "self") -> int:
     """Sockets among the open file descriptors of a process (this one by default)."""
     count = 0
@@ -124,13 +85,14 @@ class Sidecar:
     async def get(self, path: str) -> tuple[int, str]:
         return await self.request("GET", path)
 
-    async def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    async def metrics(self) -> Samples:
         status, text = await self.get("/metrics")
         assert status == 200, text
         return parse_metrics(text)
 
     async def metric(self, name: str, **labels: str) -> float:
-        return sample(await self.metrics(), name, **labels)
+        """One sample by name (without the ``llama_sidecar_`` prefix) and labels; 0.0 when absent."""
+        return sample(await self.metrics(), METRIC_PREFIX + name, **labels)
 
     async def status(self) -> dict[str, Any]:
         status, text = await self.get("/status")
@@ -169,50 +131,3 @@ async def run_sidecar(settings: config.Settings) -> AsyncIterator[Sidecar]:
                 await asyncio.wait_for(task, 10)
         if crashed:
             raise AssertionError("the sidecar task crashed") from task.exception()
-
-
-class SidecarProcess:
-    """``python -m sidecar run`` with JSON logs in a file; its listen port is read from its log."""
-
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.log_path = log_path
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")}
-        with log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sidecar", "run", "--listen", "127.0.0.1:0", "--log-format", "json", *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-        self.port = 0
-
-    def lines(self) -> list[str]:
-        return self.log_path.read_text(errors="replace").splitlines()
-
-    def logs(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for line in self.lines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict):
-                    out.append(entry)
-        return out
-
-    async def wait_listening(self, timeout: float = 15.0) -> str:
-        async def port() -> int:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"sidecar exited with {self.proc.returncode}:\n" + "\n".join(self.lines()))
-            return next((int(e["port"]) for e in self.logs() if e.get("event") == "listening"), 0)
-
-        self.port = await eventually(port, timeout=timeout, what="the sidecar's 'listening' log line")
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait(5)

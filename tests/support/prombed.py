@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 import urllib.error
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import promql
 import yaml
-from llamabed import free_port
+
+from support import promql
+from support.net import free_port
+from support.wait import wait_until
 
 ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
 
@@ -58,19 +59,21 @@ class Prometheus:
 
     def wait_scraped(self, jobs: list[str], after: float, timeout: float = 30.0) -> None:
         """Wait until every job has been scraped successfully after wall time `after`."""
-        deadline = time.monotonic() + timeout
-        expr = "timestamp(up == 1)"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"prometheus exited:\n{self.log_path.read_text()}")
+
+        def scraped() -> bool:
             try:
-                seen = {r["metric"]["job"]: float(r["value"][1]) for r in self.query(expr)}
+                seen = {r["metric"]["job"]: float(r["value"][1]) for r in self.query("timestamp(up == 1)")}
             except (urllib.error.URLError, ConnectionError):
-                seen = {}
-            if all(seen.get(job, 0.0) > after + 1.0 for job in jobs):
-                return
-            time.sleep(0.25)
-        raise AssertionError(f"Prometheus did not scrape {jobs}:\n{self.log_path.read_text()[-3000:]}")
+                return False
+            return all(seen.get(job, 0.0) > after + 1.0 for job in jobs)
+
+        try:
+            wait_until(scraped, timeout=timeout, what=f"a scrape of {jobs}", every=0.25, gone=self._exited)
+        except AssertionError as err:
+            raise AssertionError(f"{err}:\n{self.log_path.read_text()[-3000:]}") from None
+
+    def _exited(self) -> str | None:
+        return None if self.proc.poll() is None else f"prometheus exited ({self.proc.returncode})"
 
     def close(self) -> None:
         self.proc.terminate()

@@ -1,0 +1,79 @@
+"""When the sidecar saves against the real server: --snapshot-interval, SIGTERM with a busy slot."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+
+from support.llamabed import MakeServer, build_of, call, complete, make_prompt
+from support.sidecarbed import MakeSidecar, SidecarProcess, manifests
+
+TOKENS = 512
+FINAL = 20
+
+
+def test_snapshot_interval_saves_a_slot_that_never_stays_idle_long_enough(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, llama_binary: Path
+) -> None:
+    server = llama(slot_dir=slot_dir)
+    side = sidecar(server, slot_dir, extra={"--idle-seconds": "600", "--snapshot-interval": "2"})
+    started = time.monotonic()
+    complete(server.url, make_prompt(server.url, TOKENS, seed=121))
+    side.wait_saved(timeout=30)
+    assert time.monotonic() - started >= 1.7, "saved before --snapshot-interval 2 had passed"
+    (committed,) = side.log_events("snapshot_committed")
+    assert committed["reason"] == "periodic"
+
+    # The manifest records the server it came from, as the server itself reports it.
+    (name,) = manifests(slot_dir)
+    fingerprint = json.loads((slot_dir / name).read_text())["fingerprint"]
+    props = call("GET", server.url + "/props")
+    meta = call("GET", server.url + "/v1/models")["data"][0]["meta"]
+    assert fingerprint["build_info"] == props["build_info"] == build_of(llama_binary)
+    assert fingerprint["model_path"] == props["model_path"] == str(server.model)
+    assert fingerprint["model_size"] == meta["size"] > 0
+    assert fingerprint["model_params"] == meta["n_params"] > 0
+    assert fingerprint["n_ctx"] == server.ctx_size
+    assert fingerprint["total_slots"] == 1
+
+
+def _generate(url: str, prompt: str) -> None:
+    """A long generation on slot 1 (the server is killed at teardown, which ends it)."""
+    body = {"prompt": prompt, "n_predict": 4000, "ignore_eos": True, "id_slot": 1, "temperature": 0}
+    with contextlib.suppress(Exception):
+        call("POST", url + "/completion", body)
+
+
+def _seen(side: SidecarProcess, slot: int, *, busy: bool) -> bool:
+    slots = side.status()["slots"]
+    return len(slots) > slot and slots[slot]["task"] is not None and slots[slot]["processing"] is busy
+
+
+def test_sigterm_saves_the_idle_slot_and_gives_up_on_the_busy_one_at_final_timeout(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192)
+    side = sidecar(
+        server, slot_dir, extra={"--idle-seconds": "600", "--snapshot-interval": "600", "--final-timeout": str(FINAL)}
+    )
+    complete(server.url, make_prompt(server.url, TOKENS, seed=122), id_slot=0)
+    story = make_prompt(server.url, 300, seed=123) + " Now tell a long story."  # above --min-tokens 100
+    threading.Thread(target=_generate, args=(server.url, story), daemon=True).start()
+    side.wait_for(lambda: _seen(side, 0, busy=False) and _seen(side, 1, busy=True), what="slot 0 used, slot 1 busy")
+    assert manifests(slot_dir) == []
+
+    started = time.monotonic()
+    code = side.terminate(timeout=30)
+    took = time.monotonic() - started
+    # A save of a busy slot waits for its request (llama-server defers it): the final timeout
+    # bounds the wait, after the idle slot was saved first. (While a slot generates, the first
+    # save of another slot has been seen to take 5 s here, hence the generous timeout.)
+    assert code == 0, side.tail()
+    assert FINAL <= took < FINAL + 10, f"exited after {took:.1f} s with --final-timeout {FINAL}"
+    committed = side.log_events("snapshot_committed")
+    assert [(e["slot"], e["reason"]) for e in committed] == [(0, "final")]
+    assert len(side.log_events("final_snapshot_timeout")) == 1
+    assert [json.loads((slot_dir / m).read_text())["slot"] for m in manifests(slot_dir)] == [0]
