@@ -40,6 +40,8 @@ from sidecar import (
 from sidecar.proxy import gate
 
 log = structlog.get_logger("sidecar.engine")
+AGE_CHECK_EVERY = 30.0
+"""Seconds between --max-age checks while no save runs retention (at most a quarter of --max-age)."""
 RETRY_AFTER = 30.0
 """Seconds before a slot whose save failed, or was skipped for lack of disk, is tried again."""
 Cause = outcomes.SaveCause
@@ -63,6 +65,8 @@ class Engine:
         self._stats = stats
         self._clock = clock or protocols.SystemClock()
         self._down_interval = settings.poll.down_interval
+        self._max_age = s.max_age
+        self._next_age_check = 0.0
         self.actions = actions.SlotActions(client=client, snapshots=snapshots)
         self.policy = policy.Policy(s)
         self.saver = snapshotter.Snapshotter(
@@ -278,6 +282,7 @@ class Engine:
                 self.gate.open(seen_at=obs.at)
         if self.link.ok is None:
             await self._probe()
+        await self._expire()
         for action in self.policy.due(self._clock.monotonic()):
             if self.restore_due or self.latest is None or not self._ready(self.latest):
                 return  # the server restarted, slept or went away meanwhile
@@ -286,6 +291,15 @@ class Engine:
                 self.policy.settle(action.slot, action.signature)
             elif not self._hold(action, self.latest.slots or (), self.latest.counters):
                 await self.save(action)
+
+    async def _expire(self) -> None:
+        """Apply --max-age on an idle server too: retention otherwise runs only after a commit."""
+        now = self._clock.monotonic()
+        if self._max_age <= 0 or now < self._next_age_check:
+            return
+        self._next_age_check = now + min(AGE_CHECK_EVERY, self._max_age / 4)
+        async with self.actions.lock:
+            await self.saver.collect_garbage()
 
     async def _precheck(self) -> None:
         self._prechecked = True
