@@ -1,0 +1,123 @@
+"""Which slot a completion request should run in, and what to put there first. Pure code.
+
+The proxy knows the request's prefix hash chain (``slotfile.prefix_hashes``
+over the ids ``/tokenize`` gave), what each slot holds, and which
+conversations the library keeps on disk. :func:`route` picks:
+
+* the slot that already holds the longest prefix of the request
+  (``Source.SLOT``): pin the request there with ``id_slot``;
+* else, when the library holds a clearly longer prefix, an idle slot to swap
+  it into (``Source.LIBRARY``), saving the slot's own content first if it
+  changed since its last snapshot, so nothing is lost to a swap;
+* else the least recently used idle slot, empty ones first (``Source.COLD``).
+
+When every slot is busy and none holds the prefix, no slot is pinned and the
+server queues the request as it would without the sidecar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+
+from sidecar import slotfile
+
+
+class Source(enum.StrEnum):
+    """Where a request's prefix comes from (``conversation_requests_total{source}``)."""
+
+    SLOT = "slot"
+    LIBRARY = "library"
+    SHARED = "shared"
+    COLD = "cold"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Held:
+    """What one slot holds now."""
+
+    slot: int
+    prefix: tuple[str, ...]
+    """Hash chain of the slot's tokens; empty for an empty slot."""
+    busy: bool
+    last_used: float
+    """Monotonic time the slot last ran or received a request."""
+    dirty: bool
+    """The slot's content changed since its last snapshot."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    """One conversation in the library."""
+
+    file: str
+    prefix: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    source: Source
+    slot: int | None
+    """The slot to pin the request to; None: let the server pick (every slot busy)."""
+    entry: Entry | None = None
+    """With ``Source.LIBRARY``: the snapshot to restore into ``slot`` first."""
+    save_first: bool = False
+    """With ``Source.LIBRARY``: save ``slot``'s own content before it is replaced."""
+    blocks: int = 0
+    """Leading blocks of the request the chosen source already holds."""
+
+
+def route(
+    request: tuple[str, ...],
+    slots: Sequence[Held],
+    library: Sequence[Entry],
+    *,
+    min_gain_blocks: int = 1,
+) -> Decision:
+    """Where to run a request whose prefix hash chain is ``request``.
+
+    A library entry wins over the best slot only when it holds at least
+    ``min_gain_blocks`` more leading blocks: a swap costs a save and a
+    restore, so a marginal gain is not worth it.
+    """
+    best_slot, slot_blocks = _best_slot(request, slots)
+    best_entry, entry_blocks = _best_entry(request, library)
+    if best_entry is not None and entry_blocks >= slot_blocks + max(1, min_gain_blocks):
+        victim = _victim(slots)
+        if victim is not None:
+            return Decision(Source.LIBRARY, victim.slot, best_entry, victim.dirty, entry_blocks)
+    if best_slot is not None and slot_blocks > 0:
+        return Decision(Source.SLOT, best_slot.slot, blocks=slot_blocks)
+    victim = _victim(slots)
+    return Decision(Source.COLD, None if victim is None else victim.slot)
+
+
+def _best_slot(request: tuple[str, ...], slots: Sequence[Held]) -> tuple[Held | None, int]:
+    best: Held | None = None
+    blocks = 0
+    for held in slots:
+        shared = slotfile.shared_blocks(request, held.prefix)
+        if shared > blocks or (shared == blocks and shared > 0 and best is not None and best.busy and not held.busy):
+            best, blocks = held, shared
+    return best, blocks
+
+
+def _best_entry(request: tuple[str, ...], library: Sequence[Entry]) -> tuple[Entry | None, int]:
+    best: Entry | None = None
+    blocks = 0
+    for entry in library:
+        shared = slotfile.shared_blocks(request, entry.prefix)
+        if shared > blocks or (
+            shared == blocks and shared > 0 and best is not None and len(entry.prefix) < len(best.prefix)
+        ):
+            best, blocks = entry, shared
+    return best, blocks
+
+
+def _victim(slots: Sequence[Held]) -> Held | None:
+    """The idle slot to give a new or swapped-in conversation: empty first, then least recently used."""
+    idle = [h for h in slots if not h.busy]
+    if not idle:
+        return None
+    return min(idle, key=lambda h: (bool(h.prefix), h.last_used, h.slot))

@@ -1,0 +1,137 @@
+"""The token ids at the head of a llama-server slot file, and prefix hashes over them. Pure code.
+
+A slot file (``POST /slots/{id}?action=save``) is llama.cpp's sequence state
+file: ``u32 magic`` ("ggsq"), ``u32 version`` (4), ``u32 n_words``, then
+``n_words`` 32-bit words, then the KV data. llama-server fills the words
+with its packed token state: ``-1`` (a marker no token id can take), ``u32``
+state version (1), ``u32 n_tokens`` and the token ids, then media
+(``u32 n_media``, start indices, chunks). Servers before the packed format
+wrote the plain token list instead; its first word is a token id, never -1.
+All integers are little-endian (the server writes host order; every platform
+llama.cpp runs on is little-endian).
+
+The ids let the sidecar index a snapshot by its content without a server:
+:func:`prefix_hashes` chains a hash over fixed-size blocks of ids, each
+covering the one before (as vLLM and LMCache key their prefix caches), so
+two token sequences share their first ``k`` hashes exactly when they share
+their first ``k`` blocks. Only hashes leave this module: the ids themselves
+are prompt content and are never logged or stored elsewhere.
+
+Anything unexpected fails closed with :class:`SlotFileError`: a file this
+module cannot read is still restorable by slot, it is just not indexed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import struct
+from pathlib import Path
+
+MAGIC = 0x67677371
+"""``LLAMA_STATE_SEQ_MAGIC`` ("ggsq")."""
+VERSION = 4
+"""``LLAMA_STATE_SEQ_VERSION`` of the pinned llama.cpp."""
+PACKED_MARKER = 0xFFFFFFFF
+"""``LLAMA_TOKEN_NULL`` (-1) as the first word: llama-server's packed token state follows."""
+PACKED_VERSION = 1
+"""``SERVER_TOKENS_STATE_VERSION`` of the pinned llama.cpp."""
+BLOCK_TOKENS = 128
+"""Tokens per hashed block: a prefix is matched to this granularity."""
+_HEAD = struct.Struct("<III")
+_WORD = 4
+
+
+class SlotFileError(ValueError):
+    """The file is not a slot file this module can read; ``reason`` says why in one word."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SlotTokens:
+    """The token ids a slot file holds, as raw little-endian 32-bit words."""
+
+    data: bytes
+
+    @property
+    def count(self) -> int:
+        return len(self.data) // _WORD
+
+
+def read_tokens(path: Path) -> SlotTokens:
+    """Read the token ids at the head of the slot file at ``path``; raise SlotFileError if unreadable."""
+    with path.open("rb") as fh:
+        head = fh.read(_HEAD.size)
+        if len(head) < _HEAD.size:
+            raise SlotFileError(f"{path.name} is shorter than a slot file header", reason="short")
+        magic, version, n_words = _HEAD.unpack(head)
+        if magic != MAGIC:
+            raise SlotFileError(f"{path.name} does not start with the slot file magic 'ggsq'", reason="magic")
+        if version != VERSION:
+            raise SlotFileError(
+                f"{path.name} is slot file version {version}; this sidecar reads version {VERSION}",
+                reason="version",
+            )
+        size = path.stat().st_size
+        if _HEAD.size + n_words * _WORD > size:
+            raise SlotFileError(
+                f"{path.name} declares {n_words} token words but holds {size} bytes", reason="truncated"
+            )
+        words = fh.read(n_words * _WORD)
+    return SlotTokens(_unpack(words, path.name))
+
+
+def _unpack(words: bytes, name: str) -> bytes:
+    """The token ids inside the word payload: packed server state, or a plain list."""
+    if len(words) < _WORD:
+        return b""
+    (first,) = struct.unpack_from("<I", words, 0)
+    if first != PACKED_MARKER:
+        return words  # a plain token list, as older servers wrote it
+    if len(words) < 3 * _WORD:
+        raise SlotFileError(f"{name} has a packed token state too short for its header", reason="truncated")
+    version, n_tokens = struct.unpack_from("<II", words, _WORD)
+    if version != PACKED_VERSION:
+        raise SlotFileError(
+            f"{name} holds packed token state version {version}; this sidecar reads version {PACKED_VERSION}",
+            reason="version",
+        )
+    end = 3 * _WORD + n_tokens * _WORD
+    if end > len(words):
+        raise SlotFileError(f"{name} declares {n_tokens} tokens beyond its token payload", reason="truncated")
+    return words[3 * _WORD : end]
+
+
+def prefix_hashes(tokens: bytes, *, block: int = BLOCK_TOKENS) -> tuple[str, ...]:
+    """Chained hashes of each full block of ``tokens`` (raw little-endian 32-bit ids).
+
+    Hash ``i`` covers hash ``i - 1`` and block ``i``, so equal hashes at
+    position ``i`` mean equal token prefixes of ``(i + 1) * block`` ids. A
+    partial last block is not hashed.
+    """
+    step = block * _WORD
+    chain: list[str] = []
+    parent = b""
+    for start in range(0, len(tokens) - step + 1, step):
+        digest = hashlib.blake2b(parent + tokens[start : start + step], digest_size=16).digest()
+        chain.append(digest.hex())
+        parent = digest
+    return tuple(chain)
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    """Token ids (from ``/tokenize``) as the raw words :func:`prefix_hashes` takes."""
+    return struct.pack(f"<{len(ids)}i", *ids)
+
+
+def shared_blocks(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    """How many leading blocks two hash chains share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

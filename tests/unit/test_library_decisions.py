@@ -1,0 +1,97 @@
+"""Routing a request to its KV, and letting conversations go: pure decisions on hand-made chains."""
+
+from __future__ import annotations
+
+from sidecar.library import retention, routing
+
+
+def chain(name: str, n: int) -> tuple[str, ...]:
+    """A hash chain of ``n`` blocks; chains of the same name share their prefixes."""
+    return tuple(f"{name}{i}" for i in range(n))
+
+
+def held(slot: int, prefix: tuple[str, ...] = (), *, busy: bool = False, used: float = 0.0, dirty: bool = False) -> routing.Held:
+    return routing.Held(slot, prefix, busy, used, dirty)
+
+
+def test_request_goes_to_the_slot_holding_its_prefix() -> None:
+    slots = [held(0, chain("a", 5), used=9.0), held(1, chain("b", 8), used=1.0)]
+    got = routing.route(chain("b", 9), slots, [routing.Entry("b.bin", chain("b", 8))])
+    assert (got.source, got.slot, got.blocks) == (routing.Source.SLOT, 1, 8)
+
+
+def test_a_busy_slot_holding_the_prefix_still_wins_over_a_cold_start() -> None:
+    slots = [held(0, chain("a", 5), busy=True), held(1)]
+    got = routing.route(chain("a", 6), slots, [])
+    assert (got.source, got.slot) == (routing.Source.SLOT, 0)
+
+
+def test_library_prefix_is_swapped_into_the_least_recently_used_idle_slot() -> None:
+    slots = [held(0, chain("x", 3), used=5.0, dirty=True), held(1, chain("y", 3), used=2.0, dirty=True)]
+    got = routing.route(chain("c", 10), slots, [routing.Entry("c.bin", chain("c", 9))])
+    assert got.source is routing.Source.LIBRARY
+    assert got.slot == 1
+    assert got.entry == routing.Entry("c.bin", chain("c", 9))
+    assert got.save_first  # slot 1 changed since its snapshot: save it before it is replaced
+    assert got.blocks == 9
+
+
+def test_an_empty_slot_is_taken_before_one_holding_a_conversation() -> None:
+    slots = [held(0, chain("x", 3), used=0.0), held(1, (), used=50.0)]
+    got = routing.route(chain("c", 10), slots, [routing.Entry("c.bin", chain("c", 9))])
+    assert (got.slot, got.save_first) == (1, False)
+
+
+def test_a_marginal_library_gain_is_not_worth_a_swap() -> None:
+    slots = [held(0, chain("c", 8))]
+    got = routing.route(chain("c", 12), slots, [routing.Entry("c.bin", chain("c", 9))], min_gain_blocks=2)
+    assert (got.source, got.slot) == (routing.Source.SLOT, 0)
+
+
+def test_of_two_library_entries_the_longer_shared_prefix_wins_then_the_smaller_file() -> None:
+    entries = [routing.Entry("long.bin", chain("c", 20)), routing.Entry("short.bin", chain("c", 6))]
+    got = routing.route((*chain("c", 6), "z"), [held(0)], entries)
+    assert got.entry == routing.Entry("short.bin", chain("c", 6))
+
+
+def test_new_conversation_is_pinned_to_the_least_recently_used_idle_slot() -> None:
+    slots = [held(0, chain("a", 2), used=7.0), held(1, chain("b", 2), used=3.0), held(2, busy=True)]
+    got = routing.route(chain("n", 4), slots, [routing.Entry("a.bin", chain("a", 2))])
+    assert (got.source, got.slot) == (routing.Source.COLD, 1)
+
+
+def test_every_slot_busy_pins_nothing() -> None:
+    slots = [held(0, chain("a", 2), busy=True)]
+    got = routing.route(chain("c", 4), slots, [routing.Entry("c.bin", chain("c", 4))])
+    assert (got.source, got.slot) == (routing.Source.COLD, None)
+
+
+def kept(file: str, prefix: tuple[str, ...], *, gen: int, used: float = 0.0, size: int = 10) -> retention.Kept:
+    return retention.Kept(file, prefix, size, gen, used)
+
+
+def test_an_older_prefix_of_a_newer_snapshot_is_superseded() -> None:
+    old, new = kept("old", chain("a", 3), gen=1), kept("new", chain("a", 5), gen=2)
+    other = kept("other", chain("b", 3), gen=0)
+    got = retention.select([old, new, other], in_use=(), max_bytes=0, max_age=0, now=0)
+    assert got == [(old, retention.Eviction.SUPERSEDED)]
+
+
+def test_a_newer_shorter_snapshot_does_not_supersede_a_longer_one() -> None:
+    longer, shorter = kept("long", chain("a", 5), gen=1), kept("short", chain("a", 3), gen=2)
+    assert retention.select([longer, shorter], in_use=(), max_bytes=0, max_age=0, now=0) == []
+
+
+def test_least_recently_used_go_first_under_the_byte_cap_and_in_use_is_kept() -> None:
+    a = kept("a", chain("a", 1), gen=1, used=1.0)
+    b = kept("b", chain("b", 1), gen=2, used=2.0)
+    c = kept("c", chain("c", 1), gen=3, used=3.0)
+    got = retention.select([a, b, c], in_use={"a"}, max_bytes=20, max_age=0, now=10)
+    assert got == [(b, retention.Eviction.BYTES)]
+
+
+def test_conversations_unused_for_max_age_go() -> None:
+    a = kept("a", chain("a", 1), gen=1, used=1.0)
+    b = kept("b", chain("b", 1), gen=2, used=95.0)
+    got = retention.select([a, b], in_use=(), max_bytes=0, max_age=10, now=100)
+    assert got == [(a, retention.Eviction.AGE)]
