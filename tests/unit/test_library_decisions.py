@@ -10,7 +10,9 @@ def chain(name: str, n: int) -> tuple[str, ...]:
     return tuple(f"{name}{i}" for i in range(n))
 
 
-def held(slot: int, prefix: tuple[str, ...] = (), *, busy: bool = False, used: float = 0.0, dirty: bool = False) -> routing.Held:
+def held(
+    slot: int, prefix: tuple[str, ...] = (), *, busy: bool = False, used: float = 0.0, dirty: bool = False
+) -> routing.Held:
     return routing.Held(slot, prefix, busy, used, dirty)
 
 
