@@ -102,6 +102,10 @@ def _wait_for_two_scrapes(url: str, proc: subprocess.Popen[bytes], log: Path) ->
             return len(promql.query(url, expr)) == 2  # one series per job
         except (urllib.error.URLError, ConnectionError):
             return False  # not listening yet
+        except promql.PromQLError as exc:
+            if "HTTP 503" in str(exc):
+                return False  # listening, but its storage is not ready yet
+            raise
 
     def exited() -> str | None:
         return None if proc.poll() is None else f"prometheus exited {proc.returncode}:\n{log.read_text()}"
