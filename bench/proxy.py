@@ -238,12 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     bed = rig.Rig(log_dir=ns.out / f"logs-proxy-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
     try:
         before = rig.busy()
-        _, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
+        result, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
         print(f"## Proxy overhead\n({before} at start, {rig.busy()} at end)\n")
         print(body)
     finally:
         bed.close()
-    return 0
+    return 1 if any(line.startswith("MISSED") for line in verdicts(result)) else 0
 
 
 if __name__ == "__main__":
