@@ -25,7 +25,6 @@ import concurrent.futures
 import contextlib
 import functools
 import hashlib
-import mmap
 import os
 import tempfile
 import time
@@ -35,28 +34,16 @@ from pathlib import Path
 import blake3
 import xxhash
 
+from bench import diskread
 from sidecar import hashing
 
 CHUNK = hashing.CHUNK
-
-
-def _best(run: Callable[[], float], reps: int) -> float:
-    return min(run() for _ in range(reps))
 
 
 def _timed(work: Callable[[], object]) -> float:
     started = time.perf_counter()
     work()
     return time.perf_counter() - started
-
-
-def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _write(path: Path, block: bytes, mib: int) -> None:
@@ -74,30 +61,6 @@ def _blake3_file(path: Path, threads: int) -> str:
         while got := fh.readinto(buf):
             hasher.update(view[:got])
     return hasher.hexdigest()
-
-
-def _read_direct(path: Path) -> float:
-    buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT requires
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    try:
-        started = time.perf_counter()
-        offset = 0
-        while (got := os.preadv(fd, [buf], offset)) > 0:
-            offset += got
-        return time.perf_counter() - started
-    finally:
-        os.close(fd)
-        buf.close()
-
-
-def _read_cold(path: Path) -> float:
-    _evict(path)
-    buf = bytearray(CHUNK)
-    started = time.perf_counter()
-    with path.open("rb", buffering=0) as fh:
-        while fh.readinto(buf):
-            pass
-    return time.perf_counter() - started
 
 
 def _commit_previous(path: Path) -> None:
@@ -166,16 +129,16 @@ def run(work: Path, *, mib: int, reps: int) -> str:
             "blake3, all cores": lambda: _blake3_file(path, blake3.blake3.AUTO),
         }
         try:
-            direct = mb / _best(lambda: _read_direct(path), reps)
+            direct = mb / diskread.best(lambda: diskread.read_direct(path), reps)
             direct_note = ""
         except OSError as exc:
             direct, direct_note = float("nan"), f"O_DIRECT refused: {exc}"
-        cold = mb / _best(lambda: _read_cold(path), reps)
+        cold = mb / diskread.best(lambda: diskread.read_cold(path), reps)
         files["xxh3-128"]()  # warm the page cache again
         rows = []
         for name, work_fn in cpu.items():
-            in_memory = len(memory) / 1e6 / _best(functools.partial(_timed, work_fn), reps)
-            cached = mb / _best(functools.partial(_timed, files[name]), reps)
+            in_memory = len(memory) / 1e6 / diskread.best(functools.partial(_timed, work_fn), reps)
+            cached = mb / diskread.best(functools.partial(_timed, files[name]), reps)
             rows.append([name, f"{in_memory:,.0f}", f"{cached:,.0f}", f"{cached / direct:.2f}x"])
         hashes = _table(["hash", "MB/s memory", "MB/s file, page cache", "vs O_DIRECT read"], rows)
         reads = _table(

@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import mmap
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from bench import rig, ttft
-
-CHUNK = 8 << 20
+from bench import diskread, rig, ttft
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,20 +85,6 @@ def size_fit(points: list[ttft.Point]) -> tuple[float, float] | None:
     return my - slope * mx, slope
 
 
-def _best(fn: Callable[[], float], reps: int) -> float:
-    """Fastest of `reps` calls, in seconds: the capability, least disturbed by other work."""
-    return min(fn() for _ in range(reps))
-
-
-def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _digest(path: Path) -> float:
     started = time.perf_counter()
     with path.open("rb") as fh:
@@ -111,47 +93,8 @@ def _digest(path: Path) -> float:
 
 
 def _digest_cold(path: Path) -> float:
-    _evict(path)
+    diskread.evict(path)
     return _digest(path)
-
-
-def _read_direct(path: Path) -> float:
-    buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT requires
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    try:
-        started = time.perf_counter()
-        offset = 0
-        while True:
-            got = os.preadv(fd, [buf], offset)
-            if got <= 0:
-                break
-            offset += got
-        return time.perf_counter() - started
-    finally:
-        os.close(fd)
-        buf.close()
-
-
-def _read_cold(path: Path) -> float:
-    _evict(path)
-    buf = bytearray(CHUNK)
-    started = time.perf_counter()
-    with path.open("rb", buffering=0) as fh:
-        while fh.readinto(buf):
-            pass
-    return time.perf_counter() - started
-
-
-def _read_warm(path: Path) -> float:
-    buf = bytearray(CHUNK)
-    with path.open("rb", buffering=0) as fh:
-        while fh.readinto(buf):
-            pass
-        fh.seek(0)
-        started = time.perf_counter()
-        while fh.readinto(buf):
-            pass
-    return time.perf_counter() - started
 
 
 def disk_and_hash(work: Path, *, size_mib: int, reps: int) -> list[Rate]:
@@ -172,18 +115,27 @@ def disk_and_hash(work: Path, *, size_mib: int, reps: int) -> list[Rate]:
             hashlib.sha256(mem).digest()
             return time.perf_counter() - started
 
-        rates = [Rate("sha256 over memory (CPU bound)", len(mem) / 1e9 / _best(in_memory, reps))]
+        rates = [Rate("sha256 over memory (CPU bound)", len(mem) / 1e9 / diskread.best(in_memory, reps))]
         _digest(path)  # warm the page cache
-        rates.append(Rate("file_digest sha256, page cache warm", gb / _best(lambda: _digest(path), reps)))
-        rates.append(Rate("file_digest sha256, after fadvise(DONTNEED)", gb / _best(lambda: _digest_cold(path), reps)))
+        rates.append(Rate("file_digest sha256, page cache warm", gb / diskread.best(lambda: _digest(path), reps)))
+        rates.append(
+            Rate("file_digest sha256, after fadvise(DONTNEED)", gb / diskread.best(lambda: _digest_cold(path), reps))
+        )
         try:
-            rates.append(Rate("sequential read, O_DIRECT, 8 MiB", gb / _best(lambda: _read_direct(path), reps)))
+            rates.append(
+                Rate("sequential read, O_DIRECT, 8 MiB", gb / diskread.best(lambda: diskread.read_direct(path), reps))
+            )
         except OSError as exc:
             rates.append(Rate("sequential read, O_DIRECT, 8 MiB", float("nan"), f"O_DIRECT refused: {exc}"))
         rates.append(
-            Rate("sequential read, buffered, after fadvise(DONTNEED)", gb / _best(lambda: _read_cold(path), reps))
+            Rate(
+                "sequential read, buffered, after fadvise(DONTNEED)",
+                gb / diskread.best(lambda: diskread.read_cold(path), reps),
+            )
         )
-        rates.append(Rate("sequential read, page cache warm", gb / _best(lambda: _read_warm(path), reps)))
+        rates.append(
+            Rate("sequential read, page cache warm", gb / diskread.best(lambda: diskread.read_warm(path), reps))
+        )
     finally:
         path.unlink(missing_ok=True)
     return rates
