@@ -39,6 +39,7 @@ from sidecar import (
     watcher,
     weights,
 )
+from sidecar.library import placer
 from sidecar.proxy import gate, listener, relay
 
 log = structlog.get_logger("sidecar.app")
@@ -61,6 +62,7 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
     snapshots.on_quarantine = lambda file, reason, detail: _quarantined(stats, file, reason, detail)
     snapshots.on_io_error = lambda operation, name, error: _io_error(stats, operation, name, error)
     snapshots.on_newer = _newer_format
+    snapshots.on_unindexed = _unindexed
     problem = snapshots.check_writable()
     if problem:
         raise errors.ConfigError(problem + ": create it, or fix --slot-dir / LLAMA_SIDECAR_SLOT_DIR")
@@ -111,8 +113,11 @@ async def _run(
         )
         handle = await server.start(app, settings.server)
         log.info("listening", host=handle.host, port=handle.port)
+        library = None
+        if settings.proxy.host is not None:
+            library = placer.Placer(core=core, tokenizer=client, snapshots=snapshots, stats=stats, clock=clock)
         try:
-            proxy = await _start_proxy(settings, restore_gate, stats)
+            proxy = await _start_proxy(settings, restore_gate, stats, library)
         except BaseException:
             await handle.close()
             raise
@@ -134,7 +139,7 @@ async def _run(
 
 
 async def _start_proxy(
-    settings: config.Settings, restore_gate: gate.Gate, stats: metrics.Metrics
+    settings: config.Settings, restore_gate: gate.Gate, stats: metrics.Metrics, library: relay.Pinner | None
 ) -> listener.Listener | None:
     if settings.proxy.host is None:
         return None
@@ -146,6 +151,7 @@ async def _start_proxy(
         upstream=settings.upstream,
         settings=settings.proxy,
         admin_token=settings.server.admin_token,
+        pinner=library,
     )
     try:
         proxy = await listener.start(handler, client, settings.proxy)
@@ -209,6 +215,16 @@ def _io_error(stats: metrics.Metrics, operation: str, name: str, error: str) -> 
         error=error,
         effect="nothing is quarantined or deleted for it; retried at the next scan",
         hint="check the slot dir's disk, mount and permissions (the sidecar and llama-server need read and write)",
+    )
+
+
+def _unindexed(name: str, reason: str) -> None:
+    log.warning(
+        "snapshot_not_indexed",
+        file=name,
+        reason=reason,
+        effect="kept and restorable into its slot, but the conversation library cannot route requests to it",
+        hint="a llama-server of another slot file format wrote it; the sidecar reads format 4",
     )
 
 

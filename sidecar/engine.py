@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Protocol
 
 import structlog
 
@@ -27,6 +28,7 @@ from sidecar import (
     config,
     errors,
     events,
+    manifest,
     metrics,
     outcomes,
     policy,
@@ -46,6 +48,16 @@ RETRY_AFTER = 30.0
 """Seconds before a slot whose save failed, or was skipped for lack of disk, is tried again."""
 Cause = outcomes.SaveCause
 ASLEEP = "llama-server is asleep (--sleep-idle-seconds): a save would wake it"
+
+
+class SlotContent(Protocol):
+    """Told what the slots hold when the engine changes it (the library's routing listens)."""
+
+    def emptied(self) -> None:
+        """The server lost every slot's KV (a restart or a wake-up)."""
+
+    def restored(self, slot: int, record: manifest.Manifest) -> None:
+        """The restore round put ``record`` into ``slot``."""
 
 
 class Engine:
@@ -95,6 +107,7 @@ class Engine:
         """When the action runner's current pass began; None between passes."""
         self.gate = restore_gate or gate.Gate(mono=self._clock.monotonic)
         """Closed while the server is down or loading and while a restore round is owed or running."""
+        self.content_listeners: list[SlotContent] = []
 
     def status(self) -> report.Status:
         """What the engine knows now, for the HTTP layer."""
@@ -217,6 +230,8 @@ class Engine:
         restart-to-restore latency starts.
         """
         self.policy.reset()
+        for listener in self.content_listeners:
+            listener.emptied()
         self.restorer.pending.clear()
         self.restore_due = True
         self.healthy_at = at
@@ -315,6 +330,9 @@ class Engine:
             self.restore_due = True  # the server did not answer /slots: the next poll tries again
         elif done:
             self._set_link(probe.Link(True))
+            for slot, record in done.items():
+                for listener in self.content_listeners:
+                    listener.restored(slot, record)
 
     async def restore_now(self) -> list[restorer.RestoreRecord]:
         """An admin's restore round into the slots that are empty now."""

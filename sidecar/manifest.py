@@ -12,7 +12,9 @@ Formats: 1 (sha256 in ``sha256``, no generation, no weights) is still read
 and restorable, as generation 0, older than every format-2 snapshot; it is
 never rewritten, so the files of an older sidecar stay as they were. 2 adds
 ``checksum`` (algorithm and digest), ``generation`` and the fingerprint's
-``weights`` and ``adapters``. A manifest of a newer format raises
+``weights`` and ``adapters``; a format-2 manifest may also carry ``index``
+(the snapshot's token count and block-hash chain, read from the slot file at
+commit; absent when the file could not be parsed). A manifest of a newer format raises
 :class:`NewerFormatError`: it was written by a newer sidecar and is left alone.
 """
 
@@ -76,6 +78,25 @@ class Fingerprint:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Index:
+    """What a snapshot holds, by content: read from the slot file's token header at commit.
+
+    Only hashes are kept: ``chain[i]`` covers the first ``(i + 1) * block``
+    token ids (see ``slotfile.prefix_hashes``); the ids themselves never leave
+    the slot file.
+    """
+
+    tokens: int
+    block: int
+    chain: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        """A short name for the conversation: the start of the chain's last hash ("" with no full block)."""
+        return self.chain[-1][:12] if self.chain else ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Manifest:
     slot: int
     file: str
@@ -90,6 +111,8 @@ class Manifest:
     task: int | None
     """``id_task`` of the slot when saved, to recognise unchanged slots after a sidecar restart."""
     fingerprint: Fingerprint
+    index: Index | None = None
+    """The snapshot's content index; None when the slot file could not be parsed (restorable by slot only)."""
 
     def to_json(self) -> str:
         body = dataclasses.asdict(self)
@@ -135,6 +158,7 @@ class Manifest:
                 weights=None if fp.get("weights") is None else _str(fp, "weights"),
                 adapters=_adapters(fp),
             ),
+            index=_index(raw),
         )
         match = NAME_RE.match(manifest.file)
         if match is None or int(match["slot"]) != manifest.slot:
@@ -200,6 +224,24 @@ def _checksum(raw: dict[str, Any]) -> Checksum:
             f"manifest checksum algorithm {name!r} is not one of {[a.value for a in hashing.Algorithm]}"
         ) from None
     return Checksum(algorithm, _str(raw, "digest"))
+
+
+def _index(raw: dict[str, Any]) -> Index | None:
+    value = raw.get("index")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("manifest field 'index' is not an object")
+    chain = _get(value, "chain")
+    if not isinstance(chain, list) or not all(isinstance(h, str) and _HASH_RE.fullmatch(h) for h in chain):
+        raise ValueError("manifest field 'index.chain' is not a list of hex hashes")
+    block = _int(value, "block")
+    if block == 0:
+        raise ValueError("manifest field 'index.block' is 0")
+    return Index(tokens=_int(value, "tokens"), block=block, chain=tuple(chain))
+
+
+_HASH_RE = re.compile(r"[0-9a-f]{8,64}")
 
 
 def _adapters(raw: dict[str, Any]) -> tuple[events.Adapter, ...] | None:

@@ -18,7 +18,9 @@ NAMESPACE = "llama_sidecar"
 SNAPSHOT_RESULTS = tuple(r.value for r in outcomes.SaveResult)
 RESTORE_RESULTS = tuple(r.value for r in outcomes.RestoreOutcome)
 VERIFY_OUTCOMES = tuple(v.value for v in outcomes.Verification)
-GC_REASONS = ("keep", "bytes", "age")
+GC_REASONS = ("keep", "superseded", "bytes", "age")
+CONVERSATION_SOURCES = ("slot", "library", "shared", "cold")
+UNROUTED_REASONS = ("tokenize", "swap", "error")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
 SLOT_DIR_OPERATIONS = ("read", "write", "scan")
 
@@ -130,8 +132,10 @@ class Metrics:
         )
         self.gc_deleted = Counter(
             "gc_deleted",
-            "Snapshots deleted by retention, by reason: keep (over --keep-per-slot), bytes (over "
-            "--max-bytes), age (over --max-age).",
+            "Snapshots deleted by retention, by reason: keep (over --keep-per-slot of a slot, for "
+            "snapshots not indexed by content), superseded (a prefix of --keep-per-slot newer snapshots "
+            "of the same conversation), bytes (over --max-bytes, least recently used first), age (unused "
+            "for --max-age).",
             ["reason"],
             namespace=NAMESPACE,
             registry=registry,
@@ -192,6 +196,55 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.conversation_requests = Counter(
+            "conversation_requests",
+            "Completion requests routed by the proxy, by where their prompt's prefix was found: slot "
+            "(already in a slot), library (swapped in from a snapshot), shared (from the shared store), "
+            "cold (nowhere: prefilled from scratch).",
+            ["source"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.conversation_unrouted = Counter(
+            "conversation_unrouted",
+            "Completion requests forwarded without routing, by reason: tokenize (llama-server could "
+            "not tokenize the prompt), swap (the swap into a slot failed), error (any other routing "
+            "error). The request itself is forwarded as it came; llama-server picks its slot.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.library_tokens = Counter(
+            "library_tokens",
+            "Prompt tokens served from the library: the prefix a swap put into a slot ahead of its request.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.swap_duration = Histogram(
+            "swap_duration_seconds",
+            "Seconds a swap took before its request was forwarded: the save of the slot's own content "
+            "(when it changed since its last snapshot) plus the restore of the library snapshot.",
+            buckets=_FAST,
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.library_conversations = Gauge(
+            "library_conversations",
+            "Snapshots in the library indexed by content (each a conversation, or a turn of one kept by "
+            "--keep-per-slot).",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.library_bytes = Gauge(
+            "library_bytes",
+            "Bytes of the snapshots in the library indexed by content.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        for source in CONVERSATION_SOURCES:
+            self.conversation_requests.labels(source)
+        for reason in UNROUTED_REASONS:
+            self.conversation_unrouted.labels(reason)
         for outcome in VERIFY_OUTCOMES:
             self.restore_verifications.labels(outcome)
         for route in routes.Route:  # at zero without the proxy too, so dashboards and alerts see series

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from sidecar import config, events, manifest, outcomes
+from sidecar.library import retention
 
 
 class SaveReason(enum.StrEnum):
@@ -21,6 +22,8 @@ class SaveReason(enum.StrEnum):
     PERIODIC = "periodic"
     FINAL = "final"
     MANUAL = "manual"
+    SWAP = "swap"
+    """The slot is about to receive another conversation from the library: its own is saved first."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -159,8 +162,18 @@ def plan_restore(
 
 class GcReason(enum.StrEnum):
     KEEP = "keep"
+    """Beyond the newest --keep-per-slot of a slot (snapshots not indexed by content)."""
+    SUPERSEDED = "superseded"
+    """Its tokens are a prefix of --keep-per-slot newer snapshots of the same conversation."""
     BYTES = "bytes"
     AGE = "age"
+
+
+_EVICTION = {
+    retention.Eviction.SUPERSEDED: GcReason.SUPERSEDED,
+    retention.Eviction.BYTES: GcReason.BYTES,
+    retention.Eviction.AGE: GcReason.AGE,
+}
 
 
 def select_for_deletion(
@@ -170,32 +183,42 @@ def select_for_deletion(
     max_bytes: int,
     max_age: float,
     now: float,
+    in_use: Collection[str] = (),
+    last_used: Callable[[str], float] | None = None,
 ) -> list[tuple[manifest.Manifest, GcReason]]:
     """Snapshots to delete under the retention rules.
 
-    The newest snapshot of each slot is never selected, whatever the rules
-    say: a slot always keeps its last good snapshot.
+    Conversations are the unit of keeping (see ``library.retention``): a
+    snapshot indexed by content goes when ``keep_per_slot`` newer snapshots
+    extend it, or, least recently used first, under ``max_bytes`` and
+    ``max_age``. Snapshots without an index keep the per-slot rule: the
+    newest ``keep_per_slot`` of a slot. Never selected: the newest snapshot
+    of each slot (a slot always keeps its last good snapshot) and ``in_use``.
     """
     by_slot: dict[int, list[manifest.Manifest]] = {}
     for snap in manifest.newest_first(snapshots):
         by_slot.setdefault(snap.slot, []).append(snap)
-    protected = {group[0].file for group in by_slot.values()}
+    protected = {group[0].file for group in by_slot.values()} | set(in_use)
     doomed: dict[str, tuple[manifest.Manifest, GcReason]] = {}
     for group in by_slot.values():
         for snap in group[max(1, keep_per_slot) :]:
-            doomed[snap.file] = (snap, GcReason.KEEP)
-    if max_age > 0:
-        for snap in snapshots:
-            if snap.file not in protected and snap.file not in doomed and now - snap.created > max_age:
-                doomed[snap.file] = (snap, GcReason.AGE)
-    if max_bytes > 0:
-        remaining = [s for s in snapshots if s.file not in doomed]
-        total = sum(s.bytes for s in remaining)
-        for snap in reversed(manifest.newest_first(remaining)):
-            if total <= max_bytes:
-                break
-            if snap.file in protected:
-                continue
-            doomed[snap.file] = (snap, GcReason.BYTES)
-            total -= snap.bytes
+            if snap.index is None or not snap.index.chain:
+                doomed[snap.file] = (snap, GcReason.KEEP)
+    used = last_used or (lambda file: by_file[file].created)
+    by_file = {s.file: s for s in snapshots}
+    kept = [
+        retention.Kept(
+            file=s.file,
+            prefix=s.index.chain if s.index is not None else (),
+            bytes=s.bytes,
+            generation=s.generation,
+            last_used=used(s.file),
+        )
+        for s in snapshots
+        if s.file not in doomed
+    ]
+    for k, why in retention.select(
+        kept, in_use=protected, keep=keep_per_slot, max_bytes=max_bytes, max_age=max_age, now=now
+    ):
+        doomed[k.file] = (by_file[k.file], _EVICTION[why])
     return list(doomed.values())

@@ -138,6 +138,30 @@ class Restorer:
         self.last = records
         return done
 
+    async def swap_in(
+        self, slot: int, candidate: manifest.Manifest, *, counters: events.Counters | None
+    ) -> tuple[RestoreRecord, events.SlotView | None]:
+        """Restore ``candidate`` into ``slot``, replacing what it holds (its owner saved it first).
+
+        For the library's swaps: the file is checked, the slot read right
+        before the call and never restored into while it is processing, and
+        read again after it to catch a racing request, as in a restore round.
+        Returns the record and the slot as read after a successful restore.
+        """
+        async with self._actions.lock:
+            if not await self._check(candidate):
+                return self._count(slot, Outcome.FAILED, "the snapshot failed its check", candidate.file), None
+            view, problem = await self._read(slot)
+            if view is None:
+                return self._count(slot, Outcome.FAILED, problem), None
+            if view.processing:
+                return self._count(slot, Outcome.SLOT_BUSY, "the slot is processing a request"), None
+            record, restored = await self._send(slot, view, candidate, None, counters)
+            if restored is None:
+                return record, None
+            after, _ = await self._read(slot)
+            return record, after
+
     async def _restore_slot(
         self, slot: int, identity: events.Identity, healthy_at: float | None, counters: events.Counters | None
     ) -> tuple[RestoreRecord, manifest.Manifest | None]:

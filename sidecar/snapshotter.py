@@ -127,6 +127,8 @@ class Snapshotter:
             max_bytes=self._settings.max_bytes,
             max_age=self._settings.max_age,
             now=self._clock.wall(),
+            in_use=self._snapshots.in_use(),
+            last_used=self._snapshots.last_used,
         )
         for record, reason in doomed:
             await asyncio.to_thread(self._snapshots.delete, record)

@@ -37,11 +37,11 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from sidecar import errors, hashing, manifest, slotdir
+from sidecar import errors, hashing, manifest, slotdir, slotfile
 
 TEMP_PREFIX = slotdir.TEMP_PREFIX
 PROBE_PREFIX = ".probe-"
@@ -117,6 +117,13 @@ class SnapshotStore:
         """Called with (operation: read|write|scan, file name, error) for each I/O error that was not retried away."""
         self.on_newer: Callable[[str, int], None] = lambda name, found: None
         """Called once per manifest of a newer format, with its name and format."""
+        self.on_unindexed: Callable[[str, str], None] = lambda name, reason: None
+        """Called with (file name, reason) when a committed file's token header could not be read."""
+        self._listeners: list[Callable[[manifest.Manifest], None]] = []
+        self._last_used: dict[str, float] = {}
+        """Unix time each snapshot was last saved, restored or routed to (its ``created`` until then)."""
+        self._in_use: dict[str, int] = {}
+        """Snapshots being restored or uploaded now: retention never selects them."""
 
     def _report(self, operation: str, name: str, error: str) -> None:
         self.on_io_error(operation, name, error)  # looked up at each call: callers set it after construction
@@ -128,6 +135,54 @@ class SnapshotStore:
         with self._lock:
             found = [m for m in self._index.values() if slot is None or m.slot == slot]
         return [] if self._blocked else manifest.newest_first(found)
+
+    # ---- the conversation library ---------------------------------------------------
+
+    def library(self) -> list[manifest.Manifest]:
+        """Committed snapshots indexed by content, newest first."""
+        return [m for m in self.snapshots() if m.index is not None and m.index.chain]
+
+    def best(self, chain: tuple[str, ...]) -> tuple[manifest.Manifest, int] | None:
+        """The snapshot sharing the most leading blocks with ``chain`` (the smaller on a tie); None if none does."""
+        found: tuple[manifest.Manifest, int] | None = None
+        for m in self.library():
+            assert m.index is not None
+            shared = slotfile.shared_blocks(chain, m.index.chain)
+            if shared and (found is None or shared > found[1] or (shared == found[1] and m.bytes < found[0].bytes)):
+                found = (m, shared)
+        return found
+
+    def subscribe(self, listener: Callable[[manifest.Manifest], None]) -> None:
+        """Call ``listener`` with each manifest this store commits, right after it became visible."""
+        self._listeners.append(listener)
+
+    def last_used(self, file: str) -> float:
+        with self._lock:
+            known = self._last_used.get(file)
+            record = self._index.get(file)
+        return known if known is not None else (record.created if record is not None else 0.0)
+
+    def touch(self, file: str) -> None:
+        """Note that a snapshot was used now (restored, or a request was routed to its conversation)."""
+        with self._lock:
+            self._last_used[file] = self._clock()
+
+    @contextlib.contextmanager
+    def using(self, file: str) -> Iterator[None]:
+        """Keep retention off ``file`` while the block runs."""
+        with self._lock:
+            self._in_use[file] = self._in_use.get(file, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._in_use.pop(file) - 1
+                if left:
+                    self._in_use[file] = left
+
+    def in_use(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._in_use)
 
     def usage(self) -> Usage:
         """Bytes and files in the slot dir and free space; never raises (see ``Usage.problem``)."""
@@ -299,6 +354,7 @@ class SnapshotStore:
                     f"{temp} has {size} bytes but the server reported writing {written}", reason=Problem.SIZE
                 )
             digest = hashing.digest_and_sync(path)
+            index = self._read_index(path)
             os.chmod(path, FILE_MODE)
             now = self._clock()
             final = self._free_name(slot, now)
@@ -315,6 +371,7 @@ class SnapshotStore:
                 created=now,
                 task=task,
                 fingerprint=fingerprint,
+                index=index,
             )
             os.replace(path, self.dir / final)
         except OSError as exc:
@@ -335,7 +392,21 @@ class SnapshotStore:
             raise
         with self._lock:
             self._index[final] = record
+        for listener in self._listeners:
+            listener(record)
         return record
+
+    def _read_index(self, path: Path) -> manifest.Index | None:
+        """The content index of a checked file; None (reported) when its token header cannot be read."""
+        try:
+            held = slotfile.read_tokens(path)
+        except slotfile.SlotFileError as exc:
+            self.on_unindexed(path.name, exc.reason)
+            return None
+        except OSError as exc:
+            self.on_unindexed(path.name, slotdir.describe(exc))
+            return None
+        return manifest.Index(held.count, slotfile.BLOCK_TOKENS, slotfile.prefix_hashes(held.data))
 
     def _free_name(self, slot: int, now: float) -> str:
         """``slot<id>-<stamp>.bin`` for ``now``, moved on by microseconds if a file has that name."""
@@ -414,6 +485,7 @@ class SnapshotStore:
         """Unpublish (manifest first), then remove the file; False if an I/O error stopped it (reported)."""
         with self._lock:
             self._index.pop(record.file, None)
+            self._last_used.pop(record.file, None)
         return self._fs.unlink(Path(record.file).stem + ".json") and self._fs.unlink(record.file)
 
     def remove(self, name: str) -> None:

@@ -166,6 +166,22 @@ class LlamaClient:
             server_ms=float(server_ms) if isinstance(server_ms, int | float) else 0.0,
         )
 
+    async def apply_template(self, body: dict[str, Any]) -> str:
+        """The prompt text a chat request becomes (``/apply-template`` takes the chat request's own body)."""
+        return _field(_as_dict(await self._json("POST", "/apply-template", self._timeout, body), "/apply-template"),
+                      "prompt", str, "/apply-template")  # fmt: skip
+
+    async def tokenize(self, text: str) -> list[int]:
+        """The token ids a completion of ``text`` starts from (with BOS and special tokens, as completions do)."""
+        body = {"content": text, "add_special": True, "parse_special": True}
+        answer = _as_dict(await self._json("POST", "/tokenize", self._timeout, body), "/tokenize")
+        ids = _field(answer, "tokens", list, "/tokenize")
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise errors.UpstreamProtocolError(
+                "/tokenize answered something other than token ids", endpoint="/tokenize"
+            )
+        return ids
+
     async def _json(self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None) -> Any:
         _, _, text = await self._request(method, path, timeout, payload)
         try:

@@ -167,3 +167,6 @@ class Watcher:
         self._metrics.disk_used.set(usage.used_bytes)
         self._metrics.disk_free.set(usage.free_bytes)
         self._metrics.snapshot_files.set(usage.snapshot_files)
+        library = self._store.library()
+        self._metrics.library_conversations.set(len(library))
+        self._metrics.library_bytes.set(sum(m.bytes for m in library))

@@ -1,8 +1,9 @@
 """Which conversations the library lets go. Pure code.
 
 Slots are not the unit of keeping: conversations are. A snapshot whose
-tokens are a prefix of a newer snapshot's is superseded (the newer one
-restores everything it would, and more). Of the rest, the least recently
+tokens are a prefix of ``keep`` newer snapshots' is superseded (the newer
+ones restore everything it would, and more; ``keep`` above 1 leaves older
+turns as a fallback should the newest file go bad). Of the rest, the least recently
 used go first while the library is over ``max_bytes``, and any older than
 ``max_age``. A conversation in use (restored into a slot, being swapped,
 being uploaded) is never selected.
@@ -40,6 +41,7 @@ def select(
     kept: Sequence[Kept],
     *,
     in_use: Collection[str],
+    keep: int = 1,
     max_bytes: int,
     max_age: float,
     now: float,
@@ -50,7 +52,7 @@ def select(
     for i, old in enumerate(newest_first):
         if old.file in in_use or not old.prefix:
             continue
-        if any(_extends(newer.prefix, old.prefix) for newer in newest_first[:i]):
+        if sum(_extends(newer.prefix, old.prefix) for newer in newest_first[:i]) >= max(1, keep):
             doomed[old.file] = (old, Eviction.SUPERSEDED)
     if max_age > 0:
         for k in kept:

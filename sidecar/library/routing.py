@@ -9,7 +9,8 @@ conversations the library keeps on disk. :func:`route` picks:
 * else, when the library holds a clearly longer prefix, an idle slot to swap
   it into (``Source.LIBRARY``), saving the slot's own content first if it
   changed since its last snapshot, so nothing is lost to a swap;
-* else the least recently used idle slot, empty ones first (``Source.COLD``).
+* else the least recently used idle slot, empty ones first (``Source.COLD``),
+  saving its content first if it changed since its last snapshot.
 
 When every slot is busy and none holds the prefix, no slot is pinned and the
 server queues the request as it would without the sidecar.
@@ -63,7 +64,7 @@ class Decision:
     entry: Entry | None = None
     """With ``Source.LIBRARY``: the snapshot to restore into ``slot`` first."""
     save_first: bool = False
-    """With ``Source.LIBRARY``: save ``slot``'s own content before it is replaced."""
+    """Save ``slot``'s own content before it is replaced (``Source.LIBRARY`` and ``Source.COLD``)."""
     blocks: int = 0
     """Leading blocks of the request the chosen source already holds."""
 
@@ -90,7 +91,9 @@ def route(
     if best_slot is not None and slot_blocks > 0:
         return Decision(Source.SLOT, best_slot.slot, blocks=slot_blocks)
     victim = _victim(slots)
-    return Decision(Source.COLD, None if victim is None else victim.slot)
+    if victim is None:
+        return Decision(Source.COLD, None)
+    return Decision(Source.COLD, victim.slot, save_first=victim.dirty)
 
 
 def _best_slot(request: tuple[str, ...], slots: Sequence[Held]) -> tuple[Held | None, int]:

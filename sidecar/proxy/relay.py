@@ -16,9 +16,11 @@ llama-server then stops the task and frees the slot.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import aiohttp
 import structlog
@@ -39,6 +41,13 @@ _LOADING = b"Loading model"
 """llama-server's 503 message while it loads: the new process cannot serve yet."""
 
 
+class Pinner(Protocol):
+    """Rewrites a completion's body before it is forwarded (the library pins it to a slot with ``id_slot``)."""
+
+    def pin(self, raw_path: str, body: bytes) -> contextlib.AbstractAsyncContextManager[bytes]:
+        """The body to forward, valid until the request ends; never raises for a bad request."""
+
+
 def error(status: int, message: str, kind: str, *, headers: dict[str, str] | None = None) -> web.Response:
     """An error in llama-server's (OpenAI-style) shape, so clients show the message."""
     body = {"error": {"code": status, "message": message, "type": kind}}
@@ -56,7 +65,9 @@ class Relay:
         settings: config.ProxySettings,
         admin_token: str | None,
         mono: Callable[[], float] = time.monotonic,
+        pinner: Pinner | None = None,
     ) -> None:
+        self._pinner = pinner
         self._session = session
         self._gate = restore_gate
         self._metrics = stats
@@ -105,7 +116,22 @@ class Relay:
                 f"request body over {limit} bytes: raise --proxy-max-body-bytes if such requests are expected",
                 "invalid_request_error",
             ), routes.Outcome.INVALID
+        if self._pinner is not None and kind.route is routes.Route.COMPLETION:
+            return await self._pinned(request, headers, body, self._pinner)
         return await self._forward(request, kind.route, headers, body)
+
+    async def _pinned(
+        self, request: web.BaseRequest, headers: list[tuple[str, str]], body: bytes, pinner: Pinner
+    ) -> tuple[web.StreamResponse, routes.Outcome]:
+        """A completion routed by ``pinner`` once the gate is open: a slot is only chosen on a server that can serve."""
+        if not self._gate.is_open:
+            started = self._mono()
+            ok = await self._hold(self._settings.hold_seconds)
+            self._metrics.proxy_hold.observe(self._mono() - started)
+            if not ok:
+                return self._held_too_long(), routes.Outcome.HELD_TIMEOUT
+        async with pinner.pin(request.raw_path, body) as forwarded:
+            return await self._forward(request, routes.Route.COMPLETION, headers, forwarded)
 
     def _is_admin(self, request: web.BaseRequest) -> bool:
         if not self._admin_token:

@@ -1,0 +1,270 @@
+"""Route each completion request through the proxy to the slot that holds its KV. I/O.
+
+For each completion request the proxy hands over (once the restore gate is
+open), the :class:`Placer`:
+
+1. gets the prompt's token ids from llama-server (:mod:`.prompt` says how)
+   and chains block hashes over them (``slotfile.prefix_hashes``);
+2. describes each slot: what it holds as far as the sidecar knows (the
+   prompts routed there, the snapshots restored into it), whether it is busy
+   (processing, running a routed request that has not ended, or being
+   swapped), when it was last used, whether it changed since its last
+   snapshot;
+3. asks :func:`.routing.route` where the request should run, and
+4. pins it there with ``id_slot``. For a swap it first saves the slot's own
+   content if it changed (nothing is lost to a swap), then restores the
+   library snapshot into it, both through the engine's one road for slot
+   actions. A new conversation's slot is saved first in the same way.
+
+Swaps of different slots run side by side up to the slot action itself
+(llama-server runs one at a time anyway); two requests never swap into one
+slot at once: a slot being swapped or running a routed request counts as
+busy. Only hashes are kept: the ids and the prompt never leave the request.
+Any failure (tokenize, a swap, anything unexpected) forwards the request as
+it came, unpinned: it is counted in ``conversation_unrouted_total`` and
+logged once per reason, and the client never sees an error from routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
+
+import structlog
+
+from sidecar import engine, errors, events, manifest, metrics, outcomes, policy, protocols, slotfile, store
+from sidecar.library import prompt, routing
+
+log = structlog.get_logger("sidecar.library")
+
+
+class Tokenizer(Protocol):
+    async def apply_template(self, body: dict[str, Any]) -> str: ...
+
+    async def tokenize(self, text: str) -> list[int]: ...
+
+
+@dataclasses.dataclass(slots=True)
+class _Slot:
+    """What the sidecar knows of one slot beyond /slots."""
+
+    chain: tuple[str, ...] = ()
+    """Hash chain of the prompt routed there last, or of the snapshot restored into it."""
+    pinned: int = 0
+    """Routed requests that have not ended."""
+    used: float = 0.0
+    """Monotonic time a routed request last ended or was pinned there."""
+    ended: float = 0.0
+    """Unix time a routed request last ended there (its content changed then)."""
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    """Held while the slot is being saved and swapped."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Plan:
+    slot: int
+    chain: tuple[str, ...]
+    body: bytes
+
+
+class Placer:
+    def __init__(
+        self,
+        *,
+        core: engine.Engine,
+        tokenizer: Tokenizer,
+        snapshots: store.SnapshotStore,
+        stats: metrics.Metrics,
+        clock: protocols.Clock,
+    ) -> None:
+        self._core = core
+        self._tokenizer = tokenizer
+        self._snapshots = snapshots
+        self._stats = stats
+        self._clock = clock
+        self._slots: dict[int, _Slot] = {}
+        self._said: set[str] = set()
+        core.content_listeners.append(self)
+
+    # ---- what the engine tells: engine.SlotContent ----------------------------------------
+
+    def emptied(self) -> None:
+        for state in self._slots.values():
+            state.chain, state.ended = (), 0.0
+
+    def restored(self, slot: int, record: manifest.Manifest) -> None:
+        self._slot(slot).chain = record.index.chain if record.index is not None else ()
+
+    # ---- the proxy's hook -----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[bytes]:
+        """The body to forward (pinned with ``id_slot``, or as it came); the slot counts busy inside."""
+        plan = await self._plan(raw_path, body)
+        if plan is None:
+            yield body
+            return
+        try:
+            yield plan.body
+        finally:
+            state = self._slot(plan.slot)
+            state.pinned -= 1
+            state.chain = plan.chain
+            state.used = self._clock.monotonic()
+            state.ended = self._clock.wall()
+
+    async def _plan(self, raw_path: str, body: bytes) -> _Plan | None:
+        request = prompt.of(raw_path, body)
+        if request is None:
+            return None
+        try:
+            ids = await self._ids(request)
+        except errors.UpstreamError as exc:
+            self._unrouted("tokenize", str(exc))
+            return None
+        chain = slotfile.prefix_hashes(slotfile.pack_ids(ids))
+        if not chain:
+            return None  # shorter than one block: nothing worth routing, llama-server picks
+        try:
+            return await self._place(request, chain)
+        except Exception as exc:  # routing must never fail the request: it goes as it came
+            self._unrouted("error", f"{exc.__class__.__name__}: {exc}")
+            return None
+
+    async def _ids(self, request: prompt.Prompt) -> list[int]:
+        if request.kind is prompt.Kind.IDS:
+            return list(request.ids)
+        text = request.text
+        if request.kind is prompt.Kind.CHAT:
+            text = await self._tokenizer.apply_template(request.body)
+        return await self._tokenizer.tokenize(text)
+
+    async def _place(self, request: prompt.Prompt, chain: tuple[str, ...]) -> _Plan | None:
+        obs, identity = self._core.latest, self._core.identity
+        if obs is None or obs.slots is None or identity is None:
+            self._unrouted("error", "the sidecar has not read llama-server's slots and identity yet")
+            return None
+        views = {v.id: v for v in obs.slots}
+        library = self._library(identity, obs.slots)
+        decision = routing.route(
+            chain, [self._held(v) for v in obs.slots], [routing.Entry(f, c) for f, (_, c) in library.items()]
+        )
+        if decision.slot is None:
+            self._stats.conversation_requests.labels(decision.source.value).inc()
+            return None  # every slot busy: llama-server queues it as it would without the sidecar
+        state = self._slot(decision.slot)
+        state.pinned += 1
+        state.used = self._clock.monotonic()
+        ok = False
+        try:
+            if decision.source is routing.Source.LIBRARY:
+                assert decision.entry is not None
+                record = library[decision.entry.file][0]
+                state.chain = decision.entry.prefix  # requests of this conversation wait at the lock below
+                async with state.lock:
+                    ok = await self._swap(decision, record, views[decision.slot], obs.counters)
+            else:
+                async with state.lock:  # a swap into this slot in flight ends first
+                    ok = not decision.save_first or await self._save(views[decision.slot])
+        finally:
+            if not ok:
+                state.pinned -= 1
+                if decision.source is routing.Source.LIBRARY:
+                    state.chain = ()  # unknown now: the restore may or may not have run
+        if not ok:
+            self._unrouted("swap", "the slot could not be saved or restored (see the snapshot and restore logs)")
+            return None
+        self._stats.conversation_requests.labels(decision.source.value).inc()
+        log.debug("request_routed", source=decision.source.value, slot=decision.slot, blocks=decision.blocks)
+        return _Plan(decision.slot, chain, prompt.pinned(request, decision.slot))
+
+    async def _swap(
+        self,
+        decision: routing.Decision,
+        record: manifest.Manifest,
+        view: events.SlotView,
+        counters: events.Counters | None,
+    ) -> bool:
+        """Save the slot's own content if it changed, then restore ``record`` into it."""
+        assert decision.slot is not None
+        started = time.perf_counter()
+        with self._snapshots.using(record.file):
+            if decision.save_first and not await self._save(view):
+                return False
+            result, after = await self._core.restorer.swap_in(decision.slot, record, counters=counters)
+        if result.result is not outcomes.RestoreOutcome.OK:
+            return False
+        seconds = time.perf_counter() - started
+        if after is not None and after.signature is not None:
+            self._core.policy.settle(decision.slot, after.signature)  # holds a snapshot's content: saved
+        self._snapshots.touch(record.file)
+        served = min(result.tokens, decision.blocks * slotfile.BLOCK_TOKENS)
+        self._stats.swap_duration.observe(seconds)
+        self._stats.library_tokens.inc(served)
+        log.info(
+            "conversation_swapped_in",
+            slot=decision.slot,
+            conversation=record.index.key if record.index is not None else "",
+            file=record.file,
+            tokens=result.tokens,
+            saved_first=decision.save_first,
+            seconds=round(seconds, 4),
+        )
+        return True
+
+    async def _save(self, view: events.SlotView) -> bool:
+        """Save what ``view``'s slot holds before it is given another conversation; True if nothing is lost."""
+        if view.signature is None or view.tokens == 0:
+            return True
+        return await self._core.save(policy.Save(view.id, view.signature, view.tokens, policy.SaveReason.SWAP))
+
+    def _held(self, view: events.SlotView) -> routing.Held:
+        state = self._slot(view.id)
+        return routing.Held(
+            slot=view.id,
+            prefix=state.chain,
+            busy=view.processing or state.pinned > 0 or state.lock.locked(),
+            last_used=state.used,
+            dirty=self._dirty(view, state),
+        )
+
+    def _dirty(self, view: events.SlotView, state: _Slot) -> bool:
+        """Whether the slot holds content no snapshot has: a routed request ended after its newest snapshot."""
+        if view.signature is None or view.tokens == 0:
+            return False  # empty, or holds only what a restore round put there
+        newest = next(iter(self._snapshots.snapshots(view.id)), None)
+        if state.ended > (newest.created if newest is not None else 0.0):
+            return True
+        track = self._core.policy.tracks.get(view.id)
+        return track is not None and track.signature is not None and track.signature != track.settled
+
+    def _library(
+        self, identity: events.Identity, slots: Sequence[events.SlotView]
+    ) -> dict[str, tuple[manifest.Manifest, tuple[str, ...]]]:
+        """The library's snapshots this server can restore, by file."""
+        n_ctx = min((v.n_ctx for v in slots), default=0)
+        found: dict[str, tuple[manifest.Manifest, tuple[str, ...]]] = {}
+        for record in self._snapshots.library():
+            if record.index is not None and not manifest.incompatibilities(record, identity, slot_n_ctx=n_ctx):
+                found[record.file] = (record, record.index.chain)
+        return found
+
+    def _slot(self, slot: int) -> _Slot:
+        return self._slots.setdefault(slot, _Slot())
+
+    def _unrouted(self, reason: str, detail: str) -> None:
+        self._stats.conversation_unrouted.labels(reason).inc()
+        if reason in self._said:
+            return
+        self._said.add(reason)
+        log.warning(
+            "request_not_routed",
+            reason=reason,
+            error=detail,
+            effect="forwarded as it came: llama-server picks its slot (logged once per reason; counted in "
+            "llama_sidecar_conversation_unrouted_total)",
+        )

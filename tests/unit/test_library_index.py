@@ -1,0 +1,155 @@
+"""The conversation library's index: token chains recorded at commit, lookups, per-conversation retention."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from sidecar import events, manifest, policy, slotfile, store
+from sidecar.library import prompt, routing
+
+FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 2, 8192, 1000, 10), n_ctx=4096)
+BLOCK = slotfile.BLOCK_TOKENS
+
+
+class StepClock:
+    def __init__(self) -> None:
+        self.now = 1_764_400_000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def slot_file(ids: list[int]) -> bytes:
+    """A slot file as llama-server writes it: header, packed token state, then KV bytes."""
+    words = struct.pack("<iII", -1, slotfile.PACKED_VERSION, len(ids)) + slotfile.pack_ids(ids) + b"\0\0\0\0"
+    return struct.pack("<III", slotfile.MAGIC, slotfile.VERSION, len(words) // 4) + words + b"\x07" * 256
+
+
+def conversation(seed: int, blocks: int) -> list[int]:
+    return [seed * 100_000 + i for i in range(blocks * BLOCK + 5)]
+
+
+@pytest.fixture
+def snaps(tmp_path: Path) -> store.SnapshotStore:
+    return store.SnapshotStore(tmp_path, clock=StepClock())
+
+
+def commit(snaps: store.SnapshotStore, data: bytes, slot: int = 0) -> manifest.Manifest:
+    temp = snaps.temp_name(slot)
+    (snaps.dir / temp).write_bytes(data)
+    return snaps.commit(temp, slot=slot, tokens=300, written=len(data), task=9, fingerprint=FP)
+
+
+def test_commit_records_token_count_and_chain_and_nothing_of_the_ids(snaps: store.SnapshotStore) -> None:
+    ids = conversation(1, 3)
+    record = commit(snaps, slot_file(ids))
+    assert record.index == manifest.Index(len(ids), BLOCK, slotfile.prefix_hashes(slotfile.pack_ids(ids)))
+    text = (snaps.dir / record.file.replace(".bin", ".json")).read_text()
+    assert json.loads(text)["index"]["chain"] == list(record.index.chain)
+    assert str(ids[7]) not in text  # hashes only
+    snaps.scan(clean=False)
+    assert snaps.snapshots()[0].index == record.index  # read back at start-up
+
+
+def test_a_file_that_cannot_be_parsed_is_committed_unindexed_and_reported(snaps: store.SnapshotStore) -> None:
+    told: list[tuple[str, str]] = []
+    snaps.on_unindexed = lambda name, reason: told.append((name, reason))
+    record = commit(snaps, b"not a slot file at all" * 10)
+    assert record.index is None
+    assert snaps.snapshots() == [record]  # still restorable by slot
+    assert snaps.library() == []
+    assert [reason for _, reason in told] == ["magic"]
+
+
+def test_best_finds_the_longest_shared_prefix_and_listeners_hear_each_commit(snaps: store.SnapshotStore) -> None:
+    heard: list[str] = []
+    snaps.subscribe(lambda record: heard.append(record.file))
+    a = commit(snaps, slot_file(conversation(1, 2)))
+    b = commit(snaps, slot_file(conversation(2, 4)))
+    assert heard == [a.file, b.file]
+    request = slotfile.prefix_hashes(slotfile.pack_ids(conversation(2, 6)))
+    found = snaps.best(request)
+    assert found is not None and (found[0].file, found[1]) == (b.file, 4)
+    assert snaps.best(slotfile.prefix_hashes(slotfile.pack_ids(conversation(3, 2)))) is None
+
+
+def test_another_conversation_saved_from_the_same_slot_does_not_replace_the_first(snaps: store.SnapshotStore) -> None:
+    first = commit(snaps, slot_file(conversation(1, 3)))
+    other = commit(snaps, slot_file(conversation(2, 3)))
+    doomed = policy.select_for_deletion(snaps.snapshots(), keep_per_slot=1, max_bytes=0, max_age=0, now=0)
+    assert doomed == []
+    # The same conversation grown by a turn supersedes its older snapshot.
+    grown = commit(snaps, slot_file(conversation(2, 5)))
+    doomed = policy.select_for_deletion(snaps.snapshots(), keep_per_slot=1, max_bytes=0, max_age=0, now=0)
+    assert doomed == [(other, policy.GcReason.SUPERSEDED)]
+    assert {first.file, grown.file} <= {s.file for s in snaps.snapshots()}
+
+
+def test_unindexed_snapshots_keep_the_per_slot_rule(snaps: store.SnapshotStore) -> None:
+    old = commit(snaps, b"x" * 100)
+    commit(snaps, b"y" * 100)
+    doomed = policy.select_for_deletion(snaps.snapshots(), keep_per_slot=1, max_bytes=0, max_age=0, now=0)
+    assert doomed == [(old, policy.GcReason.KEEP)]
+
+
+def test_a_conversation_in_use_is_never_evicted_and_the_least_recently_used_goes(
+    snaps: store.SnapshotStore,
+) -> None:
+    a = commit(snaps, slot_file(conversation(1, 2)), slot=0)
+    b = commit(snaps, slot_file(conversation(2, 2)), slot=0)
+    c = commit(snaps, slot_file(conversation(3, 2)), slot=0)
+    snaps.touch(a.file)  # a was used last: b is the least recently used
+    cap = a.bytes + c.bytes
+    with snaps.using(b.file):
+        doomed = policy.select_for_deletion(
+            snaps.snapshots(), keep_per_slot=1, max_bytes=cap, max_age=0, now=0,
+            in_use=snaps.in_use(), last_used=snaps.last_used,
+        )  # fmt: skip
+        assert doomed == [(a, policy.GcReason.BYTES)]  # b in use, c the slot's newest
+    doomed = policy.select_for_deletion(
+        snaps.snapshots(), keep_per_slot=1, max_bytes=cap, max_age=0, now=0, last_used=snaps.last_used
+    )
+    assert doomed == [(b, policy.GcReason.BYTES)]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "kind"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, prompt.Kind.CHAT),
+        ("/chat/completions", {"messages": []}, prompt.Kind.CHAT),
+        ("/completion", {"prompt": "text"}, prompt.Kind.TEXT),
+        ("/v1/completions", {"prompt": ["text"]}, prompt.Kind.TEXT),
+        ("/completion", {"prompt": [1, 2, 3]}, prompt.Kind.IDS),
+    ],
+)
+def test_routed_requests_say_how_to_get_their_ids(path: str, body: dict[str, object], kind: prompt.Kind) -> None:
+    got = prompt.of(path, json.dumps(body).encode())
+    assert got is not None and got.kind is kind
+    assert json.loads(prompt.pinned(got, 1)) == {**body, "id_slot": 1}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/embeddings", b'{"input": "x"}'),
+        ("/infill", b'{"input_prefix": "x"}'),
+        ("/completion", b'{"prompt": ["a", "b"]}'),
+        ("/completion", b'{"prompt": "x", "id_slot": 1}'),
+        ("/completion", b"[1, 2]"),
+        ("/completion", b"not json"),
+        ("/v1/chat/completions", b'{"messages": "x"}'),
+    ],
+)
+def test_requests_the_library_does_not_route_are_left_alone(path: str, body: bytes) -> None:
+    assert prompt.of(path, body) is None
+
+
+def test_a_new_conversation_saves_a_changed_victim_first() -> None:
+    slots = [routing.Held(0, ("a0",), False, 5.0, True), routing.Held(1, ("b0",), True, 1.0, True)]
+    got = routing.route(("n0", "n1"), slots, [])
+    assert (got.source, got.slot, got.save_first) == (routing.Source.COLD, 0, True)
