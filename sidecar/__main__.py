@@ -31,7 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the sidecar next to one llama-server")
     options.add(run, options.OPTIONS)
 
-    ls = sub.add_parser("ls", help="list the snapshots in a slot dir with their manifests")
+    ls = sub.add_parser(
+        "ls",
+        help="list the snapshots in a slot dir by conversation (short hash of its token chain; '-' when not "
+        "indexed), slot, tokens, size and last use, most recent first",
+    )
     options.add(ls, [options.SLOT_DIR])
     ls.add_argument("--json", action="store_true", help="print the manifests as JSON lines")
     verify = sub.add_parser("verify", help="re-hash every snapshot and report (and quarantine) bad ones")
@@ -62,11 +66,16 @@ def _ls(ns: argparse.Namespace) -> int:
         for m in found:
             print(m.to_json().replace("\n", "").replace("  ", ""))
         return 0
-    print(f"{'slot':>4}  {'tokens':>7}  {'MB':>8}  {'created (UTC)':<20}  file")
-    for m in sorted(found, key=lambda m: (m.slot, -m.created)):
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(m.created))
-        print(f"{m.slot:>4}  {m.tokens:>7}  {m.bytes / 1e6:>8.1f}  {created:<20}  {m.file}")
-    print(f"{len(found)} snapshot(s) in {snaps.dir}")
+    print(f"{'conversation':<12}  {'slot':>4}  {'tokens':>7}  {'MB':>8}  {'last use (UTC)':<19}  file")
+    for m in sorted(found, key=lambda m: -snaps.last_used(m.file)):
+        used = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snaps.last_used(m.file)))
+        key = m.index.key if m.index is not None and m.index.key else "-"
+        print(f"{key:<12}  {m.slot:>4}  {m.tokens:>7}  {m.bytes / 1e6:>8.1f}  {used:<19}  {m.file}")
+    library = snaps.library()
+    print(
+        f"{len(found)} snapshot(s) in {snaps.dir}; {len(library)} in the conversation library "
+        f"({sum(m.bytes for m in library) / 1e6:.1f} MB)"
+    )
     return 0
 
 

@@ -157,15 +157,28 @@ class SnapshotStore:
         self._listeners.append(listener)
 
     def last_used(self, file: str) -> float:
+        """Unix time ``file`` was last used: committed, or touched (kept across restarts as its manifest's mtime)."""
         with self._lock:
             known = self._last_used.get(file)
             record = self._index.get(file)
-        return known if known is not None else (record.created if record is not None else 0.0)
+        if known is not None:
+            return known
+        if record is None:
+            return 0.0
+        try:
+            touched = (self.dir / (Path(file).stem + ".json")).stat().st_mtime
+        except OSError:
+            touched = 0.0
+        return max(record.created, touched)
 
     def touch(self, file: str) -> None:
-        """Note that a snapshot was used now (restored, or a request was routed to its conversation)."""
+        """Note that a snapshot was used now (restored into a slot for a request)."""
+        now = self._clock()
         with self._lock:
-            self._last_used[file] = self._clock()
+            self._last_used[file] = now
+        if not self._read_only:
+            with contextlib.suppress(OSError):
+                os.utime(self.dir / (Path(file).stem + ".json"), (now, now))
 
     @contextlib.contextmanager
     def using(self, file: str) -> Iterator[None]:

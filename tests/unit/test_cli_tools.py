@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from sidecar import manifest, store
+from sidecar import manifest, slotfile, store
 
 FP = manifest.Fingerprint("b1", "/models/m.gguf", 100, 200, 4096, 1)
 
@@ -65,3 +66,21 @@ def test_ls_on_a_missing_dir_says_so(tmp_path: Path) -> None:
     out = _run("ls", "--slot-dir", str(tmp_path / "nope"))
     assert out.returncode == 2
     assert "does not exist" in out.stderr
+
+
+def test_ls_names_conversations_by_hash_and_shows_no_token_ids(tmp_path: Path) -> None:
+    ids = [90_000 + i for i in range(3 * slotfile.BLOCK_TOKENS)]
+    words = struct.pack("<iII", -1, slotfile.PACKED_VERSION, len(ids)) + slotfile.pack_ids(ids) + b"\0" * 4
+    data = struct.pack("<III", slotfile.MAGIC, slotfile.VERSION, len(words) // 4) + words + b"\x07" * 64
+    snaps = store.SnapshotStore(tmp_path, clock=time.time)
+    temp = snaps.temp_name(0)
+    (tmp_path / temp).write_bytes(data)
+    indexed = snaps.commit(temp, slot=0, tokens=len(ids), written=len(data), task=3, fingerprint=FP)
+    plain = _snapshot(tmp_path, 0, 5000)
+    out = _run("ls", "--slot-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert indexed.index is not None
+    rows = {line.split()[-1]: line.split()[0] for line in out.stdout.splitlines()[1:-1]}
+    assert rows == {indexed.file: indexed.index.chain[-1][:12], plain.file: "-"}
+    assert "1 in the conversation library" in out.stdout
+    assert str(ids[5]) not in out.stdout

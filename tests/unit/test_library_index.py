@@ -74,7 +74,8 @@ def test_best_finds_the_longest_shared_prefix_and_listeners_hear_each_commit(sna
     assert heard == [a.file, b.file]
     request = slotfile.prefix_hashes(slotfile.pack_ids(conversation(2, 6)))
     found = snaps.best(request)
-    assert found is not None and (found[0].file, found[1]) == (b.file, 4)
+    assert found is not None
+    assert (found[0].file, found[1]) == (b.file, 4)
     assert snaps.best(slotfile.prefix_hashes(slotfile.pack_ids(conversation(3, 2)))) is None
 
 
@@ -129,7 +130,8 @@ def test_a_conversation_in_use_is_never_evicted_and_the_least_recently_used_goes
 )
 def test_routed_requests_say_how_to_get_their_ids(path: str, body: dict[str, object], kind: prompt.Kind) -> None:
     got = prompt.of(path, json.dumps(body).encode())
-    assert got is not None and got.kind is kind
+    assert got is not None
+    assert got.kind is kind
     assert json.loads(prompt.pinned(got, 1)) == {**body, "id_slot": 1}
 
 
