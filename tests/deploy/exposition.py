@@ -22,7 +22,9 @@ SLOTS = ("0", "1", "2", "3")
 SNAPSHOT_RESULTS = ("ok", "failed", "skipped")
 RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy", "raced")
 VERIFICATION_OUTCOMES = ("effective", "ineffective")
-GC_REASONS = ("keep", "bytes", "age")
+GC_REASONS = ("keep", "superseded", "bytes", "age")
+CONVERSATION_SOURCES = ("slot", "library", "shared", "cold")
+UNROUTED_REASONS = ("tokenize", "swap", "error")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
 PROXY_ROUTES = ("completion", "other")
 PROXY_OUTCOMES = ("ok", "error", "held_timeout", "refused", "invalid", "cancelled")
@@ -98,6 +100,20 @@ def sidecar_registry() -> CollectorRegistry:
         hold.observe(seconds)
     Gauge("proxy_inflight_requests", "Requests in flight", namespace=ns, registry=registry).set(3)
     Gauge("proxy_held_requests", "Requests held", namespace=ns, registry=registry).set(1)
+    sources = Counter(
+        "conversation_requests", "Where a prefix came from", ["source"], namespace=ns, registry=registry
+    )
+    for n, source in enumerate(CONVERSATION_SOURCES):
+        sources.labels(source=source).inc(40 // (n + 1))
+    unrouted = Counter("conversation_unrouted", "Requests not routed", ["reason"], namespace=ns, registry=registry)
+    for reason in UNROUTED_REASONS:
+        unrouted.labels(reason=reason).inc(1)
+    Counter("library_tokens", "Tokens served from the library", namespace=ns, registry=registry).inc(52000)
+    swap = Histogram("swap_duration_seconds", "Swap time", namespace=ns, registry=registry)
+    for seconds in (0.12, 0.3, 0.45, 1.1):
+        swap.observe(seconds)
+    Gauge("library_conversations", "Conversations in the library", namespace=ns, registry=registry).set(14)
+    Gauge("library_bytes", "Bytes of the library", namespace=ns, registry=registry).set(400_000_000)
     return registry
 
 
