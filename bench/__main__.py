@@ -1,7 +1,7 @@
 """`python -m bench`: run the benchmarks, print tables, write a PNG and a JSON.
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
-footprint, scaling, proxy. Progress goes to stderr, results to stdout, ending
+footprint, scaling, proxy, library. Progress goes to stderr, results to stdout, ending
 with one verdict line per goal (MET, MISSED or NO VERDICT, with the figures).
 The exit status is 1 when a goal was missed.
 """
@@ -19,12 +19,13 @@ from typing import Any
 
 from bench import REPO_ROOT, goals, machine, plot, rig, scaling
 from bench import footprint as footprint_mod
+from bench import library as library_mod
 from bench import proxy as proxy_mod
 from bench import restart as restart_mod
 from bench import stall as stall_mod
 from bench import ttft as ttft_mod
 
-SECTIONS = ("ttft", "restart", "stall", "footprint", "scaling", "proxy")
+SECTIONS = ("ttft", "restart", "stall", "footprint", "scaling", "proxy", "library")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             "6. Proxy (--proxy-listen): added latency and streamed token gaps",
             lambda: proxy_mod.measure(bed, quick=bool(ns.quick), say=say),
         )
+        library = section(
+            "library",
+            "7. Conversation library: TTFT per turn, N conversations on 2 slots, vs llama-server alone",
+            lambda: library_mod.measure(bed, quick=bool(ns.quick), say=say),
+        )
     finally:
         bed.close()
     load1 = rig.loadavg()
@@ -184,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {png_path.relative_to(REPO_ROOT) if png_path.is_relative_to(REPO_ROOT) else png_path}, "
         f"{json_path.name}; logs in {bed.log_dir.name}/"
     )
-    return goals.exit_code(verdicts)
+    missed = library is not None and any(line.startswith("MISSED") for line in library_mod.verdicts(library))
+    return 1 if missed else goals.exit_code(verdicts)
 
 
 def _title(raw: dict[str, Any]) -> str:

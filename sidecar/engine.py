@@ -391,6 +391,9 @@ class Engine:
                 return False
             if self._hold(action, fresh, None):
                 return False
+            track = self.policy.tracks.get(view.id)
+            if action.reason is policy.SaveReason.SWAP and track is not None and track.settled == view.signature:
+                return True  # saved meanwhile (the idle save ran first): nothing to lose
             if view.signature != action.signature:  # it ran a turn since: save what it holds now
                 action = dataclasses.replace(action, signature=view.signature, tokens=view.tokens)
             record = await self.saver.save(action, identity=self.identity, slot_n_ctx=view.n_ctx)

@@ -1,0 +1,215 @@
+"""The conversation library: TTFT per turn for N conversations on 2 slots, through the proxy vs llama-server alone.
+
+N chat conversations (a system prompt, a first message of about ``tokens``
+tokens each, then one-line follow-ups) take turns, round after round, on a
+llama-server with ``-np 2`` and ``--cache-ram 0``: the RAM prompt cache is
+off to stand for conversations that do not fit it (a 27B model's 50K-token
+conversation is about 2.7 GB) and for a server that restarted. Each path gets
+a fresh server and slot dir: llama-server alone, and the sidecar's proxy in
+front of it (the library swaps each conversation back into a slot). A turn's
+time is the wall time of a non-streamed ``/v1/chat/completions`` with
+``max_tokens`` 1: time to first token, swaps and tokenization included.
+
+Printed per N: median turn time after the first round on each path, the
+speed-up, the swaps and their mean cost next to the prefill each one saves
+(llama-server alone's median turn at that N). The verdict: for every N above
+the slot count the library must beat llama-server alone (MET), else MISSED
+and exit status 1.
+
+Run alone with ``python -m bench.library [--quick]``, or as the ``library``
+section of ``python -m bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import matplotlib as mpl
+
+mpl.use("Agg")
+
+import matplotlib.pyplot as plt
+
+from bench import REPO_ROOT, rig
+from bench.beds import llamabed, net
+
+SLOTS = 2
+DIRECT, PROXY = "llama-server alone", "with the library"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Run:
+    conversations: int
+    path: str
+    rounds: list[list[float]]
+    """Seconds per turn, one list per round (round 0: every conversation's first turn)."""
+    swaps: int = 0
+    swap_seconds: float = 0.0
+
+    @property
+    def warm(self) -> list[float]:
+        return [t for r in self.rounds[1:] for t in r]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Point:
+    conversations: int
+    direct: Run
+    proxy: Run
+
+    @property
+    def speedup(self) -> float:
+        return rig.median(self.direct.warm) / rig.median(self.proxy.warm)
+
+    @property
+    def swap_mean(self) -> float:
+        return self.proxy.swap_seconds / self.proxy.swaps if self.proxy.swaps else float("nan")
+
+
+class _Chat:
+    def __init__(self, n: int, text: str) -> None:
+        self.messages = [
+            {"role": "system", "content": "You answer in one word."},
+            {"role": "user", "content": text},
+        ]
+        self.n = n
+
+    def turn(self, url: str) -> float:
+        body = {"messages": self.messages, "max_tokens": 1, "temperature": 0}
+        started = time.perf_counter()
+        status, answer = llamabed.http_json("POST", url + "/v1/chat/completions", body, timeout=600)
+        seconds = time.perf_counter() - started
+        if status != 200:
+            raise rig.BenchError(f"chat turn answered HTTP {status}: {str(answer)[:200]}")
+        self.messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+        self.messages.append({"role": "user", "content": f"And record {self.n}, turn {len(self.messages) // 2}?"})
+        return seconds
+
+
+def _server(bed: rig.Rig, name: str) -> tuple[llamabed.LlamaServer, Path]:
+    slot_dir = bed.slot_dir(name)
+    server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=8192)
+    server.kill()  # the rig starts servers with the default RAM cache: start again without it
+    server.extra_args = [*server.extra_args, "--cache-ram", "0"]
+    server.start()
+    server.wait_healthy(timeout=300)
+    return server, slot_dir
+
+
+def _path(bed: rig.Rig, path: str, n: int, *, tokens: int, rounds: int, say: rig.Say) -> Run:
+    server, slot_dir = _server(bed, f"library-{n}-{'proxy' if path == PROXY else 'direct'}")
+    url, side = server.url, None
+    if path == PROXY:
+        port = net.free_port()
+        side = bed.sidecar(server, slot_dir, **{"--proxy-listen": f"127.0.0.1:{port}"})
+        side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=60, what="the sidecar ready")
+        url = f"http://127.0.0.1:{port}"
+    chats = [_Chat(i, llamabed.make_prompt(server.url, tokens, seed=500 + i)) for i in range(n)]
+    times: list[list[float]] = []
+    for r in range(rounds + 1):
+        times.append([chat.turn(url) for chat in chats])
+        say(f"  N={n} {path}: round {r}, median turn {rig.median(times[-1]):.3f} s")
+    if side is None:
+        return Run(n, path, times)
+    swaps = side.metric("llama_sidecar_swap_duration_seconds_count")
+    seconds = side.metric("llama_sidecar_swap_duration_seconds_sum")
+    side.kill()
+    return Run(n, path, times, int(swaps), seconds)
+
+
+def run(bed: rig.Rig, sizes: list[int], *, tokens: int, rounds: int, say: rig.Say) -> list[Point]:
+    points = []
+    for n in sizes:
+        direct = _path(bed, DIRECT, n, tokens=tokens, rounds=rounds, say=say)
+        proxy = _path(bed, PROXY, n, tokens=tokens, rounds=rounds, say=say)
+        points.append(Point(n, direct, proxy))
+    return points
+
+
+def table(points: list[Point], *, tokens: int) -> str:
+    rows = [
+        (
+            p.conversations,
+            rig.median(p.direct.warm),
+            rig.median(p.proxy.warm),
+            p.speedup,
+            p.proxy.swaps,
+            p.swap_mean,
+            rig.median(p.direct.warm) / p.swap_mean if p.proxy.swaps else float("nan"),
+        )
+        for p in points
+    ]
+    head = (
+        f"{SLOTS} slots, --cache-ram 0; first messages of ~{tokens:,} tokens; turn = /v1/chat/completions, "
+        "max_tokens 1, median over the rounds after the first\n\n"
+    )
+    return head + rig.table(
+        ["conversations", "alone s", "library s", "speed-up", "swaps", "swap s", "prefill saved / swap"], rows
+    )
+
+
+def verdicts(points: list[Point]) -> list[str]:
+    lines = []
+    for p in points:
+        if p.conversations <= SLOTS:
+            continue
+        figures = (
+            f"N={p.conversations}: median turn {rig.median(p.proxy.warm):.3f} s with the library, "
+            f"{rig.median(p.direct.warm):.3f} s alone ({p.speedup:.1f}x)"
+        )
+        lines.append(("MET  " if p.speedup > 1.0 else "MISSED ") + f"library beats llama-server alone: {figures}")
+    return lines
+
+
+def plot(points: list[Point], path: Path, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for p, marker in zip(points, "os^D", strict=False):
+        for run_, color in ((p.direct, "tab:red"), (p.proxy, "tab:green")):
+            medians = [rig.median(r) for r in run_.rounds]
+            ax.plot(range(len(medians)), medians, marker=marker, color=color,
+                    label=f"N={p.conversations}, {run_.path}")  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("round (0: every conversation's first turn)")
+    ax.set_ylabel("median turn time (s, TTFT)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[list[Point], str]:
+    tokens = 400 if quick else 1000
+    points = run(bed, [2, 6, 20], tokens=tokens, rounds=1 if quick else 2, say=say)
+    return points, table(points, tokens=tokens) + "\n\n" + "\n".join(verdicts(points))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.library", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter prompts, one warm round")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="PNG, JSON and logs go here")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
+    ns = parser.parse_args(argv)
+    bed = rig.Rig(log_dir=ns.out / f"logs-library-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
+    try:
+        before = rig.busy()
+        points, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
+        print(f"## Conversation library\n({before} at start, {rig.busy()} at end)\n")
+        print(body)
+    finally:
+        bed.close()
+    raw: list[dict[str, Any]] = [dataclasses.asdict(p) for p in points]
+    (ns.out / "library.json").write_text(json.dumps(raw, indent=2))
+    plot(points, ns.out / "library.png", f"TTFT per turn, N conversations on {SLOTS} slots, --cache-ram 0")
+    print(f"wrote {ns.out / 'library.png'}, library.json")
+    return 1 if any(line.startswith("MISSED") for line in verdicts(points)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
