@@ -88,7 +88,9 @@ class Placer:
         self._clock = clock
         self._slots: dict[int, _Slot] = {}
         self._said: set[str] = set()
+        self._loop = asyncio.get_running_loop()
         core.content_listeners.append(self)
+        snapshots.subscribe(self._committed)
 
     # ---- what the engine tells: engine.SlotContent ----------------------------------------
 
@@ -98,6 +100,20 @@ class Placer:
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         self._slot(slot).chain = record.index.chain if record.index is not None else ()
+
+    def _committed(self, record: manifest.Manifest) -> None:
+        """A save of a slot read idle: the slot holds what the snapshot holds (called from a worker thread)."""
+        if record.index is not None:
+            self._loop.call_soon_threadsafe(self._holds, record.slot, record.index.chain)
+
+    def _holds(self, slot: int, chain: tuple[str, ...]) -> None:
+        state = self._slot(slot)
+        if (
+            not state.pinned
+            and not state.lock.locked()
+            and slotfile.shared_blocks(chain, state.chain) == len(state.chain)
+        ):
+            state.chain = chain  # the prompt routed there plus what the server generated after it
 
     # ---- the proxy's hook -----------------------------------------------------------------
 

@@ -1,0 +1,183 @@
+"""The library's routing over the in-memory server: pins, saves before a slot is given away, swaps, locks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import json
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import memllama
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar import config, engine, metrics, poller, protocols, slotfile, store
+from sidecar.library import placer
+
+BLOCK = slotfile.BLOCK_TOKENS
+
+
+def ids_of(name: str, blocks: int = 3) -> list[int]:
+    base = 1000 * (ord(name[0]) - ord("A") + 1)
+    return [base + i for i in range(blocks * BLOCK + 7)]
+
+
+class TokenLlama(memllama.MemLlama):
+    """The in-memory server, with slot files that start with the token ids each slot holds."""
+
+    def __init__(self, slot_dir: Path) -> None:
+        super().__init__(slot_dir)
+        self.held: dict[int, list[int]] = {}
+        self.tasks = itertools.count(1)
+
+    def serve(self, slot_id: int, ids: list[int]) -> None:
+        """A request on ``slot_id`` whose prompt is ``ids`` ran to its end."""
+        self.held[slot_id] = ids
+        self.run_turn(slot_id, task=next(self.tasks), tokens=len(ids))
+
+    async def save(self, slot_id: int, filename: str) -> protocols.ActionResult:
+        self.calls.append(("save", (slot_id, filename)))
+        ids = self.held.get(slot_id, [])
+        words = struct.pack("<iII", -1, slotfile.PACKED_VERSION, len(ids)) + slotfile.pack_ids(ids) + b"\0" * 4
+        data = struct.pack("<III", slotfile.MAGIC, slotfile.VERSION, len(words) // 4) + words + b"\x07" * 64
+        (self.dir / filename).write_bytes(data)
+        return protocols.ActionResult(slot_id, filename, len(ids), len(data), 1.0)
+
+    async def restore(self, slot_id: int, filename: str) -> protocols.ActionResult:
+        self.calls.append(("restore", (slot_id, filename)))
+        if "restore" in self.hooks:
+            await self.hooks["restore"](slot_id, filename)
+        held = slotfile.read_tokens(self.dir / filename)
+        self.held[slot_id] = list(struct.unpack(f"<{held.count}i", held.data))
+        self.set_slot(slot_id, tokens=held.count)
+        return protocols.ActionResult(slot_id, filename, held.count, (self.dir / filename).stat().st_size, 1.0)
+
+
+class Tokenizer:
+    async def apply_template(self, body: dict[str, Any]) -> str:
+        return str(body["messages"][0]["content"])
+
+    async def tokenize(self, text: str) -> list[int]:
+        return ids_of(text)
+
+
+@dataclasses.dataclass
+class Bed:
+    server: TokenLlama
+    snapshots: store.SnapshotStore
+    registry: CollectorRegistry
+    watcher: poller.Poller
+    core: engine.Engine
+    library: placer.Placer
+    clock: memllama.ManualClock
+
+    async def poll(self) -> None:
+        obs, evts = await self.watcher.step()
+        await self.core.handle(obs, evts)
+
+    @contextlib.asynccontextmanager
+    async def request(self, conversation: str) -> AsyncIterator[int | None]:
+        """A chat request of ``conversation`` through the placer; yields the slot it was pinned to."""
+        self.clock.now += 1.0
+        body = json.dumps({"messages": [{"role": "user", "content": conversation}]}).encode()
+        async with self.library.pin("/v1/chat/completions", body) as forwarded:
+            slot = json.loads(forwarded).get("id_slot")
+            yield slot
+            if slot is not None:
+                self.server.serve(slot, ids_of(conversation))
+        await self.poll()
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    def actions(self) -> list[tuple[str, int]]:
+        return [(name, args[0]) for name, args in self.server.calls if name in ("save", "restore")]  # type: ignore[index]
+
+
+@pytest.fixture
+async def bed(tmp_path: Path) -> Bed:
+    server = TokenLlama(tmp_path)
+    stamps = itertools.count(1_764_000_000)
+    snapshots = store.SnapshotStore(tmp_path, clock=lambda: float(next(stamps)))
+    registry = CollectorRegistry()
+    clock = memllama.ManualClock()
+    settings = config.Settings(
+        upstream=config.UpstreamSettings(),
+        poll=config.PollSettings(),
+        snapshots=config.SnapshotSettings(slot_dir=tmp_path, min_free_bytes=0, min_tokens=100),
+        server=config.ServerSettings(),
+    )
+    stats = metrics.Metrics(registry, version="t")
+    core = engine.Engine(client=server, snapshots=snapshots, stats=stats, settings=settings, clock=clock)
+    core.restore_due = False
+    library = placer.Placer(core=core, tokenizer=Tokenizer(), snapshots=snapshots, stats=stats, clock=clock)
+    made = Bed(server, snapshots, registry, poller.Poller(server, settings.poll, clock=clock), core, library, clock)
+    await made.poll()
+    return made
+
+
+async def test_conversations_beyond_the_slots_are_saved_before_their_slot_is_given_away_and_swapped_back(
+    bed: Bed,
+) -> None:
+    for name in ("A", "B"):
+        async with bed.request(name) as slot:
+            assert slot is not None
+    assert bed.actions() == []  # two empty slots: nothing to save
+    async with bed.request("C") as slot:
+        assert slot == 0  # the least recently used
+    assert bed.actions() == [("save", 0)]  # A saved before C took its slot
+    async with bed.request("A") as slot:
+        assert slot == 1  # B's slot, now the least recently used
+    assert bed.actions() == [("save", 0), ("save", 1), ("restore", 1)]
+    assert bed.server.held[1] == ids_of("A")
+    async with bed.request("A") as slot:
+        assert slot == 1  # already there
+    assert bed.actions()[-1] == ("restore", 1)
+    sources = {s: bed.value("llama_sidecar_conversation_requests_total", source=s) for s in ("slot", "library", "cold")}
+    assert sources == {"slot": 1, "library": 1, "cold": 3}
+    assert bed.value("llama_sidecar_library_tokens_total") == 3 * BLOCK
+    assert bed.value("llama_sidecar_swap_duration_seconds_count") == 1
+    assert len(bed.snapshots.library()) == 2  # A and B, kept side by side though both came from slot 0 and 1
+
+
+async def test_a_slot_being_swapped_is_busy_and_its_conversation_waits_for_the_swap(bed: Bed) -> None:
+    for name in ("A", "B", "C"):
+        async with bed.request(name):
+            pass
+    release = asyncio.Event()
+    restoring = asyncio.Event()
+
+    async def held_restore(slot_id: int, filename: str) -> None:
+        restoring.set()
+        await release.wait()
+        order.append(f"restored into {slot_id}")
+
+    bed.server.hooks["restore"] = held_restore
+    order: list[str] = []
+
+    async def turn(name: str) -> int | None:
+        async with bed.request(name) as slot:
+            order.append(f"{name}:{slot}")
+            return slot
+
+    swap = asyncio.create_task(turn("A"))  # A is in the library only: swapped into slot 1 (B's)
+    await restoring.wait()
+    same = asyncio.create_task(turn("A"))  # the same conversation: waits for the swap, then runs there
+    bed.server.set_slot(0, processing=True)  # a request from elsewhere takes the other slot
+    await bed.poll()
+    other = asyncio.create_task(turn("D"))  # a new one: never the slot being swapped, so no slot at all
+    for _ in range(20):
+        await asyncio.sleep(0)  # let both route while the restore is held
+    assert await other is None  # forwarded unpinned: llama-server queues it
+    assert order == ["D:None"]
+    release.set()
+    assert await swap == 1
+    assert await same == 1
+    assert order.index("restored into 1") < order.index("A:1")
+    assert order.count("A:1") == 2
+    assert [a for a in bed.actions() if a[0] == "restore"] == [("restore", 1)]
