@@ -184,9 +184,9 @@ def plot(points: list[Point], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[list[Point], str]:
+def measure(bed: rig.Rig, *, quick: bool, say: rig.Say, sizes: tuple[int, ...] = (2, 6, 20)) -> tuple[list[Point], str]:
     tokens = 400 if quick else 1000
-    points = run(bed, [2, 6, 20], tokens=tokens, rounds=1 if quick else 2, say=say)
+    points = run(bed, list(sizes), tokens=tokens, rounds=1 if quick else 2, say=say)
     return points, table(points, tokens=tokens) + "\n\n" + "\n".join(verdicts(points))
 
 
@@ -195,11 +195,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="shorter prompts, one warm round")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="PNG, JSON and logs go here")
     parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
+    parser.add_argument("--conversations", default="2,6,20", help="numbers of conversations to run (default 2,6,20)")
     ns = parser.parse_args(argv)
+    sizes = tuple(int(n) for n in ns.conversations.split(","))
     bed = rig.Rig(log_dir=ns.out / f"logs-library-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
     try:
         before = rig.busy()
-        points, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
+        points, body = measure(
+            bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True), sizes=sizes
+        )
         print(f"## Conversation library\n({before} at start, {rig.busy()} at end)\n")
         print(body)
     finally:

@@ -100,9 +100,7 @@ def sidecar_registry() -> CollectorRegistry:
         hold.observe(seconds)
     Gauge("proxy_inflight_requests", "Requests in flight", namespace=ns, registry=registry).set(3)
     Gauge("proxy_held_requests", "Requests held", namespace=ns, registry=registry).set(1)
-    sources = Counter(
-        "conversation_requests", "Where a prefix came from", ["source"], namespace=ns, registry=registry
-    )
+    sources = Counter("conversation_requests", "Where a prefix came from", ["source"], namespace=ns, registry=registry)
     for n, source in enumerate(CONVERSATION_SOURCES):
         sources.labels(source=source).inc(40 // (n + 1))
     unrouted = Counter("conversation_unrouted", "Requests not routed", ["reason"], namespace=ns, registry=registry)

@@ -36,7 +36,7 @@ class Chat:
 
     def turn(self, url: str) -> tuple[int, int]:
         """Send the conversation; returns (cache_n, the earlier turn's prompt tokens)."""
-        body = {"messages": self.messages, "max_tokens": 8, "temperature": 0}
+        body = {"messages": self.messages, "max_tokens": 2, "temperature": 0}
         status, answer = http_json("POST", url + "/v1/chat/completions", body, timeout=300)
         assert status == 200, answer
         earlier = self.prompt_tokens
