@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,13 @@ BLOCK = slotfile.BLOCK_TOKENS
 
 
 class StepClock:
+    """The wall clock, moved on a millisecond per reading: last use is kept as the manifest's real mtime."""
+
     def __init__(self) -> None:
-        self.now = 1_764_400_000.0
+        self.now = time.time()
 
     def __call__(self) -> float:
-        self.now += 1.0
+        self.now = max(self.now + 0.001, time.time())
         return self.now
 
 
@@ -155,3 +158,14 @@ def test_a_new_conversation_saves_a_changed_victim_first() -> None:
     slots = [routing.Held(0, ("a0",), False, 5.0, True), routing.Held(1, ("b0",), True, 1.0, True)]
     got = routing.route(("n0", "n1"), slots, [])
     assert (got.source, got.slot, got.save_first) == (routing.Source.COLD, 0, True)
+
+
+def test_last_use_survives_a_restart_of_the_sidecar(snaps: store.SnapshotStore, tmp_path: Path) -> None:
+    a = commit(snaps, slot_file(conversation(1, 2)))
+    commit(snaps, slot_file(conversation(2, 2)))
+    snaps.touch(a.file)
+    touched = snaps.last_used(a.file)
+    again = store.SnapshotStore(tmp_path, clock=StepClock())
+    again.scan(clean=False)
+    assert again.last_used(a.file) == pytest.approx(touched, abs=0.01)
+    assert again.last_used(a.file) > a.created
