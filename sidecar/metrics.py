@@ -12,6 +12,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from sidecar import outcomes
+from sidecar.library import routing
 from sidecar.proxy import routes
 
 NAMESPACE = "llama_sidecar"
@@ -19,8 +20,8 @@ SNAPSHOT_RESULTS = tuple(r.value for r in outcomes.SaveResult)
 RESTORE_RESULTS = tuple(r.value for r in outcomes.RestoreOutcome)
 VERIFY_OUTCOMES = tuple(v.value for v in outcomes.Verification)
 GC_REASONS = ("keep", "superseded", "bytes", "age")
-CONVERSATION_SOURCES = ("slot", "library", "shared", "cold")
-UNROUTED_REASONS = ("tokenize", "swap", "error")
+CONVERSATION_SOURCES = tuple(s.value for s in routing.Source)
+UNROUTED_REASONS = tuple(r.value for r in routing.Unrouted)
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
 SLOT_DIR_OPERATIONS = ("read", "write", "scan")
 

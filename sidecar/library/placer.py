@@ -134,21 +134,21 @@ class Placer:
             state.ended = self._clock.wall()
 
     async def _plan(self, raw_path: str, body: bytes) -> _Plan | None:
-        request = prompt.of(raw_path, body)
-        if request is None:
-            return None
         try:
-            ids = await self._ids(request)
-        except errors.UpstreamError as exc:
-            self._unrouted("tokenize", str(exc))
-            return None
-        chain = slotfile.prefix_hashes(slotfile.pack_ids(ids))
-        if not chain:
-            return None  # shorter than one block: nothing worth routing, llama-server picks
-        try:
+            request = prompt.of(raw_path, body)
+            if request is None:
+                return None
+            try:
+                ids = await self._ids(request)
+            except errors.UpstreamError as exc:
+                self._unrouted(routing.Unrouted.TOKENIZE, str(exc))
+                return None
+            chain = slotfile.prefix_hashes(slotfile.pack_ids(ids))
+            if not chain:
+                return None  # shorter than one block: nothing worth routing, llama-server picks
             return await self._place(request, chain)
         except Exception as exc:  # routing must never fail the request: it goes as it came
-            self._unrouted("error", f"{exc.__class__.__name__}: {exc}")
+            self._unrouted(routing.Unrouted.ERROR, f"{exc.__class__.__name__}: {exc}")
             return None
 
     async def _ids(self, request: prompt.Prompt) -> list[int]:
@@ -162,7 +162,7 @@ class Placer:
     async def _place(self, request: prompt.Prompt, chain: tuple[str, ...]) -> _Plan | None:
         obs, identity = self._core.latest, self._core.identity
         if obs is None or obs.slots is None or identity is None:
-            self._unrouted("error", "the sidecar has not read llama-server's slots and identity yet")
+            self._unrouted(routing.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
             return None
         views = {v.id: v for v in obs.slots}
         library = self._library(identity, obs.slots)
@@ -192,7 +192,9 @@ class Placer:
                 if decision.source is routing.Source.LIBRARY:
                     state.chain = ()  # unknown now: the restore may or may not have run
         if not ok:
-            self._unrouted("swap", "the slot could not be saved or restored (see the snapshot and restore logs)")
+            self._unrouted(
+                routing.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
+            )
             return None
         self._stats.conversation_requests.labels(decision.source.value).inc()
         log.debug("request_routed", source=decision.source.value, slot=decision.slot, blocks=decision.blocks)
@@ -272,14 +274,14 @@ class Placer:
     def _slot(self, slot: int) -> _Slot:
         return self._slots.setdefault(slot, _Slot())
 
-    def _unrouted(self, reason: str, detail: str) -> None:
-        self._stats.conversation_unrouted.labels(reason).inc()
+    def _unrouted(self, reason: routing.Unrouted, detail: str) -> None:
+        self._stats.conversation_unrouted.labels(reason.value).inc()
         if reason in self._said:
             return
         self._said.add(reason)
         log.warning(
             "request_not_routed",
-            reason=reason,
+            reason=reason.value,
             error=detail,
             effect="forwarded as it came: llama-server picks its slot (logged once per reason; counted in "
             "llama_sidecar_conversation_unrouted_total)",

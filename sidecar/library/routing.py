@@ -34,6 +34,17 @@ class Source(enum.StrEnum):
     COLD = "cold"
 
 
+class Unrouted(enum.StrEnum):
+    """Why a request was forwarded without routing (``conversation_unrouted_total{reason}``)."""
+
+    TOKENIZE = "tokenize"
+    """llama-server could not give the prompt's token ids."""
+    SWAP = "swap"
+    """Saving the slot's own content, or restoring the library snapshot into it, failed."""
+    ERROR = "error"
+    """Anything else: the sidecar had not read the slots yet, an unexpected failure."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Held:
     """What one slot holds now."""
