@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from sidecar import config
 from support.fakellama import FakeLlama, Reply
-from support.faultbed import Sidecar, make_settings, run_sidecar
+from support.faultbed import Sidecar, make_settings, run_sidecar, with_proxy
 from support.wait import eventually
-
-
-def _settings(fake: FakeLlama, slot_dir: Path) -> config.Settings:
-    settings = make_settings(fake.url, slot_dir)
-    return dataclasses.replace(settings, proxy=config.ProxySettings(host="127.0.0.1", port=0, hold_seconds=30.0))
-
-
-def _proxy_url(car: Sidecar) -> str:
-    port = next(int(e["port"]) for e in car.logs if e.get("event") == "proxy_listening")
-    return f"http://127.0.0.1:{port}"
 
 
 async def _ready(car: Sidecar) -> bool:
@@ -35,8 +23,8 @@ async def test_a_prompt_the_server_cannot_tokenize_is_forwarded_unpinned_counted
     fake.replies["/completion"] = Reply.json({"content": "ok"})
     fake.replies["/v1/chat/completions"] = Reply.json({"choices": []})
     fake.replies["/tokenize"] = Reply.error(500, "the tokenizer failed")
-    async with run_sidecar(_settings(fake, slot_dir)) as car, aiohttp.ClientSession() as session:
-        proxy = _proxy_url(car)
+    async with run_sidecar(with_proxy(make_settings(fake.url, slot_dir))) as car, aiohttp.ClientSession() as session:
+        proxy = car.proxy_url
         await eventually(lambda: _ready(car), what="/readyz 200")
         for path, body in (
             ("/completion", {"prompt": "a prompt"}),

@@ -57,6 +57,13 @@ def make_settings(
     )
 
 
+def with_proxy(settings: config.Settings, *, hold_seconds: float = 30.0) -> config.Settings:
+    """The same settings with the proxy on, on a free loopback port (see :meth:`Sidecar.proxy_url`)."""
+    return dataclasses.replace(
+        settings, proxy=config.ProxySettings(host="127.0.0.1", port=0, hold_seconds=hold_seconds)
+    )
+
+
 def open_sockets(pid: int | str = "self") -> int:
     """Sockets among the open file descriptors of a process (this one by default)."""
     count = 0
@@ -102,6 +109,12 @@ class Sidecar:
 
     def events(self, name: str) -> list[MutableMapping[str, Any]]:
         return [e for e in list(self.logs) if e.get("event") == name]
+
+    @property
+    def proxy_url(self) -> str:
+        """The proxy's address, from its ``proxy_listening`` log line (settings made :func:`with_proxy`)."""
+        port = next(int(e["port"]) for e in self.events("proxy_listening"))
+        return f"http://127.0.0.1:{port}"
 
     def alive(self) -> bool:
         return self.task is None or not self.task.done()
