@@ -35,6 +35,7 @@ import matplotlib as mpl
 mpl.use("Agg")
 
 import matplotlib.pyplot as plt
+from matplotlib import ticker
 
 from bench import REPO_ROOT, rig
 from bench.beds import llamabed, net
@@ -175,6 +176,7 @@ def plot(points: list[Point], path: Path, title: str) -> None:
             ax.plot(range(len(medians)), medians, marker=marker, color=color,
                     label=f"N={p.conversations}, {run_.path}")  # fmt: skip
     ax.set_yscale("log")
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_xlabel("round (0: every conversation's first turn)")
     ax.set_ylabel("median turn time (s, TTFT)")
     ax.set_title(title, fontsize=9)

@@ -136,8 +136,8 @@ class Placer:
     async def _plan(self, raw_path: str, body: bytes) -> _Plan | None:
         try:
             request = prompt.of(raw_path, body)
-            if request is None:
-                return None
+            if request is None or prompt.shorter_than(request, slotfile.BLOCK_TOKENS):
+                return None  # not routed, or too short to fill a block: no call to the server
             try:
                 ids = await self._ids(request)
             except errors.UpstreamError as exc:

@@ -66,6 +66,24 @@ def of(raw_path: str, body: bytes) -> Prompt | None:
     return None
 
 
+SPECIAL_TOKENS = 8
+"""More tokens than a completion adds to a text prompt (BOS and the like)."""
+
+
+def shorter_than(prompt: Prompt, tokens: int) -> bool:
+    """Whether ``prompt`` surely becomes fewer than ``tokens`` ids, without asking the server.
+
+    Every token of a text covers at least one byte of it, so a text of fewer
+    bytes cannot fill the count; a chat's template adds text of its own, so
+    only its server-side ids tell.
+    """
+    if prompt.kind is Kind.IDS:
+        return len(prompt.ids) < tokens
+    if prompt.kind is Kind.TEXT:
+        return len(prompt.text.encode()) + SPECIAL_TOKENS < tokens
+    return False
+
+
 def pinned(prompt: Prompt, slot: int) -> bytes:
     """The request body with ``id_slot`` set to ``slot``."""
     return json.dumps({**prompt.body, "id_slot": slot}, ensure_ascii=False, separators=(",", ":")).encode()

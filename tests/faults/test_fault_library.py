@@ -27,8 +27,8 @@ async def test_a_prompt_the_server_cannot_tokenize_is_forwarded_unpinned_counted
         proxy = car.proxy_url
         await eventually(lambda: _ready(car), what="/readyz 200")
         for path, body in (
-            ("/completion", {"prompt": "a prompt"}),
-            ("/completion", {"prompt": "another"}),
+            ("/completion", {"prompt": "a prompt " * 40}),
+            ("/completion", {"prompt": "another one " * 40}),
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
         ):
             async with session.post(proxy + path, json=body) as resp:

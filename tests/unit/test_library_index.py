@@ -169,3 +169,15 @@ def test_last_use_survives_a_restart_of_the_sidecar(snaps: store.SnapshotStore, 
     again.scan(clean=False)
     assert again.last_used(a.file) == pytest.approx(touched, abs=0.01)
     assert again.last_used(a.file) > a.created
+
+
+def test_a_text_too_short_to_fill_a_block_is_known_without_asking_the_server() -> None:
+    short = prompt.of("/completion", json.dumps({"prompt": "é" * 50}).encode())
+    long = prompt.of("/completion", json.dumps({"prompt": "x" * 200}).encode())
+    chat = prompt.of("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}]}')
+    assert short is not None
+    assert long is not None
+    assert chat is not None
+    assert prompt.shorter_than(short, BLOCK)  # 100 bytes: at most 100 tokens and a few specials
+    assert not prompt.shorter_than(long, BLOCK)
+    assert not prompt.shorter_than(chat, BLOCK)  # the template adds text: only the server knows
