@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import secrets
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from support.report import SUMMARY
+from support.s3bed import S3Server
+
+S3_BUCKET = "sidecar-tests"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,3 +54,24 @@ def slot_dir(tmp_path: Path) -> Path:
     path = tmp_path / "slots"
     path.mkdir()
     return path
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One real S3 server (SeaweedFS) for the whole session, with the bucket `sidecar-tests`."""
+    server = S3Server(tmp_path_factory.mktemp("s3"))
+    server.start()
+    try:
+        server.create_bucket(S3_BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_url(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """`s3://sidecar-tests/<fresh prefix>` with the AWS variables of the test server set; restarts it if stopped."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    yield f"s3://{S3_BUCKET}/t-{secrets.token_hex(4)}"
+    s3_server.start()  # a test that took the store away gives it back to the next one
