@@ -1,4 +1,4 @@
-"""Command line: ``llama-kv-sidecar run | ls | verify``.
+"""Command line: ``llama-kv-sidecar run | ls | verify | gc``.
 
 Flags win over environment variables, which win over defaults (the table
 of flags is in ``options``). Parsing and validation happen here only; the
@@ -15,7 +15,8 @@ import time
 from collections.abc import Sequence
 
 import sidecar
-from sidecar import app, dirlock, errors, logs, options, store
+from sidecar import app, dirlock, errors, logs, options, parse, store
+from sidecar.shared import connect, gc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +42,34 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="re-hash every snapshot and report (and quarantine) bad ones")
     options.add(verify, [options.SLOT_DIR])
     verify.add_argument("--dry-run", action="store_true", help="report bad files without quarantining them")
+    collect = sub.add_parser(
+        "gc",
+        help="apply retention to the shared store: unpublish old snapshots, delete their objects after a grace period",
+    )
+    options.add(collect, [options.SHARED_STORE])
+    collect.add_argument(
+        "--max-age",
+        type=parse.number(float, zero_ok=True),
+        default=0.0,
+        metavar="SEC",
+        help="unpublish snapshots uploaded more than SEC seconds ago; 0 = no age limit (default 0)",
+    )
+    collect.add_argument(
+        "--max-bytes",
+        type=parse.number(int, zero_ok=True),
+        default=0,
+        metavar="N",
+        help="then unpublish the oldest until the snapshots kept hold at most N bytes; 0 = no cap (default 0)",
+    )
+    collect.add_argument(
+        "--grace",
+        type=parse.number(float, zero_ok=True),
+        default=gc.GRACE,
+        metavar="SEC",
+        help="delete an unpublished snapshot's object only SEC seconds later, so downloads in flight finish "
+        f"(default {gc.GRACE:g})",
+    )
+    collect.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
     return parser
 
 
@@ -114,6 +143,45 @@ def _verify(ns: argparse.Namespace) -> int:
     return 1 if bad or unreadable else 0
 
 
+def _gc(ns: argparse.Namespace) -> int:
+    where = options.checked_value(ns, options.SHARED_STORE)
+    if where is None:
+        raise errors.ConfigError(f"{options.SHARED_STORE.flag} (or {options.SHARED_STORE.env}) is required")
+
+    async def collect() -> gc.Plan:
+        objects = connect.open_store(where)
+        try:
+            return await gc.collect(
+                objects,
+                where.key_prefix,
+                now=time.time(),
+                max_age=ns.max_age,
+                max_bytes=ns.max_bytes,
+                grace=ns.grace,
+                dry_run=ns.dry_run,
+            )
+        finally:
+            await objects.close()
+
+    try:
+        done = asyncio.run(collect())
+    except errors.SharedStoreError as exc:
+        print(f"llama-kv-sidecar gc: {where.describe()}: {exc}", file=sys.stderr)
+        return 1
+    verb = "would " if ns.dry_run else ""
+    for key in done.unpublish:
+        print(f"{verb}unpublish {key}")
+    for key in done.delete:
+        print(f"{verb}delete {key}")
+    print(
+        json.dumps(
+            {"unpublished": len(done.unpublish), "deleted": len(done.delete), "kept_bytes": done.kept_bytes}
+            | ({"dry_run": True} if ns.dry_run else {})
+        )
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -122,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _ls(ns)
         if ns.command == "verify":
             return _verify(ns)
+        if ns.command == "gc":
+            return _gc(ns)
         settings = options.settings_from(ns)
         logs.configure(fmt=settings.logs.format, level=settings.logs.level)
         asyncio.run(app.main(settings))

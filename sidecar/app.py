@@ -41,6 +41,7 @@ from sidecar import (
 )
 from sidecar.library import placer
 from sidecar.proxy import gate, listener, relay
+from sidecar.shared import service
 
 log = structlog.get_logger("sidecar.app")
 
@@ -101,6 +102,7 @@ async def _run(
         core = engine.Engine(
             client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock, restore_gate=restore_gate
         )
+        shared = _shared_store(settings, snapshots, stats, core)
         identify = weights.WeightsIdentifier(settings.snapshots.slot_dir).identify
         poll = poller.Poller(client, settings.poll, clock=clock, weights=identify)
         watch = watcher.Watcher(snapshots, stats, lock)
@@ -130,12 +132,29 @@ async def _run(
                 group.create_task(core.run(), name="actions")
                 group.create_task(watch.run(), name="watcher")
                 group.create_task(_stopper(stop), name="stopper")
+                if shared is not None:
+                    group.create_task(shared.run(), name="uploader")
         except* Terminate:
             log.info("stopping", reason="signal")
         finally:
             if proxy is not None:
                 await proxy.close()  # no new requests may change the slots during the final snapshots
             await _shutdown(core, settings, watch, handle)
+            if shared is not None:
+                await shared.close()
+
+
+def _shared_store(
+    settings: config.Settings, snapshots: store.SnapshotStore, stats: metrics.Metrics, core: engine.Engine
+) -> service.SharedStore | None:
+    """The shared store (--shared-store): uploads after each commit, fetches before each restore round."""
+    where = settings.shared.location
+    if where is None:
+        return None
+    shared = service.SharedStore(where, snapshots=snapshots, stats=stats)
+    snapshots.subscribe(shared.offer)
+    core.before_restore = shared.warm
+    return shared
 
 
 async def _start_proxy(

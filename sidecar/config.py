@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from sidecar.shared import location
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class UpstreamSettings:
@@ -93,6 +95,12 @@ class ProxySettings:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SharedSettings:
+    location: location.Location | None = None
+    """The shared store (``--shared-store``) with its endpoint and keys; None: snapshots stay on this node."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     upstream: UpstreamSettings
     poll: PollSettings
@@ -100,3 +108,4 @@ class Settings:
     server: ServerSettings
     logs: LogSettings = dataclasses.field(default_factory=LogSettings)
     proxy: ProxySettings = dataclasses.field(default_factory=ProxySettings)
+    shared: SharedSettings = dataclasses.field(default_factory=SharedSettings)

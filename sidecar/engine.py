@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
@@ -108,6 +109,8 @@ class Engine:
         self.gate = restore_gate or gate.Gate(mono=self._clock.monotonic)
         """Closed while the server is down or loading and while a restore round is owed or running."""
         self.content_listeners: list[SlotContent] = []
+        self.before_restore: Callable[[events.Identity, tuple[events.SlotView, ...]], Awaitable[object]] | None = None
+        """Awaited at the start of each restore round (the shared store fetches snapshots for empty slots)."""
 
     def status(self) -> report.Status:
         """What the engine knows now, for the HTTP layer."""
@@ -323,6 +326,8 @@ class Engine:
 
     async def _restore(self, obs: events.Observation) -> None:
         assert self.identity is not None
+        if self.before_restore is not None and obs.slots:
+            await self.before_restore(self.identity, obs.slots)
         if not self._snapshots.snapshots():
             return
         done = await self.restorer.restore_all(self.identity, healthy_at=self.healthy_at, counters=obs.counters)

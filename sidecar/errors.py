@@ -12,6 +12,7 @@ handle a closed set of types::
     │   │   └── UpstreamDenied     401/403: it wants (another of) its API keys
     │   └── UpstreamProtocolError  an answer we cannot parse or that lacks fields
     ├── SnapshotError              a snapshot file failed a check or an I/O step
+    ├── SharedStoreError           the shared store (S3, shared filesystem) did not do what was asked
     └── ConfigError                a flag or environment variable is unusable
 
 The poller turns ``UpstreamError`` into an observation ("server down");
@@ -60,6 +61,16 @@ class SnapshotError(SidecarError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class SharedStoreError(SidecarError):
+    """The shared store failed an operation (``put``, ``get``, ``list`` or ``delete``); local work goes on."""
+
+    def __init__(self, message: str, *, operation: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.missing = missing
+        """The object does not exist (a 404, or a file that is not there)."""
 
 
 class ConfigError(SidecarError):

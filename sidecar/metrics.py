@@ -24,9 +24,12 @@ CONVERSATION_SOURCES = tuple(s.value for s in routing.Source)
 UNROUTED_REASONS = tuple(r.value for r in routing.Unrouted)
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
 SLOT_DIR_OPERATIONS = ("read", "write", "scan")
+SHARED_DIRECTIONS = ("up", "down")
+SHARED_OPERATIONS = ("put", "get", "list", "delete")
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _HOLD = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+_TRANSFER = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 _RESTART = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -246,6 +249,49 @@ class Metrics:
             self.conversation_requests.labels(source)
         for reason in UNROUTED_REASONS:
             self.conversation_unrouted.labels(reason)
+        self.shared_bytes = Counter(
+            "shared_store_bytes",
+            "Bytes of snapshots moved to (up) or from (down) the shared store (--shared-store).",
+            ["direction"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.shared_objects = Counter(
+            "shared_store_objects",
+            "Snapshots uploaded to (up) or downloaded from (down) the shared store; a snapshot "
+            "another node had already uploaded is not counted.",
+            ["direction"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.shared_transfer = Histogram(
+            "shared_store_transfer_seconds",
+            "Seconds one snapshot took to upload (up) or download and verify (down).",
+            ["direction"],
+            buckets=_TRANSFER,
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.shared_errors = Counter(
+            "shared_store_errors",
+            "Failed operations on the shared store, by operation: put, get, list, delete. Local "
+            "snapshots and restores go on; uploads are retried with backoff until the store answers.",
+            ["operation"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.shared_pending = Gauge(
+            "shared_store_pending_uploads",
+            "Committed snapshots waiting to be uploaded to the shared store (grows while it is down).",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        for direction in SHARED_DIRECTIONS:
+            self.shared_bytes.labels(direction)
+            self.shared_objects.labels(direction)
+            self.shared_transfer.labels(direction)
+        for operation in SHARED_OPERATIONS:
+            self.shared_errors.labels(operation)
         for outcome in VERIFY_OUTCOMES:
             self.restore_verifications.labels(outcome)
         for route in routes.Route:  # at zero without the proxy too, so dashboards and alerts see series

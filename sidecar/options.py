@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import config, errors, logs, parse
+from sidecar.shared import location
 
 _GROUPS: dict[str, type[Any]] = {
     name: kind
@@ -71,6 +72,16 @@ SLOT_DIR = Option(
     metavar="DIR",
     convert=Path,
     check=Path.resolve,
+)
+SHARED_STORE = Option(
+    "--shared-store",
+    "LLAMA_SIDECAR_SHARED_STORE",
+    ("shared.location",),
+    "s3://BUCKET/PREFIX or file:///PATH: upload committed snapshots there in the background and fetch "
+    "other nodes' snapshots into empty slots; S3 endpoint and keys come from AWS_ENDPOINT_URL_S3 "
+    "(or AWS_ENDPOINT_URL), AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION (default: off)",
+    "URL",
+    check=lambda url: location.parse(url, os.environ),
 )
 OPTIONS: tuple[Option, ...] = (
     Option("--server", "LLAMA_SIDECAR_SERVER", ("upstream.url",), "llama-server base URL", "URL", check=parse.url),
@@ -240,6 +251,7 @@ OPTIONS: tuple[Option, ...] = (
         "N",
         parse.number(int),
     ),
+    SHARED_STORE,
     Option(
         "--log-format",
         "LLAMA_SIDECAR_LOG_FORMAT",

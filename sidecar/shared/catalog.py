@@ -1,0 +1,115 @@
+"""What the shared store holds for this server, and the best match for a request's tokens.
+
+Why a listing and not an index object: every object in the store is
+written once and never changed, so any number of nodes publish without
+coordination. A single index object would need read-modify-write with
+``If-Match``, a hot key every node contends for (and Ceph RGW answers such
+races with 500s). Listing one namespace is a few requests per thousand
+snapshots, and since manifests are immutable each is read once and cached
+by key; only keys that appeared since the last listing are fetched. The
+listing is refreshed at most every ``refresh_every`` seconds.
+
+:func:`best_match` is pure: the manifest sharing the longest prefix of
+blocks with the request, among those that fit the slot's context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+
+import structlog
+
+from sidecar import errors, manifest, slotfile
+from sidecar.shared import keys, objstore, records
+
+log = structlog.get_logger("sidecar.shared")
+REFRESH_EVERY = 5.0
+"""Seconds a listing is reused before the store is listed again."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Match:
+    record: records.SharedRecord
+    blocks: int
+    """Leading blocks the record shares with the request."""
+
+    @property
+    def tokens(self) -> int:
+        """Prompt tokens the match saves."""
+        return self.blocks * self.record.block_tokens
+
+
+def best_match(
+    found: Iterable[records.SharedRecord], chain: tuple[str, ...], *, max_tokens: int, block_tokens: int
+) -> Match | None:
+    """The record sharing the most leading blocks with ``chain`` (newest on a tie); None if none shares one."""
+    best: Match | None = None
+    for record in found:
+        if record.block_tokens != block_tokens or record.snapshot.tokens > max_tokens:
+            continue
+        blocks = slotfile.shared_blocks(record.chain, chain)
+        if blocks == 0:
+            continue
+        if best is None or (blocks, record.uploaded) > (best.blocks, best.record.uploaded):
+            best = Match(record, blocks)
+    return best
+
+
+class Catalog:
+    """The shared manifests of each namespace, listed and read lazily, cached by key."""
+
+    def __init__(
+        self,
+        store: objstore.ObjectStore,
+        prefix: str,
+        *,
+        refresh_every: float = REFRESH_EVERY,
+        mono: Callable[[], float] = time.monotonic,
+        on_error: Callable[[errors.SharedStoreError], None] = lambda exc: None,
+    ) -> None:
+        self._store = store
+        self._prefix = prefix
+        self._refresh_every = refresh_every
+        self._mono = mono
+        self._on_error = on_error
+        self._records: dict[str, records.SharedRecord | None] = {}
+        """Every manifest key read so far; None for one that does not parse (not read again)."""
+        self._listed: dict[str, tuple[float, list[str]]] = {}
+        self._lock = asyncio.Lock()
+
+    async def records(self, ns: str) -> list[records.SharedRecord]:
+        """The readable shared manifests of ``ns``; raises SharedStoreError if the store cannot be listed."""
+        async with self._lock:
+            listed = self._listed.get(ns)
+            if listed is None or self._mono() - listed[0] >= self._refresh_every:
+                infos = await self._store.list_objects(keys.manifests_under(self._prefix, ns))
+                listed = (self._mono(), [i.key for i in infos if keys.is_manifest(i.key)])
+                self._listed[ns] = listed
+            for key in listed[1]:
+                if key not in self._records:
+                    await self._read(key)
+            return [r for k in listed[1] if (r := self._records.get(k)) is not None]
+
+    async def _read(self, key: str) -> None:
+        try:
+            raw = await self._store.get_bytes(key)
+        except errors.SharedStoreError as exc:
+            if not exc.missing:
+                self._on_error(exc)  # read again at the next listing
+            return
+        try:
+            self._records[key] = records.SharedRecord.from_json(raw)
+        except (ValueError, manifest.NewerFormatError) as exc:
+            self._records[key] = None
+            log.warning("shared_manifest_unreadable", key=key, error=str(exc), effect="ignored by this node")
+
+    def forget(self, ns: str) -> None:
+        """List ``ns`` again at the next call (after this node published into it)."""
+        self._listed.pop(ns, None)
+
+    async def lookup(self, ns: str, chain: tuple[str, ...], *, max_tokens: int) -> Match | None:
+        """The shared snapshot with the longest common prefix with ``chain``; None if none shares a block."""
+        return best_match(await self.records(ns), chain, max_tokens=max_tokens, block_tokens=slotfile.BLOCK_TOKENS)

@@ -1,0 +1,111 @@
+"""Fetching a snapshot from the shared store into the slot dir.
+
+The blob is streamed into a temporary name (``.tmp-slot<id>-…``, which
+nothing restores and the next start-up removes), its size and checksum are
+compared with the shared manifest's while it is written, and only then is
+it committed like a snapshot the server just saved: the store renames it to
+its final name and writes the local manifest last. From there the local
+library, the restorer and retention see it like any other snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+import xxhash
+
+from sidecar import errors, hashing, manifest, metrics, store
+from sidecar.shared import decide, objstore, records
+
+log = structlog.get_logger("sidecar.shared")
+
+
+async def fetch(
+    store_: objstore.ObjectStore,
+    shared: records.SharedRecord,
+    *,
+    snapshots: store.SnapshotStore,
+    slot: int,
+    stats: metrics.Metrics,
+    rate: decide.Rate,
+) -> manifest.Manifest:
+    """Download ``shared`` into the slot dir as a snapshot of ``slot``; raise SharedStoreError or SnapshotError."""
+    want = shared.snapshot
+    temp = snapshots.temp_name(slot)
+    path = snapshots.dir / temp
+    started = time.perf_counter()
+    try:
+        size, digest = await _download(store_, shared.blob, path, want.checksum.algorithm)
+        if size != want.bytes:
+            raise errors.SharedStoreError(
+                f"{shared.blob} has {size} bytes, its shared manifest says {want.bytes}", operation="get"
+            )
+        if digest != want.checksum.digest:
+            raise errors.SharedStoreError(
+                f"{shared.blob} does not match its {want.checksum.algorithm} checksum", operation="get"
+            )
+        committed = await asyncio.to_thread(
+            snapshots.commit,
+            temp,
+            slot=slot,
+            tokens=want.tokens,
+            written=size,
+            task=None,
+            fingerprint=want.fingerprint,
+        )
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    if committed.checksum.algorithm is want.checksum.algorithm and committed.checksum.digest != digest:
+        await asyncio.to_thread(snapshots.delete, committed)  # changed on disk between the two hashes
+        raise errors.SnapshotError(f"{committed.file} changed while it was committed", reason=store.Problem.CHECKSUM)
+    seconds = time.perf_counter() - started
+    rate.add(size, seconds)
+    stats.shared_bytes.labels("down").inc(size)
+    stats.shared_objects.labels("down").inc()
+    stats.shared_transfer.labels("down").observe(seconds)
+    log.info(
+        "shared_snapshot_fetched",
+        file=committed.file,
+        slot=slot,
+        tokens=committed.tokens,
+        bytes=size,
+        seconds=round(seconds, 3),
+    )
+    return committed
+
+
+async def _download(
+    store_: objstore.ObjectStore, key: str, path: Path, algorithm: hashing.Algorithm
+) -> tuple[int, str]:
+    """Stream ``key`` into ``path`` (created exclusively), hashing as it goes; (bytes, hex digest)."""
+    hasher = _hasher(algorithm)
+    size = 0
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, store.FILE_MODE)
+    except OSError as exc:
+        raise errors.SnapshotError(f"creating {path.name}: {exc}", reason=store.Problem.IO) from exc
+    with os.fdopen(fd, "wb") as fh:
+        async for chunk in store_.stream(key):
+            hasher.update(chunk)
+            size += len(chunk)
+            await asyncio.to_thread(fh.write, chunk)
+    return size, hasher.hexdigest()
+
+
+class _Hasher(Protocol):
+    def update(self, data: bytes, /) -> object: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def _hasher(algorithm: hashing.Algorithm) -> _Hasher:
+    return xxhash.xxh3_128() if algorithm is hashing.Algorithm.XXH3_128 else hashlib.sha256()

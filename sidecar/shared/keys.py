@@ -1,0 +1,69 @@
+"""Object keys in the shared store. Pure code.
+
+Layout under the URL's prefix::
+
+    <namespace>/blobs/<algorithm>-<digest>.bin       a snapshot file, byte for byte
+    <namespace>/manifests/<algorithm>-<digest>.json  its shared manifest (written last)
+
+Keys are content-addressed by the snapshot's checksum, so an object never
+changes once written: two nodes uploading the same snapshot write the same
+bytes to the same key, and a reader may cache what it read by key forever.
+
+The namespace says what a snapshot can be restored into: the model
+(file name, path, size, parameter count and the checksum of its weights),
+the LoRA adapters, llama-server's build (the slot file and KV layout it
+writes) and its slot count (llama-server refuses KV saved with another).
+A node lists only its own namespace, so it never fetches what it cannot
+restore. The context size is not part of it: a snapshot that fits the
+slot's context restores whatever the total.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from sidecar import manifest
+
+BLOBS = "blobs"
+MANIFESTS = "manifests"
+_UNSAFE = re.compile(r"[^a-z0-9._-]+")
+
+
+def namespace(fp: manifest.Fingerprint) -> str:
+    """``<model file stem>-<hash of everything a restore must match>``: readable and exact."""
+    adapters = None if fp.adapters is None else [[a.id, a.path, a.scale] for a in fp.adapters]
+    identity = [fp.build_info, fp.model_path, fp.model_size, fp.model_params, fp.weights, adapters, fp.total_slots]
+    digest = hashlib.blake2b(json.dumps(identity).encode(), digest_size=10).hexdigest()
+    stem = fp.model_path.rsplit("/", 1)[-1].removesuffix(".gguf").lower()
+    readable = _UNSAFE.sub("-", stem).strip("-.")[:48] or "model"
+    return f"{readable}-{digest}"
+
+
+def content_id(checksum: manifest.Checksum) -> str:
+    return f"{checksum.algorithm}-{checksum.digest}"
+
+
+def join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p.strip("/"))
+
+
+def blob(prefix: str, ns: str, checksum: manifest.Checksum) -> str:
+    return join(prefix, ns, BLOBS, content_id(checksum) + ".bin")
+
+
+def shared_manifest(prefix: str, ns: str, checksum: manifest.Checksum) -> str:
+    return join(prefix, ns, MANIFESTS, content_id(checksum) + ".json")
+
+
+def manifests_under(prefix: str, ns: str) -> str:
+    return join(prefix, ns, MANIFESTS) + "/"
+
+
+def is_manifest(key: str) -> bool:
+    return f"/{MANIFESTS}/" in f"/{key}" and key.endswith(".json")
+
+
+def is_blob(key: str) -> bool:
+    return f"/{BLOBS}/" in f"/{key}" and key.endswith(".bin")

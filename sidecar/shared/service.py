@@ -1,0 +1,146 @@
+"""The shared store as the rest of the sidecar sees it: offer, warm, lookup, fetch, worth.
+
+* :meth:`SharedStore.offer` is the snapshot store's commit listener: it only
+  queues the snapshot for the background ``uploader`` task (:meth:`run`).
+* :meth:`SharedStore.warm` runs before a restore round: each empty slot with
+  no local snapshot gets the newest shared snapshot of this server's
+  namespace that is not in the slot dir yet, so a new replica starts warm.
+* :meth:`lookup`, :meth:`worth` and :meth:`fetch` are for the request path
+  (the proxy's routing): the shared snapshot with the longest common prefix,
+  whether fetching it beats prefilling, and the fetch into a slot's name.
+
+None of them raises when the store is down or slow: errors are counted in
+``shared_store_errors_total``, logged, and the caller goes on locally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from sidecar import errors, events, manifest, metrics, store
+from sidecar.shared import catalog, connect, decide, downloader, keys, location, objstore, records, uploader
+
+log = structlog.get_logger("sidecar.shared")
+WARM_TIMEOUT = 60.0
+"""Longest a restore round waits for snapshots fetched from the shared store, in seconds."""
+
+
+class SharedStore:
+    def __init__(
+        self,
+        where: location.Location,
+        *,
+        snapshots: store.SnapshotStore,
+        stats: metrics.Metrics,
+        objects: objstore.ObjectStore | None = None,
+    ) -> None:
+        self.where = where
+        self.objects = objects or connect.open_store(where)
+        prefix = where.key_prefix
+        self._snapshots = snapshots
+        self._stats = stats
+        self.rate = decide.Rate()
+        """Measured bandwidth of this node's transfers (bytes per second)."""
+        self.catalog = catalog.Catalog(self.objects, prefix, on_error=self._count)
+        self.uploader = uploader.Uploader(
+            self.objects,
+            prefix=prefix,
+            snapshots=snapshots,
+            stats=stats,
+            rate=self.rate,
+            on_published=self.catalog.forget,
+        )
+
+    def _count(self, exc: errors.SharedStoreError) -> None:
+        self._stats.shared_errors.labels(exc.operation if exc.operation in metrics.SHARED_OPERATIONS else "get").inc()
+
+    def offer(self, record: manifest.Manifest) -> None:
+        """Queue a committed snapshot for upload (any thread)."""
+        self.uploader.offer(record)
+
+    async def run(self) -> None:
+        """The ``uploader`` task."""
+        log.info("shared_store_enabled", store=self.objects.describe())
+        await self.uploader.run()
+
+    async def close(self) -> None:
+        await self.objects.close()
+
+    @staticmethod
+    def namespace(identity: events.Identity) -> str:
+        return keys.namespace(manifest.Fingerprint.of(identity, n_ctx=0))
+
+    async def lookup(
+        self, identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int
+    ) -> catalog.Match | None:
+        """The shared snapshot sharing the longest prefix with ``chain``; None if none, or the store failed."""
+        try:
+            return await self.catalog.lookup(self.namespace(identity), chain, max_tokens=max_tokens)
+        except errors.SharedStoreError as exc:
+            self._failed(exc, "lookup")
+            return None
+
+    def worth(self, match: catalog.Match, *, cached_tokens: int, prefill_rate: float) -> decide.Estimate:
+        """Whether fetching ``match`` beats prefilling what it adds over ``cached_tokens`` already at hand."""
+        return decide.fetch_or_prefill(
+            size=match.record.snapshot.bytes,
+            saved_tokens=max(0, match.tokens - cached_tokens),
+            bandwidth=self.rate.current(),
+            prefill_rate=prefill_rate,
+        )
+
+    async def fetch(self, shared: records.SharedRecord, *, slot: int) -> manifest.Manifest | None:
+        """Download ``shared`` into the slot dir as a snapshot of ``slot``; None if it failed (logged, counted)."""
+        try:
+            return await downloader.fetch(
+                self.objects, shared, snapshots=self._snapshots, slot=slot, stats=self._stats, rate=self.rate
+            )
+        except errors.SharedStoreError as exc:
+            self._failed(exc, "fetch")
+        except errors.SnapshotError as exc:
+            log.error("shared_fetch_failed", blob=shared.blob, error=str(exc), effect="the slot is prefilled instead")
+        return None
+
+    async def warm(self, identity: events.Identity, slots: tuple[events.SlotView, ...]) -> list[manifest.Manifest]:
+        """Fetch the newest shared snapshots into empty slots that have none locally; bounded by WARM_TIMEOUT."""
+        local = {m.checksum.digest for m in self._snapshots.snapshots()}
+        empty = [v for v in slots if v.empty and not self._snapshots.snapshots(v.id)]
+        if not empty:
+            return []
+        fetched: list[manifest.Manifest] = []
+        try:
+            async with asyncio.timeout(WARM_TIMEOUT):
+                try:
+                    found = await self.catalog.records(self.namespace(identity))
+                except errors.SharedStoreError as exc:
+                    self._failed(exc, "warm")
+                    return []
+                fresh = sorted((r for r in found if r.snapshot.checksum.digest not in local), key=lambda r: -r.uploaded)
+                for view in empty:
+                    pick = next((r for r in fresh if r.snapshot.tokens <= view.n_ctx), None)
+                    if pick is None:
+                        break
+                    fresh.remove(pick)
+                    got = await self.fetch(pick, slot=view.id)
+                    if got is not None:
+                        fetched.append(got)
+        except TimeoutError:
+            log.warning(
+                "shared_warm_timeout",
+                seconds=WARM_TIMEOUT,
+                fetched=len(fetched),
+                effect="the restore round goes on with what is in the slot dir",
+            )
+        return fetched
+
+    def _failed(self, exc: errors.SharedStoreError, doing: str) -> None:
+        self._count(exc)
+        log.warning(
+            "shared_store_unavailable",
+            doing=doing,
+            operation=exc.operation,
+            error=str(exc),
+            effect="served from the local slot dir only",
+        )

@@ -1,0 +1,177 @@
+"""Uploading committed snapshots to the shared store, in the background.
+
+:meth:`Uploader.offer` is called by the snapshot store right after a local
+commit (from the worker thread that committed), and only queues: nothing
+here sits on the path of a save, a restore or a request. The ``uploader``
+task publishes each snapshot in two steps, both create-only:
+
+1. the snapshot file as ``<ns>/blobs/<checksum>.bin``, after checking it
+   still has its manifest's size and checksum (a file damaged since its
+   commit is never published under its good checksum);
+2. the shared manifest ``<ns>/manifests/<checksum>.json``, last, so a
+   listed manifest always names a complete object.
+
+A key that exists already (another node, or an earlier attempt) is left as
+it is. When the store fails, the snapshot stays at the head of the queue
+and is retried after a backoff that doubles up to :data:`MAX_BACKOFF`;
+snapshots committed meanwhile wait behind it, up to :data:`QUEUE_LIMIT`
+(the oldest are dropped first, said in the log: the local copy is kept). At
+start-up every local snapshot is offered once, so uploads missed while the
+sidecar or the store was down catch up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from sidecar import errors, manifest, metrics, slotfile, store
+from sidecar.shared import decide, keys, objstore, records
+
+log = structlog.get_logger("sidecar.shared")
+QUEUE_LIMIT = 256
+"""Snapshots waiting for upload at most; beyond it the oldest waiting one is dropped (kept locally)."""
+FIRST_BACKOFF = 1.0
+MAX_BACKOFF = 60.0
+"""Longest pause, in seconds, between two attempts while the store fails."""
+
+
+class Uploader:
+    def __init__(
+        self,
+        store_: objstore.ObjectStore,
+        *,
+        prefix: str,
+        snapshots: store.SnapshotStore,
+        stats: metrics.Metrics,
+        rate: decide.Rate,
+        on_published: Callable[[str], None] = lambda ns: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store_
+        self._prefix = prefix
+        self._snapshots = snapshots
+        self._stats = stats
+        self._rate = rate
+        self._on_published = on_published
+        self._clock = clock
+        self._waiting: collections.OrderedDict[str, manifest.Manifest] = collections.OrderedDict()
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.backoff = 0.0
+        """Seconds the next retry waits; 0 while the store answers."""
+
+    def offer(self, record: manifest.Manifest) -> None:
+        """Queue ``record`` for upload; safe to call from any thread."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._add, record)
+        except RuntimeError:
+            return  # the loop is closing: the next start-up offers every local snapshot again
+
+    def _add(self, record: manifest.Manifest) -> None:
+        self._waiting[record.file] = record
+        self._waiting.move_to_end(record.file)
+        while len(self._waiting) > QUEUE_LIMIT:
+            dropped, _ = self._waiting.popitem(last=False)
+            log.warning(
+                "shared_upload_dropped",
+                file=dropped,
+                reason=f"more than {QUEUE_LIMIT} snapshots wait for the shared store",
+                effect="kept locally only; offered again at the next start-up of the sidecar",
+            )
+        self._stats.shared_pending.set(len(self._waiting))
+        self._wake.set()
+
+    def pending(self) -> int:
+        return len(self._waiting)
+
+    async def run(self) -> None:
+        """The ``uploader`` task: offer every local snapshot, then publish what is queued, for ever."""
+        self._loop = asyncio.get_running_loop()
+        for record in reversed(self._snapshots.snapshots()):  # oldest first, like commits
+            self._add(record)
+        while True:
+            if not self._waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            file, record = next(iter(self._waiting.items()))
+            try:
+                await self.publish(record)
+            except errors.SharedStoreError as exc:
+                self._stats.shared_errors.labels(_label(exc.operation)).inc()
+                self.backoff = min(MAX_BACKOFF, max(FIRST_BACKOFF, self.backoff * 2))
+                log.warning(
+                    "shared_upload_failed",
+                    file=file,
+                    error=str(exc),
+                    retry_in=round(self.backoff, 1),
+                    waiting=len(self._waiting),
+                    effect="local snapshots and restores go on; the upload is retried",
+                )
+                await asyncio.sleep(self.backoff * random.uniform(0.8, 1.2))  # noqa: S311 - jitter, not secrets
+                continue
+            self.backoff = 0.0
+            if self._waiting.get(file) is record:
+                del self._waiting[file]
+            self._stats.shared_pending.set(len(self._waiting))
+
+    async def publish(self, record: manifest.Manifest) -> bool:
+        """Upload one snapshot and its shared manifest; False if there was nothing to do."""
+        ns = keys.namespace(record.fingerprint)
+        manifest_key = keys.shared_manifest(self._prefix, ns, record.checksum)
+        if await self._store.head(manifest_key) is not None:
+            return False  # published before (by us or by another node)
+        path = self._snapshots.dir / record.file
+        try:
+            await asyncio.to_thread(self._snapshots.verify, record)
+            chain = await asyncio.to_thread(_chain, path)
+        except errors.SnapshotError as exc:
+            log.info("shared_upload_skipped", file=record.file, reason=str(exc), effect="not uploaded")
+            return False
+        blob_key = keys.blob(self._prefix, ns, record.checksum)
+        started = time.perf_counter()
+        written = await self._store.put_file(blob_key, path)
+        seconds = time.perf_counter() - started
+        shared = records.SharedRecord(
+            snapshot=record, blob=blob_key, chain=chain, block_tokens=slotfile.BLOCK_TOKENS, uploaded=self._clock()
+        )
+        await self._store.put_bytes(manifest_key, shared.to_json().encode())
+        if written is objstore.Written.CREATED:
+            self._rate.add(record.bytes, seconds)
+            self._stats.shared_bytes.labels("up").inc(record.bytes)
+            self._stats.shared_objects.labels("up").inc()
+            self._stats.shared_transfer.labels("up").observe(seconds)
+        self._on_published(ns)
+        log.info(
+            "shared_snapshot_published",
+            file=record.file,
+            key=manifest_key,
+            bytes=record.bytes,
+            seconds=round(seconds, 3),
+            blob=written.value,
+            indexed_blocks=len(chain),
+        )
+        return True
+
+
+def _chain(path: Path) -> tuple[str, ...]:
+    """The snapshot's prefix hash chain; empty when its tokens cannot be read (it stays shareable by slot)."""
+    try:
+        tokens = slotfile.read_tokens(path)
+    except (slotfile.SlotFileError, OSError):
+        return ()
+    return slotfile.prefix_hashes(tokens.data)
+
+
+def _label(operation: str) -> str:
+    return operation if operation in metrics.SHARED_OPERATIONS else "put"

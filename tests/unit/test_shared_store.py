@@ -1,0 +1,219 @@
+"""The shared store against a real S3 server (SeaweedFS) and a directory: objects, upload, fetch, outage, gc."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar import errors, events, manifest, metrics, slotfile, store
+from sidecar.shared import connect, gc, keys, location, objstore, service
+from support.s3bed import S3Server
+from support.wait import eventually
+
+IDENTITY = events.Identity("b1-abc", "/models/m.gguf", 2, 8192, 1000, 10, weights="xxh3-128:" + "3" * 32)
+FP = manifest.Fingerprint.of(IDENTITY, n_ctx=4096)
+
+
+@pytest.fixture(params=["s3", "file"])
+async def objects(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[objstore.ObjectStore]:
+    if request.param == "s3":
+        url = request.getfixturevalue("s3_url")
+    else:
+        (tmp_path / "shared").mkdir()
+        url = f"file://{tmp_path / 'shared'}"
+    opened = connect.open_store(location.parse(url, os.environ))
+    yield opened
+    await opened.close()
+
+
+def slot_file(ids: list[int], kv_bytes: int) -> bytes:
+    """A slot file as llama-server writes it: header, packed token state, then KV data."""
+    words = struct.pack("<iII", -1, slotfile.PACKED_VERSION, len(ids)) + struct.pack(f"<{len(ids)}i", *ids)
+    head = struct.pack("<III", slotfile.MAGIC, slotfile.VERSION, len(words) // 4)
+    return head + words + os.urandom(kv_bytes)
+
+
+def committed(snaps: store.SnapshotStore, data: bytes, *, slot: int = 0, tokens: int = 600) -> manifest.Manifest:
+    temp = snaps.temp_name(slot)
+    (snaps.dir / temp).write_bytes(data)
+    return snaps.commit(temp, slot=slot, tokens=tokens, written=len(data), task=1, fingerprint=FP)
+
+
+def node(root: Path, where: location.Location) -> tuple[store.SnapshotStore, service.SharedStore, metrics.Metrics]:
+    root.mkdir()
+    snaps = store.SnapshotStore(root, clock=time.time)
+    stats = metrics.Metrics(CollectorRegistry(), version="test")
+    shared = service.SharedStore(where, snapshots=snaps, stats=stats)
+    snaps.subscribe(shared.offer)
+    return snaps, shared, stats
+
+
+async def test_create_only_writes_stream_back_byte_for_byte(objects: objstore.ObjectStore, tmp_path: Path) -> None:
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(objstore.PART_BYTES * 2 + 12345))  # three parts on S3
+    prefix = f"conf-{os.getpid()}"
+    assert await objects.put_file(f"{prefix}/a/big.bin", big) is objstore.Written.CREATED
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"another writer")
+    assert await objects.put_file(f"{prefix}/a/big.bin", other) is objstore.Written.EXISTED
+    got = b"".join([chunk async for chunk in objects.stream(f"{prefix}/a/big.bin")])
+    assert got == big.read_bytes()
+    assert await objects.put_bytes(f"{prefix}/a/small.json", b"{}") is objstore.Written.CREATED
+    assert await objects.put_bytes(f"{prefix}/a/small.json", b"[]") is objstore.Written.EXISTED
+    assert await objects.get_bytes(f"{prefix}/a/small.json") == b"{}"
+    head = await objects.head(f"{prefix}/a/big.bin")
+    assert head is not None
+    assert head.size == big.stat().st_size
+    assert await objects.head(f"{prefix}/a/none.bin") is None
+    listed = [i.key for i in await objects.list_objects(f"{prefix}/a/")]
+    assert listed == [f"{prefix}/a/big.bin", f"{prefix}/a/small.json"]
+    await objects.delete([f"{prefix}/a/big.bin", f"{prefix}/a/gone-already.bin"])
+    assert [i.key for i in await objects.list_objects(f"{prefix}/")] == [f"{prefix}/a/small.json"]
+    with pytest.raises(errors.SharedStoreError) as missing:
+        await objects.get_bytes(f"{prefix}/a/big.bin")
+    assert missing.value.missing
+
+
+async def test_a_commit_is_published_and_another_node_fetches_and_finds_it(
+    objects: objstore.ObjectStore, tmp_path: Path
+) -> None:
+    where = location.parse(_url_of(objects, tmp_path), os.environ)
+    snaps_a, shared_a, stats_a = node(tmp_path / "a", where)
+    snaps_b, shared_b, stats_b = node(tmp_path / "b", where)
+    ids = list(range(1000, 1600))
+    uploads = asyncio.create_task(shared_a.run())
+    try:
+        await asyncio.sleep(0)
+        record = await asyncio.to_thread(committed, snaps_a, slot_file(ids, 3 << 20))
+
+        async def published() -> bool:
+            return stats_a.shared_objects.labels("up")._value.get() == 1 and shared_a.uploader.pending() == 0
+
+        await eventually(published, timeout=30, what="the upload")
+    finally:
+        uploads.cancel()
+    ns = shared_a.namespace(IDENTITY)
+    names = [i.key.rsplit("/", 2)[-2:] for i in await objects.list_objects(keys.join(where.key_prefix, ns) + "/")]
+    assert names == [
+        ["blobs", f"xxh3-128-{record.checksum.digest}.bin"],
+        ["manifests", f"xxh3-128-{record.checksum.digest}.json"],
+    ]
+    assert stats_a.shared_bytes.labels("up")._value.get() == record.bytes
+
+    request = slotfile.prefix_hashes(slotfile.pack_ids([*ids[:520], 7, 7, 7]))
+    match = await shared_b.lookup(IDENTITY, request, max_tokens=8192)
+    assert match is not None
+    assert match.tokens == 512
+    fetched = await shared_b.fetch(match.record, slot=1)
+    assert fetched is not None
+    assert (fetched.slot, fetched.tokens, fetched.checksum, fetched.fingerprint) == (1, 600, record.checksum, FP)
+    assert (snaps_b.dir / fetched.file).read_bytes() == (snaps_a.dir / record.file).read_bytes()
+    assert snaps_b.snapshots(1) == [fetched]
+    assert not [p for p in snaps_b.dir.iterdir() if p.name.startswith(store.TEMP_PREFIX)]
+    assert stats_b.shared_bytes.labels("down")._value.get() == record.bytes
+
+    # the fetched snapshot is not uploaded again: its shared manifest exists
+    assert await shared_b.uploader.publish(fetched) is False
+    await shared_a.close()
+    await shared_b.close()
+
+
+async def test_a_blob_that_does_not_match_its_manifest_is_never_committed(tmp_path: Path) -> None:
+    (tmp_path / "shared").mkdir()
+    where = location.parse(f"file://{tmp_path / 'shared'}", {})
+    snaps_a, shared_a, _ = node(tmp_path / "a", where)
+    snaps_b, shared_b, _ = node(tmp_path / "b", where)
+    record = committed(snaps_a, slot_file(list(range(300)), 1 << 20))
+    assert await shared_a.uploader.publish(record)
+    (blob,) = (tmp_path / "shared").rglob("*.bin")
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    found = await shared_b.catalog.records(shared_b.namespace(IDENTITY))
+    assert await shared_b.fetch(found[0], slot=0) is None
+    assert snaps_b.snapshots() == []
+    assert list(snaps_b.dir.iterdir()) == []
+
+
+async def test_warm_fills_only_empty_slots_without_a_local_snapshot(tmp_path: Path) -> None:
+    (tmp_path / "shared").mkdir()
+    where = location.parse(f"file://{tmp_path / 'shared'}", {})
+    snaps_a, shared_a, _ = node(tmp_path / "a", where)
+    snaps_b, shared_b, _ = node(tmp_path / "b", where)
+    for ids in (list(range(300)), list(range(5000, 5300))):
+        assert await shared_a.uploader.publish(committed(snaps_a, slot_file(ids, 4096)))
+    local = committed(snaps_b, slot_file(list(range(900, 1200)), 4096), slot=0)
+    slots = (events.SlotView(0, 4096, False, None, 0), events.SlotView(1, 4096, False, None, 0))
+    got = await shared_b.warm(IDENTITY, slots)
+    assert [m.slot for m in got] == [1]
+    assert snaps_b.snapshots(0) == [local]
+    assert await shared_b.warm(IDENTITY, slots) == []  # slot 1 has a local snapshot now
+
+
+async def test_store_outage_counts_errors_and_uploads_catch_up(
+    s3_server: S3Server, s3_url: str, tmp_path: Path
+) -> None:
+    where = location.parse(s3_url, os.environ)
+    snaps, shared, stats = node(tmp_path / "a", where)
+    shared.uploader.backoff = 0.0
+    uploads = asyncio.create_task(shared.run())
+    try:
+        await asyncio.sleep(0)
+        s3_server.stop()
+        records = [
+            await asyncio.to_thread(committed, snaps, slot_file(list(range(n, n + 300)), 4096)) for n in (0, 1000)
+        ]
+
+        async def failing() -> bool:
+            return stats.shared_errors.labels("get")._value.get() + stats.shared_errors.labels("put")._value.get() >= 1
+
+        await eventually(failing, timeout=60, what="a counted error while the store is down")
+        assert shared.uploader.pending() == 2
+        assert stats.shared_pending._value.get() == 2
+        assert len(snaps.snapshots()) == 2  # local commits went on
+        await asyncio.to_thread(s3_server.start)
+
+        async def caught_up() -> bool:
+            return shared.uploader.pending() == 0
+
+        await eventually(caught_up, timeout=120, what="the uploads after the outage")
+    finally:
+        uploads.cancel()
+    ns = shared.namespace(IDENTITY)
+    listed = {
+        i.key.rsplit("/", 1)[-1] for i in await shared.objects.list_objects(keys.join(where.key_prefix, ns) + "/")
+    }
+    assert {f"xxh3-128-{r.checksum.digest}.json" for r in records} <= listed
+    await shared.close()
+
+
+async def test_gc_unpublishes_then_deletes_after_the_grace(objects: objstore.ObjectStore, tmp_path: Path) -> None:
+    where = location.parse(_url_of(objects, tmp_path), os.environ)
+    snaps, shared, _ = node(tmp_path / "a", where)
+    record = committed(snaps, slot_file(list(range(300)), 4096))
+    assert await shared.uploader.publish(record)
+    prefix = where.key_prefix
+    now = time.time() + 7200
+    first = await gc.collect(objects, prefix, now=now, max_age=3600, max_bytes=0, grace=600)
+    assert len(first.unpublish) == 1
+    assert first.delete == ()
+    shared.catalog.forget(shared.namespace(IDENTITY))
+    assert await shared.catalog.records(shared.namespace(IDENTITY)) == []
+    left = sorted(i.key.split("/")[-2] for i in await objects.list_objects(keys.join(prefix) + "/" if prefix else ""))
+    assert left == ["blobs", "gone"]
+    second = await gc.collect(objects, prefix, now=now + 1200, max_age=3600, max_bytes=0, grace=600)
+    assert len(second.delete) == 2
+    assert await objects.list_objects(keys.join(prefix) + "/" if prefix else "") == []
+    await shared.close()
+
+
+def _url_of(objects: objstore.ObjectStore, tmp_path: Path) -> str:
+    text = objects.describe()
+    return text.split(" at ")[0]
