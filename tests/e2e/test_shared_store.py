@@ -1,0 +1,95 @@
+"""Two nodes sharing one S3 bucket (a real SeaweedFS): a snapshot made on one comes back warm on the other."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from sidecar.shared import connect, location
+from support.llamabed import MakeServer, complete, make_prompt
+from support.s3bed import S3Server
+from support.sidecarbed import MakeSidecar, manifests
+
+PROMPT_TOKENS = 1024
+
+
+def _bucket_keys(url: str) -> list[str]:
+    async def listed() -> list[str]:
+        objects = connect.open_store(location.parse(url, os.environ))
+        try:
+            return [i.key for i in await objects.list_objects(location.parse(url, os.environ).key_prefix + "/")]
+        finally:
+            await objects.close()
+
+    return asyncio.run(listed())
+
+
+def test_a_snapshot_of_node_a_comes_back_warm_on_node_b(
+    llama: MakeServer,
+    sidecar: MakeSidecar,
+    s3_server: S3Server,
+    s3_url: str,
+    tmp_path: Path,
+    figure: Callable[[str], None],
+) -> None:
+    env = s3_server.env()
+    dir_a, dir_b = tmp_path / "a", tmp_path / "b"
+    dir_a.mkdir()
+    dir_b.mkdir()
+    server_a = llama(slot_dir=dir_a)
+    node_a = sidecar(server_a, dir_a, extra={"--shared-store": s3_url}, env=env)
+    prompt = make_prompt(server_a.url, PROMPT_TOKENS, seed=41)
+    cold = complete(server_a.url, prompt)
+    node_a.wait_saved()
+    node_a.wait_for(
+        lambda: node_a.metric("llama_sidecar_shared_store_objects_total", direction="up") == 1,
+        what="the upload of node A's snapshot",
+    )
+    keys = _bucket_keys(s3_url)
+    assert [k.split("/")[-2] for k in keys] == ["blobs", "manifests"], keys
+    uploaded = node_a.metric("llama_sidecar_shared_store_bytes_total", direction="up")
+    assert uploaded == (dir_a / manifests(dir_a)[0].removesuffix(".json")).with_suffix(".bin").stat().st_size
+
+    server_b = llama(slot_dir=dir_b)  # another server, another slot dir: nothing local
+    node_b = sidecar(server_b, dir_b, extra={"--shared-store": s3_url}, env=env)
+    node_b.wait_restored()
+    assert node_b.metric("llama_sidecar_shared_store_objects_total", direction="down") == 1
+    assert len(manifests(dir_b)) == 1
+    warm = complete(server_b.url, prompt + " and the next turn")
+    n_prompt = cold["timings"]["prompt_n"]
+    figure(
+        f"node B after fetching node A's snapshot from S3: cache_n {warm['timings']['cache_n']} of {n_prompt};"
+        f" prompt_ms cold on A {cold['timings']['prompt_ms']:.0f}, on B {warm['timings']['prompt_ms']:.0f}"
+    )
+    assert warm["timings"]["cache_n"] >= 0.9 * n_prompt
+
+
+def test_store_outage_never_stops_local_snapshots_and_uploads_catch_up(
+    llama: MakeServer, sidecar: MakeSidecar, s3_server: S3Server, s3_url: str, slot_dir: Path
+) -> None:
+    server = llama(slot_dir=slot_dir)
+    side = sidecar(server, slot_dir, extra={"--shared-store": s3_url}, env=s3_server.env())
+    s3_server.stop()
+    prompt = make_prompt(server.url, PROMPT_TOKENS, seed=42)
+    complete(server.url, prompt)
+    side.wait_saved()  # the local commit does not wait for the store
+    assert len(manifests(slot_dir)) == 1
+    side.wait_for(
+        lambda: side.metric("llama_sidecar_shared_store_errors_total") >= 1, what="a counted shared store error"
+    )
+    assert side.metric("llama_sidecar_shared_store_pending_uploads") == 1
+    warm = complete(server.url, prompt + " more")  # serving goes on
+    assert warm["timings"]["cache_n"] >= 0.9 * PROMPT_TOKENS
+
+    s3_server.start()
+    side.wait_for(
+        lambda: (
+            side.metric("llama_sidecar_shared_store_pending_uploads") == 0
+            and side.metric("llama_sidecar_shared_store_objects_total", direction="up") >= 1
+        ),
+        timeout=120,
+        what="the upload once the store is back",
+    )
+    assert any(k.endswith(".json") and "/manifests/" in k for k in _bucket_keys(s3_url))
