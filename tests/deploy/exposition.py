@@ -29,6 +29,8 @@ QUARANTINE_REASONS = ("checksum", "size", "manifest")
 PROXY_ROUTES = ("completion", "other")
 PROXY_OUTCOMES = ("ok", "error", "held_timeout", "refused", "invalid", "cancelled")
 SLOT_DIR_OPERATIONS = ("read", "write", "scan")
+SHARED_DIRECTIONS = ("up", "down")
+SHARED_OPERATIONS = ("put", "get", "list", "delete")
 
 
 def sidecar_registry() -> CollectorRegistry:
@@ -112,6 +114,22 @@ def sidecar_registry() -> CollectorRegistry:
         swap.observe(seconds)
     Gauge("library_conversations", "Conversations in the library", namespace=ns, registry=registry).set(14)
     Gauge("library_bytes", "Bytes of the library", namespace=ns, registry=registry).set(400_000_000)
+    shared_bytes = Counter("shared_store_bytes", "Shared store bytes", ["direction"], namespace=ns, registry=registry)
+    shared_objects = Counter(
+        "shared_store_objects", "Shared store snapshots", ["direction"], namespace=ns, registry=registry
+    )
+    transfer = Histogram(
+        "shared_store_transfer_seconds", "One transfer", ["direction"], namespace=ns, registry=registry
+    )
+    for n, direction in enumerate(SHARED_DIRECTIONS):
+        shared_bytes.labels(direction=direction).inc(45_000_000 * (3 - n))
+        shared_objects.labels(direction=direction).inc(3 - n)
+        for seconds in (0.4, 0.9, 2.5):
+            transfer.labels(direction=direction).observe(seconds)
+    shared_errors = Counter("shared_store_errors", "Shared store errors", ["operation"], namespace=ns, registry=registry)
+    for operation in SHARED_OPERATIONS:
+        shared_errors.labels(operation=operation).inc(1)
+    Gauge("shared_store_pending_uploads", "Uploads waiting", namespace=ns, registry=registry).set(2)
     return registry
 
 
