@@ -126,7 +126,9 @@ def sidecar_registry() -> CollectorRegistry:
         shared_objects.labels(direction=direction).inc(3 - n)
         for seconds in (0.4, 0.9, 2.5):
             transfer.labels(direction=direction).observe(seconds)
-    shared_errors = Counter("shared_store_errors", "Shared store errors", ["operation"], namespace=ns, registry=registry)
+    shared_errors = Counter(
+        "shared_store_errors", "Shared store errors", ["operation"], namespace=ns, registry=registry
+    )
     for operation in SHARED_OPERATIONS:
         shared_errors.labels(operation=operation).inc(1)
     Gauge("shared_store_pending_uploads", "Uploads waiting", namespace=ns, registry=registry).set(2)

@@ -86,3 +86,38 @@ def test_clients_reach_llama_server_only_through_the_proxy(config: dict[str, Any
     proxy = services["sidecar"]["environment"]["LLAMA_SIDECAR_PROXY_LISTEN"]
     published = {(p["published"], p["target"]) for p in services["sidecar"]["ports"]}
     assert ("8080", int(proxy.rpartition(":")[2])) in published
+
+
+def test_shared_profile_runs_an_s3_server_beside_the_stack() -> None:
+    compose = require_tool("docker-compose", install=INSTALL)
+    proc = run(
+        [
+            compose,
+            "-f",
+            "compose.yaml",
+            "--env-file",
+            ".env.example",
+            "--profile",
+            "shared",
+            "config",
+            "--format",
+            "json",
+        ],
+        cwd=DEPLOY,
+    )
+    assert proc.stderr == "", f"docker compose config warned:\n{proc.stderr}"
+    services = json.loads(proc.stdout)["services"]
+    s3, init = services["s3"], services["s3-init"]
+    assert s3["image"] == init["image"]
+    assert s3["image"].rpartition(":")[2] not in {"", "latest"}
+    assert "-s3" in s3["command"]
+    assert "ports" not in s3, "the S3 server is reachable only inside the stack"
+    assert "s3.bucket.create" in " ".join(init["entrypoint"])
+    sidecar_env = services["sidecar"]["environment"]
+    for name in ("LLAMA_SIDECAR_SHARED_STORE", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert name in sidecar_env
+
+
+def test_shared_profile_is_off_by_default(config: dict[str, Any]) -> None:
+    assert {"s3", "s3-init"}.isdisjoint(config["services"])
+    assert config["services"]["sidecar"]["environment"]["LLAMA_SIDECAR_SHARED_STORE"] == ""
