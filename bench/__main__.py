@@ -1,7 +1,7 @@
 """`python -m bench`: run the benchmarks, print tables, write a PNG and a JSON.
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
-footprint, scaling, proxy, library. Progress goes to stderr, results to stdout, ending
+footprint, scaling, proxy, library, shared. Progress goes to stderr, results to stdout, ending
 with one verdict line per goal (MET, MISSED or NO VERDICT, with the figures).
 The exit status is 1 when a goal was missed.
 """
@@ -22,10 +22,11 @@ from bench import footprint as footprint_mod
 from bench import library as library_mod
 from bench import proxy as proxy_mod
 from bench import restart as restart_mod
+from bench import shared_store as shared_mod
 from bench import stall as stall_mod
 from bench import ttft as ttft_mod
 
-SECTIONS = ("ttft", "restart", "stall", "footprint", "scaling", "proxy", "library")
+SECTIONS = ("ttft", "restart", "stall", "footprint", "scaling", "proxy", "library", "shared")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -166,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
             "library",
             "7. Conversation library: TTFT per turn, N conversations on 2 slots, vs llama-server alone",
             lambda: library_mod.measure(bed, quick=bool(ns.quick), say=say),
+        )
+        section(
+            "shared",
+            "8. Shared store: S3 clients on an object up and down (python -m bench.shared_store)",
+            lambda: shared_mod.measure(mib=64 if ns.quick else 200, reps=1 if ns.quick else 2, say=say),
         )
     finally:
         bed.close()
