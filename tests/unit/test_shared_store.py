@@ -46,13 +46,23 @@ def committed(snaps: store.SnapshotStore, data: bytes, *, slot: int = 0, tokens:
     return snaps.commit(temp, slot=slot, tokens=tokens, written=len(data), task=1, fingerprint=FP)
 
 
-def node(root: Path, where: location.Location) -> tuple[store.SnapshotStore, service.SharedStore, metrics.Metrics]:
+class Samples:
+    """Reads one node's metrics by their exported names."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def __call__(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(f"llama_sidecar_{name}", labels) or 0.0
+
+
+def node(root: Path, where: location.Location) -> tuple[store.SnapshotStore, service.SharedStore, Samples]:
     root.mkdir()
     snaps = store.SnapshotStore(root, clock=time.time)
-    stats = metrics.Metrics(CollectorRegistry(), version="test")
-    shared = service.SharedStore(where, snapshots=snaps, stats=stats)
+    registry = CollectorRegistry()
+    shared = service.SharedStore(where, snapshots=snaps, stats=metrics.Metrics(registry, version="test"))
     snaps.subscribe(shared.offer)
-    return snaps, shared, stats
+    return snaps, shared, Samples(registry)
 
 
 async def test_create_only_writes_stream_back_byte_for_byte(objects: objstore.ObjectStore, tmp_path: Path) -> None:
@@ -94,7 +104,7 @@ async def test_a_commit_is_published_and_another_node_fetches_and_finds_it(
         record = await asyncio.to_thread(committed, snaps_a, slot_file(ids, 3 << 20))
 
         async def published() -> bool:
-            return stats_a.shared_objects.labels("up")._value.get() == 1 and shared_a.uploader.pending() == 0
+            return stats_a("shared_store_objects_total", direction="up") == 1 and shared_a.uploader.pending() == 0
 
         await eventually(published, timeout=30, what="the upload")
     finally:
@@ -105,7 +115,7 @@ async def test_a_commit_is_published_and_another_node_fetches_and_finds_it(
         ["blobs", f"xxh3-128-{record.checksum.digest}.bin"],
         ["manifests", f"xxh3-128-{record.checksum.digest}.json"],
     ]
-    assert stats_a.shared_bytes.labels("up")._value.get() == record.bytes
+    assert stats_a("shared_store_bytes_total", direction="up") == record.bytes
 
     request = slotfile.prefix_hashes(slotfile.pack_ids([*ids[:520], 7, 7, 7]))
     match = await shared_b.lookup(IDENTITY, request, max_tokens=8192)
@@ -117,7 +127,7 @@ async def test_a_commit_is_published_and_another_node_fetches_and_finds_it(
     assert (snaps_b.dir / fetched.file).read_bytes() == (snaps_a.dir / record.file).read_bytes()
     assert snaps_b.snapshots(1) == [fetched]
     assert not [p for p in snaps_b.dir.iterdir() if p.name.startswith(store.TEMP_PREFIX)]
-    assert stats_b.shared_bytes.labels("down")._value.get() == record.bytes
+    assert stats_b("shared_store_bytes_total", direction="down") == record.bytes
 
     # the fetched snapshot is not uploaded again: its shared manifest exists
     assert await shared_b.uploader.publish(fetched) is False
@@ -172,11 +182,15 @@ async def test_store_outage_counts_errors_and_uploads_catch_up(
         ]
 
         async def failing() -> bool:
-            return stats.shared_errors.labels("get")._value.get() + stats.shared_errors.labels("put")._value.get() >= 1
+            return (
+                stats("shared_store_errors_total", operation="get")
+                + stats("shared_store_errors_total", operation="put")
+                >= 1
+            )
 
         await eventually(failing, timeout=60, what="a counted error while the store is down")
         assert shared.uploader.pending() == 2
-        assert stats.shared_pending._value.get() == 2
+        assert stats("shared_store_pending_uploads") == 2
         assert len(snaps.snapshots()) == 2  # local commits went on
         await asyncio.to_thread(s3_server.start)
 
