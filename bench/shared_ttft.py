@@ -82,7 +82,9 @@ def measure_size(bed: rig.Rig, where: location.Location, tokens: int, say: rig.S
 
     say(f"[shared_ttft] {tokens} tokens: node B fetches and restores")
     server = bed.server(slot_dir=dir_b, n_slots=1, ctx_size=16384)
-    chain = slotfile.prefix_hashes(slotfile.pack_ids(beds.llamabed.tokenize(server.url, next_turn)))
+    # tokenized as the completion will be: with the BOS token (add_special), like the slot file's ids
+    ids = beds.llamabed.call("POST", server.url + "/tokenize", {"content": next_turn, "add_special": True})["tokens"]
+    chain = slotfile.prefix_hashes(slotfile.pack_ids(ids))
     started = time.perf_counter()
     fetched = asyncio.run(_fetch(shared_b, chain))
     fetch = time.perf_counter() - started

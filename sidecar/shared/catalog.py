@@ -28,6 +28,8 @@ from sidecar.shared import keys, objstore, records
 log = structlog.get_logger("sidecar.shared")
 REFRESH_EVERY = 5.0
 """Seconds a listing is reused before the store is listed again."""
+READ_BATCH = 16
+"""Manifests read at once after a listing (the first listing of a busy namespace reads many)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,9 +90,9 @@ class Catalog:
                 infos = await self._store.list_objects(keys.manifests_under(self._prefix, ns))
                 listed = (self._mono(), [i.key for i in infos if keys.is_manifest(i.key)])
                 self._listed[ns] = listed
-            for key in listed[1]:
-                if key not in self._records:
-                    await self._read(key)
+            unread = [key for key in listed[1] if key not in self._records]
+            for start in range(0, len(unread), READ_BATCH):
+                await asyncio.gather(*(self._read(key) for key in unread[start : start + READ_BATCH]))
             return [r for k in listed[1] if (r := self._records.get(k)) is not None]
 
     async def _read(self, key: str) -> None:
