@@ -13,8 +13,9 @@ import contextlib
 import os
 import secrets
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from sidecar import errors
 from sidecar.shared import location, objstore
@@ -46,13 +47,13 @@ class FileStore:
     async def put_bytes(self, key: str, data: bytes) -> objstore.Written:
         return await asyncio.to_thread(self._publish, key, lambda fh: fh.write(data))
 
-    def _publish(self, key: str, write: object) -> objstore.Written:
+    def _publish(self, key: str, write: Callable[[BinaryIO], object]) -> objstore.Written:
         target = self._path(key)
         temp = target.with_name(f"{TEMP_PREFIX}{secrets.token_hex(6)}")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with temp.open("wb") as fh:
-                write(fh)  # type: ignore[operator]
+                write(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             try:
@@ -130,9 +131,9 @@ class FileStore:
                 raise errors.SharedStoreError(f"deleting {key}: {exc}", operation=Operation.DELETE) from exc
 
 
-def _copy(path: Path, fh: object) -> None:
+def _copy(path: Path, fh: BinaryIO) -> None:
     with path.open("rb") as src:
-        shutil.copyfileobj(src, fh, objstore.PART_BYTES)  # type: ignore[arg-type]
+        shutil.copyfileobj(src, fh, objstore.PART_BYTES)
 
 
 def _sync_dir(path: Path) -> None:

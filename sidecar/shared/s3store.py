@@ -19,7 +19,7 @@ import contextlib
 import datetime
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiobotocore.config
 import aiobotocore.session
@@ -30,6 +30,7 @@ from sidecar.shared import location, objstore
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
+    from types_aiobotocore_s3.type_defs import CompletedPartTypeDef
 
 Operation = objstore.Operation
 CONNECT_TIMEOUT = 5.0
@@ -112,7 +113,7 @@ class S3Store:
                 Bucket=self._bucket,
                 Key=key,
                 UploadId=upload_id,
-                MultipartUpload={"Parts": parts},  # type: ignore[typeddict-item]
+                MultipartUpload={"Parts": parts},
                 IfNoneMatch="*",
             )
         except botocore.exceptions.ClientError as exc:
@@ -130,8 +131,8 @@ class S3Store:
             raise
         return objstore.Written.CREATED
 
-    async def _parts(self, s3: S3Client, key: str, upload_id: str, path: Path) -> list[dict[str, Any]]:
-        parts: list[dict[str, Any]] = []
+    async def _parts(self, s3: S3Client, key: str, upload_id: str, path: Path) -> list[CompletedPartTypeDef]:
+        parts: list[CompletedPartTypeDef] = []
         try:
             fh = path.open("rb")
         except OSError as exc:
