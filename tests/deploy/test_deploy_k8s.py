@@ -120,3 +120,21 @@ def test_service_sends_clients_to_the_proxy_even_while_the_pod_is_not_ready() ->
     service = docs[("Service", "llama-server")]["spec"]
     assert {p["port"]: p["targetPort"] for p in service["ports"]}[8080] == "proxy"
     assert service["publishNotReadyAddresses"] is True
+
+
+SHARED = K8S / "shared-store" / "statefulset.yaml"
+
+
+def test_shared_store_example_validates_and_shares_one_bucket() -> None:
+    validate = require_tool("kubernetes-validate", install="pip install kubernetes-validate==1.37.0")
+    proc = run([validate, "--strict", "--kubernetes-version", KUBERNETES_VERSION, str(SHARED.relative_to(REPO))])
+    assert "WARN" not in proc.stdout + proc.stderr
+    assert proc.stdout.count("passed") == 2
+    sts = next(d for d in yaml.safe_load_all(SHARED.read_text(encoding="utf-8")) if d["kind"] == "StatefulSet")
+    assert sts["spec"]["replicas"] == 2
+    assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["slots"]  # one slot dir per pod
+    sidecar = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "sidecar")
+    env = {e["name"]: e for e in sidecar["env"]}
+    assert env["LLAMA_SIDECAR_SHARED_STORE"]["value"].startswith("s3://")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert "secretKeyRef" in env[name]["valueFrom"], f"{name} must come from a Secret"
