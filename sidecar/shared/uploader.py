@@ -132,16 +132,17 @@ class Uploader:
         if await self._store.head(manifest_key) is not None:
             return False  # published before (by us or by another node)
         path = self._snapshots.dir / record.file
-        try:
-            await asyncio.to_thread(self._snapshots.verify, record)
-            chain = await asyncio.to_thread(_chain, path)
-        except errors.SnapshotError as exc:
-            log.info("shared_upload_skipped", file=record.file, reason=str(exc), effect="not uploaded")
-            return False
-        blob_key = keys.blob(self._prefix, ns, record.checksum)
-        started = time.perf_counter()
-        written = await self._store.put_file(blob_key, path)
-        seconds = time.perf_counter() - started
+        with self._snapshots.using(record.file):  # retention leaves it alone while it is read
+            try:
+                await asyncio.to_thread(self._snapshots.verify, record)
+                chain = await asyncio.to_thread(_chain, record, path)
+            except errors.SnapshotError as exc:
+                log.info("shared_upload_skipped", file=record.file, reason=str(exc), effect="not uploaded")
+                return False
+            blob_key = keys.blob(self._prefix, ns, record.checksum)
+            started = time.perf_counter()
+            written = await self._store.put_file(blob_key, path)
+            seconds = time.perf_counter() - started
         shared = records.SharedRecord(
             snapshot=record, blob=blob_key, chain=chain, block_tokens=slotfile.BLOCK_TOKENS, uploaded=self._clock()
         )
@@ -164,8 +165,10 @@ class Uploader:
         return True
 
 
-def _chain(path: Path) -> tuple[str, ...]:
+def _chain(record: manifest.Manifest, path: Path) -> tuple[str, ...]:
     """The snapshot's prefix hash chain; empty when its tokens cannot be read (it stays shareable by slot)."""
+    if record.index is not None and record.index.block == slotfile.BLOCK_TOKENS:
+        return record.index.chain  # read from the file at commit
     try:
         tokens = slotfile.read_tokens(path)
     except (slotfile.SlotFileError, OSError):
