@@ -41,6 +41,7 @@ from sidecar import (
 )
 from sidecar.library import placer
 from sidecar.proxy import gate, listener, relay
+from sidecar.router import fleet
 
 log = structlog.get_logger("sidecar.app")
 
@@ -98,11 +99,24 @@ async def _run(
         client = upstream.LlamaClient(session, settings.upstream)
         clock = protocols.SystemClock()
         restore_gate = gate.Gate(mono=clock.monotonic)
-        core = engine.Engine(
-            client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock, restore_gate=restore_gate
-        )
         identify = weights.WeightsIdentifier(settings.snapshots.slot_dir).identify
-        poll = poller.Poller(client, settings.poll, clock=clock, weights=identify)
+        core: engine.Engine | fleet.Fleet
+        if settings.upstream.router:  # one engine per model, started by the fleet (no proxy: options.py)
+            core = fleet.Fleet(
+                client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock, weights=identify
+            )
+            loops = {"router": core.run()}
+        else:
+            core = engine.Engine(
+                client=client,
+                snapshots=snapshots,
+                stats=stats,
+                settings=settings,
+                clock=clock,
+                restore_gate=restore_gate,
+            )
+            poll = poller.Poller(client, settings.poll, clock=clock, weights=identify)
+            loops = {"poller": poll.run(core.handle), "actions": core.run()}
         watch = watcher.Watcher(snapshots, stats, lock)
         app = server.make_app(
             source=core,
@@ -126,8 +140,8 @@ async def _run(
             ready.set()
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(poll.run(core.handle), name="poller")
-                group.create_task(core.run(), name="actions")
+                for name, loop_ in loops.items():
+                    group.create_task(loop_, name=name)
                 group.create_task(watch.run(), name="watcher")
                 group.create_task(_stopper(stop), name="stopper")
         except* Terminate:
@@ -174,7 +188,7 @@ async def _start_proxy(
 
 
 async def _shutdown(
-    core: engine.Engine, settings: config.Settings, watch: watcher.Watcher, handle: server.Handle
+    core: engine.Engine | fleet.Fleet, settings: config.Settings, watch: watcher.Watcher, handle: server.Handle
 ) -> None:
     try:
         async with asyncio.timeout(settings.snapshots.final_timeout):
