@@ -18,6 +18,7 @@ so /healthz notices any stuck engine.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 from collections.abc import Sequence
 
@@ -80,6 +81,7 @@ class Fleet:
         health, problem = await self._client.health()
         self._router = events.Observation(at=at, health=health, problem=problem)
         self._listed_at = at
+        self._stats.server_up.set(1 if health is events.Health.OK else 0)
         if health is not events.Health.OK:
             return  # the engines see their models down on their own; the list is kept as it was
         try:
@@ -109,15 +111,17 @@ class Fleet:
         core = engine.Engine(
             client=client,
             snapshots=snapshots,
-            stats=self._stats,
+            stats=self._stats.for_model(model),
             settings=self._settings,
             clock=self._clock,
         )
         poll = poller.Poller(client, self._settings.poll, clock=self._clock, weights=self._weights)
         member = Member(model, core)
+        context = contextvars.copy_context()
+        context.run(structlog.contextvars.bind_contextvars, model=model)  # every log line of its engine names it
         member.tasks = (
-            self._group.create_task(poll.run(core.handle), name=f"poller {model}"),
-            self._group.create_task(core.run(), name=f"actions {model}"),
+            self._group.create_task(poll.run(core.handle), name=f"poller {model}", context=context),
+            self._group.create_task(core.run(), name=f"actions {model}", context=context),
         )
         self.members[model] = member
         log.info("model_watched", model=model, snapshots=len(snapshots.snapshots()))
@@ -127,6 +131,7 @@ class Fleet:
         for task in member.tasks:
             task.cancel()
         await asyncio.gather(*member.tasks, return_exceptions=True)
+        self._stats.forget_model(model)
         log.info("model_unwatched", model=model, reason="the router no longer lists it; its snapshots stay on disk")
 
     async def final_snapshots(self) -> None:

@@ -79,6 +79,12 @@ def test_swap_to_another_model_and_back_keeps_the_first_models_kv(
     assert warm["timings"]["cache_n"] >= 0.9 * prefilled_a
     assert model_states(server.url)["beta"] == "unloaded"
     assert _saved(slot_dir, "beta"), "beta's snapshot stays on disk while beta is unloaded"
+    assert side.metric("llama_sidecar_model_restores_total", model="alpha", result="ok") == 1
+    assert side.metric("llama_sidecar_model_restores_total", model="beta") == 0
+    assert side.metric("llama_sidecar_model_snapshots_total", model="beta", result="ok") >= 1
+    side.wait_for(lambda: side.metric("llama_sidecar_model_up", model="beta") == 0, what="beta seen unloaded")
+    assert side.metric("llama_sidecar_model_up", model="alpha") == 1
+    assert side.metric("llama_sidecar_server_up") == 1
 
 
 def test_kill9_of_the_router_keeps_each_models_kv(
