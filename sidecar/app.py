@@ -41,7 +41,7 @@ from sidecar import (
 )
 from sidecar.library import placer
 from sidecar.proxy import gate, listener, relay
-from sidecar.router import fleet
+from sidecar.router import admission, fleet
 
 log = structlog.get_logger("sidecar.app")
 
@@ -106,6 +106,8 @@ async def _run(
                 client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock, weights=identify
             )
             loops = {"router": core.run()}
+            restore_gate = core.gate
+            admit = admission.Admission(models=core, client=client, stats=stats, settings=settings).admit
         else:
             core = engine.Engine(
                 client=client,
@@ -117,6 +119,7 @@ async def _run(
             )
             poll = poller.Poller(client, settings.poll, clock=clock, weights=identify)
             loops = {"poller": poll.run(core.handle), "actions": core.run()}
+            admit = None
         watch = watcher.Watcher(snapshots, stats, lock)
         app = server.make_app(
             source=core,
@@ -128,10 +131,10 @@ async def _run(
         handle = await server.start(app, settings.server)
         log.info("listening", host=handle.host, port=handle.port)
         library = None
-        if settings.proxy.host is not None:
+        if settings.proxy.host is not None and isinstance(core, engine.Engine):  # router mode: not offered
             library = placer.Placer(core=core, tokenizer=client, snapshots=snapshots, stats=stats, clock=clock)
         try:
-            proxy = await _start_proxy(settings, restore_gate, stats, library)
+            proxy = await _start_proxy(settings, restore_gate, stats, library, admit)
         except BaseException:
             await handle.close()
             raise
@@ -153,7 +156,11 @@ async def _run(
 
 
 async def _start_proxy(
-    settings: config.Settings, restore_gate: gate.Gate, stats: metrics.Metrics, library: relay.Pinner | None
+    settings: config.Settings,
+    restore_gate: gate.Gate,
+    stats: metrics.Metrics,
+    library: relay.Pinner | None,
+    admit: relay.Admit | None = None,
 ) -> listener.Listener | None:
     if settings.proxy.host is None:
         return None
@@ -166,6 +173,7 @@ async def _start_proxy(
         settings=settings.proxy,
         admin_token=settings.server.admin_token,
         pinner=library,
+        admit=admit,
     )
     try:
         proxy = await listener.start(handler, client, settings.proxy)

@@ -345,11 +345,6 @@ def settings_from(ns: argparse.Namespace) -> config.Settings:
     if "slot_dir" not in groups["snapshots"]:
         raise errors.ConfigError(f"{SLOT_DIR.flag} (or {SLOT_DIR.env}) is required: llama-server's --slot-save-path")
     settings = config.Settings(**{name: _GROUPS[name](**fields) for name, fields in groups.items()})
-    if settings.upstream.router and settings.proxy.host is not None:
-        raise errors.ConfigError(
-            "--proxy-listen does not work with --router yet: leave one of them out "
-            "(in router mode, clients talk to llama-server directly)"
-        )
     if settings.server.status_requires_token and not settings.server.admin_token:
         raise errors.ConfigError(
             "--status-requires-token needs an admin token: set --admin-token-file (or --admin-token)"

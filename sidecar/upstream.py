@@ -83,6 +83,10 @@ class LlamaClient:
             found[_field(entry, "id", str, "/models")] = plan.ModelStatus.parse(str(status.get("value", "")))
         return found
 
+    async def load_model(self, model: str) -> None:
+        """Have the router load ``model`` (``POST /models/load``); 400 if it runs already."""
+        await self._request("POST", "/models/load", self._action_timeout, {"model": model})
+
     async def health(self) -> tuple[events.Health, str]:
         """The server's state, and what went wrong when it is not OK."""
         if self.model is not None:

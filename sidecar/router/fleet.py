@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import structlog
 
 from sidecar import config, engine, errors, events, metrics, poller, protocols, report, restorer, store, upstream
+from sidecar.proxy import gate
 from sidecar.router import plan
 
 log = structlog.get_logger("sidecar.router")
@@ -64,6 +65,8 @@ class Fleet:
         self._listed_at = clock.monotonic()
         self._left_out: tuple[str, ...] = ()
         self._group: asyncio.TaskGroup | None = None
+        self.gate = gate.Gate(mono=clock.monotonic)
+        """The proxy's gate for the router itself: open while its /health answers ok (each model has its own)."""
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -83,7 +86,9 @@ class Fleet:
         self._listed_at = at
         self._stats.server_up.set(1 if health is events.Health.OK else 0)
         if health is not events.Health.OK:
-            return  # the engines see their models down on their own; the list is kept as it was
+            self.gate.close(f"the router is {health.value}: {problem}")
+            return
+        self.gate.open(seen_at=at)  # the engines see their models down on their own; the list is kept as it was
         try:
             listed = await self._client.models()
         except errors.UpstreamError as exc:

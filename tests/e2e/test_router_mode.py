@@ -3,10 +3,13 @@
 The router (``--models-dir``, ``--models-max 1``) runs one child server per
 loaded model; loading one model unloads the other, and with it that model's
 KV. The sidecar (``--router``) saves each model's slots under that model's
-name and, when the router loads the model again, restores them. The model is
-loaded with ``POST /models/load`` and its first request waits for the
-sidecar's restore: a request that itself makes the router load the model
-would reach the new child server as soon as it is up, before any restore.
+name and, when the router loads the model again, restores them. Without the
+proxy, the model is loaded with ``POST /models/load`` and its first request
+waits for the sidecar's restore: a request that itself makes the router load
+the model would reach the new child server as soon as it is up, before any
+restore. Through the proxy (``--proxy-listen``), the request itself is
+enough: the proxy saves the running model's changed slots, has the router
+load the requested one, and holds the request until its KV is restored.
 """
 
 from __future__ import annotations
@@ -16,7 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.manifest import model_tag
-from support.llamabed import LlamaServer, MakeServer, call, complete, make_prompt, model_states, models_dir
+from support.llamabed import (
+    LlamaServer,
+    MakeServer,
+    call,
+    complete,
+    http_json,
+    make_prompt,
+    model_states,
+    models_dir,
+)
+from support.net import free_port
 from support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 1024
@@ -112,3 +125,46 @@ def test_kill9_of_the_router_keeps_each_models_kv(
         f"prompt tokens reused; prompt_ms {warm['timings']['prompt_ms']:.0f}"
     )
     assert warm["timings"]["cache_n"] >= 0.9 * prefilled_a
+
+
+def _proxy_up(url: str) -> bool:
+    try:
+        return http_json("GET", url + "/health", timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
+def test_through_the_proxy_a_swap_saves_first_and_the_way_back_waits_for_the_restore(
+    llama: MakeServer,
+    sidecar: MakeSidecar,
+    model: Path,
+    tmp_path: Path,
+    slot_dir: Path,
+    figure: Callable[[str], None],
+) -> None:
+    server = _router(llama, model, tmp_path, slot_dir)
+    port = free_port()
+    # Idle slots are not saved for ten minutes: alpha's KV is on disk only if it is saved before the swap.
+    extra = {"--proxy-listen": f"127.0.0.1:{port}", "--idle-seconds": "600"}
+    side = sidecar(server, slot_dir, env=ROUTER, extra=extra)
+    proxy = f"http://127.0.0.1:{port}"
+    side.wait_for(lambda: _proxy_up(proxy), timeout=20, what="the proxy to answer /health")
+
+    prompt_a = make_prompt(server.url, PROMPT_TOKENS, seed=61, model="alpha")
+    cold = complete(proxy, prompt_a, model="alpha")
+    prefilled_a = int(cold["timings"]["prompt_n"])
+    assert prefilled_a >= PROMPT_TOKENS * 0.95
+    assert not _saved(slot_dir, "alpha")
+
+    complete(proxy, "A short question for the other model.", model="beta")
+    assert model_states(server.url) == {"alpha": "unloaded", "beta": "loaded"}
+    assert _saved(slot_dir, "alpha"), "alpha's changed slot is saved before the router unloads it"
+    assert [e["loading"] for e in side.log_events("model_saving_before_swap")] == ["beta"]
+
+    warm = complete(proxy, prompt_a + " and one more line", model="alpha")
+    figure(
+        f"router mode through the proxy, alpha -> beta -> alpha by requests alone: {warm['timings']['cache_n']} "
+        f"of {prefilled_a} prompt tokens of alpha reused; prompt_ms {warm['timings']['prompt_ms']:.0f}"
+    )
+    assert warm["timings"]["cache_n"] >= 0.9 * prefilled_a
+    assert _restored(side, "alpha")
