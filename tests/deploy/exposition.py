@@ -29,6 +29,8 @@ QUARANTINE_REASONS = ("checksum", "size", "manifest")
 PROXY_ROUTES = ("completion", "other")
 PROXY_OUTCOMES = ("ok", "error", "held_timeout", "refused", "invalid", "cancelled")
 SLOT_DIR_OPERATIONS = ("read", "write", "scan")
+MODELS = ("alpha", "beta")
+"""Router mode (--router): the models the router lists."""
 
 
 def sidecar_registry() -> CollectorRegistry:
@@ -112,6 +114,16 @@ def sidecar_registry() -> CollectorRegistry:
         swap.observe(seconds)
     Gauge("library_conversations", "Conversations in the library", namespace=ns, registry=registry).set(14)
     Gauge("library_bytes", "Bytes of the library", namespace=ns, registry=registry).set(400_000_000)
+    model_up = Gauge("model_up", "Router mode: model loaded", ["model"], namespace=ns, registry=registry)
+    by_model = ["model", "result"]
+    model_snapshots = Counter("model_snapshots", "Snapshots by model", by_model, namespace=ns, registry=registry)
+    model_restores = Counter("model_restores", "Restores by model", by_model, namespace=ns, registry=registry)
+    for n, model in enumerate(MODELS):
+        model_up.labels(model=model).set(1 - n)
+        for result in SNAPSHOT_RESULTS:
+            model_snapshots.labels(model=model, result=result).inc(3)
+        for result in RESTORE_RESULTS:
+            model_restores.labels(model=model, result=result).inc(2)
     return registry
 
 
