@@ -111,7 +111,7 @@ async def _run(
         else:
             core = engine.Engine(
                 client=client,
-                snapshots=snapshots,
+                snapshots=snapshots.for_model(None),  # a plain server's snapshots, never a router model's
                 stats=stats,
                 settings=settings,
                 clock=clock,

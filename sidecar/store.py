@@ -126,18 +126,23 @@ class SnapshotStore:
         self._in_use: dict[str, int] = {}
         """Snapshots being restored or uploaded now: retention never selects them."""
         self.model: str | None = None
-        """The router-mode model this view lists and writes (see :meth:`for_model`); None: the plain server's."""
+        """The router-mode model this store writes (see :meth:`for_model`); None: a plain server's."""
+        self._every = True
+        """This store lists the snapshots of every model; a :meth:`for_model` view lists its model's only."""
         self._root = self
 
-    def for_model(self, model: str) -> SnapshotStore:
+    def for_model(self, model: str | None) -> SnapshotStore:
         """A view of the same directory and index that lists and writes only ``model``'s snapshots.
 
         In llama-server's router mode every model's server shares one slot dir:
         each model's files carry its :func:`manifest.model_tag` and its manifests
-        its name. Scans, quarantine and the index stay shared with this store.
+        its name. ``None`` is a plain llama-server's (no tag): its engine never
+        sees a model's files. Scans, quarantine and the index stay shared with
+        this store, which lists every snapshot (``ls``, ``verify``, ``/status``).
         """
         view = copy.copy(self)
         view.model = model
+        view._every = False
         return view
 
     @property
@@ -152,7 +157,11 @@ class SnapshotStore:
     def snapshots(self, slot: int | None = None) -> list[manifest.Manifest]:
         """Committed snapshots, newest (highest generation) first, optionally of one slot."""
         with self._lock:
-            found = [m for m in self._index.values() if (slot is None or m.slot == slot) and m.model == self.model]
+            found = [
+                m
+                for m in self._index.values()
+                if (slot is None or m.slot == slot) and (self._every or m.model == self.model)
+            ]
         return [] if self._root._blocked else manifest.newest_first(found)
 
     # ---- the conversation library ---------------------------------------------------

@@ -1,8 +1,8 @@
-"""router.plan: which models of a router-mode llama-server get an engine."""
+"""Router mode's pure decisions: which models get an engine (plan), which model a request names (admission)."""
 
 from __future__ import annotations
 
-from sidecar.router import plan
+from sidecar.router import admission, plan
 
 S = plan.ModelStatus
 
@@ -46,3 +46,9 @@ def test_an_unknown_state_parses_as_unknown_and_counts_as_not_running() -> None:
     assert plan.ModelStatus.parse("exploding") is S.UNKNOWN
     assert plan.ModelStatus.parse("sleeping") is S.SLEEPING
     assert [s.value for s in S if s.running] == ["loading", "loaded", "sleeping"]
+
+
+def test_the_model_a_request_names_is_read_from_its_json_body() -> None:
+    assert admission.named_model(b'{"model": "alpha", "prompt": "x"}') == "alpha"
+    for body in (b"", b"not json", b'["alpha"]', b'{"model": 7}', b'{"model": ""}', b'{"prompt": "x"}', b"\xff"):
+        assert admission.named_model(body) is None, body

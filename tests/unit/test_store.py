@@ -664,7 +664,8 @@ def test_a_model_view_names_its_files_after_the_model_and_lists_only_them(snaps:
     assert plain.model is None
     assert alpha.snapshots() == [a]
     assert beta.snapshots() == [b]
-    assert snaps.snapshots() == [plain], "the plain store never lists (nor restores) a model's files"
+    assert snaps.for_model(None).snapshots() == [plain], "a plain server's engine never sees a model's files"
+    assert {m.file for m in snaps.snapshots()} == {a.file, b.file, plain.file}, "ls, verify and /status see all"
 
 
 def test_model_views_share_the_index_of_a_scan(tmp_path: Path) -> None:
