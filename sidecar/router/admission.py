@@ -31,6 +31,8 @@ from sidecar.proxy import relay, routes
 from sidecar.router import fleet
 
 log = structlog.get_logger("sidecar.router")
+LOAD_RETRY = 0.2
+"""Seconds between two asks of a load the router refused for lack of room (see ``Admission._load``)."""
 
 
 def named_model(body: bytes) -> str | None:
@@ -111,16 +113,33 @@ class Admission:
         ), routes.Outcome.HELD_TIMEOUT
 
     async def _load(self, model: str, others: Mapping[str, fleet.Member]) -> None:
-        """Save the running models' changed slots, then have the router load ``model``."""
+        """Save the running models' changed slots, then have the router load ``model``.
+
+        The router refuses a load (500 "model limit reached") while every model
+        that would have to make room is in the middle of a call, the sidecar's
+        own polls included: the load is asked again every :data:`LOAD_RETRY`
+        seconds until ``--proxy-hold-seconds`` have passed.
+        """
         await self._save_before_swap(model, others)
-        try:
-            await self._client.load_model(model)
-        except errors.UpstreamRejected as exc:
-            log.info("model_load_not_needed", model=model, answer=str(exc))  # loaded by someone else meanwhile
-        except errors.UpstreamError as exc:
-            log.warning("model_load_failed", model=model, error=str(exc), effect="the request waits at the gate")
-        else:
+        deadline = self._mono() + self._settings.proxy.hold_seconds
+        said = False
+        while True:
+            try:
+                await self._client.load_model(model)
+            except errors.UpstreamRejected as exc:
+                log.info("model_load_not_needed", model=model, answer=str(exc))  # loaded by someone else meanwhile
+                return
+            except errors.UpstreamError as exc:
+                if isinstance(exc, errors.UpstreamUnavailable) and exc.status is not None and self._mono() < deadline:
+                    if not said:
+                        said = True
+                        log.info("model_load_deferred", model=model, answer=str(exc), effect="asked again shortly")
+                    await asyncio.sleep(LOAD_RETRY)
+                    continue
+                log.warning("model_load_failed", model=model, error=str(exc), effect="the request waits at the gate")
+                return
             log.info("model_load_asked", model=model, reason="a completion for it reached the proxy")
+            return
 
     async def _save_before_swap(self, model: str, others: Mapping[str, fleet.Member]) -> None:
         for name, member in others.items():

@@ -20,6 +20,7 @@ from typing import Any
 
 from sidecar.manifest import model_tag
 from support.llamabed import (
+    LlamaHTTPError,
     LlamaServer,
     MakeServer,
     call,
@@ -64,7 +65,18 @@ def _converse(server: LlamaServer, side: SidecarProcess, slot_dir: Path, name: s
 
 
 def _load_and_wait_restored(server: LlamaServer, side: SidecarProcess, name: str) -> None:
-    call("POST", server.url + "/models/load", {"model": name})
+    def load() -> bool:
+        try:
+            call("POST", server.url + "/models/load", {"model": name})
+        except LlamaHTTPError as exc:
+            # The router evicts only a model with no call in flight (a client's or the sidecar's
+            # polls): until then it answers 500 "model limit reached, try again later".
+            if exc.status == 500 and "limit reached" in str(exc.body):
+                return False
+            raise
+        return True
+
+    side.wait_for(load, timeout=60, what=f"the router to accept loading model {name}")
     side.wait_for(lambda: _restored(side, name), timeout=120, what=f"a restore of model {name}")
 
 
