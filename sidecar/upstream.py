@@ -113,7 +113,7 @@ class LlamaClient:
             return events.Health.OK, ""
         if status is plan.ModelStatus.LOADING:
             return events.Health.LOADING, f"the router is loading model {model!r}"
-        return events.Health.DOWN, f"model {model!r} is {status.value} (the router runs no server for it)"
+        return events.Health.UNLOADED, f"model {model!r} is {status.value} (the router runs no server for it)"
 
     async def slots(self) -> tuple[events.SlotView, ...]:
         body = await self._json("GET", self._at("/slots"), self._timeout)

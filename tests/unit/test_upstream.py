@@ -516,7 +516,7 @@ def bound(connect: Connect, model: str) -> upstream.LlamaClient:
         ("alpha", events.Health.OK),
         ("delta", events.Health.OK),
         ("gamma", events.Health.LOADING),
-        ("beta", events.Health.DOWN),
+        ("beta", events.Health.UNLOADED),
         ("omega", events.Health.DOWN),
     ],
 )
