@@ -101,7 +101,7 @@ async def _run(
         restore_gate = gate.Gate(mono=clock.monotonic)
         identify = weights.WeightsIdentifier(settings.snapshots.slot_dir).identify
         core: engine.Engine | fleet.Fleet
-        if settings.upstream.router:  # one engine per model, started by the fleet (no proxy: options.py)
+        if settings.upstream.router:  # one engine per model, started by the fleet
             core = fleet.Fleet(
                 client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock, weights=identify
             )
@@ -132,7 +132,9 @@ async def _run(
         log.info("listening", host=handle.host, port=handle.port)
         library = None
         if settings.proxy.host is not None and isinstance(core, engine.Engine):  # router mode: not offered
-            library = placer.Placer(core=core, tokenizer=client, snapshots=snapshots, stats=stats, clock=clock)
+            library = placer.Placer(
+                core=core, tokenizer=client, snapshots=snapshots.for_model(None), stats=stats, clock=clock
+            )
         try:
             proxy = await _start_proxy(settings, restore_gate, stats, library, admit)
         except BaseException:
