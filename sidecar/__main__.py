@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     options.add(ls, [options.SLOT_DIR])
     ls.add_argument("--json", action="store_true", help="print the manifests as JSON lines")
+    ls.add_argument("--model", metavar="NAME", help="router mode (--router): only this model's snapshots")
     verify = sub.add_parser("verify", help="re-hash every snapshot and report (and quarantine) bad ones")
     options.add(verify, [options.SLOT_DIR])
     verify.add_argument("--dry-run", action="store_true", help="report bad files without quarantining them")
@@ -91,6 +92,8 @@ def _ls(ns: argparse.Namespace) -> int:
     snaps.on_quarantine = lambda file, reason, detail: print(f"bad: {file}: {reason}: {detail}", file=sys.stderr)
     snaps.scan(clean=False)
     found = snaps.snapshots()
+    if ns.model is not None:
+        found = [m for m in found if m.model == ns.model]
     if ns.json:
         for m in found:
             print(m.to_json().replace("\n", "").replace("  ", ""))
@@ -99,7 +102,8 @@ def _ls(ns: argparse.Namespace) -> int:
     for m in sorted(found, key=lambda m: -snaps.last_used(m.file)):
         used = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snaps.last_used(m.file)))
         key = m.index.key if m.index is not None and m.index.key else "-"
-        print(f"{key:<12}  {m.slot:>4}  {m.tokens:>7}  {m.bytes / 1e6:>8.1f}  {used:<19}  {m.file}")
+        model = f"  (model {m.model})" if m.model is not None else ""
+        print(f"{key:<12}  {m.slot:>4}  {m.tokens:>7}  {m.bytes / 1e6:>8.1f}  {used:<19}  {m.file}{model}")
     library = snaps.library()
     print(
         f"{len(found)} snapshot(s) in {snaps.dir}; {len(library)} in the conversation library "

@@ -41,6 +41,7 @@ from sidecar import (
 )
 from sidecar.library import placer
 from sidecar.proxy import gate, listener, relay
+from sidecar.router import admission, fleet
 from sidecar.shared import service
 
 log = structlog.get_logger("sidecar.app")
@@ -99,12 +100,30 @@ async def _run(
         client = upstream.LlamaClient(session, settings.upstream)
         clock = protocols.SystemClock()
         restore_gate = gate.Gate(mono=clock.monotonic)
-        core = engine.Engine(
-            client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock, restore_gate=restore_gate
-        )
-        shared = _shared_store(settings, snapshots, stats, core)
         identify = weights.WeightsIdentifier(settings.snapshots.slot_dir).identify
-        poll = poller.Poller(client, settings.poll, clock=clock, weights=identify)
+        core: engine.Engine | fleet.Fleet
+        if settings.upstream.router:  # one engine per model, started by the fleet
+            core = fleet.Fleet(
+                client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock, weights=identify
+            )
+            loops = {"router": core.run()}
+            restore_gate = core.gate
+            admit = admission.Admission(models=core, client=client, stats=stats, settings=settings).admit
+        else:
+            core = engine.Engine(
+                client=client,
+                snapshots=snapshots.for_model(None),  # a plain server's snapshots, never a router model's
+                stats=stats,
+                settings=settings,
+                clock=clock,
+                restore_gate=restore_gate,
+            )
+            poll = poller.Poller(client, settings.poll, clock=clock, weights=identify)
+            loops = {"poller": poll.run(core.handle), "actions": core.run()}
+            admit = None
+        shared = (
+            _shared_store(settings, snapshots.for_model(None), stats, core) if isinstance(core, engine.Engine) else None
+        )
         watch = watcher.Watcher(snapshots, stats, lock)
         app = server.make_app(
             source=core,
@@ -116,10 +135,12 @@ async def _run(
         handle = await server.start(app, settings.server)
         log.info("listening", host=handle.host, port=handle.port)
         library = None
-        if settings.proxy.host is not None:
-            library = placer.Placer(core=core, tokenizer=client, snapshots=snapshots, stats=stats, clock=clock)
+        if settings.proxy.host is not None and isinstance(core, engine.Engine):  # router mode: not offered
+            library = placer.Placer(
+                core=core, tokenizer=client, snapshots=snapshots.for_model(None), stats=stats, clock=clock
+            )
         try:
-            proxy = await _start_proxy(settings, restore_gate, stats, library)
+            proxy = await _start_proxy(settings, restore_gate, stats, library, admit)
         except BaseException:
             await handle.close()
             raise
@@ -128,8 +149,8 @@ async def _run(
             ready.set()
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(poll.run(core.handle), name="poller")
-                group.create_task(core.run(), name="actions")
+                for name, loop_ in loops.items():
+                    group.create_task(loop_, name=name)
                 group.create_task(watch.run(), name="watcher")
                 group.create_task(_stopper(stop), name="stopper")
                 if shared is not None:
@@ -158,7 +179,11 @@ def _shared_store(
 
 
 async def _start_proxy(
-    settings: config.Settings, restore_gate: gate.Gate, stats: metrics.Metrics, library: relay.Pinner | None
+    settings: config.Settings,
+    restore_gate: gate.Gate,
+    stats: metrics.Metrics,
+    library: relay.Pinner | None,
+    admit: relay.Admit | None = None,
 ) -> listener.Listener | None:
     if settings.proxy.host is None:
         return None
@@ -171,6 +196,7 @@ async def _start_proxy(
         settings=settings.proxy,
         admin_token=settings.server.admin_token,
         pinner=library,
+        admit=admit,
     )
     try:
         proxy = await listener.start(handler, client, settings.proxy)
@@ -193,7 +219,7 @@ async def _start_proxy(
 
 
 async def _shutdown(
-    core: engine.Engine, settings: config.Settings, watch: watcher.Watcher, handle: server.Handle
+    core: engine.Engine | fleet.Fleet, settings: config.Settings, watch: watcher.Watcher, handle: server.Handle
 ) -> None:
     try:
         async with asyncio.timeout(settings.snapshots.final_timeout):

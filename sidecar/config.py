@@ -26,6 +26,8 @@ class UpstreamSettings:
     """Timeout of a slot save or restore call, in seconds (big models write GBs)."""
     connect_timeout: float = 2.0
     """Timeout of opening the TCP connection, in seconds."""
+    router: bool = False
+    """llama-server runs in router mode (``--models-dir`` / ``--models-preset``): one engine per model."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -247,6 +247,12 @@ class Engine:
             log.info("server_up", server=self._client.url)
         elif obs.health is events.Health.LOADING:
             log.info("server_loading", server=self._client.url, problem=obs.problem)
+        elif obs.health is events.Health.UNLOADED:
+            log.info(
+                "model_unloaded",
+                problem=obs.problem,
+                effect="its snapshots stay on disk; they are restored when the router loads the model again",
+            )
         else:
             log.warning(
                 "server_unreachable",

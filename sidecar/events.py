@@ -29,6 +29,8 @@ class Health(enum.StrEnum):
     OK = "ok"
     LOADING = "loading"
     DOWN = "down"
+    UNLOADED = "unloaded"
+    """Router mode: the router answers, but runs no server for the model (not loaded yet, or unloaded)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

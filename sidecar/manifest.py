@@ -21,6 +21,7 @@ commit; absent when the file could not be parsed). A manifest of a newer format 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from collections.abc import Iterable
@@ -31,8 +32,8 @@ from sidecar import events, hashing
 FORMAT = 2
 """Format of the manifests this sidecar writes."""
 READABLE = (1, 2)
-NAME_RE = re.compile(r"^slot(?P<slot>\d{1,4})-(?P<stamp>\d{8}T\d{12}Z)\.bin$")
-"""Final snapshot names: ``slot<id>-<UTC yyyymmddThhmmssffffff>Z.bin``."""
+NAME_RE = re.compile(r"^(?:(?P<tag>[A-Za-z0-9_.-]{1,80})--)?slot(?P<slot>\d{1,4})-(?P<stamp>\d{8}T\d{12}Z)\.bin$")
+"""Final snapshot names: ``slot<id>-<UTC yyyymmddThhmmssffffff>Z.bin``, behind ``<model tag>--`` in router mode."""
 
 
 class NewerFormatError(Exception):
@@ -113,6 +114,8 @@ class Manifest:
     fingerprint: Fingerprint
     index: Index | None = None
     """The snapshot's content index; None when the slot file could not be parsed (restorable by slot only)."""
+    model: str | None = None
+    """The model's name in llama-server's router mode (its files start with :func:`model_tag`); None otherwise."""
 
     def to_json(self) -> str:
         body = dataclasses.asdict(self)
@@ -159,15 +162,29 @@ class Manifest:
                 adapters=_adapters(fp),
             ),
             index=_index(raw),
+            model=None if raw.get("model") is None else _str(raw, "model"),
         )
         match = NAME_RE.match(manifest.file)
         if match is None or int(match["slot"]) != manifest.slot:
             raise ValueError(f"manifest names file {manifest.file!r}, not a snapshot of slot {manifest.slot}")
+        if match["tag"] != (None if manifest.model is None else model_tag(manifest.model)):
+            raise ValueError(f"manifest names file {manifest.file!r}, not a file of model {manifest.model!r}")
         digits = hashing.DIGEST_HEX[checksum.algorithm]
         if not re.fullmatch(f"[0-9a-f]{{{digits}}}", checksum.digest):
             name = "sha256" if fmt == 1 else "checksum digest"
             raise ValueError(f"manifest {name} is not {digits} lower-case hex digits")
         return manifest
+
+
+def model_tag(model: str) -> str:
+    """The file-name prefix of a router-mode model: its name made safe for a flat file name, and a hash.
+
+    llama-server takes bare file names (no ``/`` or ``:``) of at most 255
+    characters; model names may hold both. The hash keeps two names that
+    differ only in replaced characters apart.
+    """
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model).strip("._-")[:60] or "model"
+    return f"{safe}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
 
 
 def newest_first(manifests: Iterable[Manifest]) -> list[Manifest]:

@@ -9,6 +9,8 @@ scrape its /metrics directly.
 
 from __future__ import annotations
 
+import copy
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from sidecar import outcomes
@@ -303,6 +305,59 @@ class Metrics:
             self.quarantined.labels(reason)
         for operation in SLOT_DIR_OPERATIONS:
             self.slot_dir_errors.labels(operation)
+
+        self.model: str | None = None
+        """The router-mode model this view counts for (see :meth:`for_model`); None for a plain server."""
+        self.model_up = Gauge(
+            "model_up",
+            "Router mode (--router): 1 while the router runs the model loaded (or asleep) and answers for it, "
+            "0 while it is unloaded or loading. server_up is then the router's own /health.",
+            ["model"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.model_snapshots = Counter(
+            "model_snapshots",
+            "Router mode (--router): snapshots_total by model and result (the model name the router lists).",
+            ["model", "result"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.model_restores = Counter(
+            "model_restores",
+            "Router mode (--router): restores_total by model and result (the model name the router lists).",
+            ["model", "result"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+
+    def for_model(self, model: str) -> Metrics:
+        """The metrics one model's engine writes in router mode: shared series, plus ``model_*`` ones.
+
+        The unlabelled and per-slot series sum over the models; ``server_up``
+        becomes ``model_up{model}`` (the router's /health is not the model's).
+        """
+        view = copy.copy(self)
+        view.model = model
+        view.server_up = self.model_up.labels(model)
+        for result in SNAPSHOT_RESULTS:
+            self.model_snapshots.labels(model, result)
+        for result in RESTORE_RESULTS:
+            self.model_restores.labels(model, result)
+        return view
+
+    def forget_model(self, model: str) -> None:
+        """Drop a model's ``model_*`` series once the router no longer lists it."""
+        self.model_up.remove(model)
+        for result in SNAPSHOT_RESULTS:
+            self.model_snapshots.remove(model, result)
+        for result in RESTORE_RESULTS:
+            self.model_restores.remove(model, result)
+
+    def count_model(self, counter: Counter, result: str) -> None:
+        """Count one outcome in a ``model_*`` counter, in a :meth:`for_model` view only."""
+        if self.model is not None:
+            counter.labels(self.model, result).inc()
 
     def init_slots(self, slot_ids: range) -> None:
         """Create every (slot, result) series at zero once the slot count is known."""

@@ -226,6 +226,15 @@ OPTIONS: tuple[Option, ...] = (
         parse.number(float),
     ),
     Option(
+        "--router",
+        "LLAMA_SIDECAR_ROUTER",
+        ("upstream.router",),
+        "llama-server runs in router mode (--models-dir or --models-preset): watch, save and restore each "
+        "model on its own, never loading one; snapshot files carry the model's name",
+        convert=parse.switch,
+        switch=True,
+    ),
+    Option(
         "--proxy-listen",
         "LLAMA_SIDECAR_PROXY_LISTEN",
         ("proxy.host", "proxy.port"),
@@ -351,5 +360,10 @@ def settings_from(ns: argparse.Namespace) -> config.Settings:
     if settings.server.status_requires_token and not settings.server.admin_token:
         raise errors.ConfigError(
             "--status-requires-token needs an admin token: set --admin-token-file (or --admin-token)"
+        )
+    if settings.upstream.router and settings.shared.location is not None:
+        raise errors.ConfigError(
+            "--shared-store is not offered with --router: snapshots are shared between plain llama-servers"
+            " only; drop one of the two"
         )
     return settings

@@ -328,6 +328,7 @@ class Restorer:
         since: float | None = None,
     ) -> RestoreRecord:
         self._stats.restores.labels(str(slot), outcome.value).inc()
+        self._stats.count_model(self._stats.model_restores, outcome.value)
         if outcome not in (Outcome.OK, Outcome.RACED):
             log.info(
                 "restore_skipped" if outcome is not Outcome.FAILED else "restore_not_done",

@@ -175,5 +175,6 @@ class Snapshotter:
         else:
             result = outcomes.SaveResult.FAILED
         self._stats.snapshots.labels(str(slot), result.value).inc()
+        self._stats.count_model(self._stats.model_snapshots, result.value)
         self.last = SaveRecord(slot, result, cause, detail, self._clock.wall(), seconds, tokens, size)
         return self.last

@@ -30,6 +30,7 @@ A manifest of a newer format is left alone and reported once through
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import datetime
 import enum
@@ -124,6 +125,29 @@ class SnapshotStore:
         """Unix time each snapshot was last saved, restored or routed to (its ``created`` until then)."""
         self._in_use: dict[str, int] = {}
         """Snapshots being restored or uploaded now: retention never selects them."""
+        self.model: str | None = None
+        """The router-mode model this store writes (see :meth:`for_model`); None: a plain server's."""
+        self._every = True
+        """This store lists the snapshots of every model; a :meth:`for_model` view lists its model's only."""
+        self._root = self
+
+    def for_model(self, model: str | None) -> SnapshotStore:
+        """A view of the same directory and index that lists and writes only ``model``'s snapshots.
+
+        In llama-server's router mode every model's server shares one slot dir:
+        each model's files carry its :func:`manifest.model_tag` and its manifests
+        its name. ``None`` is a plain llama-server's (no tag): its engine never
+        sees a model's files. Scans, quarantine and the index stay shared with
+        this store, which lists every snapshot (``ls``, ``verify``, ``/status``).
+        """
+        view = copy.copy(self)
+        view.model = model
+        view._every = False
+        return view
+
+    @property
+    def _prefix(self) -> str:
+        return "" if self.model is None else manifest.model_tag(self.model) + "--"
 
     def _report(self, operation: str, name: str, error: str) -> None:
         self.on_io_error(operation, name, error)  # looked up at each call: callers set it after construction
@@ -133,8 +157,12 @@ class SnapshotStore:
     def snapshots(self, slot: int | None = None) -> list[manifest.Manifest]:
         """Committed snapshots, newest (highest generation) first, optionally of one slot."""
         with self._lock:
-            found = [m for m in self._index.values() if slot is None or m.slot == slot]
-        return [] if self._blocked else manifest.newest_first(found)
+            found = [
+                m
+                for m in self._index.values()
+                if (slot is None or m.slot == slot) and (self._every or m.model == self.model)
+            ]
+        return [] if self._root._blocked else manifest.newest_first(found)
 
     # ---- the conversation library ---------------------------------------------------
 
@@ -208,11 +236,11 @@ class SnapshotStore:
 
     def check_writable(self) -> str | None:
         """None if the slot dir is a writable directory, else what is wrong (for /readyz)."""
-        return self._blocked or self._fs.check()
+        return self._root._blocked or self._fs.check()
 
     def block(self, reason: str) -> None:
         """Stay off the directory: list no snapshots, commit nothing, until called with an empty reason."""
-        self._blocked = reason
+        self._root._blocked = reason
 
     def dir_identity(self) -> tuple[int, int] | None:
         """(device, inode) of the slot dir, None while it is missing: tells a dir put back from a new one."""
@@ -261,7 +289,8 @@ class SnapshotStore:
                 if orphan and self._fs.unlink(name):
                     findings.append(f"removed {name}: its save was interrupted before the manifest was written")
         with self._lock:
-            self._index = index
+            self._index.clear()  # in place: the views of :meth:`for_model` share this dict
+            self._index.update(index)
             self._generation = max([self._generation, *(m.generation for m in index.values())])
         return findings
 
@@ -332,7 +361,7 @@ class SnapshotStore:
     # ---- writing -------------------------------------------------------------------
 
     def temp_name(self, slot: int) -> str:
-        return f"{TEMP_PREFIX}slot{slot}-{secrets.token_hex(6)}.bin"
+        return f"{TEMP_PREFIX}{self._prefix}slot{slot}-{secrets.token_hex(6)}.bin"
 
     def probe_name(self) -> str:
         return f"{PROBE_PREFIX}{secrets.token_hex(6)}.bin"
@@ -350,8 +379,8 @@ class SnapshotStore:
         """Check, hash and publish a file the server just wrote; see the module docstring."""
         path = self.dir / temp
         try:
-            if self._blocked:
-                raise errors.SnapshotError(self._blocked, reason=Problem.IO)
+            if self._root._blocked:
+                raise errors.SnapshotError(self._root._blocked, reason=Problem.IO)
             try:
                 size = path.stat().st_size
             except FileNotFoundError as exc:
@@ -385,6 +414,7 @@ class SnapshotStore:
                 task=task,
                 fingerprint=fingerprint,
                 index=index,
+                model=self.model,
             )
             os.replace(path, self.dir / final)
         except OSError as exc:
@@ -425,7 +455,7 @@ class SnapshotStore:
         """``slot<id>-<stamp>.bin`` for ``now``, moved on by microseconds if a file has that name."""
         stamp = datetime.datetime.fromtimestamp(now, datetime.UTC)
         while True:
-            final = f"slot{slot}-{stamp.strftime('%Y%m%dT%H%M%S%fZ')}.bin"
+            final = f"{self._prefix}slot{slot}-{stamp.strftime('%Y%m%dT%H%M%S%fZ')}.bin"
             if not (self.dir / final).exists() and not (self.dir / (Path(final).stem + ".json")).exists():
                 return final
             stamp += datetime.timedelta(microseconds=1)

@@ -6,11 +6,19 @@ or into one of the ``errors.Upstream*`` exceptions. Replies are validated
 field by field: a malformed or hostile reply becomes
 ``UpstreamProtocolError`` naming the endpoint and the field, never a
 ``KeyError`` in the poll loop. Bodies are capped in size.
+
+Given a ``model``, the client is a view of one model of a router-mode
+llama-server: every call names the model (``?model=NAME`` on reads,
+``"model"`` in slot-action bodies) with ``autoload=false``, so no call of
+the sidecar ever makes the router load a model; and the model's health is
+its state in the router's ``GET /models`` (the router's own /health speaks
+only for the router).
 """
 
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -18,6 +26,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar import config, errors, events, protocols
+from sidecar.router import plan
 
 _T = TypeVar("_T")
 
@@ -35,8 +44,13 @@ MAX_BODY = 8 << 20
 class LlamaClient:
     """Typed calls to llama-server's /health, /slots, /props, /metrics and slot actions."""
 
-    def __init__(self, session: aiohttp.ClientSession, settings: config.UpstreamSettings) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, settings: config.UpstreamSettings, *, model: str | None = None
+    ) -> None:
         self._session = session
+        self.model = model
+        """The router-mode model this client is bound to; None for a plain llama-server."""
+        self._query = "" if model is None else urllib.parse.urlencode({"model": model, "autoload": "false"})
         self._base = settings.url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=settings.request_timeout, connect=settings.connect_timeout)
@@ -46,8 +60,37 @@ class LlamaClient:
     def url(self) -> str:
         return self._base
 
+    def for_model(self, model: str, settings: config.UpstreamSettings) -> LlamaClient:
+        """A client of the same router-mode server bound to ``model`` (sharing the session)."""
+        return LlamaClient(self._session, settings, model=model)
+
+    def _at(self, path: str) -> str:
+        """``path`` with the model and ``autoload=false`` in its query, for a model view."""
+        if not self._query:
+            return path
+        return path + ("&" if "?" in path else "?") + self._query
+
+    async def models(self) -> dict[str, plan.ModelStatus]:
+        """The router's models and their states (``GET /models``), by name."""
+        body = _as_dict(await self._json("GET", "/models", self._timeout), "/models")
+        data = body.get("data")
+        if not isinstance(data, list):
+            raise errors.UpstreamProtocolError("/models: field 'data' is not a list", endpoint="/models")
+        found: dict[str, plan.ModelStatus] = {}
+        for item in data:
+            entry = _as_dict(item, "/models")
+            status = _field(entry, "status", dict, "/models")
+            found[_field(entry, "id", str, "/models")] = plan.ModelStatus.parse(str(status.get("value", "")))
+        return found
+
+    async def load_model(self, model: str) -> None:
+        """Have the router load ``model`` (``POST /models/load``); 400 if it runs already."""
+        await self._request("POST", "/models/load", self._action_timeout, {"model": model})
+
     async def health(self) -> tuple[events.Health, str]:
         """The server's state, and what went wrong when it is not OK."""
+        if self.model is not None:
+            return await self._model_health(self.model)
         try:
             await self._request("GET", "/health", self._timeout)
         except errors.UpstreamUnavailable as exc:
@@ -58,17 +101,36 @@ class LlamaClient:
             return events.Health.DOWN, str(exc)
         return events.Health.OK, ""
 
+    async def _model_health(self, model: str) -> tuple[events.Health, str]:
+        """A router-mode model's state: OK while its server runs loaded (or asleep), DOWN while unloaded."""
+        try:
+            status = (await self.models()).get(model)
+        except errors.UpstreamError as exc:
+            return events.Health.DOWN, str(exc)
+        if status is None:
+            return events.Health.DOWN, f"the router does not list model {model!r} (GET /models)"
+        if status in (plan.ModelStatus.LOADED, plan.ModelStatus.SLEEPING):
+            return events.Health.OK, ""
+        if status is plan.ModelStatus.LOADING:
+            return events.Health.LOADING, f"the router is loading model {model!r}"
+        return events.Health.UNLOADED, f"model {model!r} is {status.value} (the router runs no server for it)"
+
     async def slots(self) -> tuple[events.SlotView, ...]:
-        body = await self._json("GET", "/slots", self._timeout)
+        body = await self._json("GET", self._at("/slots"), self._timeout)
         if not isinstance(body, list):
             raise errors.UpstreamProtocolError("/slots did not return a list", endpoint="/slots")
         return tuple(_slot_view(item) for item in body)
 
     async def props(self) -> tuple[events.Identity, bool]:
         """Read /props: the identity without the model's size, and whether the server sleeps."""
-        props = await self._json("GET", "/props", self._timeout)
+        props = await self._json("GET", self._at("/props"), self._timeout)
         if not isinstance(props, dict):
             raise errors.UpstreamProtocolError("/props did not return an object", endpoint="/props")
+        if props.get("role") == "router":
+            raise errors.UpstreamProtocolError(
+                "llama-server runs in router mode (several models): start the sidecar with --router",
+                endpoint="/props",
+            )
         settings = _field(props, "default_generation_settings", dict, "/props")
         identity = events.Identity(
             build_info=str(props.get("build_info", "")),
@@ -82,8 +144,9 @@ class LlamaClient:
         """(size in bytes, parameter count) of the loaded model; (None, None) if the server does not say."""
         try:
             models = await self._json("GET", "/v1/models", self._timeout)
-            meta = models["data"][0]["meta"]
-        except (errors.UpstreamError, KeyError, IndexError, TypeError):
+            entries = [m for m in models["data"] if self.model is None or m.get("id") == self.model]
+            meta = entries[0]["meta"]
+        except (errors.UpstreamError, KeyError, IndexError, TypeError, AttributeError):
             return None, None  # older servers: the model size is then not part of the fingerprint
         size = meta.get("size") if isinstance(meta, dict) else None
         params = meta.get("n_params") if isinstance(meta, dict) else None
@@ -99,7 +162,7 @@ class LlamaClient:
         it is read only when the server comes up or restarts.
         """
         try:
-            body = await self._json("GET", "/lora-adapters", self._timeout)
+            body = await self._json("GET", self._at("/lora-adapters"), self._timeout)
         except errors.UpstreamRejected:
             return None  # an older server without the endpoint
         if not isinstance(body, list):
@@ -120,7 +183,7 @@ class LlamaClient:
         return tuple(found)
 
     async def counters(self) -> events.Counters:
-        status, headers, text = await self._request("GET", "/metrics", self._timeout)
+        status, headers, text = await self._request("GET", self._at("/metrics"), self._timeout)
         del status
         values: dict[str, float] = {}
         try:
@@ -152,8 +215,9 @@ class LlamaClient:
         self, slot: int, action: str, filename: str, keys: tuple[str, str, str]
     ) -> protocols.ActionResult:
         endpoint = f"/slots {action}"
+        payload = {"filename": filename} if self.model is None else {"filename": filename, "model": self.model}
         body = _as_dict(
-            await self._json("POST", f"/slots/{slot}?action={action}", self._action_timeout, {"filename": filename}),
+            await self._json("POST", self._at(f"/slots/{slot}?action={action}"), self._action_timeout, payload),
             endpoint,
         )
         timings = body.get("timings")

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import hmac
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import aiohttp
@@ -39,6 +39,9 @@ WHOLE_ANSWER_BYTES = 1 << 20
 """Answers with a Content-Length up to this size are relayed in one write; others chunk by chunk."""
 _LOADING = b"Loading model"
 """llama-server's 503 message while it loads: the new process cannot serve yet."""
+Refusal = tuple[web.StreamResponse, routes.Outcome]
+Admit = Callable[[routes.Route, bytes], Awaitable[Refusal | None]]
+"""Router mode: waits until a request may be forwarded (its model loaded and restored); or the answer instead."""
 
 
 class Pinner(Protocol):
@@ -66,6 +69,7 @@ class Relay:
         admin_token: str | None,
         mono: Callable[[], float] = time.monotonic,
         pinner: Pinner | None = None,
+        admit: Admit | None = None,
     ) -> None:
         self._pinner = pinner
         self._session = session
@@ -76,6 +80,7 @@ class Relay:
         self._settings = settings
         self._admin_token = admin_token
         self._mono = mono
+        self._admit = admit
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         kind = routes.classify(request.method, request.raw_path)
@@ -116,6 +121,8 @@ class Relay:
                 f"request body over {limit} bytes: raise --proxy-max-body-bytes if such requests are expected",
                 "invalid_request_error",
             ), routes.Outcome.INVALID
+        if self._admit is not None and (refused := await self._admit(kind.route, body)) is not None:
+            return refused
         if self._pinner is not None and kind.route is routes.Route.COMPLETION:
             return await self._pinned(request, headers, body, self._pinner)
         return await self._forward(request, kind.route, headers, body)

@@ -31,6 +31,8 @@ PROXY_OUTCOMES = ("ok", "error", "held_timeout", "refused", "invalid", "cancelle
 SLOT_DIR_OPERATIONS = ("read", "write", "scan")
 SHARED_DIRECTIONS = ("up", "down")
 SHARED_OPERATIONS = ("put", "get", "list", "delete")
+MODELS = ("alpha", "beta")
+"""Router mode (--router): the models the router lists."""
 
 
 def sidecar_registry() -> CollectorRegistry:
@@ -132,6 +134,16 @@ def sidecar_registry() -> CollectorRegistry:
     for operation in SHARED_OPERATIONS:
         shared_errors.labels(operation=operation).inc(1)
     Gauge("shared_store_pending_uploads", "Uploads waiting", namespace=ns, registry=registry).set(2)
+    model_up = Gauge("model_up", "Router mode: model loaded", ["model"], namespace=ns, registry=registry)
+    by_model = ["model", "result"]
+    model_snapshots = Counter("model_snapshots", "Snapshots by model", by_model, namespace=ns, registry=registry)
+    model_restores = Counter("model_restores", "Restores by model", by_model, namespace=ns, registry=registry)
+    for n, model in enumerate(MODELS):
+        model_up.labels(model=model).set(1 - n)
+        for result in SNAPSHOT_RESULTS:
+            model_snapshots.labels(model=model, result=result).inc(3)
+        for result in RESTORE_RESULTS:
+            model_restores.labels(model=model, result=result).inc(2)
     return registry
 
 

@@ -92,7 +92,9 @@ def test_prometheus_sees_restart_restore_hit_rate_latency_tokens_and_disk(
 
         variables = {"job": "llama-kv-sidecar", "server_job": "llama-server"}
         results = promql.query_all(prom.url, promql.dashboard_expressions(variables))
-        empty = [expr for expr, result in results.items() if not result]
+        # A plain llama-server has no model_* series: the router-mode row stays empty here (its
+        # queries run above, without error; tests/deploy checks they return data from a router's page).
+        empty = [expr for expr, result in results.items() if not result and "llama_sidecar_model_" not in expr]
         assert not empty, f"dashboard queries without data after a real restart and restore: {empty}"
         promql.query_all(prom.url, promql.annotation_expressions(variables))
         promql.query_all(prom.url, promql.rule_expressions())

@@ -161,6 +161,8 @@ class LlamaServer:
         threads: int = 2,
         repack: bool | None = None,
         log_dir: Path | None = None,
+        models_dir: Path | None = None,
+        models_max: int = 1,
     ) -> None:
         self.binary, self.model, self.slot_dir = binary, model, slot_dir
         self.n_slots, self.ctx_size, self.threads = n_slots, ctx_size, threads
@@ -172,6 +174,9 @@ class LlamaServer:
         self.log_path = log_root / f"llama-server-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
+        self.models_dir, self.models_max = models_dir, models_max
+        """Router mode: the models of `models_dir` behind one server, at most `models_max` loaded
+        (every other flag reaches each model's child server: this build passes them on)."""
 
     @property
     def url(self) -> str:
@@ -185,10 +190,12 @@ class LlamaServer:
 
     def args(self) -> list[str]:
         """The full command line."""
+        served = ["-m", str(self.model)]
+        if self.models_dir is not None:
+            served = ["--models-dir", str(self.models_dir), "--models-max", str(self.models_max)]
         cmd = [
             str(self.binary),
-            "-m",
-            str(self.model),
+            *served,
             "--host",
             "127.0.0.1",
             "--port",
@@ -345,6 +352,7 @@ def complete(
     n_predict: int = 8,
     id_slot: int | None = None,
     api_key: str | None = None,
+    model: str | None = None,
 ) -> dict[str, Any]:
     """POST /completion (cache_prompt, temperature 0); the JSON has `timings`."""
     body: dict[str, Any] = {
@@ -355,13 +363,16 @@ def complete(
     }
     if id_slot is not None:
         body["id_slot"] = id_slot
+    if model is not None:
+        body["model"] = model  # router mode: which model answers (the router loads it if need be)
     result: dict[str, Any] = call("POST", url + "/completion", body, api_key)
     return result
 
 
-def tokenize(url: str, text: str, api_key: str | None = None) -> list[int]:
+def tokenize(url: str, text: str, api_key: str | None = None, model: str | None = None) -> list[int]:
     """Token ids of `text` (no BOS)."""
-    tokens: list[int] = call("POST", url + "/tokenize", {"content": text}, api_key)["tokens"]
+    body = {"content": text} if model is None else {"content": text, "model": model}
+    tokens: list[int] = call("POST", url + "/tokenize", body, api_key)["tokens"]
     return tokens
 
 
@@ -384,7 +395,7 @@ def slot_action(
     return result
 
 
-def make_prompt(url: str, n_tokens: int, seed: int, api_key: str | None = None) -> str:
+def make_prompt(url: str, n_tokens: int, seed: int, api_key: str | None = None, model: str | None = None) -> str:
     """A deterministic text of about `n_tokens` tokens (measured with /tokenize).
 
     Texts for different seeds diverge after a few tokens.
@@ -395,11 +406,25 @@ def make_prompt(url: str, n_tokens: int, seed: int, api_key: str | None = None) 
     n_words = n_tokens // 2
     for _ in range(6):
         text = " ".join([head, *words[:n_words]])
-        got = len(tokenize(url, text, api_key))
+        got = len(tokenize(url, text, api_key, model))
         if abs(got - n_tokens) <= max(2, n_tokens // 200):
             break
         n_words = max(1, min(len(words), n_words + int((n_tokens - got) * n_words / got)))
     return text
+
+
+def models_dir(root: Path, model: Path, names: tuple[str, ...]) -> Path:
+    """A router-mode models dir holding `model` under each of `names` (symlinks: one file on disk)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (root / f"{name}.gguf").symlink_to(model)
+    return root
+
+
+def model_states(url: str) -> dict[str, str]:
+    """Router mode: each model's `status.value` in `GET /models` (unloaded, loading, loaded, sleeping)."""
+    listed: dict[str, Any] = call("GET", url + "/models")
+    return {entry["id"]: entry["status"]["value"] for entry in listed["data"]}
 
 
 MakeServer = Callable[..., LlamaServer]

@@ -41,6 +41,7 @@ DEFAULT_VARIABLES: Mapping[str, str] = {
     "instance": ".+",
     "server_job": "llama-server",
     "server_instance": ".+",
+    "model": ".*",
 }
 
 # $name, ${name}, ${name:format} and the deprecated [[name]].

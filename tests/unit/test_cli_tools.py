@@ -15,8 +15,8 @@ from sidecar import manifest, slotfile, store
 FP = manifest.Fingerprint("b1", "/models/m.gguf", 100, 200, 4096, 1)
 
 
-def _snapshot(directory: Path, slot: int, size: int) -> manifest.Manifest:
-    snaps = store.SnapshotStore(directory, clock=time.time)
+def _snapshot(directory: Path, slot: int, size: int, model: str | None = None) -> manifest.Manifest:
+    snaps = store.SnapshotStore(directory, clock=time.time).for_model(model)
     temp = snaps.temp_name(slot)
     (directory / temp).write_bytes(os.urandom(size))
     return snaps.commit(temp, slot=slot, tokens=size // 10, written=size, task=3, fingerprint=FP)
@@ -39,6 +39,22 @@ def test_ls_lists_every_snapshot_with_its_manifest(tmp_path: Path) -> None:
     lines = _run("ls", "--slot-dir", str(tmp_path), "--json").stdout.splitlines()
     digests = sorted(json.loads(line)["checksum"]["digest"] for line in lines)
     assert digests == sorted([a.checksum.digest, b.checksum.digest])
+
+
+def test_ls_lists_every_models_snapshots_and_one_models_with_model(tmp_path: Path) -> None:
+    plain = _snapshot(tmp_path, 0, 5000)
+    alpha = _snapshot(tmp_path, 0, 5000, model="alpha")
+    beta = _snapshot(tmp_path, 1, 5000, model="beta")
+    every = _run("ls", "--slot-dir", str(tmp_path))
+    assert every.returncode == 0, every.stderr
+    assert "3 snapshot(s)" in every.stdout
+    assert f"{alpha.file}  (model alpha)" in every.stdout
+    assert plain.file in every.stdout
+    one = _run("ls", "--slot-dir", str(tmp_path), "--model", "beta", "--json").stdout.splitlines()
+    assert [json.loads(line)["file"] for line in one] == [beta.file]
+    assert [json.loads(line)["model"] for line in one] == ["beta"]
+    assert _run("verify", "--slot-dir", str(tmp_path)).returncode == 0
+    assert json.loads(_run("verify", "--slot-dir", str(tmp_path)).stdout.splitlines()[-1])["checked"] == 3
 
 
 def test_verify_reports_and_quarantines_a_flipped_byte_and_dry_run_touches_nothing(tmp_path: Path) -> None:

@@ -646,3 +646,49 @@ def test_other_json_files_in_the_slot_dir_are_not_manifests(snaps: store.Snapsho
     assert bad.calls == []
     assert names(snaps.dir) == before
     assert snaps.snapshots() == [record]
+
+
+# ---- router mode: one view per model ---------------------------------------------------
+
+
+def test_a_model_view_names_its_files_after_the_model_and_lists_only_them(snaps: store.SnapshotStore) -> None:
+    alpha, beta = snaps.for_model("org/alpha:Q4"), snaps.for_model("beta")
+    a = commit(alpha)
+    b = commit(beta, slot=1)
+    plain = commit(snaps)
+    tag = manifest.model_tag("org/alpha:Q4")
+    assert a.file.startswith(tag + "--slot0-")
+    assert "/" not in a.file
+    assert ":" not in a.file
+    assert a.model == "org/alpha:Q4"
+    assert plain.model is None
+    assert alpha.snapshots() == [a]
+    assert beta.snapshots() == [b]
+    assert snaps.for_model(None).snapshots() == [plain], "a plain server's engine never sees a model's files"
+    assert {m.file for m in snaps.snapshots()} == {a.file, b.file, plain.file}, "ls, verify and /status see all"
+
+
+def test_model_views_share_the_index_of_a_scan(tmp_path: Path) -> None:
+    first = store.SnapshotStore(tmp_path, clock=StepClock())
+    a = commit(first.for_model("alpha"))
+    second = store.SnapshotStore(tmp_path, clock=StepClock())
+    view = second.for_model("alpha")  # made before the scan, as the engines are
+    assert second.scan(clean=True) == []
+    assert view.snapshots() == [a]
+    assert second.for_model("beta").snapshots() == []
+
+
+def test_a_blocked_store_blocks_its_model_views(snaps: store.SnapshotStore) -> None:
+    view = snaps.for_model("alpha")
+    commit(view)
+    snaps.block("another sidecar holds the directory")
+    assert view.snapshots() == []
+    assert view.check_writable() == "another sidecar holds the directory"
+
+
+def test_a_manifest_whose_file_is_not_of_its_model_is_refused(snaps: store.SnapshotStore) -> None:
+    record = commit(snaps.for_model("alpha"))
+    text = dataclasses.replace(record, model="beta").to_json()
+    with pytest.raises(ValueError, match="not a file of model 'beta'"):
+        manifest.Manifest.from_json(text)
+    assert manifest.Manifest.from_json(record.to_json()) == record

@@ -20,6 +20,7 @@ from aiohttp import web
 from pytest_aiohttp.plugin import AiohttpServer
 
 from sidecar import config, errors, events, protocols, upstream
+from sidecar.router import plan
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -489,3 +490,100 @@ async def test_restore_rejected_with_the_servers_message(fake: FakeLlama, connec
     fake.error("POST", "/slots/2", 400, message)
     with pytest.raises(errors.UpstreamRejected, match="invalid slot save file"):
         await connect().restore(2, "c.bin")
+
+
+# ---- router mode: a client bound to one model ----------------------------------------
+
+ROUTER_MODELS = {
+    "data": [
+        {"id": "alpha", "status": {"value": "loaded", "args": []}},
+        {"id": "beta", "status": {"value": "unloaded", "args": []}},
+        {"id": "gamma", "status": {"value": "loading", "args": []}},
+        {"id": "delta", "status": {"value": "sleeping", "args": []}},
+    ],
+    "object": "list",
+}
+
+
+def bound(connect: Connect, model: str) -> upstream.LlamaClient:
+    plain = connect()
+    return plain.for_model(model, config.UpstreamSettings(url=plain.url))
+
+
+@pytest.mark.parametrize(
+    ("model", "health"),
+    [
+        ("alpha", events.Health.OK),
+        ("delta", events.Health.OK),
+        ("gamma", events.Health.LOADING),
+        ("beta", events.Health.UNLOADED),
+        ("omega", events.Health.DOWN),
+    ],
+)
+async def test_a_models_health_is_its_state_in_the_routers_model_list(
+    fake: FakeLlama, connect: Connect, model: str, health: events.Health
+) -> None:
+    fake.json("GET", "/models", ROUTER_MODELS)
+    got, problem = await bound(connect, model).health()
+    assert got is health
+    assert (problem == "") is (health is events.Health.OK)
+    assert all(seen.path != "/health" for seen in fake.seen), "the router's /health does not speak for a model"
+
+
+async def test_every_read_and_action_names_the_model_and_never_autoloads(fake: FakeLlama, connect: Connect) -> None:
+    fake.json("GET", "/slots", SLOTS)
+    fake.json(
+        "GET",
+        "/props",
+        {
+            "build_info": "b1",
+            "model_path": "/m/alpha.gguf",
+            "total_slots": 2,
+            "default_generation_settings": {"n_ctx": 8192},
+        },
+    )
+    fake.text("GET", "/metrics", METRICS_TEXT)
+    fake.json("GET", "/lora-adapters", [])
+    reply = {"id_slot": 1, "filename": "f.bin", "n_saved": 9, "n_written": 99, "n_restored": 9, "n_read": 99}
+    fake.json("POST", "/slots/1", reply)
+    client = bound(connect, "alpha")
+    await client.slots()
+    await client.props()
+    await client.counters()
+    await client.adapters()
+    await client.save(1, "f.bin")
+    await client.restore(1, "f.bin")
+    assert len(fake.seen) == 6
+    for seen in fake.seen:
+        assert seen.query.get("model") == "alpha", seen
+        assert seen.query.get("autoload") == "false", seen
+    actions = [json.loads(seen.body) for seen in fake.seen if seen.method == "POST"]
+    assert actions == [{"filename": "f.bin", "model": "alpha"}] * 2
+    assert [seen.query["action"] for seen in fake.seen if seen.method == "POST"] == ["save", "restore"]
+
+
+async def test_a_plain_client_sends_no_model(fake: FakeLlama, connect: Connect) -> None:
+    fake.json("GET", "/slots", SLOTS)
+    await connect().slots()
+    assert fake.seen[-1].query == {}
+
+
+async def test_the_router_list_parses_unknown_states_as_unknown(fake: FakeLlama, connect: Connect) -> None:
+    fake.json("GET", "/models", {"data": [{"id": "a", "status": {"value": "teleporting"}}]})
+    assert await connect().models() == {"a": plan.ModelStatus.UNKNOWN}
+
+
+async def test_a_malformed_router_list_is_a_protocol_error(fake: FakeLlama, connect: Connect) -> None:
+    fake.json("GET", "/models", {"data": [{"id": 7, "status": {}}]})
+    with pytest.raises(errors.UpstreamProtocolError, match="/models"):
+        await connect().models()
+
+
+async def test_a_router_watched_without_router_mode_says_how_to_fix_it(fake: FakeLlama, connect: Connect) -> None:
+    fake.json(
+        "GET",
+        "/props",
+        {"role": "router", "model_path": "none", "build_info": "b1", "default_generation_settings": {"n_ctx": 0}},
+    )
+    with pytest.raises(errors.UpstreamProtocolError, match="--router"):
+        await connect().props()

@@ -1,0 +1,1 @@
+"""llama-server's router mode: one engine per model behind one server."""

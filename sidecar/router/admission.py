@@ -1,0 +1,158 @@
+"""The proxy's door in router mode: a completion reaches a model only once that model's KV is back.
+
+A completion names its model (``"model"`` in the JSON body). If that
+model's restore gate is open, the request goes on at once. Otherwise:
+
+1. if the router runs no server for the model, the other models' changed
+   slots are saved first: loading this model may make the router unload
+   another one (``--models-max``), and its KV would be lost with it; then
+   the model is loaded with ``POST /models/load`` (not by the request
+   itself, which the router would hand to the new server before any
+   restore);
+2. the request waits at the model's gate, which its engine opens once the
+   model is loaded and its snapshots are restored, for at most
+   ``--proxy-hold-seconds`` (then 503 with Retry-After).
+
+Requests that are not completions, that name no model, or a model the
+router does not list, go on as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from sidecar import config, errors, metrics, upstream
+from sidecar.proxy import relay, routes
+from sidecar.router import fleet
+
+log = structlog.get_logger("sidecar.router")
+LOAD_RETRY = 0.2
+"""Seconds between two asks of a load the router refused for lack of room (see ``Admission._load``)."""
+
+
+def named_model(body: bytes) -> str | None:
+    """The ``"model"`` a JSON request body names; None if it names none (or is not JSON)."""
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
+class Admission:
+    def __init__(
+        self,
+        *,
+        models: fleet.Fleet,
+        client: upstream.LlamaClient,
+        stats: metrics.Metrics,
+        settings: config.Settings,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fleet = models
+        self._client = client
+        self._stats = stats
+        self._settings = settings
+        self._mono = mono
+        self._loading: dict[str, asyncio.Task[None]] = {}
+        """One load (with its saves before it) per model, shared by the requests that wait for it."""
+
+    async def admit(self, route: routes.Route, body: bytes) -> relay.Refusal | None:
+        """None once the request may go on; else the answer to give instead (held too long)."""
+        if route is not routes.Route.COMPLETION:
+            return None
+        model = named_model(body)
+        member = self._fleet.members.get(model) if model is not None else None
+        if model is None or member is None:
+            return None
+        try:
+            states = await self._client.models()  # now, not as of the last poll: it may have been unloaded since
+        except errors.UpstreamError:
+            return None  # the router does not answer: the request gets its own answer from it
+        running = {name for name, state in states.items() if state.running}
+        if model in running and member.core.gate.is_open:
+            return None
+        hold = self._settings.proxy.hold_seconds
+        started = self._mono()
+        self._stats.proxy_held.inc()
+        try:
+            if model not in running:
+                member.core.gate.close(f"the router is loading model {model!r} for a request")
+                task = self._loading.get(model)
+                if task is None or task.done():
+                    others = {name: m for name, m in self._fleet.members.items() if name in running}
+                    task = asyncio.create_task(self._load(model, others), name=f"load {model}")
+                    self._loading[model] = task
+                await asyncio.wait({task}, timeout=hold)  # a client leaving does not stop the load
+            ok = await member.core.gate.wait(hold - (self._mono() - started))
+        finally:
+            self._stats.proxy_held.dec()
+            self._stats.proxy_hold.observe(self._mono() - started)
+        if ok:
+            return None
+        reason = member.core.gate.reason or "the model's restore gate kept closing"
+        log.warning(
+            "proxy_request_held_too_long",
+            model=model,
+            seconds=hold,
+            reason=reason,
+            effect="answered 503 with Retry-After",
+            hint="see the router's log for the model's load; raise --proxy-hold-seconds for slow loads",
+        )
+        return relay.error(
+            503,
+            f"model {model!r} is not ready after {hold:g} s: {reason}. Retry later.",
+            "unavailable_error",
+            headers={"Retry-After": str(self._settings.proxy.retry_after)},
+        ), routes.Outcome.HELD_TIMEOUT
+
+    async def _load(self, model: str, others: Mapping[str, fleet.Member]) -> None:
+        """Save the running models' changed slots, then have the router load ``model``.
+
+        The router refuses a load (500 "model limit reached") while every model
+        that would have to make room is in the middle of a call, the sidecar's
+        own polls included: the load is asked again every :data:`LOAD_RETRY`
+        seconds until ``--proxy-hold-seconds`` have passed.
+        """
+        await self._save_before_swap(model, others)
+        deadline = self._mono() + self._settings.proxy.hold_seconds
+        said = False
+        while True:
+            try:
+                await self._client.load_model(model)
+            except errors.UpstreamRejected as exc:
+                log.info("model_load_not_needed", model=model, answer=str(exc))  # loaded by someone else meanwhile
+                return
+            except errors.UpstreamError as exc:
+                if isinstance(exc, errors.UpstreamUnavailable) and exc.status is not None and self._mono() < deadline:
+                    if not said:
+                        said = True
+                        log.info("model_load_deferred", model=model, answer=str(exc), effect="asked again shortly")
+                    await asyncio.sleep(LOAD_RETRY)
+                    continue
+                log.warning("model_load_failed", model=model, error=str(exc), effect="the request waits at the gate")
+                return
+            log.info("model_load_asked", model=model, reason="a completion for it reached the proxy")
+            return
+
+    async def _save_before_swap(self, model: str, others: Mapping[str, fleet.Member]) -> None:
+        for name, member in others.items():
+            log.info(
+                "model_saving_before_swap",
+                model=name,
+                loading=model,
+                reason="loading a model may make the router unload this one (--models-max): its KV would be lost",
+            )
+            try:
+                async with asyncio.timeout(self._settings.snapshots.final_timeout):
+                    await member.core.final_snapshots()
+            except TimeoutError:
+                log.warning(
+                    "model_save_before_swap_timeout", model=name, seconds=self._settings.snapshots.final_timeout
+                )

@@ -1,0 +1,176 @@
+"""One engine per model of a router-mode llama-server, started and stopped as the router's list changes.
+
+Each model gets what a plain llama-server gets: a :class:`poller.Poller`
+and an :class:`engine.Engine`, over a client bound to that model (every
+call with ``?model=NAME&autoload=false``, so watching never loads a model)
+and a view of the snapshot store holding only that model's files. An
+unloaded model's engine sees its server down; when the router loads the
+model again, the engine sees a new process with empty slots and restores
+the model's last snapshots, as after a restart. Every
+:data:`LIST_EVERY` seconds the fleet reads ``GET /models`` and
+:func:`plan.decide` says which engines to start and stop.
+
+The fleet is also the HTTP layer's :class:`report.StatusSource`: its
+status is the router's (its /health) merged with every engine's progress,
+so /healthz notices any stuck engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+from collections.abc import Sequence
+
+import structlog
+
+from sidecar import config, engine, errors, events, metrics, poller, protocols, report, restorer, store, upstream
+from sidecar.proxy import gate
+from sidecar.router import plan
+
+log = structlog.get_logger("sidecar.router")
+
+MAX_MODELS = 32
+"""Most models watched at once: bounds the engines, the polls and the ``model`` label's values."""
+
+
+@dataclasses.dataclass(slots=True)
+class Member:
+    """One model's engine and the tasks that run it."""
+
+    model: str
+    core: engine.Engine
+    tasks: tuple[asyncio.Task[None], ...] = ()
+
+
+class Fleet:
+    def __init__(
+        self,
+        *,
+        client: upstream.LlamaClient,
+        snapshots: store.SnapshotStore,
+        stats: metrics.Metrics,
+        settings: config.Settings,
+        clock: protocols.Clock,
+        weights: poller.Weights | None = None,
+    ) -> None:
+        self._client = client
+        self._snapshots = snapshots
+        self._stats = stats
+        self._settings = settings
+        self._clock = clock
+        self._weights = weights
+        self.members: dict[str, Member] = {}
+        self._router: events.Observation | None = None
+        self._listed_at = clock.monotonic()
+        self._left_out: tuple[str, ...] = ()
+        self._group: asyncio.TaskGroup | None = None
+        self.gate = gate.Gate(mono=clock.monotonic)
+        """The proxy's gate for the router itself: open while its /health answers ok (each model has its own)."""
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Follow the router's model list until cancelled; engines run in a task group of their own."""
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            while True:
+                await self.step()
+                await asyncio.sleep(self._settings.poll.interval)
+
+    async def step(self) -> None:
+        """Read the router's health and model list once, and start or stop engines to match."""
+        at = self._clock.monotonic()
+        health, problem = await self._client.health()
+        self._router = events.Observation(at=at, health=health, problem=problem)
+        self._listed_at = at
+        self._stats.server_up.set(1 if health is events.Health.OK else 0)
+        if health is not events.Health.OK:
+            self.gate.close(f"the router is {health.value}: {problem}")
+            return
+        self.gate.open(seen_at=at)  # the engines see their models down on their own; the list is kept as it was
+        try:
+            listed = await self._client.models()
+        except errors.UpstreamError as exc:
+            log.warning("router_models_unreadable", error=str(exc), effect="the engines running stay as they are")
+            return
+        decided = plan.decide(listed, self.members, limit=MAX_MODELS)
+        for model in decided.stop:
+            await self._stop(model)
+        for model in decided.start:
+            self._start(model)
+        if decided.left_out != self._left_out:
+            self._left_out = decided.left_out
+            if decided.left_out:
+                log.warning(
+                    "router_models_left_out",
+                    models=list(decided.left_out),
+                    effect=f"the sidecar watches at most {MAX_MODELS} models; these get no snapshots",
+                    hint="list fewer models in the router's --models-dir or --models-preset",
+                )
+
+    def _start(self, model: str) -> None:
+        assert self._group is not None
+        client = self._client.for_model(model, self._settings.upstream)
+        snapshots = self._snapshots.for_model(model)
+        core = engine.Engine(
+            client=client,
+            snapshots=snapshots,
+            stats=self._stats.for_model(model),
+            settings=self._settings,
+            clock=self._clock,
+        )
+        poll = poller.Poller(client, self._settings.poll, clock=self._clock, weights=self._weights)
+        member = Member(model, core)
+        context = contextvars.copy_context()
+        context.run(structlog.contextvars.bind_contextvars, model=model)  # every log line of its engine names it
+        member.tasks = (
+            self._group.create_task(poll.run(core.handle), name=f"poller {model}", context=context),
+            self._group.create_task(core.run(), name=f"actions {model}", context=context),
+        )
+        self.members[model] = member
+        log.info("model_watched", model=model, snapshots=len(snapshots.snapshots()))
+
+    async def _stop(self, model: str) -> None:
+        member = self.members.pop(model)
+        for task in member.tasks:
+            task.cancel()
+        await asyncio.gather(*member.tasks, return_exceptions=True)
+        self._stats.forget_model(model)
+        log.info("model_unwatched", model=model, reason="the router no longer lists it; its snapshots stay on disk")
+
+    async def final_snapshots(self) -> None:
+        """Each model's final snapshots, one model after the other (they share the disk)."""
+        for member in list(self.members.values()):
+            await member.core.final_snapshots()
+
+    # ---- what the HTTP layer reads ---------------------------------------------------------
+
+    def status(self) -> report.Status:
+        """The router's health, with the slowest engine's progress and every engine's last actions."""
+        cores = [m.core.status() for m in self.members.values()]
+        saves = [s.last_snapshot for s in cores if s.last_snapshot is not None]
+        links = [s.link_ok for s in cores if s.link_ok is not None]
+        return report.Status(
+            server_url=self._client.url,
+            observation=self._router,
+            identity=None,
+            link_ok=None if not links else all(links),
+            link_problem="; ".join(s.link_problem for s in cores if s.link_ok is False),
+            last_snapshot=max(saves, key=lambda r: r.at, default=None),
+            last_restore=tuple(r for s in cores for r in s.last_restore),
+            progress_at=min([self._listed_at, *(s.progress_at for s in cores)]),
+            acting=any(s.acting for s in cores),
+        )
+
+    async def save_now(self, slot: int) -> report.SaveReply | None:
+        """Not offered in router mode: a slot number does not say which model's slot."""
+        del slot
+        return None
+
+    async def restore_now(self) -> Sequence[restorer.RestoreRecord]:
+        """A restore round into the empty slots of every loaded model."""
+        done: list[restorer.RestoreRecord] = []
+        for member in list(self.members.values()):
+            done.extend(await member.core.restore_now())
+        return done
