@@ -464,3 +464,12 @@ def test_bad_proxy_numbers_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[
         cli.main(["run", "--slot-dir", str(tmp_path), flag, value])
     assert exit_info.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_shared_store_with_router_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "shared").mkdir()
+    store = f"file://{tmp_path / 'shared'}"
+    assert settings("--slot-dir", str(tmp_path), "--shared-store", store).shared.location is not None
+    assert settings("--slot-dir", str(tmp_path), "--router").upstream.router is True
+    assert cli.main(["run", "--slot-dir", str(tmp_path), "--router", "--shared-store", store]) == 2
+    assert "--shared-store is not offered with --router" in capsys.readouterr().err
