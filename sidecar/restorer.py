@@ -129,6 +129,7 @@ class Restorer:
         done: dict[int, manifest.Manifest] = {}
         records: list[RestoreRecord] = []
         async with self._actions.lock:
+            listed_at = time.perf_counter()
             try:
                 listing = await self._actions.slots()
             except errors.UpstreamError as exc:
@@ -136,7 +137,7 @@ class Restorer:
                 return None
             acted = self._acted
             for view in listing:
-                fresh = view if self._acted == acted else None  # nothing has run since the listing was read
+                fresh = (view, listed_at) if self._acted == acted else None  # nothing has run since the listing
                 record, restored = await self._restore_slot(view.id, fresh, identity, healthy_at, counters)
                 records.append(record)
                 if restored is not None:
@@ -148,14 +149,18 @@ class Restorer:
     async def _restore_slot(
         self,
         slot: int,
-        fresh: events.SlotView | None,
+        fresh: tuple[events.SlotView, float] | None,
         identity: events.Identity,
         healthy_at: float | None,
         counters: events.Counters | None,
     ) -> tuple[RestoreRecord, manifest.Manifest | None]:
-        """Restore ``slot``; ``fresh`` is a view of it read just before, with nothing run since (else None)."""
-        started = time.perf_counter()
-        view, problem = (fresh, "") if fresh is not None else await self._read(slot)
+        """Restore ``slot``; ``fresh``: a view of it and when its read began, nothing run since (else None)."""
+        view: events.SlotView | None
+        if fresh is not None:
+            (view, started), problem = fresh, ""
+        else:
+            started = time.perf_counter()
+            view, problem = await self._read(slot)
         if view is None:
             return self._count(slot, Outcome.FAILED, problem), None
         plan = policy.plan_restore(view, self._snapshots.snapshots(slot), identity)
