@@ -3,8 +3,8 @@
 Per setup, one llama-server (`-np 1`) holds a conversation and a sidecar
 (`--admin-token`) saves it as a snapshot. Then, `reps` times:
 
-* **after a restart**: the server is killed (SIGKILL) and started again;
-  the sidecar checks the snapshot (size, checksum) while the server loads
+* **after a restart**: the server is killed (SIGKILL) and, once the sidecar
+  has seen it down, started again; the sidecar checks the snapshot (size, checksum) while the server loads
   (`snapshots_prechecked`) and restores it once the server is healthy. Its
   `slot_restored` log line gives `path_seconds`: from its read of the slot
   to the end of the restore call (what stands between a healthy server and
@@ -46,6 +46,8 @@ from bench.beds import llamabed, sidecarbed
 LARGE_BYTES = 200_000_000
 """The large setup's snapshot holds at least this many bytes."""
 ADMIN_TOKEN = "bench-restore-token"
+GROW_LIMIT = 65536
+"""Context of the server that grows the large conversation."""
 STEP = 8192
 """Most tokens a growing turn adds."""
 SEED_FILE = "bench-restore-seed.bin"
@@ -121,21 +123,23 @@ def _save_size(server: llamabed.LlamaServer, slot_dir: Path) -> int:
     return (slot_dir / SEED_FILE).stat().st_size
 
 
-def _grow(bed: rig.Rig, slot_dir: Path, setup: Setup, say: rig.Say) -> tuple[llamabed.LlamaServer, int]:
-    """Prefill a conversation until its snapshot holds `setup.min_bytes`; returns the server and its tokens.
+def _grow(bed: rig.Rig, slot_dir: Path, setup: Setup, say: rig.Say) -> tuple[llamabed.LlamaServer, int, str]:
+    """Prefill a conversation until its snapshot holds `setup.min_bytes`; returns the server, tokens, prompt.
 
     Two short turns give the size per token; the conversation then grows towards the estimate by
     at most `STEP` tokens a turn (each prompt shares its prefix with the turn before, so only the
     new part is prefilled, and no request runs for many minutes).
     """
-    limit = 65536
+    limit = GROW_LIMIT
     server = _server(bed, slot_dir, setup, limit)
     probe = llamabed.make_prompt(server.url, limit - 1024, seed=41)
     words = probe.split(" ")
 
+    texts: list[str] = []
+
     def turn(share: float) -> tuple[int, int]:
-        text = " ".join(words[: max(16, int(len(words) * share))])
-        answer = llamabed.complete(server.url, text, n_predict=1, id_slot=0)
+        texts.append(" ".join(words[: max(16, int(len(words) * share))]))
+        answer = llamabed.complete(server.url, texts[-1], n_predict=1, id_slot=0)
         return int(answer["tokens_evaluated"]), _save_size(server, slot_dir)
 
     t1, b1 = turn(setup.tokens / limit)
@@ -151,7 +155,20 @@ def _grow(bed: rig.Rig, slot_dir: Path, setup: Setup, say: rig.Say) -> tuple[lla
         say(f"  {setup.name}: {tokens:,} tokens, {size / 1e6:.0f} MB ({time.monotonic() - started:.0f} s)")
         if share >= 1.0 and size < setup.min_bytes:
             raise rig.BenchError(f"{limit} tokens give only {size:,} bytes, below {setup.min_bytes:,}")
-    return server, tokens
+    return server, tokens, texts[-1]
+
+
+def _prompt_of(url: str, tokens: int) -> str:
+    """The prefix of `_grow`'s text that holds `tokens` tokens (for a cached file made without its prompt)."""
+    words = llamabed.make_prompt(url, GROW_LIMIT - 1024, seed=41).split(" ")
+    lo, hi = 16, len(words)
+    while lo < hi:  # the fewest words whose text holds at least `tokens` tokens (BOS counted)
+        mid = (lo + hi) // 2
+        if len(llamabed.tokenize(url, " ".join(words[:mid]))) + 1 >= tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    return " ".join(words[:lo])
 
 
 def _make(bed: rig.Rig, slot_dir: Path, setup: Setup, say: rig.Say) -> tuple[llamabed.LlamaServer, int, bool]:
@@ -164,7 +181,8 @@ def _make(bed: rig.Rig, slot_dir: Path, setup: Setup, say: rig.Say) -> tuple[lla
     key = f"{bed.build.split(',')[0]}-{bed.model.stem}-{setup.cache_type}-{setup.min_bytes // 1_000_000}MB"
     cached, meta = _cache_dir() / f"{key}.bin", _cache_dir() / f"{key}.json"
     if cached.exists() and meta.exists():
-        tokens = int(json.loads(meta.read_text())["tokens"])
+        known = json.loads(meta.read_text())
+        tokens = int(known["tokens"])
         server = _server(bed, slot_dir, setup, tokens + 1024)
         shutil.copyfile(cached, slot_dir / SEED_FILE)
         try:
@@ -173,11 +191,16 @@ def _make(bed: rig.Rig, slot_dir: Path, setup: Setup, say: rig.Say) -> tuple[lla
             say(f"  {setup.name}: the cached conversation did not restore ({exc}); making it again")
         else:
             if int(done["n_restored"]) >= tokens:
-                return server, tokens, True
-    server, tokens = _grow(bed, slot_dir, setup, say)
+                # A restore is no task: /slots shows the slot empty until one runs. The conversation's
+                # own prompt runs on the restored KV (cache_n about all of it) and the sidecar sees it.
+                prompt = str(known.get("prompt") or _prompt_of(server.url, tokens))
+                meta.write_text(json.dumps({**known, "prompt": prompt}))
+                answer = llamabed.complete(server.url, prompt, n_predict=1, id_slot=0)
+                return server, int(answer["tokens_evaluated"]), True
+    server, tokens, prompt = _grow(bed, slot_dir, setup, say)
     cached.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(slot_dir / SEED_FILE, cached)
-    meta.write_text(json.dumps({"tokens": tokens, "bytes": cached.stat().st_size}))
+    meta.write_text(json.dumps({"tokens": tokens, "bytes": cached.stat().st_size, "prompt": prompt}))
     return server, tokens, False
 
 
@@ -215,7 +238,11 @@ def _after_restart(server: llamabed.LlamaServer, side: sidecarbed.SidecarProcess
     """Kill -9 and start the server; (path ms, call ms, precheck ms) of the sidecar's restore."""
     seen = len(side.log_events("slot_restored"))
     checks = len(side.log_events("snapshots_prechecked"))
+    down = len(side.log_events("server_unreachable"))
     server.kill()
+    # Start it again once the sidecar has seen it down, as after a crash: it checks the files while
+    # the server loads. (A restart between two polls leaves the check to the round: section 2 has those.)
+    side.wait_for(lambda: len(side.log_events("server_unreachable")) > down, timeout=30, what="server_unreachable")
     server.start()
     server.wait_healthy(timeout=300)
     entry = side.wait_for(lambda: _nth(side, "slot_restored", seen), timeout=120, what="slot_restored")
