@@ -1,7 +1,8 @@
 """`python -m bench`: run the benchmarks, print tables, write a PNG and a JSON.
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
-footprint, scaling, proxy, library, shared. Progress goes to stderr, results to stdout, ending
+footprint, scaling, proxy, restore, hashing, library, shared. Progress goes to stderr, results to stdout,
+ending
 with one verdict line per goal (MET, MISSED or NO VERDICT, with the figures).
 The exit status is 1 when a goal was missed.
 """
@@ -19,14 +20,16 @@ from typing import Any
 
 from bench import REPO_ROOT, goals, machine, plot, rig, scaling
 from bench import footprint as footprint_mod
+from bench import hashing as hashing_mod
 from bench import library as library_mod
 from bench import proxy as proxy_mod
 from bench import restart as restart_mod
+from bench import restore as restore_mod
 from bench import shared_store as shared_mod
 from bench import stall as stall_mod
 from bench import ttft as ttft_mod
 
-SECTIONS = ("ttft", "restart", "stall", "footprint", "scaling", "proxy", "library", "shared")
+SECTIONS = ("ttft", "restart", "stall", "footprint", "scaling", "proxy", "restore", "hashing", "library", "shared")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,6 +46,8 @@ class Plan:
     footprint_seconds: float
     file_mib: int
     hash_reps: int
+    restore_reps: int
+    checksum_mib: int
 
 
 def plan(ns: argparse.Namespace) -> Plan:
@@ -65,6 +70,8 @@ def plan(ns: argparse.Namespace) -> Plan:
         footprint_seconds=6.0 if quick else 30.0,
         file_mib=128 if quick else 1024,
         hash_reps=2 if quick else 3,
+        restore_reps=3 if quick else 7,
+        checksum_mib=128 if quick else 256,
     )
 
 
@@ -163,14 +170,24 @@ def main(argv: list[str] | None = None) -> int:
             "6. Proxy (--proxy-listen): added latency and streamed token gaps",
             lambda: proxy_mod.measure(bed, quick=bool(ns.quick), say=say),
         )
+        results.restores = section(
+            "restore",
+            "7. Restore path: the sidecar's restore (check + call) vs the server's own restore call",
+            lambda: _restore(bed, p, quick=bool(ns.quick)),
+        )
+        results.checksums = section(
+            "hashing",
+            "8. Checksum vs disk read, and the cost of a commit",
+            lambda: _hashing(bed, p),
+        )
         library = section(
             "library",
-            "7. Conversation library: TTFT per turn, N conversations on 2 slots, vs llama-server alone",
+            "9. Conversation library: TTFT per turn, N conversations on 2 slots, vs llama-server alone",
             lambda: library_mod.measure(bed, quick=bool(ns.quick), say=say),
         )
         section(
             "shared",
-            "8. Shared store: S3 clients on an object up and down (python -m bench.shared_store)",
+            "10. Shared store: S3 clients on an object up and down (python -m bench.shared_store)",
             lambda: shared_mod.measure(mib=64 if ns.quick else 200, reps=1 if ns.quick else 2, say=say),
         )
     finally:
@@ -235,9 +252,13 @@ def _stall(bed: rig.Rig, p: Plan) -> tuple[list[stall_mod.Condition], str]:
         f"slot 1 holds ~{p.stall_tokens:,} tokens and grows every {p.stall_period} s; "
         f"{p.stall_rounds} x {p.stall_seconds:.0f} s per condition, alternating; -np 2\n\n"
     )
-    ratio = stall_mod.p99_ratio(conds)
+    direct = stall_mod.p99_ratio(conds, stall_mod.DIRECT, stall_mod.SIDECAR)
+    held = stall_mod.p99_ratio(conds, stall_mod.NONE, stall_mod.HELD)
     body = stall_mod.windows_table(conds) + "\n\n" + stall_mod.table(conds)
-    return conds, head + body + f"\n\np99 with sidecar / without (kept rounds): {ratio:.3f}"
+    return conds, head + body + (
+        f"\n\np99, kept rounds: sidecar (hold off) / bench's direct saves {direct:.3f}; "
+        f"sidecar (defaults: hold) / no saves {held:.3f}"
+    )
 
 
 def _footprint(bed: rig.Rig, p: Plan) -> tuple[list[footprint_mod.State], str]:
@@ -260,6 +281,23 @@ def _scaling(bed: rig.Rig, p: Plan, points: list[ttft_mod.Point] | None) -> tupl
     biggest = max((pt.io.bytes for pt in points), default=45_000_000) if points else 45_000_000
     parts.append(scaling.rates_table(rates, snapshot_bytes=biggest, file_mib=p.file_mib, reps=p.hash_reps))
     return rates, "\n\n".join(parts)
+
+
+def _restore(bed: rig.Rig, p: Plan, *, quick: bool) -> tuple[list[restore_mod.Measure], str]:
+    measures = restore_mod.run(bed, quick=quick, reps=p.restore_reps, say=say)
+    head = (
+        f"-np 1; the slot erased before each restore; {p.restore_reps} of each, alternating, medians; "
+        "the sidecar's POST /restore: /slots reads + checksum + the server's restore call\n\n"
+    )
+    return measures, head + restore_mod.table(measures)
+
+
+def _hashing(bed: rig.Rig, p: Plan) -> tuple[hashing_mod.Checksums, str]:
+    found = hashing_mod.measure(bed.work, mib=p.checksum_mib, reps=p.hash_reps)
+    head = (
+        f"a {p.checksum_mib} MiB file in the bench's scratch dir (the slot dirs' filesystem), best of {p.hash_reps}\n\n"
+    )
+    return found, head + hashing_mod.report(found)
 
 
 if __name__ == "__main__":

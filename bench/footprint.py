@@ -2,10 +2,13 @@
 
 Read from `/proc/<pid>/task/*/schedstat` (on-CPU time of all threads, over a
 window) and `/proc/<pid>/status` (VmRSS, VmHWM), for the sidecar and for
-llama-server, in four states:
+llama-server (`-np 2`), in five states:
 
 * server idle, sidecar at the default `--poll-interval 1.0`;
-* server streaming tokens on a slot, sidecar at 1.0;
+* server streaming tokens on slot 0, sidecar at 1.0;
+* under load: server streaming on slot 0 while slot 1 grows every 3.5 s and
+  the sidecar (`--save-hold-seconds 0`) saves it after each change: polls,
+  checksum and fdatasync of each new file;
 * server idle, sidecar at `--poll-interval 0.25`;
 * server down (killed), the sidecar polling `/health` every 0.25 s.
 
@@ -13,7 +16,8 @@ CPU share is CPU seconds per wall second: 1.0 is one core busy. Beside the
 sidecar, in the same window, runs a bare asyncio loop that only sleeps for
 the same interval: what any Python process waking that often costs on this
 machine (on some virtual machines each wake-up after an idle second costs
-milliseconds). The sidecar's own work per poll is the difference.
+milliseconds). The sidecar's own work per poll is the difference. Both CPU
+and RSS are also given as ratios to llama-server's in the same window.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 import threading
 import time
 
-from bench import client, rig
+from bench import client, rig, stall
 from bench.beds import llamabed, sidecarbed, wait
 
 BARE_LOOP = """
@@ -55,6 +59,16 @@ class State:
     @property
     def net_ms_per_poll(self) -> float:
         return (self.sidecar_cpu - self.bare_cpu) * 1000 / self.polls_per_s
+
+    @property
+    def cpu_share(self) -> float | None:
+        """Sidecar CPU over llama-server CPU in the same window (None: server down or idle at 0)."""
+        return self.sidecar_cpu / self.server_cpu if self.server_cpu else None
+
+    @property
+    def rss_share(self) -> float | None:
+        """Sidecar RSS over llama-server RSS (None: server down)."""
+        return self.sidecar_rss / self.server_rss if self.server_rss else None
 
 
 def sample(
@@ -90,14 +104,21 @@ def sample(
     )
 
 
+STREAMING = "server streaming, poll 1.0 s"
+SAVING = "server streaming, sidecar saving slot 1 (hold off)"
+
+
 def run(bed: rig.Rig, *, seconds: float, say: rig.Say) -> list[State]:
     slot_dir = bed.slot_dir("footprint")
-    server = bed.server(slot_dir=slot_dir, n_slots=1, ctx_size=8192)
+    server = bed.server(slot_dir=slot_dir, n_slots=2, ctx_size=8192)
     llamabed.complete(server.url, llamabed.make_prompt(server.url, 1024, seed=21), n_predict=1, id_slot=0)
+    convo = [llamabed.make_prompt(server.url, 2048, seed=22)]
+    llamabed.complete(server.url, convo[0], n_predict=1, id_slot=1)
     states = []
 
     side = bed.sidecar(server, slot_dir)
     side.wait_for(lambda: rig.snapshot_of(side, 0, 512), timeout=60, what="snapshot")
+    side.wait_for(lambda: rig.snapshot_of(side, 1, 1024), timeout=60, what="snapshot")
     client.settle(side)
     states.append(sample("server idle, poll 1.0 s", side, server, seconds=seconds, polls=1.0))
     say(f"  {states[-1].name}: sidecar {states[-1].sidecar_cpu * 100:.2f}% of a core")
@@ -106,10 +127,28 @@ def run(bed: rig.Rig, *, seconds: float, say: rig.Say) -> list[State]:
     streamer = threading.Thread(target=client.stream, args=(server.port, seconds + 4, times), daemon=True)
     streamer.start()
     wait.wait_until(lambda: len(times) >= 2, timeout=120, what="first streamed tokens")
-    states.append(sample("server streaming, poll 1.0 s", side, server, seconds=seconds, polls=1.0))
+    states.append(sample(STREAMING, side, server, seconds=seconds, polls=1.0))
     say(f"  {states[-1].name}: sidecar {states[-1].sidecar_cpu * 100:.2f}% of a core")
     streamer.join(timeout=120)
     rig.wait_idle(server.url)
+    client.settle(side)
+    side.kill()
+
+    side = bed.sidecar(server, slot_dir, **{"--save-hold-seconds": "0"})
+    client.settle(side)
+    saves_before = len(side.log_events("snapshot_committed"))
+    traffic = threading.Thread(
+        target=stall.window,
+        args=(server, convo),
+        kwargs={"seconds": seconds + 8, "period": 3.5, "save_after": None, "save_ms": []},
+        daemon=True,
+    )
+    traffic.start()
+    time.sleep(4.0)  # the stream has started and slot 1 changed once
+    states.append(sample(SAVING, side, server, seconds=seconds, polls=1.0))
+    traffic.join(timeout=seconds + 120)
+    saves = len(side.log_events("snapshot_committed")) - saves_before
+    say(f"  {states[-1].name}: sidecar {states[-1].sidecar_cpu * 100:.2f}% of a core, {saves} saves")
     client.settle(side)
     side.kill()
 
@@ -139,6 +178,8 @@ def table(states: list[State]) -> str:
             f"{s.sidecar_hwm / mib:.1f}",
             "-" if s.server_cpu is None else f"{s.server_cpu * 100:.1f}",
             "-" if s.server_rss is None else f"{s.server_rss / mib:.0f}",
+            "-" if s.cpu_share is None else f"{s.cpu_share:.2%}",
+            "-" if s.rss_share is None else f"{s.rss_share:.1%}",
         ]
         for s in states
     ]
@@ -152,5 +193,7 @@ def table(states: list[State]) -> str:
         "peak MiB",
         "server CPU %",
         "server RSS MiB",
+        "CPU vs server",
+        "RSS vs server",
     ]
     return rig.table(headers, rows)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import os
@@ -108,7 +109,31 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def run(work: Path, *, mib: int, reps: int) -> str:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Checksums:
+    """One run of :func:`measure`; throughputs in MB/s, times in seconds."""
+
+    mb: float
+    """Size of the file hashed and read."""
+    memory: dict[str, float]
+    """Hash over memory (the CPU bound), per hash."""
+    cached: dict[str, float]
+    """Hash of the file from the page cache, per hash."""
+    direct: float
+    """Sequential read with O_DIRECT (nan when refused)."""
+    direct_note: str
+    cold: float
+    """Buffered read after evicting the file."""
+    commits: dict[str, tuple[float, float]]
+    """(wall, CPU) of each way to commit a file just written."""
+
+    @property
+    def current(self) -> float:
+        """The sidecar's checksum (xxh3-128) of a file in the page cache over the disk's O_DIRECT read."""
+        return self.cached[ALGORITHM] / self.direct
+
+
+def measure(work: Path, *, mib: int, reps: int) -> Checksums:
     block = os.urandom(16 << 20)
     path = work / "bench-hashing.bin"
     _write(path, block, mib)
@@ -135,19 +160,10 @@ def run(work: Path, *, mib: int, reps: int) -> str:
             direct, direct_note = float("nan"), f"O_DIRECT refused: {exc}"
         cold = mb / diskread.best(lambda: diskread.read_cold(path), reps)
         files["xxh3-128"]()  # warm the page cache again
-        rows = []
-        for name, work_fn in cpu.items():
-            in_memory = len(memory) / 1e6 / diskread.best(functools.partial(_timed, work_fn), reps)
-            cached = mb / diskread.best(functools.partial(_timed, files[name]), reps)
-            rows.append([name, f"{in_memory:,.0f}", f"{cached:,.0f}", f"{cached / direct:.2f}x"])
-        hashes = _table(["hash", "MB/s memory", "MB/s file, page cache", "vs O_DIRECT read"], rows)
-        reads = _table(
-            ["disk read", "MB/s", ""],
-            [
-                ["sequential, O_DIRECT, 8 MiB", f"{direct:,.0f}", direct_note],
-                ["sequential, buffered, cache dropped", f"{cold:,.0f}", ""],
-            ],
-        )
+        in_memory = {
+            name: len(memory) / 1e6 / diskread.best(functools.partial(_timed, fn), reps) for name, fn in cpu.items()
+        }
+        cached = {name: mb / diskread.best(functools.partial(_timed, fn), reps) for name, fn in files.items()}
 
         def commit(how: Callable[[Path], object]) -> tuple[float, float]:
             """Best wall time and best CPU time (all threads of this process) of a commit."""
@@ -160,24 +176,51 @@ def run(work: Path, *, mib: int, reps: int) -> str:
             return min(walls), min(cpus)
 
         commits = {
-            "previous: sha256 + fsync": commit(_commit_previous),
+            PREVIOUS_COMMIT: commit(_commit_previous),
             "xxh3-128 + fsync": commit(_commit_xxh3_fsync),
-            "current: xxh3-128 + fdatasync": commit(hashing.digest_and_sync),
+            CURRENT_COMMIT: commit(hashing.digest_and_sync),
             "xxh3-128 + fdatasync + fadvise(DONTNEED)": commit(_commit_dropping_cache),
             "xxh3-128 while fdatasync runs in a thread": commit(_commit_overlapped),
         }
-        wall_now, cpu_now = commits["current: xxh3-128 + fdatasync"]
-        commit_rows = [
-            [name, f"{wall * 1000:,.0f}", f"{wall / wall_now:.2f}x", f"{cpu * 1000:,.0f}", f"{cpu / cpu_now:.2f}x"]
-            for name, (wall, cpu) in commits.items()
-        ]
-        commit_table = _table(
-            [f"commit of a {mb:.0f} MB file just written", "wall ms", "vs current", "CPU ms", "vs current"],
-            commit_rows,
-        )
     finally:
         path.unlink(missing_ok=True)
+    return Checksums(mb, in_memory, cached, direct, direct_note, cold, commits)
+
+
+PREVIOUS_COMMIT = "previous: sha256 + fsync"
+CURRENT_COMMIT = "current: xxh3-128 + fdatasync"
+ALGORITHM = str(hashing.CURRENT)
+"""The sidecar's checksum of new snapshots."""
+
+
+def report(c: Checksums) -> str:
+    """The three tables: hashes, disk reads, commits."""
+    rows = [
+        [name, f"{c.memory[name]:,.0f}", f"{c.cached[name]:,.0f}", f"{c.cached[name] / c.direct:.2f}x"]
+        for name in c.memory
+    ]
+    hashes = _table(["hash", "MB/s memory", "MB/s file, page cache", "vs O_DIRECT read"], rows)
+    reads = _table(
+        ["disk read", "MB/s", ""],
+        [
+            ["sequential, O_DIRECT, 8 MiB", f"{c.direct:,.0f}", c.direct_note],
+            ["sequential, buffered, cache dropped", f"{c.cold:,.0f}", ""],
+        ],
+    )
+    wall_now, cpu_now = c.commits[CURRENT_COMMIT]
+    commit_rows = [
+        [name, f"{wall * 1000:,.0f}", f"{wall / wall_now:.2f}x", f"{cpu * 1000:,.0f}", f"{cpu / cpu_now:.2f}x"]
+        for name, (wall, cpu) in c.commits.items()
+    ]
+    commit_table = _table(
+        [f"commit of a {c.mb:.0f} MB file just written", "wall ms", "vs current", "CPU ms", "vs current"],
+        commit_rows,
+    )
     return f"{hashes}\n\n{reads}\n\n{commit_table}\n"
+
+
+def run(work: Path, *, mib: int, reps: int) -> str:
+    return report(measure(work, mib=mib, reps=reps))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -47,7 +47,7 @@ def _restart(ax: Axes, samples: list[restart.Sample], poll: float) -> None:
     series = {
         "healthy → restored": [s.healthy_to_restored_s * 1000 for s in samples],
         "sidecar since_healthy": [s.since_healthy_s * 1000 for s in samples],
-        "checksum + call": [s.call_s * 1000 for s in samples],
+        "slot read + call": [s.call_s * 1000 for s in samples],
         "server restore_ms": [s.server_ms for s in samples],
     }
     ax.boxplot(list(series.values()), tick_labels=list(series.keys()), showfliers=True)
@@ -61,7 +61,7 @@ def _restart(ax: Axes, samples: list[restart.Sample], poll: float) -> None:
 
 
 def _stall(ax: Axes, conds: list[stall.Condition]) -> None:
-    for cond, color in zip(conds, ("tab:blue", "tab:gray", "tab:orange"), strict=False):
+    for cond, color in zip(conds, ("tab:blue", "tab:gray", "tab:orange", "tab:green"), strict=False):
         gaps = sorted(cond.gaps_ms)
         if not gaps:
             continue

@@ -57,7 +57,9 @@ class Rig:
         path.mkdir(parents=True)
         return path
 
-    def server(self, *, slot_dir: Path, n_slots: int, ctx_size: int) -> llamabed.LlamaServer:
+    def server(
+        self, *, slot_dir: Path, n_slots: int, ctx_size: int, extra_args: Sequence[str] = ()
+    ) -> llamabed.LlamaServer:
         """Start a llama-server (killing any earlier one) and wait until it is healthy."""
         for old in self._servers:
             old.kill()
@@ -69,6 +71,7 @@ class Rig:
             ctx_size=ctx_size,
             log_dir=self.log_dir,
             threads=self.threads,
+            extra_args=list(extra_args),
         )
         self._servers.append(server)
         server.start()

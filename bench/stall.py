@@ -2,13 +2,21 @@
 
 llama-server runs slot saves on its main loop, so every slot waits while
 one is written. Here a client streams tokens on slot 0 (`"stream": true`)
-while slot 1's conversation grows by a few words every `period` seconds,
-which the sidecar's default policy (save once idle for 2 s) answers with a
-snapshot of slot 1 after each change. Three conditions with the same
-slot-1 traffic alternate, one window each per round, so drift in the
-machine's load hits all of them: no sidecar (the baseline), the bench
-itself saving slot 1 2.5 s after each change (the server's own cost of a
-save, without the sidecar's process), and the sidecar with its defaults.
+while slot 1's conversation grows by a few words every `period` seconds.
+Four conditions with the same slot-1 traffic alternate, one window each per
+round, so drift in the machine's load hits all of them:
+
+* no sidecar (the baseline: no saves);
+* the bench itself saving slot 1 2.5 s after each change (the server's own
+  cost of a save, without the sidecar's process);
+* the sidecar with `--save-hold-seconds 0`: it saves slot 1 once idle 2 s
+  after each change, while slot 0 generates: the same saves as the bench's,
+  plus the sidecar's own work (polls, checksum, fdatasync);
+* the sidecar with its defaults: it holds those saves while slot 0 is
+  processing and takes them once the stream ends (counted after the window).
+
+For every save: whether it landed during slot 0's generation (tokens were
+streamed before and after it).
 
 Measured: the gaps between consecutive streamed tokens (the wait for the
 first token, which includes prompt processing, is not a gap). A round whose
@@ -26,11 +34,16 @@ import functools
 import itertools
 import threading
 import time
+from pathlib import Path
 
 from bench import client, rig
 from bench.beds import llamabed, sidecarbed, wait
 
-NONE, DIRECT, SIDECAR = "no sidecar", "bench saves slot 1", "sidecar (defaults)"
+NONE, DIRECT, SIDECAR, HELD = "no sidecar", "bench saves slot 1", "sidecar, hold off", "sidecar (defaults: hold)"
+SIDECARS = {SIDECAR: {"--save-hold-seconds": "0"}, HELD: {}}
+"""The sidecar's conditions and their options."""
+HELD_SAVE_WAIT = 60.0
+"""After a window with the hold, how long the bench waits for the held save to land."""
 DIRECT_SAVE_AFTER = 2.5
 """The bench's own save follows a change after about as long as the sidecar's would (idle 2 s + poll)."""
 DISTURBED = 1.5
@@ -46,6 +59,10 @@ class Window:
     changes: int
     pressure: float | None
     """CPU pressure (PSI avg10, %) at the window's end."""
+    during_generation: int = 0
+    """Saves that landed while slot 0 streamed (tokens before and after the save)."""
+    after_stream: int = 0
+    """Held saves that landed once the stream had ended (sidecar with the hold)."""
     kept: bool = True
     disturbed: bool = False
 
@@ -78,6 +95,14 @@ class Condition:
     @property
     def changes(self) -> int:
         return sum(w.changes for w in self._kept())
+
+    @property
+    def during_generation(self) -> int:
+        return sum(w.during_generation for w in self._kept())
+
+    @property
+    def after_stream(self) -> int:
+        return sum(w.after_stream for w in self._kept())
 
 
 def window(
@@ -120,18 +145,20 @@ def window(
 
 
 def run(bed: rig.Rig, *, base_tokens: int, seconds: float, rounds: int, period: float, say: rig.Say) -> list[Condition]:
-    """Three conditions: no saves, the bench saving slot 1 itself, the sidecar (defaults)."""
+    """Four conditions: no saves, the bench saving slot 1 itself, the sidecar without and with the hold."""
     slot_dir = bed.slot_dir("stall")
     server = bed.server(slot_dir=slot_dir, n_slots=2, ctx_size=8192)
     convo = [llamabed.make_prompt(server.url, base_tokens, seed=11)]
     llamabed.complete(server.url, convo[0], n_predict=1, id_slot=1)
-    conds = [Condition(NONE), Condition(DIRECT), Condition(SIDECAR)]
+    conds = [Condition(NONE), Condition(DIRECT), Condition(SIDECAR), Condition(HELD)]
     for r in range(rounds):
         for cond in conds:
-            side = bed.sidecar(server, slot_dir) if cond.name == SIDECAR else None
+            side = bed.sidecar(server, slot_dir, **SIDECARS[cond.name]) if cond.name in SIDECARS else None
             if side is not None:
                 side.wait_for(
-                    functools.partial(rig.snapshot_of, side, 1, base_tokens // 2), timeout=120, what="slot 1 saved"
+                    functools.partial(_slot1_saved, side, slot_dir, base_tokens // 2),
+                    timeout=120,
+                    what="slot 1 saved",
                 )
                 client.settle(side)
             start, end, times, saves, changes = window(
@@ -142,16 +169,22 @@ def run(bed: rig.Rig, *, base_tokens: int, seconds: float, rounds: int, period: 
                 save_after=DIRECT_SAVE_AFTER if cond.name == DIRECT else None,
                 save_ms=cond.save_server_ms,
             )
+            after = 0
             if side is not None:
                 saves = _sidecar_saves(side, cond, start, end)
+                if cond.name == HELD and changes:
+                    after = _held_saves(side, end)
                 side.kill()
             (slot_dir / "bench-direct.bin").unlink(missing_ok=True)
             gaps = [(b - a) * 1000 for a, b in itertools.pairwise(times)]
-            cond.windows.append(Window(r + 1, gaps, len(saves), _holding(saves, times), changes, rig.cpu_pressure()))
-            w = cond.windows[-1]
+            w = Window(r + 1, gaps, len(saves), _holding(saves, times), changes, rig.cpu_pressure())
+            w.during_generation = sum(1 for began, ended in saves if _during(began, ended, times))
+            w.after_stream = after
+            cond.windows.append(w)
             say(
                 f"  round {r + 1}/{rounds} {cond.name}: {len(times)} tokens, p50 gap {w.p50:.1f} ms, "
-                f"p99 {rig.percentile(gaps, 99):.1f} ms, {w.saves} saves"
+                f"p99 {rig.percentile(gaps, 99):.1f} ms, {w.saves} saves ({w.during_generation} during generation"
+                + (f", {after} after the stream)" if cond.name == HELD else ")")
             )
     server.kill()
     drop_disturbed(conds)
@@ -165,10 +198,34 @@ def _sidecar_saves(
     spans = []
     for entry in side.log_events("snapshot_committed"):
         done = rig.log_time(entry)
-        if start <= done <= end:
+        if entry.get("slot") == 1 and start <= done <= end:
             cond.save_server_ms.append(float(entry.get("server_ms") or 0.0))
             spans.append((done - float(entry.get("seconds") or 0.0), done))
     return spans
+
+
+def _slot1_saved(side: sidecarbed.SidecarProcess, slot_dir: Path, min_tokens: int) -> bool:
+    """Slot 1 saved by this sidecar, or by the one before (a snapshot in the slot dir)."""
+    mine = rig.snapshot_of(side, 1, min_tokens) is not None
+    return mine or any(name.startswith("slot1-") for name in sidecarbed.manifests(slot_dir))
+
+
+def _held_saves(side: sidecarbed.SidecarProcess, end: float) -> int:
+    """Wait for the save of slot 1 the hold put off until the stream ended; 1 once it landed."""
+
+    def landed() -> bool:
+        return any(e.get("slot") == 1 and rig.log_time(e) > end for e in side.log_events("snapshot_committed"))
+
+    try:
+        wait.wait_until(landed, timeout=HELD_SAVE_WAIT, what="the held save of slot 1", every=0.2)
+    except wait.TimedOut:
+        return 0
+    return 1
+
+
+def _during(began: float, ended: float, times: list[float]) -> bool:
+    """Whether a save from `began` to `ended` landed while the stream was producing tokens."""
+    return bool(times) and times[0] < ended and began < times[-1]
 
 
 def _holding(saves: list[tuple[float, float]], times: list[float]) -> list[float]:
@@ -213,11 +270,23 @@ def windows_table(conds: list[Condition]) -> str:
                 rig.percentile(w.gaps_ms, 99),
                 max(w.gaps_ms, default=float("nan")),
                 w.saves,
+                w.during_generation,
                 "-" if w.pressure is None else f"{w.pressure:.0f}",
                 "NO (disturbed)" if not w.kept else "yes (disturbed)" if w.disturbed else "yes",
             ]
         )
-    headers = ["round", "condition", "gaps", "p50 ms", "p99 ms", "max ms", "saves", "CPU pressure %", "kept"]
+    headers = [
+        "round",
+        "condition",
+        "gaps",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "saves",
+        "during generation",
+        "CPU pressure %",
+        "kept",
+    ]
     return rig.table(headers, rows, digits=1)
 
 
@@ -235,6 +304,8 @@ def table(conds: list[Condition]) -> str:
                 max(g) if g else float("nan"),
                 c.changes,
                 c.saves,
+                c.during_generation,
+                c.after_stream if c.name == HELD else "-",
                 rig.median(c.save_server_ms),
                 rig.median(c.save_gaps_ms),
                 rig.median(c.save_gaps_ms) - rig.percentile(g, 50),
@@ -249,6 +320,8 @@ def table(conds: list[Condition]) -> str:
         "max ms",
         "slot-1 changes",
         "saves",
+        "during generation",
+        "after the stream",
         "save_ms (server)",
         "longest gap over a save ms",
         "  minus p50 ms",
@@ -265,9 +338,9 @@ def disturbed(conds: list[Condition]) -> bool:
     return any(w.kept and w.disturbed for c in conds for w in c.windows)
 
 
-def p99_ratio(conds: list[Condition]) -> float:
-    """p99 gap with the sidecar over p99 gap with no saves at all."""
-    return rig.percentile(pick(conds, SIDECAR).gaps_ms, 99) / rig.percentile(pick(conds, NONE).gaps_ms, 99)
+def p99_ratio(conds: list[Condition], over: str = NONE, side: str = SIDECAR) -> float:
+    """p99 gap of condition `side` over p99 gap of condition `over` (default: hold off over no saves)."""
+    return rig.percentile(pick(conds, side).gaps_ms, 99) / rig.percentile(pick(conds, over).gaps_ms, 99)
 
 
 def p50_ratio(conds: list[Condition]) -> float:

@@ -119,6 +119,16 @@ OPTIONS: tuple[Option, ...] = (
         parse.number(float),
     ),
     Option(
+        "--save-hold-seconds",
+        "LLAMA_SIDECAR_SAVE_HOLD_SECONDS",
+        ("snapshots.hold_seconds",),
+        "a due save waits for a moment when no other slot is processing (a save stalls every slot), at most "
+        "this many seconds after the slot's oldest unsaved change and never past --snapshot-interval; "
+        "0 = save at once",
+        "SEC",
+        parse.number(float, zero_ok=True),
+    ),
+    Option(
         "--min-tokens",
         "LLAMA_SIDECAR_MIN_TOKENS",
         ("snapshots.min_tokens",),

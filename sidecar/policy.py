@@ -110,12 +110,15 @@ class Policy:
 
         A save stalls every slot of the server; held, it lands between
         generations instead. The hold ends once the slot's oldest unsaved change
-        is ``interval`` old: ``--snapshot-interval`` still bounds what a crash loses.
+        is ``hold_seconds`` old, and never later than ``interval``:
+        ``--snapshot-interval`` still bounds what a crash loses. With
+        ``hold_seconds`` 0 a due save is never held.
         """
         track = self.tracks.get(slot)
-        if track is None:
+        cap = min(self.settings.hold_seconds, self.settings.interval)
+        if track is None or cap <= 0:
             return False
-        return track.dirty_since is None or now - track.dirty_since < self.settings.interval
+        return track.dirty_since is None or now - track.dirty_since < cap
 
     def final(self) -> list[Save]:
         """Saves to take at shutdown: every changed slot worth a file, idle ones first."""

@@ -12,7 +12,10 @@ restore call is kept as small as the server allows:
   the slot read again after; a file that fails a check is quarantined and the
   next older one is tried;
 * the slot is read right before the restore call, and only an idle, empty
-  slot is restored into;
+  slot is restored into; the round's first read of every slot serves as
+  that read until the round has hashed a file or restored a slot (nothing
+  else passes between them), so a round with its files checked ahead reads
+  ``/slots`` once before its first restore call;
 * the slot is read again right after: if its ``id_task`` moved, a request
   ran on it while the call was in flight, the server deferred the restore
   behind it and then replaced that request's KV. That is counted as
@@ -93,6 +96,8 @@ class Restorer:
         self.pending: dict[int, Pending] = {}
         self._checked: dict[str, _Stamp] = {}
         self._verification_off_said = False
+        self._acted = 0
+        """Files hashed and restore calls made: a view read before either is no longer fresh."""
 
     async def precheck(self) -> None:
         """Check the newest good snapshot of every slot now, so the restore round does not hash.
@@ -124,16 +129,19 @@ class Restorer:
         done: dict[int, manifest.Manifest] = {}
         records: list[RestoreRecord] = []
         async with self._actions.lock:
+            listed_at = time.perf_counter()
             try:
-                slot_ids = [v.id for v in await self._actions.slots()]
+                listing = await self._actions.slots()
             except errors.UpstreamError as exc:
                 log.warning("restore_round_postponed", error=str(exc), effect="tried again at the next poll")
                 return None
-            for slot in slot_ids:
-                record, restored = await self._restore_slot(slot, identity, healthy_at, counters)
+            acted = self._acted
+            for view in listing:
+                fresh = (view, listed_at) if self._acted == acted else None  # nothing has run since the listing
+                record, restored = await self._restore_slot(view.id, fresh, identity, healthy_at, counters)
                 records.append(record)
                 if restored is not None:
-                    done[slot] = restored
+                    done[view.id] = restored
         self._checked.clear()
         self.last = records
         return done
@@ -163,9 +171,20 @@ class Restorer:
             return record, after
 
     async def _restore_slot(
-        self, slot: int, identity: events.Identity, healthy_at: float | None, counters: events.Counters | None
+        self,
+        slot: int,
+        fresh: tuple[events.SlotView, float] | None,
+        identity: events.Identity,
+        healthy_at: float | None,
+        counters: events.Counters | None,
     ) -> tuple[RestoreRecord, manifest.Manifest | None]:
-        view, problem = await self._read(slot)
+        """Restore ``slot``; ``fresh``: a view of it and when its read began, nothing run since (else None)."""
+        view: events.SlotView | None
+        if fresh is not None:
+            (view, started), problem = fresh, ""
+        else:
+            started = time.perf_counter()
+            view, problem = await self._read(slot)
         if view is None:
             return self._count(slot, Outcome.FAILED, problem), None
         plan = policy.plan_restore(view, self._snapshots.snapshots(slot), identity)
@@ -183,7 +202,7 @@ class Restorer:
                     return self._count(slot, Outcome.FAILED, problem), None
                 if view.processing or not view.empty:
                     return self._count(slot, Outcome.SLOT_BUSY, _DETAILS[Outcome.SLOT_BUSY]), None
-            return await self._send(slot, view, candidate, healthy_at, counters)
+            return await self._send(slot, view, candidate, healthy_at, counters, started)
         return self._count(slot, Outcome.FAILED, "every snapshot of this slot failed its check"), None
 
     async def _send(
@@ -193,9 +212,14 @@ class Restorer:
         candidate: manifest.Manifest,
         healthy_at: float | None,
         counters: events.Counters | None,
+        path_started: float,
     ) -> tuple[RestoreRecord, manifest.Manifest | None]:
-        """The restore call itself, right after ``before`` was read; then look for a racing request."""
+        """The restore call itself, right after ``before`` was read; then look for a racing request.
+
+        ``path_started``: when the slot's restore began (its first read), for the log's ``path_seconds``.
+        """
         started = time.perf_counter()
+        self._acted += 1
         try:
             result = await self._actions.restore(slot, candidate.file)
         except errors.UpstreamError as exc:
@@ -209,6 +233,7 @@ class Restorer:
             )
             return self._count(slot, Outcome.FAILED, str(exc), candidate.file), None
         seconds = time.perf_counter() - started
+        path_seconds = time.perf_counter() - path_started
         after, _ = await self._read(slot)
         if after is not None and after.task != before.task:
             log.warning(
@@ -231,6 +256,7 @@ class Restorer:
             file=candidate.file,
             tokens=result.tokens,
             seconds=round(seconds, 4),
+            path_seconds=round(path_seconds, 4),
             server_ms=result.server_ms,
             since_healthy=None if since is None else round(since, 4),
         )
@@ -254,6 +280,7 @@ class Restorer:
         """Whether ``candidate`` passes its size and sha256 check (cached while the file is unchanged)."""
         if self._checked_unchanged(candidate):
             return True
+        self._acted += 1
         try:
             await asyncio.to_thread(self._snapshots.verify, candidate)
             stamp = await asyncio.to_thread(self._stamp, candidate.file)

@@ -4,60 +4,104 @@ from __future__ import annotations
 
 import random
 
-from bench import footprint, goals, stall
+from bench import footprint, goals, hashing, restore, stall
 
 MIB = 1 << 20
 
 
-def _window(round_: int, median_ms: float, seed: int) -> stall.Window:
+def _window(round_: int, median_ms: float, seed: int, *, during: int = 3, after: int = 0) -> stall.Window:
     rng = random.Random(seed)
     gaps = [median_ms * rng.uniform(0.9, 1.1) for _ in range(400)]
-    return stall.Window(round_, gaps, saves=3, save_gaps_ms=[], changes=4, pressure=None)
+    window = stall.Window(round_, gaps, saves=during, save_gaps_ms=[], changes=4, pressure=None)
+    window.during_generation, window.after_stream = during, after
+    return window
 
 
-def _conditions(sidecar_factor: float, rounds: int = 3, disturbed_round: int | None = None) -> list[stall.Condition]:
-    conds = [stall.Condition(stall.NONE), stall.Condition(stall.DIRECT), stall.Condition(stall.SIDECAR)]
+def _conditions(
+    sidecar_factor: float, rounds: int = 3, disturbed_round: int | None = None, held_during: int = 0
+) -> list[stall.Condition]:
+    names = (stall.NONE, stall.DIRECT, stall.SIDECAR, stall.HELD)
+    conds = [stall.Condition(name) for name in names]
     for r in range(1, rounds + 1):
         slow = 3.0 if r == disturbed_round else 1.0
-        conds[0].windows.append(_window(r, 20 * slow, seed=r))
+        conds[0].windows.append(_window(r, 20 * slow, seed=r, during=0))
         conds[1].windows.append(_window(r, 20 * slow, seed=10 + r))
         conds[2].windows.append(_window(r, 20 * slow * sidecar_factor, seed=20 + r))
+        conds[3].windows.append(_window(r, 20 * slow, seed=30 + r, during=held_during, after=1))
     stall.drop_disturbed(conds)
     return conds
 
 
-def _stall_verdict(conds: list[stall.Condition]) -> goals.Verdict:
-    (verdict,) = goals.judge(goals.Results(stalls=conds), quick=False)
-    return verdict
+def _stall_verdicts(conds: list[stall.Condition]) -> list[goals.Verdict]:
+    return goals.judge(goals.Results(stalls=conds), quick=False)
 
 
 def test_a_sidecar_that_doubles_every_gap_is_missed_and_fails_the_run() -> None:
-    verdicts = goals.judge(goals.Results(stalls=_conditions(2.0)), quick=False)
-    assert [v.met for v in verdicts] == [False]
+    verdicts = _stall_verdicts(_conditions(2.0))
+    assert [v.met for v in verdicts] == [False, True, True]
     assert goals.exit_code(verdicts) == 1
     assert goals.lines(verdicts)[0].startswith("MISSED: stall")
 
 
-def test_a_sidecar_that_costs_nothing_meets_the_stall_goal() -> None:
-    verdict = _stall_verdict(_conditions(1.0))
-    assert verdict.met is True
-    assert goals.exit_code([verdict]) == 0
+def test_a_sidecar_that_costs_nothing_meets_the_stall_goals() -> None:
+    verdicts = _stall_verdicts(_conditions(1.0))
+    assert [v.met for v in verdicts] == [True, True, True]
+    assert goals.exit_code(verdicts) == 0
+
+
+def test_a_held_save_that_lands_during_generation_is_missed() -> None:
+    verdicts = _stall_verdicts(_conditions(1.0, held_during=1))
+    assert [v.met for v in verdicts] == [True, True, False]
+    assert goals.exit_code(verdicts) == 1
 
 
 def test_a_round_slowed_by_the_machine_is_dropped_for_every_condition() -> None:
     conds = _conditions(1.0, disturbed_round=2)
-    assert [w.kept for c in conds for w in c.windows if w.round == 2] == [False, False, False]
-    assert _stall_verdict(conds).met is True
+    assert [w.kept for c in conds for w in c.windows if w.round == 2] == [False] * 4
+    assert [v.met for v in _stall_verdicts(conds)] == [True, True, True]
 
 
 def test_footprint_is_judged_as_shares_of_the_servers_own() -> None:
-    def state(sidecar_cpu: float, sidecar_rss: int) -> footprint.State:
-        return footprint.State(
-            "server streaming, poll 1.0 s", 1.0, 10.0, sidecar_cpu, 0.001, sidecar_rss, sidecar_rss, 1.8, 400 * MIB
+    def states(sidecar_cpu: float, sidecar_rss: int) -> list[footprint.State]:
+        return [
+            footprint.State(name, 1.0, 10.0, sidecar_cpu, 0.001, sidecar_rss, sidecar_rss, 1.8, 400 * MIB)
+            for name in (footprint.STREAMING, footprint.SAVING)
+        ]
+
+    light = goals.judge(goals.Results(footprint=states(0.03, 45 * MIB)), quick=False)
+    assert [v.met for v in light] == [True, True, True]
+    heavy = goals.judge(goals.Results(footprint=states(0.2, 200 * MIB)), quick=False)
+    assert [v.met for v in heavy] == [False, False, False]
+    assert goals.exit_code(heavy) == 1
+
+
+def test_a_restore_slower_than_the_servers_own_call_is_missed() -> None:
+    def measure(sidecar_ms: float) -> restore.Measure:
+        return restore.Measure(
+            "large",
+            30_000,
+            200_000_000,
+            direct_ms=[90.0] * 3,
+            direct_server_ms=[85.0] * 3,
+            restart_direct_ms=[100.0] * 3,
+            restart_direct_server_ms=[90.0] * 3,
+            restart_ms=[sidecar_ms] * 3,
+            restart_call_ms=[95.0] * 3,
+            precheck_ms=[80.0] * 3,
+            demand_ms=[200.0] * 3,
+            demand_wall_ms=[210.0] * 3,
+            made_s=1.0,
+            cached=True,
         )
 
-    light = goals.judge(goals.Results(footprint=[state(0.03, 45 * MIB)]), quick=False)
-    assert [v.met for v in light] == [True, True]
-    heavy = goals.judge(goals.Results(footprint=[state(0.2, 200 * MIB)]), quick=False)
-    assert [v.met for v in heavy] == [False, False]
-    assert goals.exit_code(heavy) == 1
+    assert [v.met for v in goals.judge(goals.Results(restores=[measure(110.0)]), quick=False)] == [True]
+    assert [v.met for v in goals.judge(goals.Results(restores=[measure(130.0)]), quick=False)] == [False]
+
+
+def test_a_checksum_slower_than_the_disk_is_missed() -> None:
+    def found(xxh3: float) -> hashing.Checksums:
+        rates = {"sha256": 500.0, hashing.ALGORITHM: xxh3}
+        return hashing.Checksums(200.0, rates, rates, 1000.0, "", 900.0, {hashing.CURRENT_COMMIT: (0.3, 0.04)})
+
+    assert [v.met for v in goals.judge(goals.Results(checksums=found(2500.0)), quick=False)] == [True]
+    assert [v.met for v in goals.judge(goals.Results(checksums=found(800.0)), quick=False)] == [False]

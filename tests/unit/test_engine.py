@@ -320,6 +320,20 @@ async def test_a_held_save_is_taken_once_the_snapshot_interval_runs_out(tmp_path
     assert [slot for slot, _ in bed.saves()] == [0]
 
 
+async def test_save_hold_seconds_caps_the_hold_and_zero_turns_it_off(tmp_path: Path) -> None:
+    for hold, saved_after in ((8.0, [False, True]), (0.0, [True, True])):
+        (tmp_path / str(hold)).mkdir()
+        bed = make_bed(tmp_path / str(hold), hold_seconds=hold)
+        await bed.cycle()
+        bed.server.run_turn(0, task=1, tokens=500)
+        bed.server.set_slot(1, task=2, tokens=50, processing=True)  # a long generation on slot 1
+        await bed.cycle(after=1.0)
+        await bed.cycle(after=3.0)  # due (idle 2 s), 4 s after the change
+        first = [slot for slot, _ in bed.saves()] == [0]
+        await bed.cycle(after=5.0)  # 9 s after the change: past a hold of 8 s
+        assert [first, [slot for slot, _ in bed.saves()] == [0]] == saved_after, hold
+
+
 async def test_a_save_held_when_the_slots_are_read_before_it(bed: Bed) -> None:
     await bed.cycle()
     bed.server.run_turn(0, task=1, tokens=500)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import random
 from pathlib import Path
@@ -211,6 +212,13 @@ def test_a_due_save_may_be_held_until_its_oldest_change_is_interval_old() -> Non
     assert pol.may_hold(0, 9.9)
     assert not pol.may_hold(0, 10.0)  # TIMING.interval after the change began
     assert not pol.may_hold(3, 0.0)  # a slot never seen
+
+
+def test_save_hold_seconds_ends_the_hold_before_the_interval_and_zero_never_holds() -> None:
+    for hold, held in ((4.0, [True, False, False]), (0.0, [False, False, False]), (30.0, [True, True, False])):
+        pol = policy.Policy(dataclasses.replace(TIMING, hold_seconds=hold))
+        pol.observe([slot(0, task=1, tokens=600)], 1.0)
+        assert [pol.may_hold(0, now) for now in (4.9, 5.0, 11.0)] == held, hold
 
 
 def test_final_idle_first_then_busy_and_only_changed_slots_worth_a_file() -> None:

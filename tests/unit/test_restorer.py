@@ -85,6 +85,7 @@ async def test_files_checked_ahead_are_not_hashed_between_the_slot_read_and_the_
     assert await bed.round() == [(0, "ok"), (1, "ok")]
     names = bed.server.names()
     assert "verify" not in names
+    assert names[: names.index("restore")].count("slots") == 1  # nothing ran between the round's read and the call
     for i, name in enumerate(names):
         if name == "restore":
             assert names[i - 1] == "slots"  # read right before
@@ -125,6 +126,17 @@ async def test_a_slot_taken_while_its_file_is_hashed_is_left_to_the_request(
     monkeypatch.setattr(bed.snapshots, "verify", slow_verify)
     assert await bed.round() == [(0, "slot_busy"), (1, "no_snapshot")]
     assert "restore" not in bed.server.names()
+
+
+async def test_a_slot_is_read_again_once_the_round_has_hashed_or_restored(bed: Bed) -> None:
+    bed.saved(0, 500)
+    bed.saved(1, 300)  # neither checked ahead: the round hashes both
+    assert await bed.round() == [(0, "ok"), (1, "ok")]
+    names = bed.server.names()
+    for i, name in enumerate(names):
+        if name == "restore":
+            assert names[i - 1] == "slots"  # read after the file was hashed, right before the call
+    assert names.count("slots") == 6  # the listing; slot 1 before its check; after each check; after each call
 
 
 async def test_each_restore_round_hashes_its_files_anew(bed: Bed) -> None:
