@@ -159,12 +159,13 @@ class Restorer:
         async with self._actions.lock:
             if not await self._check(candidate):
                 return self._count(slot, Outcome.FAILED, "the snapshot failed its check", candidate.file), None
+            started = time.perf_counter()
             view, problem = await self._read(slot)
             if view is None:
                 return self._count(slot, Outcome.FAILED, problem), None
             if view.processing:
                 return self._count(slot, Outcome.SLOT_BUSY, "the slot is processing a request"), None
-            record, restored = await self._send(slot, view, candidate, None, counters)
+            record, restored = await self._send(slot, view, candidate, None, counters, started)
             if restored is None:
                 return record, None
             after, _ = await self._read(slot)
