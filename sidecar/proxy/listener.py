@@ -21,6 +21,8 @@ from sidecar.proxy import relay
 
 KEEPALIVE = 2.0
 """Seconds an idle connection to llama-server is kept for reuse; llama-server closes its own after 5 s."""
+NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+"""Headers aiohttp would add to a request on its own: the proxy sends the client's, or none."""
 MAX_FIELD_SIZE = 64 << 10
 """Largest header line accepted, in bytes (aiohttp's default is 8 KiB; long API keys and cookies fit)."""
 
@@ -44,13 +46,17 @@ def session(upstream: config.UpstreamSettings) -> aiohttp.ClientSession:
 
     No total or read timeout: a completion may prefill for minutes before
     its first byte, and a client that gives up cancels it. Answers are
-    relayed as sent (no decompression).
+    relayed as sent (no decompression), with only the client's headers (no
+    headers of aiohttp's own) and no cookie jar (cookies are the clients',
+    passed on as headers, never kept).
     """
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=upstream.connect_timeout),
         auto_decompress=False,
         raise_for_status=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=NO_AUTO_HEADERS,
     )
 
 
