@@ -169,7 +169,7 @@ def _gc(ns: argparse.Namespace) -> int:
             await objects.close()
 
     try:
-        done = asyncio.run(collect())
+        done = uvloop.run(collect())
     except errors.SharedStoreError as exc:
         print(f"llama-kv-sidecar gc: {where.describe()}: {exc}", file=sys.stderr)
         return 1

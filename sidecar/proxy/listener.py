@@ -11,13 +11,15 @@ connections and clients that send their headers a byte at a time
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 
 import aiohttp
 from aiohttp import web
 
 from sidecar import config
-from sidecar.proxy import relay
+from sidecar.proxy import relay, sentinel
 
 KEEPALIVE = 2.0
 """Seconds an idle connection to llama-server is kept for reuse; llama-server closes its own after 5 s."""
@@ -33,9 +35,14 @@ class Listener:
     session: aiohttp.ClientSession
     host: str
     port: int
+    sentry: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
         try:
+            if self.sentry is not None:
+                self.sentry.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.sentry
             await self.runner.cleanup()
         finally:
             await self.session.close()
@@ -60,7 +67,14 @@ def session(upstream: config.UpstreamSettings) -> aiohttp.ClientSession:
     )
 
 
-async def start(handler: relay.Relay, client: aiohttp.ClientSession, settings: config.ProxySettings) -> Listener:
+async def start(
+    handler: relay.Relay,
+    client: aiohttp.ClientSession,
+    settings: config.ProxySettings,
+    *,
+    sentry: sentinel.Sentinel | None = None,
+) -> Listener:
+    """Serve the relay on the proxy's port; ``sentry`` runs as long as the listener."""
     assert settings.host is not None
     server = web.Server(
         handler.handle,
@@ -75,4 +89,5 @@ async def start(handler: relay.Relay, client: aiohttp.ClientSession, settings: c
     await site.start()
     addresses = runner.addresses
     port = int(addresses[0][1]) if addresses else settings.port
-    return Listener(runner, client, settings.host, port)
+    task = asyncio.create_task(sentry.run(), name="proxy-sentinel") if sentry is not None else None
+    return Listener(runner, client, settings.host, port, task)
