@@ -31,6 +31,9 @@ PING = 2.0
 RECONNECT = 0.1
 """Seconds before the first new connection attempt while llama-server does not accept one (doubled each
 time, up to ``PING``)."""
+ANSWER_TIMEOUT = 10.0
+"""Seconds to wait for llama-server's answer to a ping; past it the connection is dropped and made anew,
+with no conclusion drawn (a busy or unreachable server, not a proof of exit)."""
 _HEAD_LIMIT = 16 << 10
 
 
@@ -42,7 +45,8 @@ class End(enum.StrEnum):
     DROPPED = "dropped"
     """Closed or reset without a word: the process exited."""
     CONFUSED = "confused"
-    """An answer that is not llama-server's (bytes unasked for, a malformed head): started over later."""
+    """No answer in time, or one that is not llama-server's (bytes unasked for, a malformed head): started
+    over later, with no conclusion drawn."""
 
 
 class Sentinel:
@@ -99,9 +103,10 @@ class Sentinel:
         try:
             while True:
                 writer.write(self._request)
-                head = await reader.readuntil(b"\r\n\r\n")
-                length, close = _framing(head)
-                await reader.readexactly(length)
+                async with asyncio.timeout(ANSWER_TIMEOUT):
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length, close = _framing(head)
+                    await reader.readexactly(length)
                 if close:
                     return End.ANNOUNCED
                 try:
@@ -112,7 +117,7 @@ class Sentinel:
                 return End.CONFUSED if extra else End.DROPPED
         except (ConnectionError, asyncio.IncompleteReadError):
             return End.DROPPED
-        except (asyncio.LimitOverrunError, ValueError):
+        except (asyncio.LimitOverrunError, ValueError, TimeoutError):
             return End.CONFUSED
 
     def _gone(self, what: str) -> None:
