@@ -53,7 +53,7 @@ class Pinner(Protocol):
         """The body to forward, valid until the request ends; never raises for a bad request."""
 
 
-_classify = functools.lru_cache(maxsize=1024)(routes.classify)
+_classify = functools.lru_cache(maxsize=256)(routes.classify)
 """The route of a request: clients send the same few paths over and over, so decided once per path."""
 
 
