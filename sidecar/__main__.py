@@ -8,11 +8,12 @@ rest of the package receives a frozen ``config.Settings``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
 from collections.abc import Sequence
+
+import uvloop
 
 import sidecar
 from sidecar import app, dirlock, errors, logs, options, parse, store
@@ -168,7 +169,7 @@ def _gc(ns: argparse.Namespace) -> int:
             await objects.close()
 
     try:
-        done = asyncio.run(collect())
+        done = uvloop.run(collect())
     except errors.SharedStoreError as exc:
         print(f"llama-kv-sidecar gc: {where.describe()}: {exc}", file=sys.stderr)
         return 1
@@ -198,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _gc(ns)
         settings = options.settings_from(ns)
         logs.configure(fmt=settings.logs.format, level=settings.logs.level)
-        asyncio.run(app.main(settings))
+        uvloop.run(app.main(settings))  # libuv's event loop: less CPU per proxied request than asyncio's own
     except errors.ConfigError as exc:
         print(f"llama-kv-sidecar: error: {exc}", file=sys.stderr)
         return 2

@@ -40,7 +40,7 @@ from sidecar import (
     weights,
 )
 from sidecar.library import placer
-from sidecar.proxy import gate, listener, relay
+from sidecar.proxy import gate, listener, relay, sentinel
 from sidecar.router import admission, fleet
 from sidecar.shared import service
 
@@ -119,6 +119,7 @@ async def _run(
                 restore_gate=restore_gate,
             )
             poll = poller.Poller(client, settings.poll, clock=clock, weights=identify)
+            restore_gate.on_suspect = poll.poll_soon
             loops = {"poller": poll.run(core.handle), "actions": core.run()}
             admit = None
         shared = (
@@ -199,7 +200,14 @@ async def _start_proxy(
         admit=admit,
     )
     try:
-        proxy = await listener.start(handler, client, settings.proxy)
+        sentry = (
+            None  # router mode: each model's engine has its own gate
+            if settings.upstream.router
+            else sentinel.Sentinel(
+                settings.upstream.url, restore_gate, connect_timeout=settings.upstream.connect_timeout
+            )
+        )
+        proxy = await listener.start(handler, client, settings.proxy, sentry=sentry)
     except OSError as exc:
         await client.close()
         raise errors.ConfigError(

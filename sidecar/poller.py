@@ -68,13 +68,23 @@ class Poller:
         self._denied: list[str] = []
         """This poll's refusals (401/403): said once when they start and once when they end."""
         self._was_denied = False
+        self._soon = asyncio.Event()
+
+    def poll_soon(self) -> None:
+        """Poll now rather than after the interval (a poll under way is followed at once by another)."""
+        self._soon.set()
 
     async def run(self, sink: Sink) -> None:
         while True:
             obs, evts = await self.step()
             await sink(obs, evts)
             up = obs.health is events.Health.OK
-            await asyncio.sleep(self._settings.interval if up else self._settings.down_interval)
+            try:
+                async with asyncio.timeout(self._settings.interval if up else self._settings.down_interval):
+                    await self._soon.wait()
+            except TimeoutError:
+                pass
+            self._soon.clear()
 
     async def step(self) -> tuple[events.Observation, list[events.Event]]:
         """One poll, and the transitions it shows."""

@@ -8,7 +8,8 @@ sidecar can restore). The proxy waits at it with completion requests, and
 ``/readyz`` reports it.
 
 The proxy also closes it, with :meth:`Gate.suspect`, as soon as a request
-fails to reach llama-server: the proxy sees a crash before the poller does.
+fails to reach llama-server or its sentinel connection drops: the proxy sees a
+crash before the poller does, and the poller is asked to poll at once.
 A suspicion is cleared only by a poll that *started after it*; a poll that
 was already in flight saw the old process, and opening on its word would let
 a retrying client reach the new process before the restore round.
@@ -35,6 +36,8 @@ class Gate:
         self._suspect_at: float | None = None
         self.waiting = 0
         """Requests waiting at the gate now."""
+        self.on_suspect: Callable[[], None] | None = None
+        """Called on each suspicion: the poller polls at once, so the suspicion is cleared (or confirmed) soon."""
 
     @property
     def is_open(self) -> bool:
@@ -55,6 +58,8 @@ class Gate:
         """Close until a poll that starts from now on sees the server up (and any restore is done)."""
         self._suspect_at = self._mono()
         self.close(reason)
+        if self.on_suspect is not None:
+            self.on_suspect()
 
     def open(self, *, seen_at: float) -> None:
         """Open, on the word of a poll that started at ``seen_at`` (the poller's monotonic clock)."""

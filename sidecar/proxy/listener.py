@@ -11,16 +11,20 @@ connections and clients that send their headers a byte at a time
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 
 import aiohttp
 from aiohttp import web
 
 from sidecar import config
-from sidecar.proxy import relay
+from sidecar.proxy import relay, sentinel
 
 KEEPALIVE = 2.0
 """Seconds an idle connection to llama-server is kept for reuse; llama-server closes its own after 5 s."""
+NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+"""Headers aiohttp would add to a request on its own: the proxy sends the client's, or none."""
 MAX_FIELD_SIZE = 64 << 10
 """Largest header line accepted, in bytes (aiohttp's default is 8 KiB; long API keys and cookies fit)."""
 
@@ -31,9 +35,14 @@ class Listener:
     session: aiohttp.ClientSession
     host: str
     port: int
+    sentry: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
         try:
+            if self.sentry is not None:
+                self.sentry.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.sentry
             await self.runner.cleanup()
         finally:
             await self.session.close()
@@ -44,17 +53,28 @@ def session(upstream: config.UpstreamSettings) -> aiohttp.ClientSession:
 
     No total or read timeout: a completion may prefill for minutes before
     its first byte, and a client that gives up cancels it. Answers are
-    relayed as sent (no decompression).
+    relayed as sent (no decompression), with only the client's headers (no
+    headers of aiohttp's own) and no cookie jar (cookies are the clients',
+    passed on as headers, never kept).
     """
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=upstream.connect_timeout),
         auto_decompress=False,
         raise_for_status=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=NO_AUTO_HEADERS,
     )
 
 
-async def start(handler: relay.Relay, client: aiohttp.ClientSession, settings: config.ProxySettings) -> Listener:
+async def start(
+    handler: relay.Relay,
+    client: aiohttp.ClientSession,
+    settings: config.ProxySettings,
+    *,
+    sentry: sentinel.Sentinel | None = None,
+) -> Listener:
+    """Serve the relay on the proxy's port; ``sentry`` runs as long as the listener."""
     assert settings.host is not None
     server = web.Server(
         handler.handle,
@@ -69,4 +89,5 @@ async def start(handler: relay.Relay, client: aiohttp.ClientSession, settings: c
     await site.start()
     addresses = runner.addresses
     port = int(addresses[0][1]) if addresses else settings.port
-    return Listener(runner, client, settings.host, port)
+    task = asyncio.create_task(sentry.run(), name="proxy-sentinel") if sentry is not None else None
+    return Listener(runner, client, settings.host, port, task)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 import aiohttp
@@ -34,7 +35,8 @@ log = structlog.get_logger("sidecar.proxy")
 
 _DROP_REQUEST = frozenset({"host", "content-length", "expect"})
 _DROP_RESPONSE = frozenset({"content-length"})
-_NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+_SKIP_REQUEST = routes.HOP_BY_HOP | _DROP_REQUEST
+_SKIP_RESPONSE = routes.HOP_BY_HOP | _DROP_RESPONSE
 WHOLE_ANSWER_BYTES = 1 << 20
 """Answers with a Content-Length up to this size are relayed in one write; others chunk by chunk."""
 _LOADING = b"Loading model"
@@ -49,6 +51,23 @@ class Pinner(Protocol):
 
     def pin(self, raw_path: str, body: bytes) -> contextlib.AbstractAsyncContextManager[bytes]:
         """The body to forward, valid until the request ends; never raises for a bad request."""
+
+
+_classify = functools.lru_cache(maxsize=256)(routes.classify)
+"""The route of a request: clients send the same few paths over and over, so decided once per path."""
+
+
+def _pass_on(headers: Iterable[tuple[str, str]], skip: frozenset[str], drop: frozenset[str]) -> list[tuple[str, str]]:
+    """``routes.end_to_end`` with a fast path for the common case, no Connection header to read."""
+    items = list(headers)
+    kept = []
+    for name, value in items:
+        low = name.lower()
+        if low == "connection":
+            return routes.end_to_end(items, drop=drop)
+        if low not in skip:
+            kept.append((name, value))
+    return kept
 
 
 def error(status: int, message: str, kind: str, *, headers: dict[str, str] | None = None) -> web.Response:
@@ -81,9 +100,14 @@ class Relay:
         self._admin_token = admin_token
         self._mono = mono
         self._admit = admit
+        self._counted = {
+            (route, outcome): stats.proxy_requests.labels(route.value, outcome.value)
+            for route in routes.Route
+            for outcome in routes.Outcome
+        }
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        kind = routes.classify(request.method, request.raw_path)
+        kind = _classify(request.method, request.raw_path)
         outcome = routes.Outcome.ERROR
         self._metrics.proxy_inflight.inc()
         try:
@@ -93,14 +117,14 @@ class Relay:
             raise
         finally:
             self._metrics.proxy_inflight.dec()
-            self._metrics.proxy_requests.labels(kind.route.value, outcome.value).inc()
+            self._counted[kind.route, outcome].inc()
         return response
 
     async def _serve(self, request: web.BaseRequest, kind: routes.Request) -> tuple[web.StreamResponse, routes.Outcome]:
         if kind.verdict is routes.Verdict.BAD_PATH:
             return error(400, "the proxy does not forward this path (dot segments, backslashes or "
                          "not an origin-form path)", "invalid_request_error"), routes.Outcome.INVALID  # fmt: skip
-        headers = routes.end_to_end(list(request.headers.items()), drop=_DROP_REQUEST)
+        headers = _pass_on(request.headers.items(), _SKIP_REQUEST, _DROP_REQUEST)
         if kind.verdict is routes.Verdict.SLOT_ACTION:
             if not self._is_admin(request):
                 return error(
@@ -182,7 +206,6 @@ class Relay:
                         headers=headers,
                         data=body or None,
                         allow_redirects=False,
-                        skip_auto_headers=_NO_AUTO_HEADERS,
                     )
                 except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                     # Nothing listens: a crash the poller may not have seen yet. The request never
@@ -253,7 +276,7 @@ class Relay:
     ) -> tuple[web.StreamResponse, routes.Outcome]:
         clean = False
         try:
-            headers = routes.end_to_end(list(up.headers.items()), drop=_DROP_RESPONSE)
+            headers = _pass_on(up.headers.items(), _SKIP_RESPONSE, _DROP_RESPONSE)
             length = up.content_length if "Transfer-Encoding" not in up.headers else None
             if length is not None and length <= WHOLE_ANSWER_BYTES:
                 # A short answer of known length (a non-streamed JSON reply): read whole and sent in

@@ -130,6 +130,29 @@ def test_agent_retrying_through_three_kill9_restarts_always_reuses_its_kv_and_ne
     assert side.log_events("proxy_request_replayed"), "the request cut by the kill was not replayed"
 
 
+def test_a_restart_between_two_polls_is_seen_before_the_next_completion(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    """kill -9 and a new process up and healthy with no request in flight and no poll due (the sidecar
+    polls every 600 s, and once at its start): the first completion through the proxy still waits for
+    the restore and reuses its KV."""
+    server = llama(slot_dir=slot_dir)
+    prompt = make_prompt(server.url, PROMPT_TOKENS, seed=92)
+    n_prompt = Agent(server.url, prompt).turn()["timings"]["prompt_n"]
+    side, proxy = _with_proxy(sidecar, server, slot_dir, **{"--poll-interval": "600", "--idle-seconds": "0"})
+    side.wait_for(lambda: _saves(side) >= 1, timeout=60, what="the snapshot taken at the sidecar's first poll")
+    server.kill()
+    server.start()
+    server.wait_healthy()
+    agent = Agent(proxy, prompt)
+    reused = agent.turn()["timings"]["cache_n"]
+    print(f"first answer after the restart: cache_n={reused} of {n_prompt}")
+    assert reused >= 0.95 * n_prompt, f"cache_n {reused} of {n_prompt}: the completion beat the restore"
+    assert side.log_events("server_connection_dropped"), "the proxy did not see the process exit"
+    assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 1
+    assert agent.failures == [], agent.failures
+
+
 async def _stream(url: str, prompt: str, n_predict: int) -> tuple[list[float], list[str], int]:
     """POST a streamed /completion; return the arrival time of each token event, the tokens, and reads."""
     # No prompt cache: both runs prefill the same way, so greedy sampling gives the same tokens.

@@ -102,3 +102,32 @@ async def test_completion_waits_while_the_server_loads_other_routes_do_not(fake:
 
 async def _is_ready(car: Sidecar) -> bool:
     return (await _readyz(car))[0] == 200
+
+
+@pytest.mark.timeout(40)
+async def test_a_restart_between_two_polls_holds_the_next_completion_until_the_restore(
+    fake: FakeLlama, slot_dir: Path
+) -> None:
+    """The server restarts (every connection dropped, a new process on the port) with no request in flight
+    and the next poll 30 s away: the completion that follows still waits for the restore round."""
+    fake.use(0, 300)
+    fake.replies["/completion"] = Reply.json({"content": "ok", "timings": {"cache_n": 299}})
+    settings = dataclasses.replace(
+        _settings(fake, slot_dir), poll=config.PollSettings(interval=30.0, down_interval=0.05)
+    )
+    async with run_sidecar(settings) as car:
+        proxy = _proxy_url(car)
+        await eventually(lambda: car.metric("snapshots_total", slot="0", result="ok"), what="a snapshot of slot 0")
+        await eventually(lambda: _is_ready(car), what="the gate open")
+        polls = len(fake.requests("/props"))
+        fake.respawn()
+        assert fake.requests("restore") == []
+        assert await _complete(proxy) == 200
+        restores = fake.requests("restore")
+        assert restores, "the completion reached the new process and no restore round ran before it"
+        assert restores[0].end is not None
+        completion = fake.requests("/completion")[-1]
+        assert completion.start >= restores[0].end, "the completion reached the server before the restore ended"
+        assert len(fake.requests("/props")) > polls, "no poll saw the new process"
+        events = [e for e in car.logs if e.get("event") == "server_connection_dropped"]
+        assert events, "the sentinel's drop was not logged"

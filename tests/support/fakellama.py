@@ -201,6 +201,7 @@ class FakeLlama:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
+        self._runner: web.AppRunner | None = None
         self.port = 0
 
     # ---- scripting, from the test's thread -------------------------------------------
@@ -228,6 +229,11 @@ class FakeLlama:
         self.start_time += 1
         self.slots = [Slot(s.id, self.n_ctx) for s in self.slots]
         self.prompt_tokens = self.cached_tokens = self.predicted_tokens = self.decode_calls = 0
+
+    def respawn(self) -> None:
+        """Like a process that exits and a new one on the same port: every connection closed, then :meth:`restart`."""
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._respawn(), self._loop).result(10)
 
     def requests(self, endpoint: str) -> list[Seen]:
         return [s for s in list(self.seen) if s.endpoint == endpoint]
@@ -263,6 +269,14 @@ class FakeLlama:
     async def _serve(self, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
+        self._runner = await self._listen(0)
+        ready.set()
+        try:
+            await self._stopped.wait()
+        finally:
+            await self._runner.cleanup()
+
+    async def _listen(self, port: int) -> web.AppRunner:
         app = web.Application(middlewares=[self._middleware])
         app.router.add_get("/health", self._health)
         app.router.add_get("/slots", self._slots)
@@ -274,14 +288,16 @@ class FakeLlama:
             app, handle_signals=False, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
         )
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", port)
         await site.start()
         self.port = int(runner.addresses[0][1])
-        ready.set()
-        try:
-            await self._stopped.wait()
-        finally:
-            await runner.cleanup()
+        return runner
+
+    async def _respawn(self) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+        self.restart()
+        self._runner = await self._listen(self.port)
 
     # ---- request plumbing ---------------------------------------------------------------
 

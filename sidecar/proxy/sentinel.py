@@ -1,0 +1,142 @@
+"""The sentinel: a connection held open to llama-server, so that a restart between two polls is seen at once.
+
+The kernel closes every connection a process holds when it exits (a crash,
+``kill -9``, a restart). The proxy keeps one connection open to
+llama-server and sends ``GET /health`` on it every ``PING`` seconds, since
+llama-server closes a connection idle for 5 s. When that connection ends
+without llama-server having announced it (``Connection: close``), or is
+refused right after such an announcement, the process has gone: the gate
+is closed at once (:meth:`gate.Gate.suspect`, which also makes the poller
+poll), so a completion that arrives after a fast restart, before the next
+poll, waits for the restore round like any other.
+
+It costs llama-server one idle connection and a ``/health`` every few
+seconds, and proxied requests nothing: they never wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+
+import structlog
+import yarl
+
+from sidecar.proxy import gate
+
+log = structlog.get_logger("sidecar.proxy.sentinel")
+
+PING = 2.0
+"""Seconds between two /health requests on the sentinel connection (llama-server closes it after 5 s idle)."""
+RECONNECT = 0.1
+"""Seconds before the first new connection attempt while llama-server does not accept one (doubled each
+time, up to ``PING``)."""
+ANSWER_TIMEOUT = 10.0
+"""Seconds to wait for llama-server's answer to a ping; past it the connection is dropped and made anew,
+with no conclusion drawn (a busy or unreachable server, not a proof of exit)."""
+_HEAD_LIMIT = 16 << 10
+
+
+class End(enum.StrEnum):
+    """How the sentinel connection ended."""
+
+    ANNOUNCED = "announced"
+    """llama-server said it would close it (``Connection: close``): the process is alive."""
+    DROPPED = "dropped"
+    """Closed or reset without a word: the process exited."""
+    CONFUSED = "confused"
+    """No answer in time, or one that is not llama-server's (bytes unasked for, a malformed head): started
+    over later, with no conclusion drawn."""
+
+
+class Sentinel:
+    def __init__(
+        self,
+        url: str,
+        restore_gate: gate.Gate,
+        *,
+        connect_timeout: float,
+        ping: float = PING,
+        reconnect: float = RECONNECT,
+    ) -> None:
+        parsed = yarl.URL(url)
+        self._host = parsed.host or "127.0.0.1"
+        self._port = parsed.port or 80
+        self._tls = parsed.scheme == "https"
+        path = parsed.raw_path.rstrip("/") + "/health"
+        self._request = f"GET {path} HTTP/1.1\r\nHost: {parsed.raw_authority}\r\n\r\n".encode()
+        self._gate = restore_gate
+        self._connect_timeout = connect_timeout
+        self._ping = ping
+        self._reconnect = reconnect
+
+    async def run(self) -> None:
+        expect_up = False
+        """True after an announced end: a refusal now means the process has just gone."""
+        pause = self._reconnect
+        while True:
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    reader, writer = await asyncio.open_connection(
+                        self._host, self._port, ssl=self._tls or None, limit=_HEAD_LIMIT
+                    )
+            except (OSError, TimeoutError) as exc:
+                if expect_up:
+                    self._gone(f"refused the proxy's sentinel connection ({exc.__class__.__name__})")
+                expect_up = False
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, self._ping)
+                continue
+            pause = self._reconnect
+            try:
+                end = await self._watch(reader, writer)
+            finally:
+                writer.close()
+            expect_up = end is End.ANNOUNCED
+            if end is End.DROPPED:
+                self._gone("closed the proxy's sentinel connection without a word")
+            elif end is End.CONFUSED:
+                await asyncio.sleep(self._ping)
+
+    async def _watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> End:
+        """Ping until the connection ends; how it ended."""
+        try:
+            while True:
+                writer.write(self._request)
+                async with asyncio.timeout(ANSWER_TIMEOUT):
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length, close = _framing(head)
+                    await reader.readexactly(length)
+                if close:
+                    return End.ANNOUNCED
+                try:
+                    async with asyncio.timeout(self._ping):
+                        extra = await reader.read(1)
+                except TimeoutError:
+                    continue
+                return End.CONFUSED if extra else End.DROPPED
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return End.DROPPED
+        except (asyncio.LimitOverrunError, ValueError, TimeoutError):
+            return End.CONFUSED
+
+    def _gone(self, what: str) -> None:
+        log.info(
+            "server_connection_dropped",
+            reason=f"llama-server {what}",
+            effect="completions wait at the restore gate until a poll sees the server up and any restore is done",
+        )
+        self._gate.suspect(f"llama-server {what}: its process exited or restarted")
+
+
+def _framing(head: bytes) -> tuple[int, bool]:
+    """Body length and whether the server will close the connection, from an answer's head."""
+    length, close = 0, False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"connection" and b"close" in value.lower():
+            close = True
+    return length, close
