@@ -138,7 +138,13 @@ async def _run(
         library = None
         if settings.proxy.host is not None and isinstance(core, engine.Engine):  # router mode: not offered
             library = placer.Placer(
-                core=core, tokenizer=client, snapshots=snapshots.for_model(None), stats=stats, clock=clock
+                core=core,
+                tokenizer=client,
+                snapshots=snapshots.for_model(None),
+                stats=stats,
+                clock=clock,
+                shared=shared,
+                hold_seconds=settings.proxy.hold_seconds,
             )
         try:
             proxy = await _start_proxy(settings, restore_gate, stats, library, admit)

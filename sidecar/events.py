@@ -95,6 +95,8 @@ class Counters:
     """Counters that move whenever the server works (decodes, tokens, deferred requests)."""
     processing: float = 0.0
     """``llamacpp:requests_processing``: slots busy right now."""
+    prompt_seconds: float = 0.0
+    """``llamacpp:prompt_seconds_total``: time the server spent prefilling ``prompt_tokens``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

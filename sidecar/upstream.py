@@ -203,6 +203,7 @@ class LlamaClient:
             cached_tokens=values.get("llamacpp:prompt_tokens_cached_total", 0.0),
             activity=tuple(values.get(name, 0.0) for name in _ACTIVITY),
             processing=values.get("llamacpp:requests_processing", 0.0),
+            prompt_seconds=values.get("llamacpp:prompt_seconds_total", 0.0),
         )
 
     async def save(self, slot: int, filename: str) -> protocols.ActionResult:

@@ -16,6 +16,16 @@ open), the :class:`Placer`:
    library snapshot into it, both through the engine's one road for slot
    actions. A new conversation's slot is saved first in the same way.
 
+With a shared store, when the best local prefix (a slot's or the
+library's) is shorter than one the store holds, the Placer asks whether
+fetching it beats prefilling the difference (``SharedStore.worth``, with
+this server's measured prefill rate: ``decide.prefill_rate`` over the
+counters the poller reads) and, if so, downloads it into the chosen idle
+slot's name while the request waits, then swaps it in like a library
+snapshot. The lookup is bounded by ``LOOKUP_SECONDS`` and the download by
+the proxy's hold; a store that is down, slow or wrong costs the request at
+most that wait: it then runs cold (counted in ``shared_store_errors_total``).
+
 Swaps of different slots run side by side up to the slot action itself
 (llama-server runs one at a time anyway); two requests never swap into one
 slot at once: a slot being swapped or running a routed request counts as
@@ -38,8 +48,23 @@ import structlog
 
 from sidecar import engine, errors, events, manifest, metrics, outcomes, policy, protocols, slotfile, store
 from sidecar.library import prompt, routing
+from sidecar.shared import catalog, decide, records
 
 log = structlog.get_logger("sidecar.library")
+LOOKUP_SECONDS = 2.0
+"""Longest a request waits for the shared store to say what it holds for it, in seconds."""
+
+
+class Shared(Protocol):
+    """The shared store as the request path needs it (``shared.service.SharedStore``)."""
+
+    async def lookup(
+        self, identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int
+    ) -> catalog.Match | None: ...
+
+    def worth(self, match: catalog.Match, *, cached_tokens: int, prefill_rate: float) -> decide.Estimate: ...
+
+    async def fetch(self, shared: records.SharedRecord, *, slot: int) -> manifest.Manifest | None: ...
 
 
 class Tokenizer(Protocol):
@@ -80,8 +105,12 @@ class Placer:
         snapshots: store.SnapshotStore,
         stats: metrics.Metrics,
         clock: protocols.Clock,
+        shared: Shared | None = None,
+        hold_seconds: float = 120.0,
     ) -> None:
         self._core = core
+        self._shared = shared
+        self._hold = hold_seconds
         self._tokenizer = tokenizer
         self._snapshots = snapshots
         self._stats = stats
@@ -164,20 +193,34 @@ class Placer:
         if obs is None or obs.slots is None or identity is None:
             self._unrouted(routing.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
             return None
-        views = {v.id: v for v in obs.slots}
         library = self._library(identity, obs.slots)
-        decision = routing.route(
-            chain, [self._held(v) for v in obs.slots], [routing.Entry(f, c) for f, (_, c) in library.items()]
-        )
+        entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
+        decision = routing.route(chain, [self._held(v) for v in obs.slots], entries)
+        found = await self._from_shared(identity, chain, decision, obs)
+        if found is not None:  # the slots may have changed while the store answered
+            latest = self._core.latest
+            if latest is not None and latest.slots is not None:
+                obs = latest
+            decision = routing.route(chain, [self._held(v) for v in obs.slots or ()], entries, shared=found[0])
+        views = {v.id: v for v in obs.slots or ()}
         if decision.slot is None:
             self._stats.conversation_requests.labels(decision.source.value).inc()
             return None  # every slot busy: llama-server queues it as it would without the sidecar
         state = self._slot(decision.slot)
         state.pinned += 1
         state.used = self._clock.monotonic()
+        source = decision.source
         ok = False
         try:
-            if decision.source is routing.Source.LIBRARY:
+            if source is routing.Source.SHARED:
+                assert decision.entry is not None
+                assert found is not None
+                state.chain = decision.entry.prefix  # requests of this conversation wait at the lock below
+                async with state.lock:
+                    ok, source = await self._fetch_in(decision, found[1], views[decision.slot], obs.counters)
+                if source is routing.Source.COLD:
+                    state.chain = ()
+            elif source is routing.Source.LIBRARY:
                 assert decision.entry is not None
                 record = library[decision.entry.file][0]
                 state.chain = decision.entry.prefix  # requests of this conversation wait at the lock below
@@ -189,16 +232,85 @@ class Placer:
         finally:
             if not ok:
                 state.pinned -= 1
-                if decision.source is routing.Source.LIBRARY:
+                if decision.source is not routing.Source.COLD:
                     state.chain = ()  # unknown now: the restore may or may not have run
         if not ok:
             self._unrouted(
                 routing.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
             )
             return None
-        self._stats.conversation_requests.labels(decision.source.value).inc()
-        log.debug("request_routed", source=decision.source.value, slot=decision.slot, blocks=decision.blocks)
+        self._stats.conversation_requests.labels(source.value).inc()
+        log.debug("request_routed", source=source.value, slot=decision.slot, blocks=decision.blocks)
         return _Plan(decision.slot, chain, prompt.pinned(request, decision.slot))
+
+    async def _from_shared(
+        self, identity: events.Identity, chain: tuple[str, ...], local: routing.Decision, obs: events.Observation
+    ) -> tuple[routing.Entry, records.SharedRecord] | None:
+        """The shared snapshot worth fetching for ``chain`` over the best local choice ``local``; None if none."""
+        if self._shared is None or local.slot is None or len(chain) <= local.blocks or not obs.slots:
+            return None  # no store, no idle slot to fetch into, or the whole prompt is at hand already
+        try:
+            async with asyncio.timeout(min(LOOKUP_SECONDS, self._hold)):
+                match = await self._shared.lookup(identity, chain, max_tokens=min(v.n_ctx for v in obs.slots))
+        except TimeoutError:
+            self._slow("list", LOOKUP_SECONDS, "looking up the request's prefix")
+            return None
+        if match is None or match.blocks <= local.blocks:
+            return None
+        counters = obs.counters
+        rate = (
+            decide.prefill_rate(prompt_tokens=counters.prompt_tokens, prompt_seconds=counters.prompt_seconds)
+            if counters is not None
+            else decide.DEFAULT_PREFILL_RATE
+        )
+        cached = local.blocks * slotfile.BLOCK_TOKENS
+        estimate = self._shared.worth(match, cached_tokens=cached, prefill_rate=rate)
+        log.info(
+            "shared_prefix_found",
+            tokens=match.tokens,
+            local_tokens=cached,
+            bytes=match.record.snapshot.bytes,
+            prefill_rate=round(rate),
+            fetch_seconds=round(estimate.fetch_seconds, 3),
+            prefill_seconds=round(estimate.prefill_seconds, 3),
+            verdict=estimate.verdict.value,
+        )
+        if estimate.verdict is not decide.Verdict.FETCH:
+            return None
+        return routing.Entry(match.record.blob, match.record.chain), match.record
+
+    async def _fetch_in(
+        self,
+        decision: routing.Decision,
+        shared: records.SharedRecord,
+        view: events.SlotView,
+        counters: events.Counters | None,
+    ) -> tuple[bool, routing.Source]:
+        """Fetch ``shared`` and swap it into the decision's slot: (nothing lost, where the prefix came from)."""
+        assert decision.slot is not None
+        assert self._shared is not None
+        if decision.save_first and not await self._save(view):
+            return False, routing.Source.SHARED
+        record: manifest.Manifest | None = None
+        try:
+            async with asyncio.timeout(self._hold):
+                record = await self._shared.fetch(shared, slot=decision.slot)
+        except TimeoutError:
+            self._slow("get", self._hold, "downloading the request's prefix")
+        if record is None:
+            return True, routing.Source.COLD  # the slot's own content is saved: it runs cold there
+        ok = await self._swap(dataclasses.replace(decision, save_first=False), record, view, counters)
+        return ok, routing.Source.SHARED
+
+    def _slow(self, operation: str, seconds: float, doing: str) -> None:
+        self._stats.shared_errors.labels(operation).inc()
+        log.warning(
+            "shared_store_slow",
+            doing=doing,
+            seconds=seconds,
+            effect="the request runs without it, prefilled by llama-server (counted in "
+            "llama_sidecar_shared_store_errors_total)",
+        )
 
     async def _swap(
         self,

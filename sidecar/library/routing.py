@@ -9,6 +9,9 @@ conversations the library keeps on disk. :func:`route` picks:
 * else, when the library holds a clearly longer prefix, an idle slot to swap
   it into (``Source.LIBRARY``), saving the slot's own content first if it
   changed since its last snapshot, so nothing is lost to a swap;
+* else, when the shared store holds a clearly longer prefix still (and the
+  caller found fetching it beats prefilling), an idle slot to fetch it into
+  and swap it in the same way (``Source.SHARED``);
 * else the least recently used idle slot, empty ones first (``Source.COLD``),
   saving its content first if it changed since its last snapshot.
 
@@ -73,9 +76,9 @@ class Decision:
     slot: int | None
     """The slot to pin the request to; None: let the server pick (every slot busy)."""
     entry: Entry | None = None
-    """With ``Source.LIBRARY``: the snapshot to restore into ``slot`` first."""
+    """With ``Source.LIBRARY`` or ``Source.SHARED``: the snapshot to restore into ``slot`` first."""
     save_first: bool = False
-    """Save ``slot``'s own content before it is replaced (``Source.LIBRARY`` and ``Source.COLD``)."""
+    """Save ``slot``'s own content before it is replaced (``Source.LIBRARY``, ``Source.SHARED``, ``Source.COLD``)."""
     blocks: int = 0
     """Leading blocks of the request the chosen source already holds."""
 
@@ -86,16 +89,24 @@ def route(
     library: Sequence[Entry],
     *,
     min_gain_blocks: int = 1,
+    shared: Entry | None = None,
 ) -> Decision:
     """Where to run a request whose prefix hash chain is ``request``.
 
     A library entry wins over the best slot only when it holds at least
     ``min_gain_blocks`` more leading blocks: a swap costs a save and a
-    restore, so a marginal gain is not worth it.
+    restore, so a marginal gain is not worth it. A ``shared`` entry (one the
+    shared store holds) must beat both by that margin: it costs a download too.
     """
     best_slot, slot_blocks = _best_slot(request, slots)
     best_entry, entry_blocks = _best_entry(request, library)
-    if best_entry is not None and entry_blocks >= slot_blocks + max(1, min_gain_blocks):
+    gain = max(1, min_gain_blocks)
+    shared_blocks = slotfile.shared_blocks(request, shared.prefix) if shared is not None else 0
+    if shared is not None and shared_blocks >= max(slot_blocks, entry_blocks) + gain:
+        victim = _victim(slots)
+        if victim is not None:
+            return Decision(Source.SHARED, victim.slot, shared, victim.dirty, shared_blocks)
+    if best_entry is not None and entry_blocks >= slot_blocks + gain:
         victim = _victim(slots)
         if victim is not None:
             return Decision(Source.LIBRARY, victim.slot, best_entry, victim.dirty, entry_blocks)

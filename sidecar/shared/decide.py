@@ -7,8 +7,12 @@ it only when that is clearly less than the prefill it replaces.
 
 Bandwidth is measured from this node's own transfers (:class:`Rate`, an
 exponentially weighted mean); until one has happened a conservative
-default stands in. The prefill rate is the caller's: llama-server's
-``llamacpp:prompt_tokens_seconds`` or its timings.
+default stands in. The prefill rate is llama-server's own over its
+lifetime (:func:`prefill_rate`: ``llamacpp:prompt_tokens_total`` over
+``llamacpp:prompt_seconds_total``, which count only tokens it computed, not
+those found in cache); until it has prefilled enough to say, a fast
+default stands in, so a node that knows nothing yet fetches only when the
+saving is large.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ DEFAULT_BANDWIDTH = 25e6
 """Bytes per second assumed before any transfer was measured (a modest network link)."""
 FETCH_OVERHEAD = 0.25
 """Seconds a fetch costs besides the transfer: round trips, checksum, commit, restore."""
+DEFAULT_PREFILL_RATE = 5000.0
+"""Prompt tokens per second assumed before the server has measured its own (fast: favours prefill)."""
+MIN_MEASURED_TOKENS = 512
+"""Prefilled tokens below which the server's own rate is too noisy to use."""
 MARGIN = 0.8
 """A fetch must take less than this share of the prefill it saves."""
 
@@ -44,6 +52,13 @@ def fetch_or_prefill(
     prefill = saved_tokens / max(prefill_rate, 1e-9)
     verdict = Verdict.FETCH if saved_tokens > 0 and fetch < MARGIN * prefill else Verdict.PREFILL
     return Estimate(verdict, fetch, prefill)
+
+
+def prefill_rate(*, prompt_tokens: float, prompt_seconds: float) -> float:
+    """Tokens per second the server prefilled over its lifetime; the default until it prefilled enough."""
+    if prompt_tokens < MIN_MEASURED_TOKENS or prompt_seconds <= 0:
+        return DEFAULT_PREFILL_RATE
+    return prompt_tokens / prompt_seconds
 
 
 @dataclasses.dataclass(slots=True)

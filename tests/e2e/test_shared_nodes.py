@@ -1,4 +1,8 @@
-"""Two nodes sharing one S3 bucket (a real SeaweedFS): a snapshot made on one comes back warm on the other."""
+"""Two nodes sharing one S3 bucket (a real SeaweedFS): a snapshot made on one comes back warm on the other.
+
+At start-up (the restore round fetches into empty slots) and on the request
+path (the proxy fetches the conversation a request continues).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,17 @@ import asyncio
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sidecar.shared import connect, location
-from support.llamabed import MakeServer, complete, make_prompt
+from support.llamabed import MakeServer, complete, http_json, make_prompt
+from support.net import free_port
 from support.s3bed import S3Server
-from support.sidecarbed import MakeSidecar, manifests
+from support.sidecarbed import MakeSidecar, SidecarProcess, manifests
 
 PROMPT_TOKENS = 1024
+CHAT_TOKENS = 3072
+"""Long enough that fetching its snapshot clearly beats prefilling it, even on a fast machine."""
 
 
 def _bucket_keys(url: str) -> list[str]:
@@ -93,3 +101,67 @@ def test_store_outage_never_stops_local_snapshots_and_uploads_catch_up(
         what="the upload once the store is back",
     )
     assert any(k.endswith(".json") and "/manifests/" in k for k in _bucket_keys(s3_url))
+
+
+def _wait_uploaded(node: SidecarProcess) -> None:
+    node.wait_for(
+        lambda: node.metric("llama_sidecar_shared_store_objects_total", direction="up") == 1,
+        what="the upload of the node's snapshot",
+    )
+
+
+def _chat(url: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+    status, answer = http_json(
+        "POST", url + "/v1/chat/completions", {"messages": messages, "max_tokens": 2, "temperature": 0}, timeout=300
+    )
+    assert status == 200, answer
+    return dict(answer)
+
+
+def test_a_chat_saved_on_node_a_continues_warm_through_node_b_proxy(
+    llama: MakeServer,
+    sidecar: MakeSidecar,
+    s3_server: S3Server,
+    s3_url: str,
+    tmp_path: Path,
+    figure: Callable[[str], None],
+) -> None:
+    env = s3_server.env()
+    dir_a, dir_b = tmp_path / "a", tmp_path / "b"
+    dir_a.mkdir()
+    dir_b.mkdir()
+    server_a, server_b = llama(slot_dir=dir_a), llama(slot_dir=dir_b)
+    proxy_a, proxy_b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    node_a = sidecar(server_a, dir_a, extra={"--shared-store": s3_url, "--proxy-listen": proxy_a}, env=env)
+    node_b = sidecar(server_b, dir_b, extra={"--shared-store": s3_url, "--proxy-listen": proxy_b}, env=env)
+    # node B serves a conversation of its own first: it measures its prefill rate and, uploading it, its bandwidth
+    other = [{"role": "user", "content": make_prompt(server_b.url, PROMPT_TOKENS, seed=51)}]
+    _chat(f"http://{proxy_b}", other)
+    node_b.wait_saved()
+
+    messages = [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": make_prompt(server_a.url, CHAT_TOKENS, seed=52)},
+    ]
+    first = _chat(f"http://{proxy_a}", messages)
+    node_a.wait_saved()
+    for node in (node_a, node_b):
+        _wait_uploaded(node)
+    assert node_b.metric("llama_sidecar_shared_store_objects_total", direction="down") == 0  # nothing at its start
+
+    messages += [
+        {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And what does the record say next?"},
+    ]
+    turn = _chat(f"http://{proxy_b}", messages)
+    timings, prompt_tokens = turn["timings"], turn["usage"]["prompt_tokens"]
+    found = (node_b.log_events("shared_prefix_found") or [{}])[-1]
+    figure(
+        f"next turn of a {first['usage']['prompt_tokens']}-token chat from node A through node B's proxy:"
+        f" cache_n {timings['cache_n']} of {prompt_tokens}; prompt_ms on A {first['timings']['prompt_ms']:.0f},"
+        f" on B {timings['prompt_ms']:.0f}; B estimated fetch {found.get('fetch_seconds')} s against prefill"
+        f" {found.get('prefill_seconds')} s at {found.get('prefill_rate')} tokens/s ({found.get('verdict')})"
+    )
+    assert node_b.metric("llama_sidecar_conversation_requests_total", source="shared") == 1
+    assert node_b.metric("llama_sidecar_shared_store_objects_total", direction="down") == 1
+    assert timings["cache_n"] >= 0.9 * prompt_tokens

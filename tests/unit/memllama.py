@@ -56,6 +56,7 @@ class MemLlama:
         self.start_time: float | None = 1_764_000_000.0
         self.prompt_tokens = 0.0
         self.cached_tokens = 0.0
+        self.prompt_seconds = 0.0
         self.decodes = 0.0
         self.metrics_text_digits: int | None = None
         """Print counters with this many significant digits, as llama-server does (6)."""
@@ -114,6 +115,7 @@ class MemLlama:
             cached_tokens=values[2],
             activity=values,
             processing=float(sum(v.processing for v in self.slot_views)),
+            prompt_seconds=self.prompt_seconds,
         )
 
     async def save(self, slot_id: int, filename: str) -> protocols.ActionResult:

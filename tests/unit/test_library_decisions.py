@@ -97,3 +97,20 @@ def test_conversations_unused_for_max_age_go() -> None:
     b = kept("b", chain("b", 1), gen=2, used=95.0)
     got = retention.select([a, b], in_use=(), max_bytes=0, max_age=10, now=100)
     assert got == [(a, retention.Eviction.AGE)]
+
+
+def test_a_shared_prefix_must_beat_both_the_slots_and_the_library_to_be_fetched() -> None:
+    slots = [held(0, chain("a", 5), used=9.0), held(1, chain("b", 2), used=1.0, dirty=True)]
+    library = [routing.Entry("a.bin", chain("a", 7))]
+    got = routing.route(chain("a", 9), slots, library, shared=routing.Entry("blobs/a", chain("a", 9)))
+    assert (got.source, got.slot, got.blocks, got.save_first) == (routing.Source.SHARED, 1, 9, True)
+    assert got.entry is not None
+    assert got.entry.file == "blobs/a"
+    marginal = routing.route(chain("a", 9), slots, library, shared=routing.Entry("blobs/a", chain("a", 7)))
+    assert (marginal.source, marginal.slot) == (routing.Source.LIBRARY, 1)
+
+
+def test_a_shared_prefix_with_no_idle_slot_to_fetch_into_is_not_fetched() -> None:
+    slots = [held(0, chain("a", 2), busy=True)]
+    got = routing.route(chain("a", 9), slots, [], shared=routing.Entry("blobs/a", chain("a", 9)))
+    assert (got.source, got.slot) == (routing.Source.SLOT, 0)

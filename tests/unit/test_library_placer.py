@@ -16,8 +16,9 @@ import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar import config, engine, metrics, poller, protocols, slotfile, store
+from sidecar import config, engine, events, manifest, metrics, poller, protocols, slotfile, store
 from sidecar.library import placer
+from sidecar.shared import catalog, decide, records
 
 BLOCK = slotfile.BLOCK_TOKENS
 
@@ -25,6 +26,12 @@ BLOCK = slotfile.BLOCK_TOKENS
 def ids_of(name: str, blocks: int = 3) -> list[int]:
     base = 1000 * (ord(name[0]) - ord("A") + 1)
     return [base + i for i in range(blocks * BLOCK + 7)]
+
+
+def slot_bytes(ids: list[int]) -> bytes:
+    """A slot file that starts with ``ids``, as the in-memory server writes it."""
+    words = struct.pack("<iII", -1, slotfile.PACKED_VERSION, len(ids)) + slotfile.pack_ids(ids) + b"\0" * 4
+    return struct.pack("<III", slotfile.MAGIC, slotfile.VERSION, len(words) // 4) + words + b"\x07" * 64
 
 
 class TokenLlama(memllama.MemLlama):
@@ -43,8 +50,7 @@ class TokenLlama(memllama.MemLlama):
     async def save(self, slot_id: int, filename: str) -> protocols.ActionResult:
         self.calls.append(("save", (slot_id, filename)))
         ids = self.held.get(slot_id, [])
-        words = struct.pack("<iII", -1, slotfile.PACKED_VERSION, len(ids)) + slotfile.pack_ids(ids) + b"\0" * 4
-        data = struct.pack("<III", slotfile.MAGIC, slotfile.VERSION, len(words) // 4) + words + b"\x07" * 64
+        data = slot_bytes(ids)
         (self.dir / filename).write_bytes(data)
         return protocols.ActionResult(slot_id, filename, len(ids), len(data), 1.0)
 
@@ -181,3 +187,173 @@ async def test_a_slot_being_swapped_is_busy_and_its_conversation_waits_for_the_s
     assert order.index("restored into 1") < order.index("A:1")
     assert order.count("A:1") == 2
     assert [a for a in bed.actions() if a[0] == "restore"] == [("restore", 1)]
+
+
+# ---- the shared store on the request path -----------------------------------------------
+
+
+class FakeShared:
+    """A shared store holding one conversation, snapshotted on another node (``placer.Shared``)."""
+
+    def __init__(self, bed: Bed, tmp_path: Path, conversation: str, *, bandwidth: float = 1e9) -> None:
+        self.bed = bed
+        self.bandwidth = bandwidth
+        self.lookups = 0
+        self.fetches = 0
+        self.rates: list[float] = []
+        self.lookup_wait: asyncio.Event | None = None
+        self.fail_fetch = False
+        ids = ids_of(conversation)
+        other = store.SnapshotStore(tmp_path / "node-a", clock=lambda: 1_700_000_000.0)
+        other.dir.mkdir()
+        temp = other.temp_name(0)
+        data = slot_bytes(ids)
+        (other.dir / temp).write_bytes(data)
+        assert bed.core.identity is not None
+        fingerprint = manifest.Fingerprint.of(bed.core.identity, n_ctx=self._n_ctx())
+        made = other.commit(temp, slot=0, tokens=len(ids), written=len(data), task=None, fingerprint=fingerprint)
+        chain = slotfile.prefix_hashes(slotfile.pack_ids(ids))
+        self.record = records.SharedRecord(made, "blobs/a", chain, BLOCK, 1_700_000_000.0)
+        self.data = data
+
+    def _n_ctx(self) -> int:
+        obs = self.bed.core.latest
+        assert obs is not None
+        assert obs.slots is not None
+        return obs.slots[0].n_ctx
+
+    async def lookup(
+        self, identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int
+    ) -> catalog.Match | None:
+        self.lookups += 1
+        if self.lookup_wait is not None:
+            await self.lookup_wait.wait()
+        return catalog.best_match([self.record], chain, max_tokens=max_tokens, block_tokens=BLOCK)
+
+    def worth(self, match: catalog.Match, *, cached_tokens: int, prefill_rate: float) -> decide.Estimate:
+        self.rates.append(prefill_rate)
+        return decide.fetch_or_prefill(
+            size=match.record.snapshot.bytes,
+            saved_tokens=match.tokens - cached_tokens,
+            bandwidth=self.bandwidth,
+            prefill_rate=prefill_rate,
+            overhead=0.0,
+        )
+
+    async def fetch(self, shared: records.SharedRecord, *, slot: int) -> manifest.Manifest | None:
+        self.fetches += 1
+        if self.fail_fetch:
+            return None  # the real store counts and logs its own failures
+        snapshots = self.bed.snapshots
+        temp = snapshots.temp_name(slot)
+        (snapshots.dir / temp).write_bytes(self.data)
+        return snapshots.commit(
+            temp,
+            slot=slot,
+            tokens=shared.snapshot.tokens,
+            written=len(self.data),
+            task=None,
+            fingerprint=shared.snapshot.fingerprint,
+        )
+
+
+def with_shared(bed: Bed, shared: FakeShared) -> None:
+    bed.library = placer.Placer(
+        core=bed.core,
+        tokenizer=Tokenizer(),
+        snapshots=bed.snapshots,
+        stats=bed.library._stats,
+        clock=bed.clock,
+        shared=shared,
+        hold_seconds=5.0,
+    )
+
+
+async def test_a_conversation_only_the_shared_store_holds_is_fetched_into_an_idle_slot_and_swapped_in(
+    bed: Bed, tmp_path: Path
+) -> None:
+    shared = FakeShared(bed, tmp_path, "A")
+    with_shared(bed, shared)
+    async with bed.request("B"):
+        pass  # slot 0 now holds B, unsaved
+    async with bed.request("A") as slot:
+        assert slot == 1  # the empty slot
+    assert bed.server.held[1] == ids_of("A")
+    assert bed.actions() == [("restore", 1)]
+    assert (shared.lookups, shared.fetches) == (2, 1)  # B found nothing there
+    assert shared.rates == [decide.DEFAULT_PREFILL_RATE]  # the server has not measured enough yet
+    assert bed.value("llama_sidecar_conversation_requests_total", source="shared") == 1
+    assert bed.value("llama_sidecar_library_tokens_total") == 3 * BLOCK
+    async with bed.request("A") as slot:
+        assert slot == 1
+    assert shared.lookups == 2  # the slot holds the whole prompt: no need to ask
+    async with bed.request("A") as slot:
+        pass
+    assert bed.value("llama_sidecar_conversation_requests_total", source="slot") == 2
+
+
+async def test_the_shared_snapshot_replaces_a_changed_slot_only_after_saving_it(bed: Bed, tmp_path: Path) -> None:
+    shared = FakeShared(bed, tmp_path, "A")
+    with_shared(bed, shared)
+    for name in ("B", "C"):
+        async with bed.request(name):
+            pass
+    async with bed.request("A") as slot:
+        assert slot == 0  # B's slot, the least recently used
+    assert bed.actions() == [("save", 0), ("restore", 0)]
+    assert bed.server.held[0] == ids_of("A")
+
+
+async def test_a_fetch_slower_than_the_prefill_it_saves_is_not_made(bed: Bed, tmp_path: Path) -> None:
+    shared = FakeShared(bed, tmp_path, "A", bandwidth=1.0)
+    with_shared(bed, shared)
+    bed.server.prompt_tokens, bed.server.prompt_seconds = 4000.0, 8.0  # measured: 500 tokens/s
+    await bed.poll()
+    async with bed.request("A") as slot:
+        assert slot == 0
+    assert shared.rates == [500.0]
+    assert (shared.lookups, shared.fetches) == (1, 0)
+    assert bed.actions() == []
+    assert bed.value("llama_sidecar_conversation_requests_total", source="cold") == 1
+
+
+async def test_a_slow_store_costs_the_request_the_lookup_bound_then_it_runs_cold(
+    bed: Bed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(placer, "LOOKUP_SECONDS", 0.05)
+    shared = FakeShared(bed, tmp_path, "A")
+    shared.lookup_wait = asyncio.Event()  # never answers
+    with_shared(bed, shared)
+    async with bed.request("A") as slot:
+        assert slot == 0
+    assert bed.value("llama_sidecar_shared_store_errors_total", operation="list") == 1
+    assert bed.value("llama_sidecar_conversation_requests_total", source="cold") == 1
+    assert bed.actions() == []
+
+
+async def test_a_failed_fetch_runs_the_request_cold_in_the_slot_it_saved(bed: Bed, tmp_path: Path) -> None:
+    shared = FakeShared(bed, tmp_path, "A")
+    shared.fail_fetch = True
+    with_shared(bed, shared)
+    for name in ("B", "C"):
+        async with bed.request(name):
+            pass
+    async with bed.request("A") as slot:
+        assert slot == 0
+    assert bed.actions() == [("save", 0)]  # B is kept; nothing restored
+    assert bed.value("llama_sidecar_conversation_requests_total", source="cold") == 3
+    assert bed.value("llama_sidecar_conversation_requests_total", source="shared") == 0
+    assert bed.value("llama_sidecar_conversation_unrouted_total", reason="swap") == 0
+
+
+async def test_a_store_that_breaks_unexpectedly_never_fails_the_request(bed: Bed, tmp_path: Path) -> None:
+    shared = FakeShared(bed, tmp_path, "A")
+
+    async def broken(identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int) -> catalog.Match | None:
+        raise RuntimeError("boom")
+
+    shared.lookup = broken  # type: ignore[method-assign]
+    with_shared(bed, shared)
+    async with bed.request("A") as slot:
+        assert slot is None  # forwarded as it came
+    assert bed.value("llama_sidecar_conversation_unrouted_total", reason="error") == 1

@@ -182,6 +182,14 @@ def test_rate_starts_at_the_default_and_follows_measured_transfers() -> None:
     assert rate.current() == pytest.approx(0.3 * 10e6 + 0.7 * 100e6)
 
 
+def test_prefill_rate_is_the_servers_own_once_it_prefilled_enough() -> None:
+    assert decide.prefill_rate(prompt_tokens=0, prompt_seconds=0) == decide.DEFAULT_PREFILL_RATE
+    few = decide.MIN_MEASURED_TOKENS - 1
+    assert decide.prefill_rate(prompt_tokens=few, prompt_seconds=0.001) == decide.DEFAULT_PREFILL_RATE
+    assert decide.prefill_rate(prompt_tokens=6000, prompt_seconds=0) == decide.DEFAULT_PREFILL_RATE
+    assert decide.prefill_rate(prompt_tokens=6000, prompt_seconds=12.0) == pytest.approx(500.0)
+
+
 # ---- gc plan --------------------------------------------------------------------------
 
 NS = "team/gemma-0123"
