@@ -340,6 +340,7 @@ async def test_a_failed_fetch_runs_the_request_cold_in_the_slot_it_saved(bed: Be
             pass
     async with bed.request("A") as slot:
         assert slot == 0
+    assert shared.fetches == 1
     assert bed.actions() == [("save", 0)]  # B is kept; nothing restored
     assert bed.value("llama_sidecar_conversation_requests_total", source="cold") == 3
     assert bed.value("llama_sidecar_conversation_requests_total", source="shared") == 0
