@@ -414,6 +414,7 @@ async def test_counters_without_start_time_header(fake: FakeLlama, connect: Conn
     counters = await connect().counters()
     assert counters.start_time is None
     assert counters.prompt_tokens == 12002.0
+    assert counters.prompt_seconds == 41.3  # the prefill rate is their ratio
 
 
 async def test_counters_start_time_header_any_case(fake: FakeLlama, connect: Connect) -> None:
