@@ -34,6 +34,14 @@ def _bucket_keys(url: str) -> list[str]:
     return asyncio.run(listed())
 
 
+def _slot_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """One slot dir for each node: nothing local is shared."""
+    dirs = tmp_path / "a", tmp_path / "b"
+    for path in dirs:
+        path.mkdir()
+    return dirs
+
+
 def test_a_snapshot_of_node_a_comes_back_warm_on_node_b(
     llama: MakeServer,
     sidecar: MakeSidecar,
@@ -43,9 +51,7 @@ def test_a_snapshot_of_node_a_comes_back_warm_on_node_b(
     figure: Callable[[str], None],
 ) -> None:
     env = s3_server.env()
-    dir_a, dir_b = tmp_path / "a", tmp_path / "b"
-    dir_a.mkdir()
-    dir_b.mkdir()
+    dir_a, dir_b = _slot_dirs(tmp_path)
     server_a = llama(slot_dir=dir_a)
     node_a = sidecar(server_a, dir_a, extra={"--shared-store": s3_url}, env=env)
     prompt = make_prompt(server_a.url, PROMPT_TOKENS, seed=41)
@@ -127,9 +133,7 @@ def test_a_chat_saved_on_node_a_continues_warm_through_node_b_proxy(
     figure: Callable[[str], None],
 ) -> None:
     env = s3_server.env()
-    dir_a, dir_b = tmp_path / "a", tmp_path / "b"
-    dir_a.mkdir()
-    dir_b.mkdir()
+    dir_a, dir_b = _slot_dirs(tmp_path)
     server_a, server_b = llama(slot_dir=dir_a), llama(slot_dir=dir_b)
     proxy_a, proxy_b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     node_a = sidecar(server_a, dir_a, extra={"--shared-store": s3_url, "--proxy-listen": proxy_a}, env=env)
