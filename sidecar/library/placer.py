@@ -348,9 +348,12 @@ class Placer:
 
     async def _save(self, view: events.SlotView) -> bool:
         """Save what ``view``'s slot holds before it is given another conversation; True if nothing is lost."""
-        if view.signature is None or view.tokens == 0:
+        if (view.signature is None or view.tokens == 0) and not self._ended_unsaved(view.id, self._slot(view.id)):
             return True
-        return await self._core.save(policy.Save(view.id, view.signature, view.tokens, policy.SaveReason.SWAP))
+        # The poll's view may be older than a routed request that ended there: the engine reads the slot
+        # afresh before it saves, and saves what it holds then.
+        signature = view.signature if view.signature is not None else (-1, 0)
+        return await self._core.save(policy.Save(view.id, signature, view.tokens, policy.SaveReason.SWAP))
 
     def _held(self, view: events.SlotView) -> routing.Held:
         state = self._slot(view.id)
@@ -362,13 +365,17 @@ class Placer:
             dirty=self._dirty(view, state),
         )
 
+    def _ended_unsaved(self, slot: int, state: _Slot) -> bool:
+        """Whether a routed request ended in ``slot`` after its newest snapshot was made."""
+        newest = next(iter(self._snapshots.snapshots(slot)), None)
+        return state.ended > (newest.created if newest is not None else 0.0)
+
     def _dirty(self, view: events.SlotView, state: _Slot) -> bool:
         """Whether the slot holds content no snapshot has: a routed request ended after its newest snapshot."""
+        if self._ended_unsaved(view.id, state):
+            return True  # whatever the poll's view says: it may predate that request
         if view.signature is None or view.tokens == 0:
             return False  # empty, or holds only what a restore round put there
-        newest = next(iter(self._snapshots.snapshots(view.id)), None)
-        if state.ended > (newest.created if newest is not None else 0.0):
-            return True
         track = self._core.policy.tracks.get(view.id)
         return track is not None and track.signature is not None and track.signature != track.settled
 

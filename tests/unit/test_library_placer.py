@@ -358,3 +358,21 @@ async def test_a_store_that_breaks_unexpectedly_never_fails_the_request(bed: Bed
     async with bed.request("A") as slot:
         assert slot is None  # forwarded as it came
     assert bed.value("llama_sidecar_conversation_unrouted_total", reason="error") == 1
+
+
+async def test_a_slot_filled_since_the_last_poll_is_saved_before_it_is_given_away(bed: Bed) -> None:
+    async def unpolled(conversation: str) -> int:
+        """A request that ends before the next poll: the poll's view still shows its slot as it was."""
+        bed.clock.now += 1.0
+        body = json.dumps({"messages": [{"role": "user", "content": conversation}]}).encode()
+        async with bed.library.pin("/v1/chat/completions", body) as forwarded:
+            slot: int = json.loads(forwarded)["id_slot"]
+            bed.server.serve(slot, ids_of(conversation))
+        return slot
+
+    first = await unpolled("A")
+    assert await unpolled("B") != first
+    assert bed.actions() == []
+    assert await unpolled("C") == first  # the least recently used: the poll still shows it empty
+    assert bed.actions() == [("save", first)]  # A saved before C took its slot, read afresh
+    assert [m.slot for m in bed.snapshots.library()] == [first]
