@@ -58,14 +58,20 @@ class Prometheus:
         return float(result[0]["value"][1])
 
     def wait_scraped(self, jobs: list[str], after: float, timeout: float = 30.0) -> None:
-        """Wait until every job has been scraped successfully after wall time `after`."""
+        """Wait until every job has been scraped successfully after wall time `after`, and twice in all.
+
+        `rate()` and `increase()` need two samples in their range: on a fast machine the whole test
+        can run within Prometheus's first scrape, and the range queries would have no data. `up`
+        summed over time counts a job's successful scrapes.
+        """
 
         def scraped() -> bool:
             try:
                 seen = {r["metric"]["job"]: float(r["value"][1]) for r in self.query("timestamp(up == 1)")}
+                count = {r["metric"]["job"]: float(r["value"][1]) for r in self.query("sum_over_time(up[1h])")}
             except (urllib.error.URLError, ConnectionError):
                 return False
-            return all(seen.get(job, 0.0) > after + 1.0 for job in jobs)
+            return all(seen.get(job, 0.0) > after + 1.0 and count.get(job, 0.0) >= 2 for job in jobs)
 
         try:
             wait_until(scraped, timeout=timeout, what=f"a scrape of {jobs}", every=0.25, gone=self._exited)
