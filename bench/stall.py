@@ -8,7 +8,9 @@ round, so drift in the machine's load hits all of them:
 
 * no sidecar (the baseline: no saves);
 * the bench itself saving slot 1 2.5 s after each change (the server's own
-  cost of a save, without the sidecar's process);
+  cost of a save, without the sidecar's process): each save to a new file,
+  the one before deleted after it, as the sidecar keeps its snapshots (a
+  save over the same file reuses its blocks and costs the server less);
 * the sidecar with `--save-hold-seconds 0`: it saves slot 1 once idle 2 s
   after each change, while slot 0 generates: the same saves as the bench's,
   plus the sidecar's own work (polls, checksum, fdatasync);
@@ -47,6 +49,8 @@ HELD_SAVE_WAIT = 60.0
 DIRECT_SAVE_AFTER = 2.5
 """The bench's own save follows a change after about as long as the sidecar's would (idle 2 s + poll)."""
 DISTURBED = 1.5
+DIRECT_FILE = "bench-direct"
+"""The bench's own saves are `bench-direct-<n>.bin` in the slot dir."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -113,10 +117,12 @@ def window(
     period: float,
     save_after: float | None,
     save_ms: list[float],
+    slot_dir: Path,
 ) -> tuple[float, float, list[float], list[tuple[float, float]], int]:
     """One measuring window; returns (start, end, token times, direct saves, changes), times in unix time.
 
-    `save_after`: the bench itself saves slot 1 this long after each change (no sidecar).
+    `save_after`: the bench itself saves slot 1 this long after each change (no sidecar), each
+    time to a new file in `slot_dir`, and deletes the file before.
     """
     times: list[float] = []
     saves: list[tuple[float, float]] = []
@@ -134,9 +140,10 @@ def window(
         if save_after is not None:
             time.sleep(max(0.0, cycle + save_after - time.monotonic()))
             began_save = time.time()
-            saved = llamabed.slot_action(server.url, 1, "save", "bench-direct.bin")
+            saved = llamabed.slot_action(server.url, 1, "save", f"{DIRECT_FILE}-{changes}.bin")
             saves.append((began_save, time.time()))
             save_ms.append(float(saved["timings"]["save_ms"]))
+            (slot_dir / f"{DIRECT_FILE}-{changes - 1}.bin").unlink(missing_ok=True)
         time.sleep(max(0.0, cycle + period - time.monotonic()))
     thread.join(timeout=seconds + 60)
     end = time.time()
@@ -168,6 +175,7 @@ def run(bed: rig.Rig, *, base_tokens: int, seconds: float, rounds: int, period: 
                 period=period,
                 save_after=DIRECT_SAVE_AFTER if cond.name == DIRECT else None,
                 save_ms=cond.save_server_ms,
+                slot_dir=slot_dir,
             )
             after = 0
             if side is not None:
@@ -175,7 +183,8 @@ def run(bed: rig.Rig, *, base_tokens: int, seconds: float, rounds: int, period: 
                 if cond.name == HELD and changes:
                     after = _held_saves(side, end)
                 side.kill()
-            (slot_dir / "bench-direct.bin").unlink(missing_ok=True)
+            for direct in slot_dir.glob(f"{DIRECT_FILE}-*.bin"):
+                direct.unlink()
             gaps = [(b - a) * 1000 for a, b in itertools.pairwise(times)]
             w = Window(r + 1, gaps, len(saves), _holding(saves, times), changes, rig.cpu_pressure())
             w.during_generation = sum(1 for began, ended in saves if _during(began, ended, times))

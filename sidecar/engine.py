@@ -186,7 +186,7 @@ class Engine:
         if not self._adopted:
             self._adopted = True
             self._adopt_existing(obs.slots)
-        self.policy.observe(obs.slots, obs.at)
+        self.policy.observe(obs.slots, obs.at, read_at=obs.slots_at)
         if self.restorer.pending:
             self.restorer.verify(obs)
         if not self.restore_owed():
@@ -381,11 +381,12 @@ class Engine:
             log.error("slot_dir_not_linked", problem=link.problem)
 
     async def save(self, action: policy.Save) -> bool:
-        """Save one slot if it is idle right now; True if a snapshot was committed."""
+        """Save one slot if it is idle right now; True if its content is in a snapshot (committed now or before)."""
         if self.identity is None or self.latest is None:
             log.warning("snapshot_postponed", slot=action.slot, reason="server identity (/props) not read yet")
             return False
         async with self.actions.lock:
+            read_at = self._clock.monotonic()
             try:
                 fresh = await self.actions.slots()
             except errors.UpstreamError as exc:
@@ -396,18 +397,22 @@ class Engine:
             if view is None or view.signature is None:
                 log.info("snapshot_postponed", slot=action.slot, reason="the slot holds nothing (any more)")
                 return False
+            # Newer than the poll's listing (carried over while other slots generate): the policy follows it.
+            self.policy.observe([view], self._clock.monotonic(), read_at=read_at)
             if view.processing:
-                self.policy.observe([view], self._clock.monotonic())
                 self.saver.busy(action)
                 return False
             if self._hold(action, fresh, None):
                 return False
             track = self.policy.tracks.get(view.id)
-            if action.reason is policy.SaveReason.SWAP and track is not None and track.settled == view.signature:
-                return True  # saved meanwhile (the idle save ran first): nothing to lose
+            if action.reason is not policy.SaveReason.MANUAL and track is not None and track.settled == view.signature:
+                return True  # saved already (an earlier save found this content): nothing to lose
             if view.signature != action.signature:  # it ran a turn since: save what it holds now
                 action = dataclasses.replace(action, signature=view.signature, tokens=view.tokens)
-            record = await self.saver.save(action, identity=self.identity, slot_n_ctx=view.n_ctx)
+            others_busy = any(v.processing for v in fresh if v.id != action.slot)
+            record = await self.saver.save(
+                action, identity=self.identity, slot_n_ctx=view.n_ctx, others_busy=others_busy
+            )
         self._saved(action, record)
         return record.result is outcomes.SaveResult.OK
 

@@ -115,6 +115,8 @@ class Observation:
     """Why the server is down or its slots unread; empty when all is well."""
     denied: tuple[str, ...] = ()
     """The server's refusals (401/403) of /slots, /props or /metrics in this poll: a missing or wrong API key."""
+    slots_at: float | None = None
+    """Monotonic time of the /slots read ``slots`` come from: an earlier poll's when carried over; None: ``at``."""
 
     def slot(self, slot_id: int) -> SlotView | None:
         for view in self.slots or ():

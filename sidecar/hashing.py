@@ -8,7 +8,7 @@ signature against an attacker who can write the slot dir: such a writer
 could rewrite the manifest as well. Manifests of format 1 carry sha256
 digests; they stay readable and are verified with sha256.
 
-Files are read in 8 MiB chunks into one reused buffer (an anonymous
+Files are read in 1 MiB chunks into one reused buffer (an anonymous
 mapping, given back to the system after each file), with
 ``POSIX_FADV_SEQUENTIAL`` so the kernel reads ahead. ``hashlib`` and
 ``xxhash`` release the GIL on large buffers, so hashing in a worker thread
@@ -22,13 +22,26 @@ import enum
 import hashlib
 import mmap
 import os
+import time
 from pathlib import Path
 from typing import Protocol
 
 import xxhash
 
-CHUNK = 8 << 20
-"""Bytes per read."""
+CHUNK = 1 << 20
+"""Bytes per read: a buffer that stays in the CPU's L2 cache hashes a page-cached file about twice as
+fast as 8 MiB (9.0 vs 4.2 GB/s for a 14 MB snapshot here); the kernel's read-ahead keeps a cold disk busy."""
+
+
+PACE = 0.002
+"""Seconds to sleep after each chunk when a commit's hash runs while other slots generate.
+
+Generation on the CPU is bound by memory bandwidth, and a hash streams the
+file through memory: unpaced, it lengthened the token gap it fell in by
+about 5 ms for a 20 MB snapshot (beyond the server's own save); paced, the
+same reads spread over a few tokens and the worst gap grew by about 2 ms
+(``bench/README.md``, section 3). A 20 MB hash then takes about 45 ms instead of 3.
+"""
 
 
 class Algorithm(enum.StrEnum):
@@ -55,17 +68,20 @@ def _new(algorithm: Algorithm) -> _Hasher:
     return hashlib.sha256()
 
 
-def fd_digest(fd: int, algorithm: Algorithm) -> str:
+def fd_digest(fd: int, algorithm: Algorithm, *, pause: float = 0.0) -> str:
+    """The hex digest of what ``fd`` reads; ``pause``: seconds to sleep after each chunk (see ``PACE``)."""
     with contextlib.suppress(OSError):  # advice only; some filesystems refuse it
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     hasher = _new(algorithm)
-    # An anonymous mapping, not a bytearray: malloc would keep an 8 MiB block in the arena of
+    # An anonymous mapping, not a bytearray: malloc would keep a CHUNK-sized block in the arena of
     # each worker thread that ever hashed, and the process would grow by that much per thread.
     buf = mmap.mmap(-1, CHUNK)
     try:
         with memoryview(buf) as view:
             while (got := os.readv(fd, [buf])) > 0:
                 hasher.update(view[:got])
+                if pause:
+                    time.sleep(pause)
     finally:
         buf.close()
     return hasher.hexdigest()
@@ -80,16 +96,17 @@ def file_digest(path: Path, algorithm: Algorithm = CURRENT) -> str:
         os.close(fd)
 
 
-def digest_and_sync(path: Path, algorithm: Algorithm = CURRENT) -> str:
+def digest_and_sync(path: Path, algorithm: Algorithm = CURRENT, *, pause: float = 0.0) -> str:
     """Hash a file the server just wrote (its pages are still in the page cache), then make it durable.
 
     ``fdatasync`` writes the data and the metadata needed to read it back
     (the size); the file's times are not needed for a snapshot, so the full
     ``fsync`` buys nothing here. Measured by ``python -m bench.hashing``.
+    ``pause``: see ``PACE``.
     """
     fd = os.open(path, os.O_RDONLY)
     try:
-        digest = fd_digest(fd, algorithm)
+        digest = fd_digest(fd, algorithm, pause=pause)
         os.fdatasync(fd)
     finally:
         os.close(fd)

@@ -55,6 +55,8 @@ class SlotTrack:
     """Content already saved, restored, or judged not worth saving."""
     retry_at: float = 0.0
     """No save before this monotonic time (after a failed save)."""
+    read_at: float = float("-inf")
+    """When the newest /slots listing the track follows was read (monotonic seconds)."""
 
 
 class Policy:
@@ -66,9 +68,20 @@ class Policy:
         """Forget every slot: the server process changed."""
         self.tracks.clear()
 
-    def observe(self, slots: Iterable[events.SlotView], now: float) -> None:
+    def observe(self, slots: Iterable[events.SlotView], now: float, *, read_at: float | None = None) -> None:
+        """Follow each slot's content; ``read_at``: when the listing was read (None: ``now``).
+
+        A listing read before one the policy already follows is stale (the
+        poller carries its last listing over while slots generate, and a save
+        reads the slot afresh in between): it is ignored, or an old content
+        would look unsaved again and be saved once more.
+        """
+        read_at = now if read_at is None else read_at
         for view in slots:
             track = self.tracks.setdefault(view.id, SlotTrack(changed_at=now))
+            if read_at < track.read_at:
+                continue
+            track.read_at = read_at
             if view.signature != track.signature or view.processing != track.busy:
                 if view.signature not in (track.signature, track.settled):
                     track.dirty_since = track.dirty_since if track.dirty_since is not None else now

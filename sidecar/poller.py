@@ -138,6 +138,7 @@ class Poller:
             at=at,
             health=health,
             slots=slots,
+            slots_at=self._slots_read_at if slots is not None else None,
             identity=identity,
             counters=self._counters,
             counters_fresh=fresh,

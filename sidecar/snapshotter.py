@@ -14,9 +14,23 @@ import time
 
 import structlog
 
-from sidecar import actions, config, errors, events, manifest, metrics, outcomes, policy, protocols, store
+from sidecar import (
+    actions,
+    config,
+    errors,
+    events,
+    hashing,
+    manifest,
+    metrics,
+    outcomes,
+    policy,
+    protocols,
+    store,
+)
 
 log = structlog.get_logger("sidecar.snapshot")
+PACED = frozenset({policy.SaveReason.IDLE, policy.SaveReason.PERIODIC})
+"""Saves nobody waits for: their hash is paced while other slots generate."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,8 +68,15 @@ class Snapshotter:
         self.last: SaveRecord | None = None
         self._low_disk = False
 
-    async def save(self, action: policy.Save, *, identity: events.Identity, slot_n_ctx: int) -> SaveRecord:
-        """Save one slot: the caller holds the action lock and has just read the slot idle."""
+    async def save(
+        self, action: policy.Save, *, identity: events.Identity, slot_n_ctx: int, others_busy: bool = False
+    ) -> SaveRecord:
+        """Save one slot: the caller holds the action lock and has just read the slot idle.
+
+        ``others_busy``: another slot was processing at that read. A save in the background (idle,
+        periodic) then paces its hash (``hashing.PACE``) so as not to lengthen their token gaps;
+        a save someone waits for (a swap, an admin's, the final one) never does.
+        """
         slot = action.slot
         need = self._estimate_bytes(action.tokens)
         usage = await asyncio.to_thread(self._snapshots.usage)
@@ -88,6 +109,7 @@ class Snapshotter:
                 written=result.bytes,
                 task=action.signature[0],
                 fingerprint=manifest.Fingerprint.of(identity, n_ctx=slot_n_ctx),
+                pause=hashing.PACE if others_busy and action.reason in PACED else 0.0,
             )
         except errors.SnapshotError as exc:
             seconds = time.perf_counter() - started

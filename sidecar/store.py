@@ -375,8 +375,12 @@ class SnapshotStore:
         written: int,
         task: int | None,
         fingerprint: manifest.Fingerprint,
+        pause: float = 0.0,
     ) -> manifest.Manifest:
-        """Check, hash and publish a file the server just wrote; see the module docstring."""
+        """Check, hash and publish a file the server just wrote; see the module docstring.
+
+        ``pause``: the hash's pause after each chunk (``hashing.PACE`` while other slots generate).
+        """
         path = self.dir / temp
         try:
             if self._root._blocked:
@@ -395,7 +399,7 @@ class SnapshotStore:
                 raise errors.SnapshotError(
                     f"{temp} has {size} bytes but the server reported writing {written}", reason=Problem.SIZE
                 )
-            digest = hashing.digest_and_sync(path)
+            digest = hashing.digest_and_sync(path, pause=pause)
             index = self._read_index(path)
             os.chmod(path, FILE_MODE)
             now = self._clock()

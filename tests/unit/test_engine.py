@@ -12,7 +12,7 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar import config, engine, errors, events, manifest, metrics, outcomes, poller, store
+from sidecar import config, engine, errors, events, hashing, manifest, metrics, outcomes, poller, store
 
 
 @dataclasses.dataclass
@@ -103,7 +103,7 @@ async def test_no_save_is_sent_to_a_slot_that_started_processing_after_the_poll(
     assert last is not None
     assert (last.result, last.cause) == (outcomes.SaveResult.SKIPPED, outcomes.SaveCause.SLOT_BUSY)
     assert bed.value("llama_sidecar_snapshots_total", slot="0", result="skipped") == 1
-    bed.server.set_slot(0, processing=False, task=2, tokens=800)  # its turn ends
+    bed.server.run_turn(0, task=2, tokens=800)  # its turn ends (the server's counters move)
     await bed.cycle(after=1.0)
     await bed.cycle(after=3.0)
     assert [(m.task, m.tokens) for m in bed.snapshots.snapshots(0)] == [(2, 800)]
@@ -362,3 +362,44 @@ async def test_a_restore_round_that_cannot_read_the_slots_is_tried_again(bed: Be
     del bed.server.fail["slots"]
     await bed.cycle(after=1.0)
     assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1
+
+
+async def test_a_turn_the_poll_did_not_see_is_saved_once_while_another_slot_generates(tmp_path: Path) -> None:
+    """While slot 1 generates the poller carries its /slots listing over (it reads it again only
+    every few seconds); the save reads slot 0 afresh and finds a newer turn. Once that is saved, the
+    carried-over listing, older than the save's read, must not make the older turn look unsaved."""
+    bed = make_bed(tmp_path, hold_seconds=0.0)
+    await bed.cycle()
+    bed.server.set_slot(1, task=9, tokens=50, processing=True)  # generates throughout
+    bed.server.run_turn(0, task=1, tokens=500)
+    await bed.cycle(after=1.0)  # the busy count changed: /slots read, slot 0 holds turn 1
+    bed.server.run_turn(0, task=2, tokens=520)  # between two polls; the busy count stays 1
+    for _ in range(4):
+        await bed.cycle(after=1.0)  # turn 1 is due at 2 s idle; the save finds turn 2
+    assert bed.server.names().count("slots") < 2 + 4 + 4  # the poller carried its listing over
+    assert [(m.task, m.tokens) for m in bed.snapshots.snapshots(0)] == [(2, 520)]
+    assert [slot for slot, _ in bed.saves()] == [0]
+
+
+async def test_a_save_while_another_slot_generates_paces_its_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pauses: list[float] = []
+    digest = hashing.digest_and_sync
+
+    def watched(path: Path, algorithm: hashing.Algorithm = hashing.CURRENT, *, pause: float = 0.0) -> str:
+        pauses.append(pause)
+        return digest(path, algorithm, pause=pause)
+
+    monkeypatch.setattr(hashing, "digest_and_sync", watched)
+    bed = make_bed(tmp_path, hold_seconds=0.0)
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    bed.server.set_slot(1, task=2, tokens=50, processing=True)
+    await bed.cycle(after=1.0)
+    await bed.cycle(after=3.0)
+    bed.server.run_turn(1, task=2, tokens=900)  # slot 1 is done: its own save has nobody to pace for
+    await bed.cycle(after=1.0)
+    await bed.cycle(after=3.0)
+    assert [slot for slot, _ in bed.saves()] == [0, 1]
+    assert pauses == [hashing.PACE, 0.0]

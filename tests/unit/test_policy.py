@@ -158,6 +158,17 @@ def test_settled_content_is_not_saved_again() -> None:
     assert pol.due(60.0) == []
 
 
+def test_a_listing_read_before_the_one_followed_is_ignored() -> None:
+    pol = policy.Policy(TIMING)
+    pol.observe([slot(0, task=1, tokens=500)], now=1.0)  # the poll's listing, read at 1.0
+    pol.observe([slot(0, task=2, tokens=520)], now=3.5, read_at=3.0)  # a save read the slot afresh
+    pol.settle(0, (2, 520))
+    pol.observe([slot(0, task=1, tokens=500)], now=4.0, read_at=1.0)  # the poll carries its listing over
+    assert pol.due(10.0) == []
+    pol.observe([slot(0, task=3, tokens=540)], now=11.0, read_at=11.0)  # a newer listing counts again
+    assert [a.signature for a in saves(pol.due(13.0))] == [(3, 540)]
+
+
 def test_never_a_save_for_a_busy_slot() -> None:
     pol = policy.Policy(TIMING)
     for step in range(60):

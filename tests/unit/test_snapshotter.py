@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,7 @@ import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar import actions, config, errors, metrics, outcomes, policy, protocols, snapshotter, store
+from sidecar import actions, config, errors, hashing, metrics, outcomes, policy, protocols, snapshotter, store
 
 R, C = outcomes.SaveResult, outcomes.SaveCause
 SAVE = policy.Save(0, (4, 500), 500, policy.SaveReason.IDLE)
@@ -118,3 +119,32 @@ async def test_disk_below_the_floor_skips_without_asking_the_server(tmp_path: Pa
 def test_every_cause_maps_to_one_result() -> None:
     assert set(outcomes.SaveCause) > outcomes.SKIP_CAUSES
     assert metrics.SNAPSHOT_RESULTS == ("ok", "failed", "skipped")
+
+
+@pytest.mark.parametrize(
+    ("reason", "others_busy", "pause"),
+    [
+        (policy.SaveReason.IDLE, True, hashing.PACE),
+        (policy.SaveReason.PERIODIC, True, hashing.PACE),
+        (policy.SaveReason.IDLE, False, 0.0),
+        (policy.SaveReason.SWAP, True, 0.0),
+        (policy.SaveReason.MANUAL, True, 0.0),
+        (policy.SaveReason.FINAL, True, 0.0),
+    ],
+)
+async def test_a_background_save_paces_its_hash_while_other_slots_generate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reason: policy.SaveReason, others_busy: bool, pause: float
+) -> None:
+    _, saver, _ = make(tmp_path)
+    pauses: list[float] = []
+    digest = hashing.digest_and_sync
+
+    def watched(path: Path, algorithm: hashing.Algorithm = hashing.CURRENT, *, pause: float = 0.0) -> str:
+        pauses.append(pause)
+        return digest(path, algorithm, pause=pause)
+
+    monkeypatch.setattr(hashing, "digest_and_sync", watched)
+    action = dataclasses.replace(SAVE, reason=reason)
+    record = await saver.save(action, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX, others_busy=others_busy)
+    assert record.result == R.OK
+    assert pauses == [pause]
