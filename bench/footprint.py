@@ -140,7 +140,7 @@ def run(bed: rig.Rig, *, seconds: float, say: rig.Say) -> list[State]:
     traffic = threading.Thread(
         target=stall.window,
         args=(server, convo),
-        kwargs={"seconds": seconds + 8, "period": 3.5, "save_after": None, "save_ms": []},
+        kwargs={"seconds": seconds + 8, "period": 3.5, "save_after": None, "save_ms": [], "slot_dir": slot_dir},
         daemon=True,
     )
     traffic.start()
@@ -148,6 +148,8 @@ def run(bed: rig.Rig, *, seconds: float, say: rig.Say) -> list[State]:
     states.append(sample(SAVING, side, server, seconds=seconds, polls=1.0))
     traffic.join(timeout=seconds + 120)
     saves = len(side.log_events("snapshot_committed")) - saves_before
+    if not saves:  # the traffic thread died (its traceback is above), or the sidecar saved nothing
+        raise rig.BenchError(f"'{SAVING}': the sidecar made no save while slot 1 changed; its log: {side.log_path}")
     say(f"  {states[-1].name}: sidecar {states[-1].sidecar_cpu * 100:.2f}% of a core, {saves} saves")
     client.settle(side)
     side.kill()
