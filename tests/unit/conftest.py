@@ -5,7 +5,24 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import configuration
+
+from sidecar import hashing
 
 # Hypothesis caches constants it finds in the code under test; keep that out of the work tree.
 configuration.set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "llama-kv-sidecar-hypothesis")
+
+
+@pytest.fixture
+def hash_pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The ``pause`` of every commit's hash (``hashing.digest_and_sync``), in order; the hash still runs."""
+    pauses: list[float] = []
+    digest = hashing.digest_and_sync
+
+    def watched(path: Path, algorithm: hashing.Algorithm = hashing.CURRENT, *, pause: float = 0.0) -> str:
+        pauses.append(pause)
+        return digest(path, algorithm, pause=pause)
+
+    monkeypatch.setattr(hashing, "digest_and_sync", watched)
+    return pauses

@@ -381,17 +381,7 @@ async def test_a_turn_the_poll_did_not_see_is_saved_once_while_another_slot_gene
     assert [slot for slot, _ in bed.saves()] == [0]
 
 
-async def test_a_save_while_another_slot_generates_paces_its_hash(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pauses: list[float] = []
-    digest = hashing.digest_and_sync
-
-    def watched(path: Path, algorithm: hashing.Algorithm = hashing.CURRENT, *, pause: float = 0.0) -> str:
-        pauses.append(pause)
-        return digest(path, algorithm, pause=pause)
-
-    monkeypatch.setattr(hashing, "digest_and_sync", watched)
+async def test_a_save_while_another_slot_generates_paces_its_hash(tmp_path: Path, hash_pauses: list[float]) -> None:
     bed = make_bed(tmp_path, hold_seconds=0.0)
     await bed.cycle()
     bed.server.run_turn(0, task=1, tokens=500)
@@ -402,4 +392,4 @@ async def test_a_save_while_another_slot_generates_paces_its_hash(
     await bed.cycle(after=1.0)
     await bed.cycle(after=3.0)
     assert [slot for slot, _ in bed.saves()] == [0, 1]
-    assert pauses == [hashing.PACE, 0.0]
+    assert hash_pauses == [hashing.PACE, 0.0]

@@ -133,18 +133,10 @@ def test_every_cause_maps_to_one_result() -> None:
     ],
 )
 async def test_a_background_save_paces_its_hash_while_other_slots_generate(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reason: policy.SaveReason, others_busy: bool, pause: float
+    tmp_path: Path, hash_pauses: list[float], reason: policy.SaveReason, others_busy: bool, pause: float
 ) -> None:
     _, saver, _ = make(tmp_path)
-    pauses: list[float] = []
-    digest = hashing.digest_and_sync
-
-    def watched(path: Path, algorithm: hashing.Algorithm = hashing.CURRENT, *, pause: float = 0.0) -> str:
-        pauses.append(pause)
-        return digest(path, algorithm, pause=pause)
-
-    monkeypatch.setattr(hashing, "digest_and_sync", watched)
     action = dataclasses.replace(SAVE, reason=reason)
     record = await saver.save(action, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX, others_busy=others_busy)
     assert record.result == R.OK
-    assert pauses == [pause]
+    assert hash_pauses == [pause]
