@@ -120,6 +120,7 @@ class Poller:
             # (last_up) stays the last awake observation.
             self._slots, self._slots_activity = None, None
         elif came_up or not fresh or self._slots_stale(at):
+            read_at = self._clock.monotonic()  # after /health, /props and /metrics: ordered against a save's read
             try:
                 slots = await self._client.slots()
             except errors.UpstreamError as exc:
@@ -127,7 +128,7 @@ class Poller:
                 self._unreadable("slots_unreadable", exc, quiet=True)
             self._slots = slots
             self._slots_activity = self._counters.activity if fresh and self._counters else None
-            self._slots_read_at = at
+            self._slots_read_at = read_at
         else:
             slots = self._slots  # /metrics shows no activity since /slots was read: nothing changed
         if problem != self._problem and problem and not self._denied:
