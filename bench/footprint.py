@@ -147,11 +147,11 @@ def run(bed: rig.Rig, *, seconds: float, say: rig.Say) -> list[State]:
     time.sleep(4.0)  # the stream has started and slot 1 changed once
     states.append(sample(SAVING, side, server, seconds=seconds, polls=1.0))
     traffic.join(timeout=seconds + 120)
+    client.settle(side)  # the commits that waited for the stream's end are logged
     saves = len(side.log_events("snapshot_committed")) - saves_before
     if not saves:  # the traffic thread died (its traceback is above), or the sidecar saved nothing
         raise rig.BenchError(f"'{SAVING}': the sidecar made no save while slot 1 changed; its log: {side.log_path}")
     say(f"  {states[-1].name}: sidecar {states[-1].sidecar_cpu * 100:.2f}% of a core, {saves} saves")
-    client.settle(side)
     side.kill()
 
     side = bed.sidecar(server, slot_dir, **{"--poll-interval": "0.25"})

@@ -13,7 +13,8 @@ round, so drift in the machine's load hits all of them:
   save over the same file reuses its blocks and costs the server less);
 * the sidecar with `--save-hold-seconds 0`: it saves slot 1 once idle 2 s
   after each change, while slot 0 generates: the same saves as the bench's,
-  plus the sidecar's own work (polls, checksum, fdatasync);
+  plus the sidecar's own work (polls, a read of `/slots` before each save;
+  the commit, checksum and fdatasync, waits until the stream ends);
 * the sidecar with its defaults: it holds those saves while slot 0 is
   processing and takes them once the stream ends (counted after the window).
 
@@ -59,7 +60,7 @@ class Window:
     gaps_ms: list[float]
     saves: int
     save_gaps_ms: list[float]
-    """For each save, the longest inter-token gap overlapping it (sidecar: save call + commit)."""
+    """For each save, the longest inter-token gap overlapping its call to the server."""
     changes: int
     pressure: float | None
     """CPU pressure (PSI avg10, %) at the window's end."""
@@ -179,6 +180,7 @@ def run(bed: rig.Rig, *, base_tokens: int, seconds: float, rounds: int, period: 
             )
             after = 0
             if side is not None:
+                client.settle(side)  # the commits that waited for the stream's end are logged
                 saves = _sidecar_saves(side, cond, start, end)
                 if cond.name == HELD and changes:
                     after = _held_saves(side, end)
@@ -203,13 +205,13 @@ def run(bed: rig.Rig, *, base_tokens: int, seconds: float, rounds: int, period: 
 def _sidecar_saves(
     side: sidecarbed.SidecarProcess, cond: Condition, start: float, end: float
 ) -> list[tuple[float, float]]:
-    """(start, end) of the sidecar's saves (save call + commit) that ended inside the window."""
+    """(start, end) of the save calls of the sidecar's committed saves that began inside the window."""
     spans = []
     for entry in side.log_events("snapshot_committed"):
-        done = rig.log_time(entry)
-        if entry.get("slot") == 1 and start <= done <= end:
+        began = float(entry["saved_at"])
+        if entry.get("slot") == 1 and start <= began <= end:
             cond.save_server_ms.append(float(entry.get("server_ms") or 0.0))
-            spans.append((done - float(entry.get("seconds") or 0.0), done))
+            spans.append((began, began + float(entry["save_seconds"])))
     return spans
 
 

@@ -29,6 +29,7 @@ from sidecar import (
     config,
     errors,
     events,
+    hashing,
     manifest,
     metrics,
     outcomes,
@@ -85,6 +86,7 @@ class Engine:
         self.saver = snapshotter.Snapshotter(
             slot_actions=self.actions, snapshots=snapshots, stats=stats, settings=s, clock=self._clock
         )
+        self.saver.on_deferred_commit = self._committed_later
         self.restorer = restorer.Restorer(
             slot_actions=self.actions, snapshots=snapshots, stats=stats, clock=self._clock
         )
@@ -100,6 +102,8 @@ class Engine:
         self._adopted = False
         self._slot_count = 0
         self._said: events.Health | None = None
+        self._epoch = 0
+        """Server processes seen (restarts and wake-ups): a save's outcome counts only in its own."""
         self._held: dict[int, tuple[int, int]] = {}
         """The content of each slot whose save was last held (logged once per content)."""
         self._wake = asyncio.Event()
@@ -174,8 +178,8 @@ class Engine:
         if obs.identity is not None:
             self.identity = obs.identity
         if not self._ready(obs):
-            if obs.health is not events.Health.OK and not self._prechecked:
-                self._wake.set()  # the server is loading: check the files the restore round will need
+            if (obs.health is not events.Health.OK and not self._prechecked) or self.saver.pending:
+                self._wake.set()  # check the files the restore round will need; commit the saves that wait
             elif obs.health is events.Health.OK:
                 self.gate.open(seen_at=obs.at)  # up, but nothing the sidecar can restore now
             return
@@ -233,6 +237,7 @@ class Engine:
         restart-to-restore latency starts.
         """
         self.policy.reset()
+        self._epoch += 1
         for listener in self.content_listeners:
             listener.emptied()
         self.restorer.pending.clear()
@@ -290,12 +295,15 @@ class Engine:
         """Run what the newest observation makes due: file checks, the restore round, the probe, saves."""
         obs = self.latest
         if obs is None or obs.health is not events.Health.OK:
+            await self._commit_written(quiet=True)  # nothing generates: the restore round will want them
             if not self._prechecked:
                 await self._precheck()
             return
         if not self._ready(obs):
+            await self._commit_written(quiet=obs.sleeping or not self._processing(obs.slots or (), obs.counters))
             return
         if self.restore_due:
+            await self._commit_written(quiet=True)  # the newest snapshots are restored, not those before
             self.restore_due = False
             self._restoring = True
             try:
@@ -315,6 +323,31 @@ class Engine:
                 self.policy.settle(action.slot, action.signature)
             elif not self._hold(action, self.latest.slots or (), self.latest.counters):
                 await self.save(action)
+        latest = self.latest
+        if latest is not None:
+            await self._commit_written(quiet=not self._processing(latest.slots or (), latest.counters))
+
+    async def _commit_written(self, *, quiet: bool) -> None:
+        """Commit the saves whose commit waits (see :mod:`sidecar.snapshotter`) once due.
+
+        ``quiet``: no slot is processing: commit them all now. Otherwise commit
+        only those that have waited ``snapshotter.COMMIT_WAIT``, paced.
+        """
+        before = self.saver.commit_due(quiet=quiet)
+        if before is None:
+            return
+        async with self.actions.lock:
+            await self.saver.commit_pending(pause=0.0 if quiet else hashing.PACE, written_before=before)
+
+    def _committed_later(self, written: snapshotter.Written, record: snapshotter.SaveRecord) -> None:
+        """A save whose commit waited: it was taken as saved; if the commit failed, the slot is due again."""
+        if written.epoch != self._epoch:
+            return  # a save of an earlier server process: its slots are gone
+        if record.cause is None:
+            self._set_link(probe.Link(True))
+        else:
+            self.policy.unsettle(written.action.slot, written.action.signature, self._clock.monotonic())
+            self._saved(written.action, record)
 
     async def _expire(self) -> None:
         """Apply --max-age on an idle server too: retention otherwise runs only after a commit."""
@@ -409,21 +442,30 @@ class Engine:
                 return True  # saved already (an earlier save found this content): nothing to lose
             if view.signature != action.signature:  # it ran a turn since: save what it holds now
                 action = dataclasses.replace(action, signature=view.signature, tokens=view.tokens)
-            others_busy = any(v.processing for v in fresh if v.id != action.slot)
+            others_busy = self._processing(fresh, None, besides=action.slot)
             record = await self.saver.save(
-                action, identity=self.identity, slot_n_ctx=view.n_ctx, others_busy=others_busy
+                action, identity=self.identity, slot_n_ctx=view.n_ctx, others_busy=others_busy, epoch=self._epoch
             )
+        if isinstance(record, snapshotter.Written):
+            self.policy.settle(action.slot, action.signature)  # its commit waits; undone if that fails
+            return True
         self._saved(action, record)
         return record.result is outcomes.SaveResult.OK
 
+    @staticmethod
+    def _processing(
+        slots: tuple[events.SlotView, ...], counters: events.Counters | None, *, besides: int | None = None
+    ) -> bool:
+        """Whether a slot other than ``besides`` is processing, as the listing or the counters say."""
+        return any(v.processing for v in slots if v.id != besides) or (counters is not None and counters.processing > 0)
+
     def _hold(self, action: policy.Save, slots: tuple[events.SlotView, ...], counters: events.Counters | None) -> bool:
         """Whether to hold a due save because another slot is processing (see ``Policy.may_hold``)."""
-        if action.reason not in (policy.SaveReason.IDLE, policy.SaveReason.PERIODIC):
-            return False  # an admin's or the final save is taken now
-        others = any(v.processing for v in slots if v.id != action.slot) or (
-            counters is not None and counters.processing > 0
-        )
-        if not others or not self.policy.may_hold(action.slot, self._clock.monotonic()):
+        if action.reason not in snapshotter.BACKGROUND:
+            return False  # a swap, an admin's or the final save is taken now
+        if not self._processing(slots, counters, besides=action.slot):
+            return False
+        if not self.policy.may_hold(action.slot, self._clock.monotonic()):
             return False
         if self._held.get(action.slot) != action.signature:
             self._held[action.slot] = action.signature
@@ -450,9 +492,13 @@ class Engine:
                 self._set_link(probe.not_supported(str(self._snapshots.dir)))
 
     async def final_snapshots(self) -> None:
-        """Save every changed, idle slot once more before the process exits; never wake a sleeping server."""
+        """Save every changed, idle slot once more before the process exits; never wake a sleeping server.
+
+        Saves whose commit waits are committed too, whatever the server's state.
+        """
         try:
             await self._final_snapshots()
+            await self._commit_written(quiet=True)
         finally:
             self.actions.sweep()  # files of actions cut short now; the next start-up cleans later ones
 

@@ -170,6 +170,13 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.commits_pending = Gauge(
+            "snapshot_commits_pending",
+            "Snapshots llama-server has written whose commit (checksum, fdatasync, manifest) waits for a "
+            "moment when no slot is processing, at most 60 s; not restorable until committed.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.proxy_requests = Counter(
             "proxy_requests",
             "Requests through the proxy (--proxy-listen), by route (completion: routes that run a "

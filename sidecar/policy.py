@@ -98,6 +98,15 @@ class Policy:
         if track.signature == signature:
             track.dirty_since = None
 
+    def unsettle(self, slot: int, signature: tuple[int, int] | None, now: float) -> None:
+        """``signature`` was taken as saved but its snapshot was not committed: the slot is due again."""
+        track = self.tracks.get(slot)
+        if track is None or track.settled != signature:
+            return  # settled since by something newer
+        track.settled = None
+        if track.signature is not None and track.dirty_since is None:
+            track.dirty_since = now
+
     def defer(self, slot: int, until: float) -> None:
         """Propose no save of ``slot`` before ``until`` (a save just failed)."""
         self.tracks.setdefault(slot, SlotTrack()).retry_at = until

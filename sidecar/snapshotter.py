@@ -4,13 +4,26 @@ The caller holds ``SlotActions.lock`` and has just read the slot idle (see
 :mod:`sidecar.actions`); every attempt ends in one :class:`SaveRecord` whose
 ``result`` is the ``snapshots_total`` label and whose ``cause`` says why a
 save did not end ``ok``.
+
+A save nobody waits for (idle, periodic) made while another slot generates
+leaves its commit for later: the server's save cannot wait (it is what keeps
+the slot's KV), but the commit's checksum streams the whole file through
+memory, and generation on the CPU is bound by memory bandwidth. The file,
+checked for size at once, stays under its temp name (nobody restores it)
+in :attr:`Snapshotter.pending` until the engine sees no slot processing, or
+for ``COMMIT_WAIT`` at most (then paced, see ``hashing.PACE``). Commits keep
+the order of the saves, so a snapshot's generation never ranks an older
+content above a newer one: a save committed at once commits the pending
+ones first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -19,7 +32,6 @@ from sidecar import (
     config,
     errors,
     events,
-    hashing,
     manifest,
     metrics,
     outcomes,
@@ -29,8 +41,10 @@ from sidecar import (
 )
 
 log = structlog.get_logger("sidecar.snapshot")
-PACED = frozenset({policy.SaveReason.IDLE, policy.SaveReason.PERIODIC})
-"""Saves nobody waits for: their hash is paced while other slots generate."""
+BACKGROUND = frozenset({policy.SaveReason.IDLE, policy.SaveReason.PERIODIC})
+"""Saves nobody waits for: while other slots generate, their commit waits (see the module docstring)."""
+COMMIT_WAIT = 60.0
+"""Longest a commit waits for a moment when no slot is processing, in seconds after the server's save."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,6 +64,24 @@ class SaveRecord:
     bytes: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Written:
+    """A file the server has written for a save, under its temp name until committed."""
+
+    action: policy.Save
+    temp: str
+    result: protocols.ActionResult
+    fingerprint: manifest.Fingerprint
+    created: float
+    """Unix time just before the server's save call: what the snapshot holds is at least this new."""
+    written_at: float
+    """Monotonic time the save call returned."""
+    call_seconds: float
+    """The save call, as the sidecar timed it."""
+    epoch: int
+    """The caller's count of server processes at the save (see ``Engine``)."""
+
+
 class Snapshotter:
     def __init__(
         self,
@@ -67,16 +99,137 @@ class Snapshotter:
         self._clock = clock
         self.last: SaveRecord | None = None
         self._low_disk = False
+        self.pending: collections.deque[Written] = collections.deque()
+        """Saves whose commit waits, oldest first."""
+        self.on_deferred_commit: Callable[[Written, SaveRecord], None] = lambda written, record: None
+        """Called with each pending save once its commit ended (``record.result`` says how)."""
 
     async def save(
-        self, action: policy.Save, *, identity: events.Identity, slot_n_ctx: int, others_busy: bool = False
-    ) -> SaveRecord:
+        self,
+        action: policy.Save,
+        *,
+        identity: events.Identity,
+        slot_n_ctx: int,
+        others_busy: bool = False,
+        epoch: int = 0,
+    ) -> SaveRecord | Written:
         """Save one slot: the caller holds the action lock and has just read the slot idle.
 
         ``others_busy``: another slot was processing at that read. A save in the background (idle,
-        periodic) then paces its hash (``hashing.PACE``) so as not to lengthen their token gaps;
-        a save someone waits for (a swap, an admin's, the final one) never does.
+        periodic) then returns its :class:`Written` file, committed later by :meth:`commit_pending`;
+        every other save is committed now, after the pending ones, and returns its record.
         """
+        slot = action.slot
+        floor = await self._below_floor(action)
+        if floor is not None:
+            return floor
+        temp = self._snapshots.temp_name(slot)
+        started = time.perf_counter()
+        created = self._clock.wall()
+        try:
+            result = await self._actions.save(slot, temp)
+            written = Written(
+                action=action,
+                temp=temp,
+                result=result,
+                fingerprint=manifest.Fingerprint.of(identity, n_ctx=slot_n_ctx),
+                created=created,
+                written_at=self._clock.monotonic(),
+                call_seconds=time.perf_counter() - started,
+                epoch=epoch,
+            )
+            if others_busy and action.reason in BACKGROUND:
+                await asyncio.to_thread(self._snapshots.check_written, temp, tokens=result.tokens, written=result.bytes)
+                self._defer(written)
+                return written
+        except (errors.SnapshotError, errors.UpstreamError) as exc:
+            return self._failed(slot, exc, time.perf_counter() - started)
+        await self.commit_pending()
+        return await self._commit(written)
+
+    async def commit_pending(self, *, pause: float = 0.0, written_before: float | None = None) -> None:
+        """Commit the pending saves, oldest first: all, or those written before ``written_before`` (monotonic).
+
+        ``pause``: the hash's pause after each chunk (``hashing.PACE`` while slots generate).
+        """
+        while self.pending and (written_before is None or self.pending[0].written_at <= written_before):
+            written = self.pending[0]
+            try:
+                record = await self._commit(written, pause=pause)
+            finally:  # committed, failed, or cut short (its file is removed then)
+                self.pending.popleft()
+                self._stats.commits_pending.dec()
+            self.on_deferred_commit(written, record)
+
+    def commit_due(self, *, quiet: bool) -> float | None:
+        """Which pending saves to commit now: those written before the returned monotonic time; None: none.
+
+        ``quiet``: no slot is processing. Otherwise only saves pending for ``COMMIT_WAIT`` are due.
+        """
+        if not self.pending:
+            return None
+        if quiet:
+            return self.pending[-1].written_at
+        cutoff = self._clock.monotonic() - COMMIT_WAIT
+        return cutoff if self.pending[0].written_at <= cutoff else None
+
+    def _defer(self, written: Written) -> None:
+        self.pending.append(written)
+        self._stats.commits_pending.inc()
+        log.info(
+            "snapshot_commit_deferred",
+            slot=written.action.slot,
+            tokens=written.result.tokens,
+            bytes=written.result.bytes,
+            seconds=round(written.call_seconds, 4),
+            server_ms=written.result.server_ms,
+            reason=written.action.reason.value,
+            effect=f"another slot is processing: its checksum would slow that generation; committed (and "
+            f"restorable) once no slot is processing, or after {COMMIT_WAIT:.0f} s",
+        )
+
+    async def _commit(self, written: Written, *, pause: float = 0.0) -> SaveRecord:
+        slot, result = written.action.slot, written.result
+        waited = self._clock.monotonic() - written.written_at
+        started = time.perf_counter()
+        try:
+            committed = await asyncio.to_thread(
+                self._snapshots.commit,
+                written.temp,
+                slot=slot,
+                tokens=result.tokens,
+                written=result.bytes,
+                task=written.action.signature[0],
+                fingerprint=written.fingerprint,
+                pause=pause,
+                created=written.created,
+            )
+        except errors.SnapshotError as exc:
+            return self._failed(slot, exc, written.call_seconds + time.perf_counter() - started)
+        seconds = written.call_seconds + time.perf_counter() - started
+        self._stats.snapshot_duration.observe(seconds)
+        self._stats.last_snapshot.set(committed.created)
+        log.info(
+            "snapshot_committed",
+            slot=slot,
+            file=committed.file,
+            tokens=committed.tokens,
+            bytes=committed.bytes,
+            seconds=round(seconds, 4),
+            server_ms=result.server_ms,
+            reason=written.action.reason.value,
+            saved_at=round(written.created, 3),
+            save_seconds=round(written.call_seconds, 4),
+            waited_seconds=round(waited, 3),
+        )
+        record = self._record(
+            slot, None, committed.file, seconds=seconds, tokens=committed.tokens, size=committed.bytes
+        )
+        await self.collect_garbage()
+        return record
+
+    async def _below_floor(self, action: policy.Save) -> SaveRecord | None:
+        """The record of a save the slot dir cannot take now (unmeasurable, or too little free space); None: go on."""
         slot = action.slot
         need = self._estimate_bytes(action.tokens)
         usage = await asyncio.to_thread(self._snapshots.usage)
@@ -97,50 +250,20 @@ class Snapshotter:
                 slot, outcomes.SaveCause.LOW_DISK, "disk below the free-space floor", tokens=action.tokens
             )
         self._low_disk = False
-        temp = self._snapshots.temp_name(slot)
-        started = time.perf_counter()
-        try:
-            result = await self._actions.save(slot, temp)
-            committed = await asyncio.to_thread(
-                self._snapshots.commit,
-                temp,
-                slot=slot,
-                tokens=result.tokens,
-                written=result.bytes,
-                task=action.signature[0],
-                fingerprint=manifest.Fingerprint.of(identity, n_ctx=slot_n_ctx),
-                pause=hashing.PACE if others_busy and action.reason in PACED else 0.0,
-            )
-        except errors.SnapshotError as exc:
-            seconds = time.perf_counter() - started
-            if exc.reason == "empty":
-                log.info("snapshot_skipped_empty", slot=slot, reason=str(exc))
-                return self._record(slot, outcomes.SaveCause.EMPTY, str(exc), seconds=seconds)
-            cause = outcomes.SaveCause.NOT_LINKED if exc.reason == "missing" else outcomes.SaveCause.CHECK
-            return self._fail(slot, cause, str(exc), seconds)
-        except errors.UpstreamNotSupported as exc:
+        return None
+
+    def _failed(self, slot: int, exc: errors.SnapshotError | errors.UpstreamError, seconds: float) -> SaveRecord:
+        """The record of a save or commit that raised ``exc``."""
+        if isinstance(exc, errors.UpstreamNotSupported):
             detail = f"{exc}: start llama-server with --slot-save-path set to the sidecar's --slot-dir"
-            return self._fail(slot, outcomes.SaveCause.NOT_SUPPORTED, detail, time.perf_counter() - started)
-        except errors.UpstreamError as exc:
-            return self._fail(slot, outcomes.SaveCause.SERVER, str(exc), time.perf_counter() - started)
-        seconds = time.perf_counter() - started
-        self._stats.snapshot_duration.observe(seconds)
-        self._stats.last_snapshot.set(committed.created)
-        log.info(
-            "snapshot_committed",
-            slot=slot,
-            file=committed.file,
-            tokens=committed.tokens,
-            bytes=committed.bytes,
-            seconds=round(seconds, 4),
-            server_ms=result.server_ms,
-            reason=action.reason.value,
-        )
-        record = self._record(
-            slot, None, committed.file, seconds=seconds, tokens=committed.tokens, size=committed.bytes
-        )
-        await self.collect_garbage()
-        return record
+            return self._fail(slot, outcomes.SaveCause.NOT_SUPPORTED, detail, seconds)
+        if isinstance(exc, errors.UpstreamError):
+            return self._fail(slot, outcomes.SaveCause.SERVER, str(exc), seconds)
+        if exc.reason == "empty":
+            log.info("snapshot_skipped_empty", slot=slot, reason=str(exc))
+            return self._record(slot, outcomes.SaveCause.EMPTY, str(exc), seconds=seconds)
+        cause = outcomes.SaveCause.NOT_LINKED if exc.reason == "missing" else outcomes.SaveCause.CHECK
+        return self._fail(slot, cause, str(exc), seconds)
 
     async def collect_garbage(self) -> None:
         doomed = policy.select_for_deletion(

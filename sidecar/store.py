@@ -376,33 +376,21 @@ class SnapshotStore:
         task: int | None,
         fingerprint: manifest.Fingerprint,
         pause: float = 0.0,
+        created: float | None = None,
     ) -> manifest.Manifest:
         """Check, hash and publish a file the server just wrote; see the module docstring.
 
         ``pause``: the hash's pause after each chunk (``hashing.PACE`` while other slots generate).
+        ``created``: Unix time of the server's save (None: now); a commit made later than the save
+        (see :mod:`sidecar.snapshotter`) still dates the snapshot by its content.
         """
         path = self.dir / temp
         try:
-            if self._root._blocked:
-                raise errors.SnapshotError(self._root._blocked, reason=Problem.IO)
-            try:
-                size = path.stat().st_size
-            except FileNotFoundError as exc:
-                raise errors.SnapshotError(
-                    f"the server reported writing {temp} but it is not in {self.dir}: "
-                    "--slot-dir must be the same directory as llama-server's --slot-save-path",
-                    reason=Problem.MISSING,
-                ) from exc
-            if tokens <= 0:
-                raise errors.SnapshotError("the server saved 0 tokens: the slot is empty", reason=Problem.EMPTY)
-            if size != written:
-                raise errors.SnapshotError(
-                    f"{temp} has {size} bytes but the server reported writing {written}", reason=Problem.SIZE
-                )
+            size = self._check_written(temp, tokens=tokens, written=written)
             digest = hashing.digest_and_sync(path, pause=pause)
             index = self._read_index(path)
             os.chmod(path, FILE_MODE)
-            now = self._clock()
+            now = self._clock() if created is None else created
             final = self._free_name(slot, now)
             with self._lock:
                 generation = max([self._generation, *(m.generation for m in self._index.values())]) + 1
@@ -442,6 +430,39 @@ class SnapshotStore:
         for listener in self._listeners:
             listener(record)
         return record
+
+    def check_written(self, temp: str, *, tokens: int, written: int) -> None:
+        """The cheap checks of :meth:`commit` (the file is here, holds tokens, has the size the server
+        reported), made right after the save when its commit waits; raises ``errors.SnapshotError``
+        and removes the file when one fails."""
+        try:
+            self._check_written(temp, tokens=tokens, written=written)
+        except OSError as exc:
+            self._fs.unlink(temp)
+            raise errors.SnapshotError(f"checking {temp} failed: {slotdir.describe(exc)}", reason=Problem.IO) from exc
+        except BaseException:
+            self._fs.unlink(temp)
+            raise
+
+    def _check_written(self, temp: str, *, tokens: int, written: int) -> int:
+        """The size of the server's file ``temp`` once it passed the checks that need no read."""
+        if self._root._blocked:
+            raise errors.SnapshotError(self._root._blocked, reason=Problem.IO)
+        try:
+            size = (self.dir / temp).stat().st_size
+        except FileNotFoundError as exc:
+            raise errors.SnapshotError(
+                f"the server reported writing {temp} but it is not in {self.dir}: "
+                "--slot-dir must be the same directory as llama-server's --slot-save-path",
+                reason=Problem.MISSING,
+            ) from exc
+        if tokens <= 0:
+            raise errors.SnapshotError("the server saved 0 tokens: the slot is empty", reason=Problem.EMPTY)
+        if size != written:
+            raise errors.SnapshotError(
+                f"{temp} has {size} bytes but the server reported writing {written}", reason=Problem.SIZE
+            )
+        return size
 
     def _read_index(self, path: Path) -> manifest.Index | None:
         """The content index of a checked file; None (reported) when its token header cannot be read."""

@@ -12,7 +12,7 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar import config, engine, errors, events, hashing, manifest, metrics, outcomes, poller, store
+from sidecar import config, engine, errors, events, hashing, manifest, metrics, outcomes, poller, snapshotter, store
 
 
 @dataclasses.dataclass
@@ -377,19 +377,108 @@ async def test_a_turn_the_poll_did_not_see_is_saved_once_while_another_slot_gene
     for _ in range(4):
         await bed.cycle(after=1.0)  # turn 1 is due at 2 s idle; the save finds turn 2
     assert bed.server.names().count("slots") < 2 + 4 + 4  # the poller carried its listing over
+    assert [slot for slot, _ in bed.saves()] == [0]
+    bed.server.run_turn(1, task=9, tokens=50)  # slot 1 is done: the commit that waited is made
+    await bed.cycle(after=1.0)
     assert [(m.task, m.tokens) for m in bed.snapshots.snapshots(0)] == [(2, 520)]
     assert [slot for slot, _ in bed.saves()] == [0]
 
 
-async def test_a_save_while_another_slot_generates_paces_its_hash(tmp_path: Path, hash_pauses: list[float]) -> None:
+def pending(bed: Bed) -> float:
+    return bed.value("llama_sidecar_snapshot_commits_pending")
+
+
+async def test_a_save_while_another_slot_generates_is_committed_once_none_is_processing(
+    tmp_path: Path, hash_pauses: list[float]
+) -> None:
+    bed = make_bed(tmp_path, hold_seconds=0.0)
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    bed.server.set_slot(1, task=2, tokens=50, processing=True)
+    await bed.cycle(after=1.0)
+    await bed.cycle(after=3.0)  # due: saved now (no hold), its commit waits while slot 1 generates
+    assert ([slot for slot, _ in bed.saves()], bed.snapshots.snapshots(), pending(bed)) == ([0], [], 1)
+    await bed.cycle(after=1.0)
+    assert (bed.snapshots.snapshots(), hash_pauses) == ([], [])
+    bed.server.run_turn(1, task=2, tokens=900)  # slot 1 is done
+    await bed.cycle(after=1.0)
+    (record,) = bed.snapshots.snapshots(0)
+    assert (record.tokens, hash_pauses, pending(bed)) == (500, [0.0], 0)  # unpaced: nothing generates
+    assert record.created == bed.clock.wall() - 2.0  # dated by the save, not by the commit
+    assert bed.value("llama_sidecar_snapshots_total", slot="0", result="ok") == 1
+    await bed.cycle(after=3.0)
+    assert [slot for slot, _ in bed.saves()] == [0, 1]  # slot 1's own save; slot 0 is not saved again
+
+
+async def test_a_commit_that_waited_commit_wait_is_made_paced(tmp_path: Path, hash_pauses: list[float]) -> None:
+    bed = make_bed(tmp_path, hold_seconds=0.0)
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    bed.server.set_slot(1, task=2, tokens=50, processing=True)  # generates throughout
+    await bed.cycle(after=1.0)
+    await bed.cycle(after=3.0)
+    await bed.cycle(after=snapshotter.COMMIT_WAIT - 1.0)
+    assert bed.snapshots.snapshots() == []
+    await bed.cycle(after=1.0)
+    assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
+    assert hash_pauses == [hashing.PACE]
+
+
+async def test_a_restart_commits_the_waiting_saves_and_restores_them(tmp_path: Path) -> None:
     bed = make_bed(tmp_path, hold_seconds=0.0)
     await bed.cycle()
     bed.server.run_turn(0, task=1, tokens=500)
     bed.server.set_slot(1, task=2, tokens=50, processing=True)
     await bed.cycle(after=1.0)
     await bed.cycle(after=3.0)
-    bed.server.run_turn(1, task=2, tokens=900)  # slot 1 is done: its own save has nobody to pace for
+    assert (bed.snapshots.snapshots(), pending(bed)) == ([], 1)
+    bed.server.start_time = 1_764_000_500.0  # killed mid-generation and back, between two polls
+    bed.server.slot_views = [memllama.slot(0), memllama.slot(1)]
+    await bed.cycle(after=1.0)
+    assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
+    assert bed.actions("restore") == [(0, bed.snapshots.snapshots(0)[0].file)]
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1
+
+
+async def test_the_waiting_saves_are_committed_while_the_server_is_down(tmp_path: Path) -> None:
+    bed = make_bed(tmp_path, hold_seconds=0.0)
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    bed.server.set_slot(1, task=2, tokens=50, processing=True)
     await bed.cycle(after=1.0)
     await bed.cycle(after=3.0)
-    assert [slot for slot, _ in bed.saves()] == [0, 1]
-    assert hash_pauses == [hashing.PACE, 0.0]
+    bed.server.health_state = events.Health.LOADING
+    await bed.cycle(after=1.0)
+    assert ([m.tokens for m in bed.snapshots.snapshots(0)], pending(bed)) == ([500], 0)
+
+
+async def test_a_waiting_commit_that_fails_makes_the_slot_due_again(tmp_path: Path) -> None:
+    bed = make_bed(tmp_path, hold_seconds=0.0)
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    bed.server.set_slot(1, task=2, tokens=50, processing=True)
+    await bed.cycle(after=1.0)
+    await bed.cycle(after=3.0)
+    ((_, temp),) = bed.saves()
+    with (tmp_path / temp).open("ab") as f:
+        f.write(b"x")  # changed since the server wrote it: the commit's size check fails
+    bed.server.run_turn(1, task=2, tokens=60)  # below --min-tokens: slot 1 itself is never saved
+    await bed.cycle(after=1.0)
+    assert bed.snapshots.snapshots() == []
+    assert bed.value("llama_sidecar_snapshots_total", slot="0", result="failed") == 1
+    await bed.cycle(after=engine.RETRY_AFTER)
+    assert [slot for slot, _ in bed.saves()] == [0, 0]
+    assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
+
+
+async def test_shutdown_commits_the_waiting_saves(tmp_path: Path) -> None:
+    bed = make_bed(tmp_path, hold_seconds=0.0)
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=500)
+    bed.server.set_slot(1, task=2, tokens=50, processing=True)
+    await bed.cycle(after=1.0)
+    await bed.cycle(after=3.0)
+    assert bed.snapshots.snapshots() == []
+    await bed.core.final_snapshots()
+    assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
+    assert [slot for slot, _ in bed.saves()] == [0]  # slot 1 is busy: not saved

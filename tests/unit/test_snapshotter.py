@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 from collections.abc import Callable
@@ -11,14 +12,18 @@ import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar import actions, config, errors, hashing, metrics, outcomes, policy, protocols, snapshotter, store
+from sidecar import actions, config, errors, manifest, metrics, outcomes, policy, protocols, snapshotter, store
 
 R, C = outcomes.SaveResult, outcomes.SaveCause
 SAVE = policy.Save(0, (4, 500), 500, policy.SaveReason.IDLE)
 
 
 def make(
-    tmp_path: Path, *, min_free_bytes: int = 0, server_dir: Path | None = None
+    tmp_path: Path,
+    *,
+    min_free_bytes: int = 0,
+    server_dir: Path | None = None,
+    clock: memllama.ManualClock | None = None,
 ) -> tuple[memllama.MemLlama, snapshotter.Snapshotter, CollectorRegistry]:
     server = memllama.MemLlama(server_dir or tmp_path)
     server.set_slot(0, task=4, tokens=500)
@@ -30,13 +35,22 @@ def make(
         snapshots=snapshots,
         stats=metrics.Metrics(registry, version="t"),
         settings=config.SnapshotSettings(slot_dir=tmp_path, min_free_bytes=min_free_bytes),
-        clock=memllama.ManualClock(),
+        clock=clock or memllama.ManualClock(),
     )
     return server, saver, registry
 
 
+def committed(tmp_path: Path, slot: int) -> list[manifest.Manifest]:
+    """The slot's snapshots as a fresh scan of the directory finds them, newest first."""
+    found = store.SnapshotStore(tmp_path, clock=lambda: 0.0)
+    found.scan(clean=False)
+    return found.snapshots(slot)
+
+
 async def save(saver: snapshotter.Snapshotter) -> snapshotter.SaveRecord:
-    return await saver.save(SAVE, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX)
+    record = await saver.save(SAVE, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX)
+    assert isinstance(record, snapshotter.SaveRecord)
+    return record
 
 
 def counted(registry: CollectorRegistry, result: outcomes.SaveResult) -> float:
@@ -122,21 +136,104 @@ def test_every_cause_maps_to_one_result() -> None:
 
 
 @pytest.mark.parametrize(
-    ("reason", "others_busy", "pause"),
+    ("reason", "others_busy", "waits"),
     [
-        (policy.SaveReason.IDLE, True, hashing.PACE),
-        (policy.SaveReason.PERIODIC, True, hashing.PACE),
-        (policy.SaveReason.IDLE, False, 0.0),
-        (policy.SaveReason.SWAP, True, 0.0),
-        (policy.SaveReason.MANUAL, True, 0.0),
-        (policy.SaveReason.FINAL, True, 0.0),
+        (policy.SaveReason.IDLE, True, True),
+        (policy.SaveReason.PERIODIC, True, True),
+        (policy.SaveReason.IDLE, False, False),
+        (policy.SaveReason.SWAP, True, False),
+        (policy.SaveReason.MANUAL, True, False),
+        (policy.SaveReason.FINAL, True, False),
     ],
 )
-async def test_a_background_save_paces_its_hash_while_other_slots_generate(
-    tmp_path: Path, hash_pauses: list[float], reason: policy.SaveReason, others_busy: bool, pause: float
+async def test_a_background_save_leaves_its_commit_for_later_while_other_slots_generate(
+    tmp_path: Path, hash_pauses: list[float], reason: policy.SaveReason, others_busy: bool, waits: bool
 ) -> None:
-    _, saver, _ = make(tmp_path)
+    _, saver, registry = make(tmp_path)
     action = dataclasses.replace(SAVE, reason=reason)
-    record = await saver.save(action, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX, others_busy=others_busy)
-    assert record.result == R.OK
-    assert hash_pauses == [pause]
+    outcome = await saver.save(action, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX, others_busy=others_busy)
+    pending = registry.get_sample_value("llama_sidecar_snapshot_commits_pending")
+    if waits:
+        assert isinstance(outcome, snapshotter.Written)
+        assert list(saver.pending) == [outcome]
+        assert [p.name for p in tmp_path.iterdir()] == [outcome.temp]  # no manifest: nobody restores it
+        assert (hash_pauses, counted(registry, R.OK), pending) == ([], 0, 1)
+    else:
+        assert isinstance(outcome, snapshotter.SaveRecord)
+        assert (outcome.result, hash_pauses, counted(registry, R.OK), pending) == (R.OK, [0.0], 1, 0)
+
+
+async def wait_commit(saver: snapshotter.Snapshotter, action: policy.Save = SAVE) -> snapshotter.Written:
+    """A background save made while another slot generates: its commit waits."""
+    written = await saver.save(action, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX, others_busy=True)
+    assert isinstance(written, snapshotter.Written)
+    return written
+
+
+async def test_commits_keep_the_order_of_the_saves_and_date_each_snapshot_by_its_save(tmp_path: Path) -> None:
+    """A save committed at once commits the waiting ones first: the older content never ranks newer."""
+    clock = memllama.ManualClock()
+    server, saver, registry = make(tmp_path, clock=clock)
+    ended: list[tuple[snapshotter.Written, snapshotter.SaveRecord]] = []
+    saver.on_deferred_commit = lambda written, record: ended.append((written, record))
+    older = await wait_commit(saver)
+    clock.now += 30.0
+    server.set_slot(0, task=5, tokens=600)
+    newer = await saver.save(
+        policy.Save(0, (5, 600), 600, policy.SaveReason.MANUAL), identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX
+    )
+    assert isinstance(newer, snapshotter.SaveRecord)
+    assert [(w, r.result) for w, r in ended] == [(older, R.OK)]
+    newest_first = committed(tmp_path, 0)
+    assert [(m.task, m.tokens) for m in newest_first] == [(5, 600), (4, 500)]
+    assert [m.created for m in newest_first] == [1_764_000_130.0, 1_764_000_100.0]
+    assert newest_first[0].generation > newest_first[1].generation
+    assert (counted(registry, R.OK), saver.pending) == (2, collections.deque())
+
+
+async def test_a_commit_waits_for_quiet_or_for_commit_wait_then_only_the_overdue_ones(tmp_path: Path) -> None:
+    clock = memllama.ManualClock()
+    server, saver, _ = make(tmp_path, clock=clock)
+    assert saver.commit_due(quiet=True) is None  # nothing waits
+    first = await wait_commit(saver)
+    clock.now += snapshotter.COMMIT_WAIT / 2
+    server.set_slot(0, task=5, tokens=600)
+    second = await wait_commit(saver, policy.Save(0, (5, 600), 600, policy.SaveReason.IDLE))
+    assert saver.commit_due(quiet=True) == second.written_at  # no slot processing: all of them
+    assert saver.commit_due(quiet=False) is None  # slots generate: none has waited long enough
+    clock.now += snapshotter.COMMIT_WAIT / 2
+    due = saver.commit_due(quiet=False)
+    assert due is not None
+    await saver.commit_pending(written_before=due)
+    assert list(saver.pending) == [second]
+    assert [m.tokens for m in committed(tmp_path, 0)] == [first.result.tokens]
+
+
+async def test_a_background_save_of_the_wrong_size_fails_at_once_not_at_its_commit(tmp_path: Path) -> None:
+    server, saver, _ = make(tmp_path)
+    real_save = server.save
+
+    async def short_write(slot: int, filename: str) -> protocols.ActionResult:
+        result = await real_save(slot, filename)
+        path = server.dir / filename
+        path.write_bytes(path.read_bytes()[: result.bytes // 2])
+        return result
+
+    server.save = short_write  # type: ignore[method-assign,assignment]
+    record = await saver.save(SAVE, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX, others_busy=True)
+    assert isinstance(record, snapshotter.SaveRecord)
+    assert (record.result, record.cause, saver.pending) == (R.FAILED, C.CHECK, collections.deque())
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+async def test_a_waiting_commit_that_fails_is_reported_to_the_caller(tmp_path: Path) -> None:
+    _, saver, registry = make(tmp_path)
+    ended: list[tuple[snapshotter.Written, snapshotter.SaveRecord]] = []
+    saver.on_deferred_commit = lambda written, record: ended.append((written, record))
+    written = await wait_commit(saver)
+    with (tmp_path / written.temp).open("ab") as f:
+        f.write(b"x")  # the file changed since the server wrote it
+    await saver.commit_pending()
+    assert [(w, r.result, r.cause) for w, r in ended] == [(written, R.FAILED, C.CHECK)]
+    assert (counted(registry, R.FAILED), registry.get_sample_value("llama_sidecar_snapshot_commits_pending")) == (1, 0)
+    assert [p.name for p in tmp_path.iterdir()] == []
