@@ -8,7 +8,6 @@ time: a benchmark kills its server before the next one starts.
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
 import shutil
@@ -119,10 +118,8 @@ def snapshot_of(side: sidecarbed.SidecarProcess, slot: int, min_tokens: int) -> 
     return matches[-1] if matches else None
 
 
-def log_time(entry: dict[str, Any]) -> float:
-    """Unix time of a sidecar JSON log line (ISO 8601 UTC `timestamp`)."""
-    stamp = str(entry["timestamp"]).replace("Z", "+00:00")
-    return datetime.datetime.fromisoformat(stamp).timestamp()
+log_time = sidecarbed.log_time
+"""Unix time of a sidecar JSON log line."""
 
 
 def loadavg() -> tuple[float, float, float]:

@@ -34,13 +34,15 @@ fast as 8 MiB (9.0 vs 4.2 GB/s for a 14 MB snapshot here); the kernel's read-ahe
 
 
 PACE = 0.002
-"""Seconds to sleep after each chunk when a commit's hash runs while other slots generate.
+"""Seconds to sleep after each chunk when a commit's hash runs while slots generate.
 
-Generation on the CPU is bound by memory bandwidth, and a hash streams the
-file through memory: unpaced, it lengthened the token gap it fell in by
-about 6 ms for a 20 MB snapshot (beyond the server's own save); paced, the
-same reads spread over a few tokens and the worst gap grew by about 2 ms
-(README, Benchmarks: what the misses are). A 20 MB hash then takes about 45 ms instead of 3.
+A commit normally waits until no slot generates (see :mod:`sidecar.snapshotter`);
+one that waited its longest is made meanwhile, paced. Generation on the CPU is
+bound by memory bandwidth, and a hash streams the file through memory:
+unpaced, it lengthened the token gap it fell in by about 6 ms for a 20 MB
+snapshot (beyond the server's own save); paced, the same reads spread over a
+few tokens and the worst gap grew by about 2 ms (README, Busy slots). A
+20 MB hash then takes about 45 ms instead of 3.
 """
 
 

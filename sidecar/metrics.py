@@ -74,7 +74,7 @@ class Metrics:
         self.snapshot_duration = Histogram(
             "snapshot_duration_seconds",
             "Seconds per successful snapshot: the server's save call plus the sidecar's size check, "
-            "checksum and fdatasync.",
+            "checksum and fdatasync (not the wait of a commit left until no slot is processing).",
             buckets=_FAST,
             namespace=NAMESPACE,
             registry=registry,

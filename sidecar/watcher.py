@@ -25,7 +25,16 @@ import os
 from pathlib import Path
 
 import structlog
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
@@ -36,6 +45,13 @@ RESCAN_EVERY = 60.0
 CHECK_EVERY = 1.0
 """Seconds between checks that the slot dir is still there and still ours."""
 _IGNORED = {"opened", "closed_no_write"}
+WATCHED = [FileCreatedEvent, FileDeletedEvent, FileMovedEvent, FileClosedEvent, DirDeletedEvent, DirMovedEvent]
+"""What the kernel reports: files appearing, going, renamed, and closed after a write (a truncation
+through an open file ends with one). Not each write: llama-server writes a snapshot in hundreds of
+them, and waking on each costs the CPU its save is running on (the save took 12 ms instead of 8
+beside a sidecar watching every write, while another slot generated). A truncation without an
+open file is found by the rescan every ``RESCAN_EVERY`` seconds and by the check before a restore."""
+_UNCOMMITTED = (store.TEMP_PREFIX, store.PROBE_PREFIX)
 
 
 class _Handoff(FileSystemEventHandler):
@@ -47,8 +63,10 @@ class _Handoff(FileSystemEventHandler):
         if event.event_type in _IGNORED or event.is_directory:
             return
         for raw in (event.src_path, getattr(event, "dest_path", "")):
-            if raw:
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, os.fsdecode(raw))
+            name = os.fsdecode(raw) if raw else ""
+            # A file being saved or probed is nobody's snapshot yet: its commit renames it (seen then).
+            if name and not os.path.basename(name).startswith(_UNCOMMITTED):
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, name)
 
 
 class Watcher:
@@ -69,7 +87,7 @@ class Watcher:
 
     def _observe(self) -> None:
         observer = Observer()
-        observer.schedule(_Handoff(asyncio.get_running_loop(), self._queue), str(self._store.dir))
+        observer.schedule(_Handoff(asyncio.get_running_loop(), self._queue), str(self._store.dir), event_filter=WATCHED)
         observer.daemon = True
         observer.start()
         self._observer = observer

@@ -7,15 +7,17 @@ only loop for the whole generation: nothing else was observed or saved.
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from support.llamabed import LlamaHTTPError, MakeServer, call, complete, make_prompt, slots
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from support.sidecarbed import MakeSidecar, SidecarProcess, log_time
 
 TOKEN = "admin-secret"
 LONG_GENERATION = 6000
@@ -93,3 +95,98 @@ def test_a_long_generation_neither_receives_a_save_nor_stops_the_polls(
     assert any(s["id"] == 1 and s["is_processing"] for s in slots(server.url))
     assert side.metric("llama_sidecar_snapshots_total", slot="1", result="ok") == 0
     assert side.metric("llama_sidecar_snapshots_total", slot="1", result="failed") == 0
+
+
+class _Stream:
+    """A streamed generation on one slot that lasts until :meth:`stop` (closing the connection cancels it)."""
+
+    def __init__(self, port: int, slot: int, prompt: str) -> None:
+        self.tokens = 0
+        self.ended_at = 0.0
+        self.error: Exception | None = None
+        self._stop = threading.Event()
+        self._args = (port, slot, prompt)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        port, slot, prompt = self._args
+        body = {"prompt": prompt, "n_predict": LONG_GENERATION, "ignore_eos": True, "stream": True, "id_slot": slot}
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        try:
+            conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+            for line in conn.getresponse():
+                if line.startswith(b"data: "):
+                    self.tokens += 1
+                if self._stop.is_set():
+                    break
+        except OSError as exc:  # the server was killed mid-stream
+            self.error = exc
+        finally:
+            conn.close()
+            self.ended_at = time.time()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+
+def _of_slot(side: SidecarProcess, event: str, slot: int) -> list[dict[str, Any]]:
+    return [e for e in side.log_events(event) if e.get("slot") == slot]
+
+
+def test_a_save_made_during_another_slots_generation_is_committed_after_it_or_before_a_restore(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, figure: Callable[[str], None]
+) -> None:
+    """The server's save is made at once; its commit (a read of the whole file) waits for the generation
+    to end, and a restart in between restores it all the same."""
+    server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192)
+    side = sidecar(server, slot_dir, extra={"--save-hold-seconds": "0", "--idle-seconds": "1.0"})
+    side.wait_for(lambda: side.status()["server"]["slot_dir_linked"] is True, what="slot dir linked")
+
+    # 1. The generation ends: the commit follows.
+    stream = _Stream(server.port, 1, make_prompt(server.url, 200, seed=44))
+    side.wait_for(lambda: _status_slot(side, 1)["processing"], what="slot 1 generating, as the sidecar sees it")
+    prompt = make_prompt(server.url, 300, seed=45)
+    complete(server.url, prompt, n_predict=4, id_slot=0)
+    (deferred,) = side.wait_for(
+        lambda: _of_slot(side, "snapshot_commit_deferred", 0), what="slot 0 saved, its commit waiting"
+    )
+    assert stream.running, "the generation ended before the test could use it: raise LONG_GENERATION"
+    assert side.metric("llama_sidecar_snapshot_commits_pending") == 1
+    assert _of_slot(side, "snapshot_committed", 0) == []
+    assert side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") == 0
+    stream.stop()
+    (committed,) = side.wait_for(lambda: _of_slot(side, "snapshot_committed", 0), what="the waiting commit made")
+    assert committed["saved_at"] <= log_time(deferred) <= stream.ended_at <= log_time(committed)
+    assert committed["tokens"] == deferred["tokens"]
+    assert side.metric("llama_sidecar_snapshot_commits_pending") == 0
+    after = log_time(committed) - stream.ended_at
+    figure(
+        f"a save during another slot's generation: server's save {deferred['server_ms']:.1f} ms, commit made "
+        f"{after:.2f} s after the generation ended (waited {committed['waited_seconds']} s)"
+    )
+
+    # 2. The server is killed while a commit waits: committed before the restore round, and restored.
+    stream = _Stream(server.port, 1, make_prompt(server.url, 200, seed=46))
+    side.wait_for(lambda: _status_slot(side, 1)["processing"], what="slot 1 generating again")
+    longer = prompt + " and then the next question about the same lighthouse"
+    turn = complete(server.url, longer, n_predict=4, id_slot=0)
+    side.wait_for(lambda: len(_of_slot(side, "snapshot_commit_deferred", 0)) == 2, what="slot 0's new turn saved")
+    assert stream.running, "the generation ended before the test could use it: raise LONG_GENERATION"
+    server.restart(graceful=False)
+    stream.stop()
+    side.wait_restored()
+    (restored,) = side.log_events("slot_restored")
+    assert restored["tokens"] == _of_slot(side, "snapshot_committed", 0)[-1]["tokens"]
+    warm = complete(server.url, longer + " once more", n_predict=4, id_slot=0)
+    n_prompt = turn["timings"]["prompt_n"] + turn["timings"]["cache_n"]
+    figure(
+        f"kill -9 while a commit waited: committed before the restore round; {warm['timings']['cache_n']} of "
+        f"{n_prompt} tokens of the newest turn reused"
+    )
+    assert warm["timings"]["cache_n"] >= 0.95 * n_prompt

@@ -9,6 +9,7 @@ defaults, so a developer's environment would change what is tested.
 
 from __future__ import annotations
 
+import datetime
 import json
 import signal
 import subprocess
@@ -189,3 +190,9 @@ class SidecarProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+def log_time(entry: dict[str, Any]) -> float:
+    """Unix time of a sidecar JSON log line (ISO 8601 UTC `timestamp`)."""
+    stamp = str(entry["timestamp"]).replace("Z", "+00:00")
+    return datetime.datetime.fromisoformat(stamp).timestamp()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import xxhash
 from prometheus_client import CollectorRegistry
+from watchdog.observers import Observer
 
 from sidecar import dirlock, events, hashing, manifest, metrics, outcomes, policy, store, watcher
 from support.wait import until
@@ -92,6 +93,37 @@ async def test_created_deleted_truncated_and_renamed_files_update_index_and_gaug
     await until(lambda: snaps.snapshots() == [], timeout=1.0)
     await until(lambda: _value(registry, "llama_sidecar_snapshot_files") == 0, timeout=1.0)
     assert _value(registry, "llama_sidecar_disk_free_bytes") > 0
+
+
+async def test_a_file_written_in_many_writes_wakes_the_watcher_twice_and_a_save_in_progress_never(
+    tmp_path: Path,
+) -> None:
+    """The kernel reports a file's creation and its close after writing, not each write; a file the
+    server is still writing for a save (its temp name) is reported only once renamed to a snapshot."""
+    names: asyncio.Queue[str] = asyncio.Queue()
+    observer = Observer()
+    observer.schedule(watcher._Handoff(asyncio.get_running_loop(), names), str(tmp_path), event_filter=watcher.WATCHED)
+    observer.start()
+    seen: list[str] = []
+
+    async def next_name() -> str:
+        seen.append(Path(await asyncio.wait_for(names.get(), timeout=5.0)).name)
+        return seen[-1]
+
+    try:
+        saving = tmp_path / f"{store.TEMP_PREFIX}slot0-1.bin"
+        for path in (saving, tmp_path / "slot0-a.bin"):
+            with path.open("wb") as fh:
+                for _ in range(64):
+                    fh.write(os.urandom(4096))
+                    fh.flush()
+        os.replace(saving, tmp_path / "slot0-b.bin")
+        while await next_name() != "slot0-b.bin":
+            pass
+        assert seen == ["slot0-a.bin", "slot0-a.bin", "slot0-b.bin"], seen  # created, closed; renamed
+    finally:
+        observer.stop()
+        await asyncio.to_thread(observer.join, 5.0)
 
 
 def test_result_words_match_the_policy_vocabulary() -> None:
