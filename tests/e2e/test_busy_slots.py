@@ -174,7 +174,7 @@ def test_a_save_made_during_another_slots_generation_is_committed_after_it_or_be
     # 2. The server is killed while a commit waits: committed before the restore round, and restored.
     stream = _Stream(server.port, 1, make_prompt(server.url, 200, seed=46))
     side.wait_for(lambda: _status_slot(side, 1)["processing"], what="slot 1 generating again")
-    longer = prompt + " and then the next question about the same lighthouse"
+    longer = prompt + make_prompt(server.url, 300, seed=47)  # the snapshot before holds half of it
     turn = complete(server.url, longer, n_predict=4, id_slot=0)
     side.wait_for(lambda: len(_of_slot(side, "snapshot_commit_deferred", 0)) == 2, what="slot 0's new turn saved")
     assert stream.running, "the generation ended before the test could use it: raise LONG_GENERATION"
@@ -182,7 +182,12 @@ def test_a_save_made_during_another_slots_generation_is_committed_after_it_or_be
     stream.stop()
     side.wait_restored()
     (restored,) = side.log_events("slot_restored")
-    assert restored["tokens"] == _of_slot(side, "snapshot_committed", 0)[-1]["tokens"]
+    newest = _of_slot(side, "snapshot_committed", 0)[-1]
+    assert (restored["file"], newest["tokens"]) == (
+        newest["file"],
+        _of_slot(side, "snapshot_commit_deferred", 0)[1]["tokens"],
+    )
+    assert log_time(newest) <= log_time(restored)
     warm = complete(server.url, longer + " once more", n_predict=4, id_slot=0)
     n_prompt = turn["timings"]["prompt_n"] + turn["timings"]["cache_n"]
     figure(
