@@ -385,7 +385,7 @@ class SnapshotStore:
         (see :mod:`sidecar.snapshotter`) still dates the snapshot by its content.
         """
         path = self.dir / temp
-        try:
+        with self._removed_if_failed(temp, f"committing {temp}"):
             size = self._check_written(temp, tokens=tokens, written=written)
             digest = hashing.digest_and_sync(path, pause=pause)
             index = self._read_index(path)
@@ -409,22 +409,8 @@ class SnapshotStore:
                 model=self.model,
             )
             os.replace(path, self.dir / final)
-        except OSError as exc:
-            self._fs.unlink(temp)
-            raise errors.SnapshotError(f"committing {temp} failed: {slotdir.describe(exc)}", reason=Problem.IO) from exc
-        except BaseException:
-            self._fs.unlink(temp)
-            raise
-        try:
+        with self._removed_if_failed(final, f"writing the manifest of {final}"):
             self._fs.write_atomically(Path(final).stem + ".json", record.to_json(), mode=FILE_MODE)
-        except OSError as exc:
-            self._fs.unlink(final)
-            raise errors.SnapshotError(
-                f"writing the manifest of {final} failed: {slotdir.describe(exc)}", reason=Problem.IO
-            ) from exc
-        except BaseException:
-            self._fs.unlink(final)
-            raise
         with self._lock:
             self._index[final] = record
         for listener in self._listeners:
@@ -435,13 +421,19 @@ class SnapshotStore:
         """The cheap checks of :meth:`commit` (the file is here, holds tokens, has the size the server
         reported), made right after the save when its commit waits; raises ``errors.SnapshotError``
         and removes the file when one fails."""
-        try:
+        with self._removed_if_failed(temp, f"checking {temp}"):
             self._check_written(temp, tokens=tokens, written=written)
+
+    @contextlib.contextmanager
+    def _removed_if_failed(self, name: str, doing: str) -> Iterator[None]:
+        """Remove ``name`` if the block raises; an OSError becomes a SnapshotError (``io``) saying what failed."""
+        try:
+            yield
         except OSError as exc:
-            self._fs.unlink(temp)
-            raise errors.SnapshotError(f"checking {temp} failed: {slotdir.describe(exc)}", reason=Problem.IO) from exc
+            self._fs.unlink(name)
+            raise errors.SnapshotError(f"{doing} failed: {slotdir.describe(exc)}", reason=Problem.IO) from exc
         except BaseException:
-            self._fs.unlink(temp)
+            self._fs.unlink(name)
             raise
 
     def _check_written(self, temp: str, *, tokens: int, written: int) -> int:

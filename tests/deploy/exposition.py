@@ -93,6 +93,7 @@ def sidecar_registry() -> CollectorRegistry:
         namespace=ns,
         registry=registry,
     ).set(time.time() - 60)
+    Gauge("snapshot_commits_pending", "Commits waiting for no slot to process", namespace=ns, registry=registry).set(1)
     proxy_requests = Counter(
         "proxy_requests", "Requests through the proxy", ["route", "outcome"], namespace=ns, registry=registry
     )

@@ -388,15 +388,21 @@ def pending(bed: Bed) -> float:
     return bed.value("llama_sidecar_snapshot_commits_pending")
 
 
-async def test_a_save_while_another_slot_generates_is_committed_once_none_is_processing(
-    tmp_path: Path, hash_pauses: list[float]
-) -> None:
+async def saved_while_slot_1_generates(tmp_path: Path) -> Bed:
+    """Slot 0 saved (no hold: --save-hold-seconds 0) while slot 1 generates: its commit waits."""
     bed = make_bed(tmp_path, hold_seconds=0.0)
     await bed.cycle()
     bed.server.run_turn(0, task=1, tokens=500)
     bed.server.set_slot(1, task=2, tokens=50, processing=True)
     await bed.cycle(after=1.0)
-    await bed.cycle(after=3.0)  # due: saved now (no hold), its commit waits while slot 1 generates
+    await bed.cycle(after=3.0)  # due: saved now, its commit waits while slot 1 generates
+    return bed
+
+
+async def test_a_save_while_another_slot_generates_is_committed_once_none_is_processing(
+    tmp_path: Path, hash_pauses: list[float]
+) -> None:
+    bed = await saved_while_slot_1_generates(tmp_path)
     assert ([slot for slot, _ in bed.saves()], bed.snapshots.snapshots(), pending(bed)) == ([0], [], 1)
     await bed.cycle(after=1.0)
     assert (bed.snapshots.snapshots(), hash_pauses) == ([], [])
@@ -411,12 +417,7 @@ async def test_a_save_while_another_slot_generates_is_committed_once_none_is_pro
 
 
 async def test_a_commit_that_waited_commit_wait_is_made_paced(tmp_path: Path, hash_pauses: list[float]) -> None:
-    bed = make_bed(tmp_path, hold_seconds=0.0)
-    await bed.cycle()
-    bed.server.run_turn(0, task=1, tokens=500)
-    bed.server.set_slot(1, task=2, tokens=50, processing=True)  # generates throughout
-    await bed.cycle(after=1.0)
-    await bed.cycle(after=3.0)
+    bed = await saved_while_slot_1_generates(tmp_path)
     await bed.cycle(after=snapshotter.COMMIT_WAIT - 1.0)
     assert bed.snapshots.snapshots() == []
     await bed.cycle(after=1.0)
@@ -425,12 +426,7 @@ async def test_a_commit_that_waited_commit_wait_is_made_paced(tmp_path: Path, ha
 
 
 async def test_a_restart_commits_the_waiting_saves_and_restores_them(tmp_path: Path) -> None:
-    bed = make_bed(tmp_path, hold_seconds=0.0)
-    await bed.cycle()
-    bed.server.run_turn(0, task=1, tokens=500)
-    bed.server.set_slot(1, task=2, tokens=50, processing=True)
-    await bed.cycle(after=1.0)
-    await bed.cycle(after=3.0)
+    bed = await saved_while_slot_1_generates(tmp_path)
     assert (bed.snapshots.snapshots(), pending(bed)) == ([], 1)
     bed.server.start_time = 1_764_000_500.0  # killed mid-generation and back, between two polls
     bed.server.slot_views = [memllama.slot(0), memllama.slot(1)]
@@ -441,24 +437,14 @@ async def test_a_restart_commits_the_waiting_saves_and_restores_them(tmp_path: P
 
 
 async def test_the_waiting_saves_are_committed_while_the_server_is_down(tmp_path: Path) -> None:
-    bed = make_bed(tmp_path, hold_seconds=0.0)
-    await bed.cycle()
-    bed.server.run_turn(0, task=1, tokens=500)
-    bed.server.set_slot(1, task=2, tokens=50, processing=True)
-    await bed.cycle(after=1.0)
-    await bed.cycle(after=3.0)
+    bed = await saved_while_slot_1_generates(tmp_path)
     bed.server.health_state = events.Health.LOADING
     await bed.cycle(after=1.0)
     assert ([m.tokens for m in bed.snapshots.snapshots(0)], pending(bed)) == ([500], 0)
 
 
 async def test_a_waiting_commit_that_fails_makes_the_slot_due_again(tmp_path: Path) -> None:
-    bed = make_bed(tmp_path, hold_seconds=0.0)
-    await bed.cycle()
-    bed.server.run_turn(0, task=1, tokens=500)
-    bed.server.set_slot(1, task=2, tokens=50, processing=True)
-    await bed.cycle(after=1.0)
-    await bed.cycle(after=3.0)
+    bed = await saved_while_slot_1_generates(tmp_path)
     ((_, temp),) = bed.saves()
     with (tmp_path / temp).open("ab") as f:
         f.write(b"x")  # changed since the server wrote it: the commit's size check fails
@@ -472,12 +458,7 @@ async def test_a_waiting_commit_that_fails_makes_the_slot_due_again(tmp_path: Pa
 
 
 async def test_shutdown_commits_the_waiting_saves(tmp_path: Path) -> None:
-    bed = make_bed(tmp_path, hold_seconds=0.0)
-    await bed.cycle()
-    bed.server.run_turn(0, task=1, tokens=500)
-    bed.server.set_slot(1, task=2, tokens=50, processing=True)
-    await bed.cycle(after=1.0)
-    await bed.cycle(after=3.0)
+    bed = await saved_while_slot_1_generates(tmp_path)
     assert bed.snapshots.snapshots() == []
     await bed.core.final_snapshots()
     assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
