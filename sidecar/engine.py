@@ -437,6 +437,8 @@ class Engine:
                 return False
             if self._hold(action, fresh, None):
                 return False
+            if action.reason not in snapshotter.BACKGROUND and self.saver.pending:
+                await self.saver.commit_pending()  # someone waits on this save: a content that waits is committed
             track = self.policy.tracks.get(view.id)
             if action.reason is not policy.SaveReason.MANUAL and track is not None and track.settled == view.signature:
                 return True  # saved already (an earlier save found this content): nothing to lose

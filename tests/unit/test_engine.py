@@ -12,7 +12,20 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar import config, engine, errors, events, hashing, manifest, metrics, outcomes, poller, snapshotter, store
+from sidecar import (
+    config,
+    engine,
+    errors,
+    events,
+    hashing,
+    manifest,
+    metrics,
+    outcomes,
+    policy,
+    poller,
+    snapshotter,
+    store,
+)
 
 
 @dataclasses.dataclass
@@ -455,6 +468,19 @@ async def test_a_waiting_commit_that_fails_makes_the_slot_due_again(tmp_path: Pa
     await bed.cycle(after=engine.RETRY_AFTER)
     assert [slot for slot, _ in bed.saves()] == [0, 0]
     assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
+
+
+async def test_a_swap_of_a_slot_whose_commit_waits_commits_it_and_saves_again_if_that_failed(tmp_path: Path) -> None:
+    """The library gives the slot away once its content is saved: a commit that waits is made first."""
+    bed = await saved_while_slot_1_generates(tmp_path)
+    ((_, temp),) = bed.saves()
+    with (tmp_path / temp).open("ab") as f:
+        f.write(b"x")  # the waiting commit will fail its size check
+    swap = policy.Save(0, (1, 500), 500, policy.SaveReason.SWAP)
+    assert await bed.core.save(swap)
+    assert [slot for slot, _ in bed.saves()] == [0, 0]  # saved again, not taken as saved already
+    assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
+    assert bed.value("llama_sidecar_snapshots_total", slot="0", result="failed") == 1
 
 
 async def test_shutdown_commits_the_waiting_saves(tmp_path: Path) -> None:
