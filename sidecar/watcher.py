@@ -26,8 +26,6 @@ from pathlib import Path
 
 import structlog
 from watchdog.events import (
-    DirDeletedEvent,
-    DirMovedEvent,
     FileClosedEvent,
     FileCreatedEvent,
     FileDeletedEvent,
@@ -45,12 +43,13 @@ RESCAN_EVERY = 60.0
 CHECK_EVERY = 1.0
 """Seconds between checks that the slot dir is still there and still ours."""
 _IGNORED = {"opened", "closed_no_write"}
-WATCHED = [FileCreatedEvent, FileDeletedEvent, FileMovedEvent, FileClosedEvent, DirDeletedEvent, DirMovedEvent]
+WATCHED = [FileCreatedEvent, FileDeletedEvent, FileMovedEvent, FileClosedEvent]
 """What the kernel reports: files appearing, going, renamed, and closed after a write (a truncation
 through an open file ends with one). Not each write: llama-server writes a snapshot in hundreds of
 them, and waking on each costs the CPU its save is running on (the save took 12 ms instead of 8
 beside a sidecar watching every write, while another slot generated). A truncation without an
-open file is found by the rescan every ``RESCAN_EVERY`` seconds and by the check before a restore."""
+open file is found by the rescan every ``RESCAN_EVERY`` seconds and by the check before a restore.
+Directory events are not needed: :meth:`Watcher.check_dir` looks for the slot dir every ``CHECK_EVERY``."""
 _UNCOMMITTED = (store.TEMP_PREFIX, store.PROBE_PREFIX)
 
 
