@@ -91,6 +91,7 @@ def test_agent_retrying_through_three_kill9_restarts_always_reuses_its_kv_and_ne
     first_answers: list[dict[str, Any]] = []
     for cycle, how in enumerate(("while idle", "mid-request", "and the agent races the restore")):
         saved = _saves(side)
+        holds = side.metric("llama_sidecar_proxy_hold_seconds_count")
         if how == "mid-request":
             thread, out = agent.turn_in_thread(n_predict=256)
             side.wait_for(lambda: _processing(server), timeout=30, what="the agent's request running")
@@ -115,7 +116,10 @@ def test_agent_retrying_through_three_kill9_restarts_always_reuses_its_kv_and_ne
         assert out, f"cycle {cycle}: the agent got no answer"
         first_answers.append(out[0])
         reused = out[0]["timings"]["cache_n"]
-        print(f"restart {cycle + 1} ({how}): first answer cache_n={reused} of {n_prompt}")
+        held = side.metric("llama_sidecar_proxy_hold_seconds_count") - holds
+        print(f"restart {cycle + 1} ({how}): first answer cache_n={reused} of {n_prompt}; held at the gate: {held > 0}")
+        if how != "and the agent races the restore":  # there the restore may be over before the request comes
+            assert held >= 1, f"restart {cycle + 1} ({how}): the request was not held at the gate"
         assert reused >= 0.95 * n_prompt, f"restart {cycle + 1} ({how}): cache_n {reused} of {n_prompt}"
         assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == cycle + 1
         side.wait_for(lambda: _saves(side) > saved, what=f"snapshot after restart {cycle + 1}")  # noqa: B023
@@ -125,7 +129,6 @@ def test_agent_retrying_through_three_kill9_restarts_always_reuses_its_kv_and_ne
     assert side.metric("llama_sidecar_proxy_requests_total", route="completion", outcome="ok") == agent.turns
     for outcome in ("error", "held_timeout", "cancelled"):
         assert side.metric("llama_sidecar_proxy_requests_total", route="completion", outcome=outcome) == 0
-    assert side.metric("llama_sidecar_proxy_hold_seconds_count") >= 3
     assert side.get("/readyz")[0] == 200
     assert side.log_events("proxy_request_replayed"), "the request cut by the kill was not replayed"
 
