@@ -37,6 +37,9 @@ def test_keep_per_slot_and_max_bytes_delete_the_oldest_files_and_count_them(
     for n in (2, 3):
         _turn(server.url, convo, seed=71 + n)
         side.wait_saved(n)
+    # The garbage collection runs after the commit that made the first turn superseded, and counts a
+    # deletion once both files are gone: waited for, not read at once.
+    side.wait_for(lambda: _deleted(side, "superseded") >= 1, timeout=10, what="the first turn's deletion")
     committed = [e["file"] for e in side.log_events("snapshot_committed")]
     assert manifests(slot_dir) == [f.replace(".bin", ".json") for f in committed[1:]]
     assert _files(slot_dir) == sorted([*committed[1:], *(f.replace(".bin", ".json") for f in committed[1:])])
@@ -50,9 +53,10 @@ def test_keep_per_slot_and_max_bytes_delete_the_oldest_files_and_count_them(
     side = sidecar(server, slot_dir, extra={"--keep-per-slot": "5", "--max-bytes": str(cap)})
     _turn(server.url, convo, seed=80)
     side.wait_saved()
+    side.wait_for(lambda: _deleted(side, "bytes") >= 2, timeout=10, what="both older snapshots deleted")
+    assert _deleted(side, "bytes") == 2
     (kept,) = manifests(slot_dir)
     assert side.log_events("snapshot_committed")[0]["file"] == bin_of(kept)
-    assert _deleted(side, "bytes") == 2  # both snapshots the first sidecar left
     assert sum((slot_dir / f).stat().st_size for f in _files(slot_dir) if f.endswith(".bin")) <= cap
 
 
