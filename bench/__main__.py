@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             "5. Scaling: snapshot size, save/restore, checksum vs disk",
             lambda: _scaling(bed, p, results.points),
         )
-        section(
+        results.proxy = section(
             "proxy",
             "6. Proxy (--proxy-listen): added latency and streamed token gaps",
             lambda: proxy_mod.measure(bed, quick=bool(ns.quick), say=say),

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
 
-from bench import footprint, goals, hashing, restore, stall
+from bench import footprint, goals, hashing, proxy, restore, stall
 
 MIB = 1 << 20
 
@@ -105,3 +106,29 @@ def test_a_checksum_slower_than_the_disk_is_missed() -> None:
 
     assert [v.met for v in goals.judge(goals.Results(checksums=found(2500.0)), quick=False)] == [True]
     assert [v.met for v in goals.judge(goals.Results(checksums=found(800.0)), quick=False)] == [False]
+
+
+def _proxy(added_ms: float) -> proxy.Result:
+    rng = random.Random(5)
+    direct = [30 * rng.uniform(0.95, 1.05) for _ in range(200)]
+    gaps = [
+        proxy.Gaps(path, [[25 * rng.uniform(0.9, 1.1) for _ in range(300)] for _ in range(2)])
+        for path in (proxy.DIRECT, proxy.PROXY)
+    ]
+    return proxy.Result([proxy.Latency("POST /completion", direct, [d + added_ms for d in direct], 0.0)], gaps)
+
+
+def test_a_proxy_over_its_latency_target_is_missed_in_the_goals_and_fails_the_run() -> None:
+    slow = goals.judge(goals.Results(proxy=_proxy(2.0)), quick=False)
+    fast = goals.judge(goals.Results(proxy=_proxy(0.3)), quick=False)
+    assert [v.met for v in slow] == [False, True]
+    assert "2.000 ms added at p50" in slow[0].measured
+    assert goals.exit_code(slow) == 1
+    assert [v.met for v in fast] == [True, True]
+    assert goals.exit_code(fast) == 0
+
+
+def test_the_proxy_results_come_back_from_results_json() -> None:
+    raw = json.loads(json.dumps(goals.Results(proxy=_proxy(2.0)).as_json()))
+    again = goals.results_from_json(raw)
+    assert again.proxy == _proxy(2.0)
