@@ -36,7 +36,7 @@ import blake3
 import xxhash
 
 from bench import diskread
-from sidecar import hashing
+from sidecar.core import hashing
 
 CHUNK = hashing.CHUNK
 

@@ -33,8 +33,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from bench import REPO_ROOT, beds, rig
-from sidecar import events, manifest, metrics, slotfile, store
-from sidecar.shared import location, service
+from sidecar.core import events, location, metrics
+from sidecar.shared import service
+from sidecar.snapshots import manifest, slotfile, store
 
 BUCKET = "bench-ttft"
 IDENTITY = events.Identity("bench", "/models/bench.gguf", 1, 16384, 1, 1)

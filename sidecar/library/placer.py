@@ -46,9 +46,11 @@ from typing import Any, Protocol
 
 import structlog
 
-from sidecar import engine, errors, events, manifest, metrics, outcomes, policy, protocols, slotfile, store
+from sidecar.act import engine, policy
+from sidecar.core import errors, events, metrics, outcomes, protocols
 from sidecar.library import prompt, routing
 from sidecar.shared import catalog, decide, records
+from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.library")
 LOOKUP_SECONDS = 2.0
@@ -170,14 +172,14 @@ class Placer:
             try:
                 ids = await self._ids(request)
             except errors.UpstreamError as exc:
-                self._unrouted(routing.Unrouted.TOKENIZE, str(exc))
+                self._unrouted(outcomes.Unrouted.TOKENIZE, str(exc))
                 return None
             chain = slotfile.prefix_hashes(slotfile.pack_ids(ids))
             if not chain:
                 return None  # shorter than one block: nothing worth routing, llama-server picks
             return await self._place(request, chain)
         except Exception as exc:  # routing must never fail the request: it goes as it came
-            self._unrouted(routing.Unrouted.ERROR, f"{exc.__class__.__name__}: {exc}")
+            self._unrouted(outcomes.Unrouted.ERROR, f"{exc.__class__.__name__}: {exc}")
             return None
 
     async def _ids(self, request: prompt.Prompt) -> list[int]:
@@ -191,7 +193,7 @@ class Placer:
     async def _place(self, request: prompt.Prompt, chain: tuple[str, ...]) -> _Plan | None:
         obs, identity = self._core.latest, self._core.identity
         if obs is None or obs.slots is None or identity is None:
-            self._unrouted(routing.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
+            self._unrouted(outcomes.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
             return None
         library = self._library(identity, obs.slots)
         entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
@@ -212,15 +214,15 @@ class Placer:
         source = decision.source
         ok = False
         try:
-            if source is routing.Source.SHARED:
+            if source is outcomes.Source.SHARED:
                 assert decision.entry is not None
                 assert found is not None
                 state.chain = decision.entry.prefix  # requests of this conversation wait at the lock below
                 async with state.lock:
                     ok, source = await self._fetch_in(decision, found[1], views[decision.slot], obs.counters)
-                if source is routing.Source.COLD:
+                if source is outcomes.Source.COLD:
                     state.chain = ()
-            elif source is routing.Source.LIBRARY:
+            elif source is outcomes.Source.LIBRARY:
                 assert decision.entry is not None
                 record = library[decision.entry.file][0]
                 state.chain = decision.entry.prefix  # requests of this conversation wait at the lock below
@@ -232,11 +234,11 @@ class Placer:
         finally:
             if not ok:
                 state.pinned -= 1
-                if decision.source is not routing.Source.COLD:
+                if decision.source is not outcomes.Source.COLD:
                     state.chain = ()  # unknown now: the restore may or may not have run
         if not ok:
             self._unrouted(
-                routing.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
+                outcomes.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
             )
             return None
         self._stats.conversation_requests.labels(source.value).inc()
@@ -285,12 +287,12 @@ class Placer:
         shared: records.SharedRecord,
         view: events.SlotView,
         counters: events.Counters | None,
-    ) -> tuple[bool, routing.Source]:
+    ) -> tuple[bool, outcomes.Source]:
         """Fetch ``shared`` and swap it into the decision's slot: (nothing lost, where the prefix came from)."""
         assert decision.slot is not None
         assert self._shared is not None
         if decision.save_first and not await self._save(view):
-            return False, routing.Source.SHARED
+            return False, outcomes.Source.SHARED
         record: manifest.Manifest | None = None
         try:
             async with asyncio.timeout(self._hold):
@@ -298,9 +300,9 @@ class Placer:
         except TimeoutError:
             self._slow("get", self._hold, "downloading the request's prefix")
         if record is None:
-            return True, routing.Source.COLD  # the slot's own content is saved: it runs cold there
+            return True, outcomes.Source.COLD  # the slot's own content is saved: it runs cold there
         ok = await self._swap(dataclasses.replace(decision, save_first=False), record, view, counters)
-        return ok, routing.Source.SHARED
+        return ok, outcomes.Source.SHARED
 
     def _slow(self, operation: str, seconds: float, doing: str) -> None:
         self._stats.shared_errors.labels(operation).inc()
@@ -393,7 +395,7 @@ class Placer:
     def _slot(self, slot: int) -> _Slot:
         return self._slots.setdefault(slot, _Slot())
 
-    def _unrouted(self, reason: routing.Unrouted, detail: str) -> None:
+    def _unrouted(self, reason: outcomes.Unrouted, detail: str) -> None:
         self._stats.conversation_unrouted.labels(reason.value).inc()
         if reason in self._said:
             return

@@ -22,30 +22,10 @@ server queues the request as it would without the sidecar.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Sequence
 
-from sidecar import slotfile
-
-
-class Source(enum.StrEnum):
-    """Where a request's prefix comes from (``conversation_requests_total{source}``)."""
-
-    SLOT = "slot"
-    LIBRARY = "library"
-    SHARED = "shared"
-    COLD = "cold"
-
-
-class Unrouted(enum.StrEnum):
-    """Why a request was forwarded without routing (``conversation_unrouted_total{reason}``)."""
-
-    TOKENIZE = "tokenize"
-    """llama-server could not give the prompt's token ids."""
-    SWAP = "swap"
-    """Saving the slot's own content, or restoring the library snapshot into it, failed."""
-    ERROR = "error"
-    """Anything else: the sidecar had not read the slots yet, an unexpected failure."""
+from sidecar.core import outcomes
+from sidecar.snapshots import slotfile
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,7 +52,7 @@ class Entry:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Decision:
-    source: Source
+    source: outcomes.Source
     slot: int | None
     """The slot to pin the request to; None: let the server pick (every slot busy)."""
     entry: Entry | None = None
@@ -105,17 +85,17 @@ def route(
     if shared is not None and shared_blocks >= max(slot_blocks, entry_blocks) + gain:
         victim = _victim(slots)
         if victim is not None:
-            return Decision(Source.SHARED, victim.slot, shared, victim.dirty, shared_blocks)
+            return Decision(outcomes.Source.SHARED, victim.slot, shared, victim.dirty, shared_blocks)
     if best_entry is not None and entry_blocks >= slot_blocks + gain:
         victim = _victim(slots)
         if victim is not None:
-            return Decision(Source.LIBRARY, victim.slot, best_entry, victim.dirty, entry_blocks)
+            return Decision(outcomes.Source.LIBRARY, victim.slot, best_entry, victim.dirty, entry_blocks)
     if best_slot is not None and slot_blocks > 0:
-        return Decision(Source.SLOT, best_slot.slot, blocks=slot_blocks)
+        return Decision(outcomes.Source.SLOT, best_slot.slot, blocks=slot_blocks)
     victim = _victim(slots)
     if victim is None:
-        return Decision(Source.COLD, None)
-    return Decision(Source.COLD, victim.slot, save_first=victim.dirty)
+        return Decision(outcomes.Source.COLD, None)
+    return Decision(outcomes.Source.COLD, victim.slot, save_first=victim.dirty)
 
 
 def _best_slot(request: tuple[str, ...], slots: Sequence[Held]) -> tuple[Held | None, int]:

@@ -18,7 +18,7 @@ import dataclasses
 import aiohttp
 from aiohttp import web
 
-from sidecar import config
+from sidecar.core import config
 from sidecar.proxy import relay, sentinel
 
 KEEPALIVE = 2.0

@@ -28,8 +28,9 @@ import structlog
 import yarl
 from aiohttp import web
 
-from sidecar import config, metrics
-from sidecar.proxy import gate, routes
+from sidecar.act import gate
+from sidecar.core import config, metrics, outcomes
+from sidecar.proxy import routes
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -41,8 +42,8 @@ WHOLE_ANSWER_BYTES = 1 << 20
 """Answers with a Content-Length up to this size are relayed in one write; others chunk by chunk."""
 _LOADING = b"Loading model"
 """llama-server's 503 message while it loads: the new process cannot serve yet."""
-Refusal = tuple[web.StreamResponse, routes.Outcome]
-Admit = Callable[[routes.Route, bytes], Awaitable[Refusal | None]]
+Refusal = tuple[web.StreamResponse, outcomes.ProxyOutcome]
+Admit = Callable[[outcomes.Route, bytes], Awaitable[Refusal | None]]
 """Router mode: waits until a request may be forwarded (its model loaded and restored); or the answer instead."""
 
 
@@ -102,28 +103,30 @@ class Relay:
         self._admit = admit
         self._counted = {
             (route, outcome): stats.proxy_requests.labels(route.value, outcome.value)
-            for route in routes.Route
-            for outcome in routes.Outcome
+            for route in outcomes.Route
+            for outcome in outcomes.ProxyOutcome
         }
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         kind = _classify(request.method, request.raw_path)
-        outcome = routes.Outcome.ERROR
+        outcome = outcomes.ProxyOutcome.ERROR
         self._metrics.proxy_inflight.inc()
         try:
             response, outcome = await self._serve(request, kind)
         except asyncio.CancelledError:
-            outcome = routes.Outcome.CANCELLED
+            outcome = outcomes.ProxyOutcome.CANCELLED
             raise
         finally:
             self._metrics.proxy_inflight.dec()
             self._counted[kind.route, outcome].inc()
         return response
 
-    async def _serve(self, request: web.BaseRequest, kind: routes.Request) -> tuple[web.StreamResponse, routes.Outcome]:
+    async def _serve(
+        self, request: web.BaseRequest, kind: routes.Request
+    ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         if kind.verdict is routes.Verdict.BAD_PATH:
-            return error(400, "the proxy does not forward this path (dot segments, backslashes or "
-                         "not an origin-form path)", "invalid_request_error"), routes.Outcome.INVALID  # fmt: skip
+            message = "the proxy does not forward this path (dot segments, backslashes or not an origin-form path)"
+            return error(400, message, "invalid_request_error"), outcomes.ProxyOutcome.INVALID
         headers = _pass_on(request.headers.items(), _SKIP_REQUEST, _DROP_REQUEST)
         if kind.verdict is routes.Verdict.SLOT_ACTION:
             if not self._is_admin(request):
@@ -133,7 +136,7 @@ class Relay:
                     "restore or erase the snapshots it keeps. Send 'Authorization: Bearer <sidecar admin "
                     "token>' to pass one through anyway.",
                     "permission_error",
-                ), routes.Outcome.REFUSED
+                ), outcomes.ProxyOutcome.REFUSED
             headers = [(k, v) for k, v in headers if k.lower() != "authorization"]
             if self._api_key:
                 headers.append(("Authorization", f"Bearer {self._api_key}"))
@@ -144,25 +147,25 @@ class Relay:
                 413,
                 f"request body over {limit} bytes: raise --proxy-max-body-bytes if such requests are expected",
                 "invalid_request_error",
-            ), routes.Outcome.INVALID
+            ), outcomes.ProxyOutcome.INVALID
         if self._admit is not None and (refused := await self._admit(kind.route, body)) is not None:
             return refused
-        if self._pinner is not None and kind.route is routes.Route.COMPLETION:
+        if self._pinner is not None and kind.route is outcomes.Route.COMPLETION:
             return await self._pinned(request, headers, body, self._pinner)
         return await self._forward(request, kind.route, headers, body)
 
     async def _pinned(
         self, request: web.BaseRequest, headers: list[tuple[str, str]], body: bytes, pinner: Pinner
-    ) -> tuple[web.StreamResponse, routes.Outcome]:
+    ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         """A completion routed by ``pinner`` once the gate is open: a slot is only chosen on a server that can serve."""
         if not self._gate.is_open:
             started = self._mono()
             ok = await self._hold(self._settings.hold_seconds)
             self._metrics.proxy_hold.observe(self._mono() - started)
             if not ok:
-                return self._held_too_long(), routes.Outcome.HELD_TIMEOUT
+                return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
         async with pinner.pin(request.raw_path, body) as forwarded:
-            return await self._forward(request, routes.Route.COMPLETION, headers, forwarded)
+            return await self._forward(request, outcomes.Route.COMPLETION, headers, forwarded)
 
     def _is_admin(self, request: web.BaseRequest) -> bool:
         if not self._admin_token:
@@ -183,9 +186,9 @@ class Relay:
         return bytes(body)
 
     async def _forward(
-        self, request: web.BaseRequest, route: routes.Route, headers: list[tuple[str, str]], body: bytes
-    ) -> tuple[web.StreamResponse, routes.Outcome]:
-        gated = route is routes.Route.COMPLETION
+        self, request: web.BaseRequest, route: outcomes.Route, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
+        gated = route is outcomes.Route.COMPLETION
         deadline = self._mono() + self._settings.hold_seconds
         url = yarl.URL(self._base + request.raw_path, encoded=True)
         replays = 0
@@ -198,7 +201,7 @@ class Relay:
                     ok = await self._hold(deadline - started)
                     held += self._mono() - started
                     if not ok:
-                        return self._held_too_long(), routes.Outcome.HELD_TIMEOUT
+                        return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
                 try:
                     up = await self._session.request(
                         request.method,
@@ -212,7 +215,7 @@ class Relay:
                     # reached llama-server, so a completion can wait and be sent when it is back.
                     self._gate.suspect(f"the proxy could not connect to llama-server ({exc.__class__.__name__})")
                     if not gated:
-                        return self._unreachable(exc), routes.Outcome.ERROR
+                        return self._unreachable(exc), outcomes.ProxyOutcome.ERROR
                     continue
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     # Sent, and the connection closed before the first answer byte: a crash, or a
@@ -222,7 +225,7 @@ class Relay:
                     # the gate: a completion is then sent a last time after the restart and restore.
                     replays += 1
                     if replays > (2 if gated else 1):
-                        return self._unreachable(exc), routes.Outcome.ERROR
+                        return self._unreachable(exc), outcomes.ProxyOutcome.ERROR
                     if replays == 2:
                         self._gate.suspect(f"llama-server closed the connection twice ({exc.__class__.__name__})")
                     log.info(
@@ -236,7 +239,7 @@ class Relay:
                 if gated and up.status == 503:
                     answer, text = await _read_all(up)
                     if _LOADING not in text:
-                        return answer, routes.Outcome.OK
+                        return answer, outcomes.ProxyOutcome.OK
                     self._gate.suspect("llama-server answered 503 'Loading model': a new process")
                     continue
                 return await self._relay(request, up)
@@ -273,7 +276,7 @@ class Relay:
 
     async def _relay(
         self, request: web.BaseRequest, up: aiohttp.ClientResponse
-    ) -> tuple[web.StreamResponse, routes.Outcome]:
+    ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         clean = False
         try:
             headers = _pass_on(up.headers.items(), _SKIP_RESPONSE, _DROP_RESPONSE)
@@ -284,9 +287,11 @@ class Relay:
                 try:
                     body = await up.read()
                 except (aiohttp.ClientError, TimeoutError) as exc:
-                    return self._unreachable(exc), routes.Outcome.ERROR
+                    return self._unreachable(exc), outcomes.ProxyOutcome.ERROR
                 clean = True
-                return web.Response(status=up.status, reason=up.reason, body=body, headers=headers), (routes.Outcome.OK)
+                return web.Response(status=up.status, reason=up.reason, body=body, headers=headers), (
+                    outcomes.ProxyOutcome.OK
+                )
             response = web.StreamResponse(status=up.status, reason=up.reason)
             response.headers.extend(headers)
             if length is not None:
@@ -304,16 +309,16 @@ class Relay:
                     )
                     if request.transport is not None:
                         request.transport.close()
-                    return response, routes.Outcome.ERROR
+                    return response, outcomes.ProxyOutcome.ERROR
                 if not chunk:
                     break
                 try:
                     await response.write(chunk)
                 except ConnectionError:
-                    return response, routes.Outcome.CANCELLED
+                    return response, outcomes.ProxyOutcome.CANCELLED
             await response.write_eof()
             clean = True
-            return response, routes.Outcome.OK
+            return response, outcomes.ProxyOutcome.OK
         finally:
             if clean:
                 up.release()

@@ -21,29 +21,7 @@ import dataclasses
 import enum
 from urllib.parse import unquote
 
-
-class Route(enum.StrEnum):
-    """The route class, a metric label."""
-
-    COMPLETION = "completion"
-    OTHER = "other"
-
-
-class Outcome(enum.StrEnum):
-    """How a request through the proxy ended, a metric label."""
-
-    OK = "ok"
-    """llama-server's answer was relayed to the end, whatever its status."""
-    ERROR = "error"
-    """llama-server could not be reached or went away mid-answer (502, or a stream cut)."""
-    HELD_TIMEOUT = "held_timeout"
-    """Held at the restore gate for --proxy-hold-seconds without the gate opening (503)."""
-    REFUSED = "refused"
-    """A slot action without the sidecar's admin token (403)."""
-    INVALID = "invalid"
-    """A path the proxy does not forward, or a body over --proxy-max-body-bytes (400, 413)."""
-    CANCELLED = "cancelled"
-    """The client went away first; the upstream request was cancelled with it."""
+from sidecar.core import outcomes
 
 
 class Verdict(enum.StrEnum):
@@ -54,7 +32,7 @@ class Verdict(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Request:
-    route: Route
+    route: outcomes.Route
     verdict: Verdict
 
 
@@ -84,18 +62,18 @@ def decoded_path(raw_path: str) -> str:
 def classify(method: str, raw_path: str) -> Request:
     """Decide what the proxy does with ``method raw_path`` (``raw_path`` as sent, query included)."""
     if not raw_path.startswith("/") or raw_path.startswith("//"):
-        return Request(Route.OTHER, Verdict.BAD_PATH)  # absolute-form or scheme-relative targets
+        return Request(outcomes.Route.OTHER, Verdict.BAD_PATH)  # absolute-form or scheme-relative targets
     path = decoded_path(raw_path)
     segments = path.split("/")
     if "\\" in path or "\0" in path or any(s in (".", "..") for s in segments):
-        return Request(Route.OTHER, Verdict.BAD_PATH)
+        return Request(outcomes.Route.OTHER, Verdict.BAD_PATH)
     folded = "/".join(s for s in segments if s).lower()
     folded = "/" + folded
     if method.upper() not in _READ_METHODS and ("/slots/" in folded + "/"):
-        return Request(Route.OTHER, Verdict.SLOT_ACTION)
+        return Request(outcomes.Route.OTHER, Verdict.SLOT_ACTION)
     if method.upper() == "POST" and folded.endswith(COMPLETION_ENDINGS):
-        return Request(Route.COMPLETION, Verdict.FORWARD)
-    return Request(Route.OTHER, Verdict.FORWARD)
+        return Request(outcomes.Route.COMPLETION, Verdict.FORWARD)
+    return Request(outcomes.Route.OTHER, Verdict.FORWARD)
 
 
 HOP_BY_HOP = frozenset(

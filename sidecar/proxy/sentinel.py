@@ -22,7 +22,7 @@ import enum
 import structlog
 import yarl
 
-from sidecar.proxy import gate
+from sidecar.act import gate
 
 log = structlog.get_logger("sidecar.proxy.sentinel")
 

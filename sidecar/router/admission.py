@@ -26,8 +26,9 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from sidecar import config, errors, metrics, upstream
-from sidecar.proxy import relay, routes
+from sidecar.core import config, errors, metrics, outcomes
+from sidecar.observe import upstream
+from sidecar.proxy import relay
 from sidecar.router import fleet
 
 log = structlog.get_logger("sidecar.router")
@@ -63,9 +64,9 @@ class Admission:
         self._loading: dict[str, asyncio.Task[None]] = {}
         """One load (with its saves before it) per model, shared by the requests that wait for it."""
 
-    async def admit(self, route: routes.Route, body: bytes) -> relay.Refusal | None:
+    async def admit(self, route: outcomes.Route, body: bytes) -> relay.Refusal | None:
         """None once the request may go on; else the answer to give instead (held too long)."""
-        if route is not routes.Route.COMPLETION:
+        if route is not outcomes.Route.COMPLETION:
             return None
         model = named_model(body)
         member = self._fleet.members.get(model) if model is not None else None
@@ -110,7 +111,7 @@ class Admission:
             f"model {model!r} is not ready after {hold:g} s: {reason}. Retry later.",
             "unavailable_error",
             headers={"Retry-After": str(self._settings.proxy.retry_after)},
-        ), routes.Outcome.HELD_TIMEOUT
+        ), outcomes.ProxyOutcome.HELD_TIMEOUT
 
     async def _load(self, model: str, others: Mapping[str, fleet.Member]) -> None:
         """Save the running models' changed slots, then have the router load ``model``.

@@ -24,9 +24,11 @@ from collections.abc import Sequence
 
 import structlog
 
-from sidecar import config, engine, errors, events, metrics, poller, protocols, report, restorer, store, upstream
-from sidecar.proxy import gate
+from sidecar.act import engine, gate, report, restorer
+from sidecar.core import config, errors, events, metrics, protocols
+from sidecar.observe import poller, upstream
 from sidecar.router import plan
+from sidecar.snapshots import store
 
 log = structlog.get_logger("sidecar.router")
 

@@ -14,33 +14,9 @@ bounded by what the operator configured.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Iterable, Mapping
 
-
-class ModelStatus(enum.StrEnum):
-    """``status.value`` of a model in the router's ``GET /models``."""
-
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    LOADED = "loaded"
-    SLEEPING = "sleeping"
-    DOWNLOADING = "downloading"
-    DOWNLOADED = "downloaded"
-    UNKNOWN = "unknown"
-    """A state this sidecar does not know (a newer llama-server): treated as not loaded."""
-
-    @classmethod
-    def parse(cls, value: str) -> ModelStatus:
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.UNKNOWN
-
-    @property
-    def running(self) -> bool:
-        """A child server runs for the model (it may still load, or sleep)."""
-        return self in (ModelStatus.LOADING, ModelStatus.LOADED, ModelStatus.SLEEPING)
+from sidecar.core import events
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,7 +29,7 @@ class Plan:
     """Listed models left without an engine because the limit is reached, in name order."""
 
 
-def decide(listed: Mapping[str, ModelStatus], running: Iterable[str], *, limit: int) -> Plan:
+def decide(listed: Mapping[str, events.ModelStatus], running: Iterable[str], *, limit: int) -> Plan:
     """Engines to start and stop so that each listed model has one, at most ``limit`` in all.
 
     Models whose server runs come first when ``limit`` cuts the list, then

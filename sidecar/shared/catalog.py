@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from sidecar import errors, manifest, slotfile
+from sidecar.core import errors
 from sidecar.shared import keys, objstore, records
+from sidecar.snapshots import manifest, slotfile
 
 log = structlog.get_logger("sidecar.shared")
 REFRESH_EVERY = 5.0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sidecar.shared import filestore, location, objstore, s3store
+from sidecar.core import location
+from sidecar.shared import filestore, objstore, s3store
 
 
 def open_store(where: location.Location) -> objstore.ObjectStore:

@@ -21,8 +21,9 @@ from typing import Protocol
 import structlog
 import xxhash
 
-from sidecar import errors, hashing, manifest, metrics, store
+from sidecar.core import errors, hashing, metrics
 from sidecar.shared import decide, objstore, records
+from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.shared")
 

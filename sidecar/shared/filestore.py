@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from sidecar import errors
-from sidecar.shared import location, objstore
+from sidecar.core import errors, location
+from sidecar.shared import objstore
 
 Operation = objstore.Operation
 TEMP_PREFIX = ".tmp-"

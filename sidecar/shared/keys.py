@@ -24,7 +24,7 @@ import hashlib
 import json
 import re
 
-from sidecar import manifest
+from sidecar.snapshots import manifest
 
 BLOBS = "blobs"
 MANIFESTS = "manifests"

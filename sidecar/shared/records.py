@@ -15,7 +15,7 @@ import dataclasses
 import json
 from typing import Any
 
-from sidecar import manifest
+from sidecar.snapshots import manifest
 
 FORMAT = 1
 

@@ -25,8 +25,8 @@ import aiobotocore.config
 import aiobotocore.session
 import botocore.exceptions
 
-from sidecar import errors
-from sidecar.shared import location, objstore
+from sidecar.core import errors, location
+from sidecar.shared import objstore
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client

@@ -19,8 +19,9 @@ import asyncio
 
 import structlog
 
-from sidecar import errors, events, manifest, metrics, store
-from sidecar.shared import catalog, connect, decide, downloader, keys, location, objstore, records, uploader
+from sidecar.core import errors, events, location, metrics
+from sidecar.shared import catalog, connect, decide, downloader, keys, objstore, records, uploader
+from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.shared")
 WARM_TIMEOUT = 60.0

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import structlog
 
-from sidecar import errors, manifest, metrics, slotfile, store
+from sidecar.core import errors, metrics
 from sidecar.shared import decide, keys, objstore, records
+from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.shared")
 QUEUE_LIMIT = 256

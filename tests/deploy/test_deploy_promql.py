@@ -24,7 +24,7 @@ import yaml
 from deploytools import DEPLOY, require_tool
 from prometheus_client import CollectorRegistry
 
-from sidecar import metrics
+from sidecar.core import metrics
 from support import promql
 from support.wait import wait_until
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar import engine
+from sidecar.act import engine
 from support.llamabed import MakeServer, complete, http_json, make_prompt
 from support.sidecarbed import MakeSidecar
 

@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from sidecar import slotfile
+from sidecar.snapshots import slotfile
 from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt
 from support.net import free_port
 from support.sidecarbed import MakeSidecar, SidecarProcess

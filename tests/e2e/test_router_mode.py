@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar.manifest import model_tag
+from sidecar.snapshots.manifest import model_tag
 from support.llamabed import (
     LlamaHTTPError,
     LlamaServer,

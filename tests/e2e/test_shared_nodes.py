@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecar.shared import connect, location
+from sidecar.core import location
+from sidecar.shared import connect
 from support.llamabed import MakeServer, complete, http_json, make_prompt
 from support.net import free_port
 from support.s3bed import S3Server

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar import slotfile
+from sidecar.snapshots import slotfile
 from support.llamabed import MakeServer, call, complete, make_prompt, slot_action
 
 

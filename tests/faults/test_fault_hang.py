@@ -15,7 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sidecar import config, errors, upstream
+from sidecar.core import config, errors
+from sidecar.observe import upstream
 from support.fakellama import FakeLlama, Reply
 from support.faultbed import Sidecar, make_settings, open_sockets, run_sidecar
 from support.wait import eventually, until

@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from sidecar import config, report, store
+from sidecar.act import report
+from sidecar.core import config
+from sidecar.snapshots import store
 from support.fakellama import FakeLlama, SaveFault, SaveKind
 from support.faultbed import Sidecar, make_settings, run_sidecar
 from support.wait import eventually, until

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import RawTestServer
 
-from sidecar.proxy import gate
+from sidecar.act import gate
 from support.proxybed import Upstream, raw_exchange, run_proxy, status_of
 from support.sidecarbed import SidecarProcess
 from support.wait import eventually, until

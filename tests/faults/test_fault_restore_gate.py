@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sidecar import config
+from sidecar.core import config
 from support.fakellama import FakeLlama, Reply
 from support.faultbed import Sidecar, make_settings, run_sidecar
 from support.wait import eventually

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from sidecar import __main__ as cli
+from sidecar.cli import main as cli
 from support.fakellama import FakeLlama, MakeFake, Reply
 from support.faultbed import Sidecar, make_settings, run_sidecar
 from support.sidecarbed import SidecarProcess

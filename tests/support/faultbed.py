@@ -21,7 +21,8 @@ from typing import Any
 import aiohttp
 import structlog
 
-from sidecar import app, config
+from sidecar.app import run as app
+from sidecar.core import config
 from support.readers import Samples, parse_metrics, sample
 
 METRIC_PREFIX = "llama_sidecar_"

@@ -31,8 +31,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar import config, metrics
-from sidecar.proxy import gate, listener, relay
+from sidecar.act import gate
+from sidecar.core import config, metrics
+from sidecar.proxy import listener, relay
 
 
 @dataclasses.dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar import events
+from sidecar.core import events
 
 
 def slot(

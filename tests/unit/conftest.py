@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import configuration
 
-from sidecar import hashing
+from sidecar.core import hashing
 
 # Hypothesis caches constants it finds in the code under test; keep that out of the work tree.
 configuration.set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "llama-kv-sidecar-hypothesis")

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from sidecar import errors, events, protocols
+from sidecar.core import errors, events, protocols
 
 IDENTITY = events.Identity(build_info="b11434-515e85511", model_path="/models/gemma3.gguf", total_slots=2, n_ctx=8192)
 N_CTX = 4096

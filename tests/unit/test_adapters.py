@@ -10,7 +10,8 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp.plugin import AiohttpServer
 
-from sidecar import config, errors, events, upstream
+from sidecar.core import config, errors, events
+from sidecar.observe import upstream
 
 
 class Answer:

@@ -1,4 +1,4 @@
-"""The command line: sidecar.__main__.main and settings_from. Flags win over env, env over defaults.
+"""The command line: sidecar.cli.main.main and settings_from. Flags win over env, env over defaults.
 
 `main(["run", ...])` with valid arguments would start the sidecar, so valid
 configurations are checked through `settings_from(build_parser().parse_args(...))`
@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import __main__ as cli
-from sidecar import config, errors, events, manifest, options, store
+from sidecar.cli import main as cli
+from sidecar.cli import options
+from sidecar.core import config, errors, events
+from sidecar.snapshots import manifest, store
 
 
 def settings(*args: str) -> config.Settings:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from sidecar import manifest, slotfile, store
+from sidecar.snapshots import manifest, slotfile, store
 
 FP = manifest.Fingerprint("b1", "/models/m.gguf", 100, 200, 4096, 1)
 

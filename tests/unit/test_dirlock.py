@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import dirlock, errors, manifest, store
+from sidecar.core import errors
+from sidecar.snapshots import dirlock, manifest, store
 
 FP = manifest.Fingerprint("b1", "/models/m.gguf", 100, 200, 4096, 1)
 
@@ -42,7 +43,7 @@ def test_the_kernel_releases_the_lock_of_a_dead_holder(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from sidecar import dirlock; "
+            "import sys, time; from pathlib import Path; from sidecar.snapshots import dirlock; "
             "dirlock.DirLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)",
             str(tmp_path),
         ],

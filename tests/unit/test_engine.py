@@ -12,20 +12,10 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar import (
-    config,
-    engine,
-    errors,
-    events,
-    hashing,
-    manifest,
-    metrics,
-    outcomes,
-    policy,
-    poller,
-    snapshotter,
-    store,
-)
+from sidecar.act import engine, policy, snapshotter
+from sidecar.core import config, errors, events, hashing, metrics, outcomes
+from sidecar.observe import poller
+from sidecar.snapshots import manifest, store
 
 
 @dataclasses.dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sidecar import events
+from sidecar.core import events
 from support.views import slot
 
 T = events.Transition

@@ -1,4 +1,4 @@
-"""sidecar.hashing: the digest is the file's whatever the chunking, and a paced hash sleeps after each chunk."""
+"""sidecar.core.hashing: the digest is the file's whatever the chunking, and a paced hash sleeps after each chunk."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import xxhash
 
-from sidecar import hashing
+from sidecar.core import hashing
 
 
 def test_digests_match_the_libraries_over_whole_and_partial_chunks(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sidecar.library import retention, routing
+from sidecar.core import outcomes
+from sidecar.library import routing
+from sidecar.snapshots import retention
 
 
 def chain(name: str, n: int) -> tuple[str, ...]:
@@ -19,19 +21,19 @@ def held(
 def test_request_goes_to_the_slot_holding_its_prefix() -> None:
     slots = [held(0, chain("a", 5), used=9.0), held(1, chain("b", 8), used=1.0)]
     got = routing.route(chain("b", 9), slots, [routing.Entry("b.bin", chain("b", 8))])
-    assert (got.source, got.slot, got.blocks) == (routing.Source.SLOT, 1, 8)
+    assert (got.source, got.slot, got.blocks) == (outcomes.Source.SLOT, 1, 8)
 
 
 def test_a_busy_slot_holding_the_prefix_still_wins_over_a_cold_start() -> None:
     slots = [held(0, chain("a", 5), busy=True), held(1)]
     got = routing.route(chain("a", 6), slots, [])
-    assert (got.source, got.slot) == (routing.Source.SLOT, 0)
+    assert (got.source, got.slot) == (outcomes.Source.SLOT, 0)
 
 
 def test_library_prefix_is_swapped_into_the_least_recently_used_idle_slot() -> None:
     slots = [held(0, chain("x", 3), used=5.0, dirty=True), held(1, chain("y", 3), used=2.0, dirty=True)]
     got = routing.route(chain("c", 10), slots, [routing.Entry("c.bin", chain("c", 9))])
-    assert got.source is routing.Source.LIBRARY
+    assert got.source is outcomes.Source.LIBRARY
     assert got.slot == 1
     assert got.entry == routing.Entry("c.bin", chain("c", 9))
     assert got.save_first  # slot 1 changed since its snapshot: save it before it is replaced
@@ -47,7 +49,7 @@ def test_an_empty_slot_is_taken_before_one_holding_a_conversation() -> None:
 def test_a_marginal_library_gain_is_not_worth_a_swap() -> None:
     slots = [held(0, chain("c", 8))]
     got = routing.route(chain("c", 12), slots, [routing.Entry("c.bin", chain("c", 9))], min_gain_blocks=2)
-    assert (got.source, got.slot) == (routing.Source.SLOT, 0)
+    assert (got.source, got.slot) == (outcomes.Source.SLOT, 0)
 
 
 def test_of_two_library_entries_the_longer_shared_prefix_wins_then_the_smaller_file() -> None:
@@ -59,13 +61,13 @@ def test_of_two_library_entries_the_longer_shared_prefix_wins_then_the_smaller_f
 def test_new_conversation_is_pinned_to_the_least_recently_used_idle_slot() -> None:
     slots = [held(0, chain("a", 2), used=7.0), held(1, chain("b", 2), used=3.0), held(2, busy=True)]
     got = routing.route(chain("n", 4), slots, [routing.Entry("a.bin", chain("a", 2))])
-    assert (got.source, got.slot) == (routing.Source.COLD, 1)
+    assert (got.source, got.slot) == (outcomes.Source.COLD, 1)
 
 
 def test_every_slot_busy_pins_nothing() -> None:
     slots = [held(0, chain("a", 2), busy=True)]
     got = routing.route(chain("c", 4), slots, [routing.Entry("c.bin", chain("c", 4))])
-    assert (got.source, got.slot) == (routing.Source.COLD, None)
+    assert (got.source, got.slot) == (outcomes.Source.COLD, None)
 
 
 def kept(file: str, prefix: tuple[str, ...], *, gen: int, used: float = 0.0, size: int = 10) -> retention.Kept:
@@ -103,14 +105,14 @@ def test_a_shared_prefix_must_beat_both_the_slots_and_the_library_to_be_fetched(
     slots = [held(0, chain("a", 5), used=9.0), held(1, chain("b", 2), used=1.0, dirty=True)]
     library = [routing.Entry("a.bin", chain("a", 7))]
     got = routing.route(chain("a", 9), slots, library, shared=routing.Entry("blobs/a", chain("a", 9)))
-    assert (got.source, got.slot, got.blocks, got.save_first) == (routing.Source.SHARED, 1, 9, True)
+    assert (got.source, got.slot, got.blocks, got.save_first) == (outcomes.Source.SHARED, 1, 9, True)
     assert got.entry is not None
     assert got.entry.file == "blobs/a"
     marginal = routing.route(chain("a", 9), slots, library, shared=routing.Entry("blobs/a", chain("a", 7)))
-    assert (marginal.source, marginal.slot) == (routing.Source.LIBRARY, 1)
+    assert (marginal.source, marginal.slot) == (outcomes.Source.LIBRARY, 1)
 
 
 def test_a_shared_prefix_with_no_idle_slot_to_fetch_into_is_not_fetched() -> None:
     slots = [held(0, chain("a", 2), busy=True)]
     got = routing.route(chain("a", 9), slots, [], shared=routing.Entry("blobs/a", chain("a", 9)))
-    assert (got.source, got.slot) == (routing.Source.SLOT, 0)
+    assert (got.source, got.slot) == (outcomes.Source.SLOT, 0)

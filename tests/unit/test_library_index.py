@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import events, manifest, policy, slotfile, store
+from sidecar.act import policy
+from sidecar.core import events, outcomes
 from sidecar.library import prompt, routing
+from sidecar.snapshots import manifest, slotfile, store
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 2, 8192, 1000, 10), n_ctx=4096)
 BLOCK = slotfile.BLOCK_TOKENS
@@ -157,7 +159,7 @@ def test_requests_the_library_does_not_route_are_left_alone(path: str, body: byt
 def test_a_new_conversation_saves_a_changed_victim_first() -> None:
     slots = [routing.Held(0, ("a0",), False, 5.0, True), routing.Held(1, ("b0",), True, 1.0, True)]
     got = routing.route(("n0", "n1"), slots, [])
-    assert (got.source, got.slot, got.save_first) == (routing.Source.COLD, 0, True)
+    assert (got.source, got.slot, got.save_first) == (outcomes.Source.COLD, 0, True)
 
 
 def test_last_use_survives_a_restart_of_the_sidecar(snaps: store.SnapshotStore, tmp_path: Path) -> None:

@@ -16,9 +16,12 @@ import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar import config, engine, events, manifest, metrics, poller, protocols, slotfile, store
+from sidecar.act import engine
+from sidecar.core import config, events, metrics, protocols
 from sidecar.library import placer
+from sidecar.observe import poller
 from sidecar.shared import catalog, decide, records
+from sidecar.snapshots import manifest, slotfile, store
 
 BLOCK = slotfile.BLOCK_TOKENS
 

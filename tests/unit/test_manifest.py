@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from sidecar import events, hashing, manifest
+from sidecar.core import events, hashing
+from sidecar.snapshots import manifest
 
 IDENTITY = events.Identity(
     build_info="b515-515e85511",

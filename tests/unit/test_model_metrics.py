@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from sidecar import metrics
+from sidecar.core import metrics
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:

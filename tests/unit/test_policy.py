@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import config, events, hashing, manifest, outcomes, policy
+from sidecar.act import policy
+from sidecar.core import config, events, hashing, outcomes
+from sidecar.snapshots import manifest
 from support.views import slot
 
 TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)

@@ -8,7 +8,8 @@ import pytest
 import structlog
 from memllama import ManualClock, MemLlama
 
-from sidecar import config, events, poller
+from sidecar.core import config, events
+from sidecar.observe import poller
 
 
 @pytest.fixture

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar import config, events, poller, upstream
+from sidecar.core import config, events
+from sidecar.observe import poller, upstream
 
 
 class Client:

@@ -22,7 +22,10 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar import config, errors, events, hashing, manifest, outcomes, policy, poller, protocols
+from sidecar.act import policy
+from sidecar.core import config, errors, events, hashing, outcomes, protocols
+from sidecar.observe import poller
+from sidecar.snapshots import manifest
 
 TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)
 RETRY_AFTER = 30.0

@@ -6,7 +6,9 @@ import asyncio
 
 import pytest
 
-from sidecar.proxy import gate, routes
+from sidecar.act import gate
+from sidecar.core import outcomes
+from sidecar.proxy import routes
 
 
 class Clock:
@@ -67,39 +69,39 @@ async def test_waiters_are_released_together_and_counted() -> None:
 @pytest.mark.parametrize(
     ("method", "path", "route", "verdict"),
     [
-        ("POST", "/completion", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/completions", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/completions", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/chat/completions", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/chat/completions?x=1", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/messages", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/responses", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/infill", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/embeddings", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/embedding", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/rerank", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/api-prefix/v1/chat/completions", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/chat/%63ompletions", routes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("GET", "/completion", routes.Route.OTHER, routes.Verdict.FORWARD),
-        ("POST", "/v1/messages/count_tokens", routes.Route.OTHER, routes.Verdict.FORWARD),
-        ("POST", "/tokenize", routes.Route.OTHER, routes.Verdict.FORWARD),
-        ("POST", "/apply-template", routes.Route.OTHER, routes.Verdict.FORWARD),
-        ("GET", "/v1/models", routes.Route.OTHER, routes.Verdict.FORWARD),
-        ("GET", "/health", routes.Route.OTHER, routes.Verdict.FORWARD),
-        ("GET", "/slots", routes.Route.OTHER, routes.Verdict.FORWARD),
-        ("GET", "/", routes.Route.OTHER, routes.Verdict.FORWARD),
-        ("POST", "/slots/0?action=save", routes.Route.OTHER, routes.Verdict.SLOT_ACTION),
-        ("POST", "/slots%2F0?action=erase", routes.Route.OTHER, routes.Verdict.SLOT_ACTION),
-        ("POST", "/prefix/slots/3?action=restore", routes.Route.OTHER, routes.Verdict.SLOT_ACTION),
-        ("DELETE", "/slots/0", routes.Route.OTHER, routes.Verdict.SLOT_ACTION),
-        ("POST", "/../slots/0", routes.Route.OTHER, routes.Verdict.BAD_PATH),
-        ("POST", "/a/%2e/completion", routes.Route.OTHER, routes.Verdict.BAD_PATH),
-        ("GET", "http://example.com/health", routes.Route.OTHER, routes.Verdict.BAD_PATH),
-        ("GET", "*", routes.Route.OTHER, routes.Verdict.BAD_PATH),
+        ("POST", "/completion", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/completions", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/completions", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/chat/completions", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/chat/completions?x=1", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/messages", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/responses", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/infill", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/embeddings", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/embedding", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/rerank", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/api-prefix/v1/chat/completions", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("POST", "/v1/chat/%63ompletions", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
+        ("GET", "/completion", outcomes.Route.OTHER, routes.Verdict.FORWARD),
+        ("POST", "/v1/messages/count_tokens", outcomes.Route.OTHER, routes.Verdict.FORWARD),
+        ("POST", "/tokenize", outcomes.Route.OTHER, routes.Verdict.FORWARD),
+        ("POST", "/apply-template", outcomes.Route.OTHER, routes.Verdict.FORWARD),
+        ("GET", "/v1/models", outcomes.Route.OTHER, routes.Verdict.FORWARD),
+        ("GET", "/health", outcomes.Route.OTHER, routes.Verdict.FORWARD),
+        ("GET", "/slots", outcomes.Route.OTHER, routes.Verdict.FORWARD),
+        ("GET", "/", outcomes.Route.OTHER, routes.Verdict.FORWARD),
+        ("POST", "/slots/0?action=save", outcomes.Route.OTHER, routes.Verdict.SLOT_ACTION),
+        ("POST", "/slots%2F0?action=erase", outcomes.Route.OTHER, routes.Verdict.SLOT_ACTION),
+        ("POST", "/prefix/slots/3?action=restore", outcomes.Route.OTHER, routes.Verdict.SLOT_ACTION),
+        ("DELETE", "/slots/0", outcomes.Route.OTHER, routes.Verdict.SLOT_ACTION),
+        ("POST", "/../slots/0", outcomes.Route.OTHER, routes.Verdict.BAD_PATH),
+        ("POST", "/a/%2e/completion", outcomes.Route.OTHER, routes.Verdict.BAD_PATH),
+        ("GET", "http://example.com/health", outcomes.Route.OTHER, routes.Verdict.BAD_PATH),
+        ("GET", "*", outcomes.Route.OTHER, routes.Verdict.BAD_PATH),
     ],
 )
 def test_routes_are_classified_on_the_path_llama_server_will_see(
-    method: str, path: str, route: routes.Route, verdict: routes.Verdict
+    method: str, path: str, route: outcomes.Route, verdict: routes.Verdict
 ) -> None:
     assert routes.classify(method, path) == routes.Request(route, verdict)
 

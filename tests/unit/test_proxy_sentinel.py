@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from sidecar.proxy import gate, sentinel
+from sidecar.act import gate
+from sidecar.proxy import sentinel
 
 OK = b'HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{"status":"ok"}'
 CLOSING = b'HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 15\r\n\r\n{"status":"ok"}'

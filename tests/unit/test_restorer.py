@@ -10,7 +10,9 @@ import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar import actions, manifest, metrics, outcomes, restorer, store
+from sidecar.act import actions, restorer
+from sidecar.core import metrics, outcomes
+from sidecar.snapshots import manifest, store
 
 FP = manifest.Fingerprint.of(memllama.IDENTITY, n_ctx=memllama.N_CTX)
 

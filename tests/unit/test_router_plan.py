@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from sidecar.core import events
 from sidecar.router import admission, plan
 
-S = plan.ModelStatus
+S = events.ModelStatus
 
 
 def test_every_listed_model_gets_an_engine_whatever_its_state() -> None:
@@ -43,8 +44,8 @@ def test_the_order_of_the_reply_does_not_matter() -> None:
 
 
 def test_an_unknown_state_parses_as_unknown_and_counts_as_not_running() -> None:
-    assert plan.ModelStatus.parse("exploding") is S.UNKNOWN
-    assert plan.ModelStatus.parse("sleeping") is S.SLEEPING
+    assert events.ModelStatus.parse("exploding") is S.UNKNOWN
+    assert events.ModelStatus.parse("sleeping") is S.SLEEPING
     assert [s.value for s in S if s.running] == ["loading", "loaded", "sleeping"]
 
 

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import __main__ as cli
-from sidecar import config
-from sidecar.shared import location
+from sidecar.cli import main as cli
+from sidecar.core import config, location
 
 
 def settings(*args: str) -> config.Settings:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import errors, events, hashing, manifest
-from sidecar.shared import catalog, decide, gc, keys, location, objstore, records
+from sidecar.core import errors, events, hashing, location
+from sidecar.shared import catalog, decide, gc, keys, objstore, records
+from sidecar.snapshots import manifest
 
 FP = manifest.Fingerprint(
     build_info="b1-abc",

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar import errors, events, manifest, metrics, slotfile, store
-from sidecar.shared import connect, gc, keys, location, objstore, service
+from sidecar.core import errors, events, location, metrics
+from sidecar.shared import connect, gc, keys, objstore, service
+from sidecar.snapshots import manifest, slotfile, store
 from support.s3bed import S3Server
 from support.wait import eventually
 

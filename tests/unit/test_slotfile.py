@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar import slotfile
+from sidecar.snapshots import slotfile
 
 KV_TAIL = b"\x07" * 64
 """Stands for the KV data after the token words; the parser must not read into it."""

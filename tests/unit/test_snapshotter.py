@@ -12,7 +12,9 @@ import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar import actions, config, errors, manifest, metrics, outcomes, policy, protocols, snapshotter, store
+from sidecar.act import actions, policy, snapshotter
+from sidecar.core import config, errors, metrics, outcomes, protocols
+from sidecar.snapshots import manifest, store
 
 R, C = outcomes.SaveResult, outcomes.SaveCause
 SAVE = policy.Save(0, (4, 500), 500, policy.SaveReason.IDLE)

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from sidecar import errors, events, hashing, manifest, policy, store
+from sidecar.act import policy
+from sidecar.core import errors, events, hashing
+from sidecar.snapshots import manifest, store
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
 

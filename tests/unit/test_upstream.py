@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 from pytest_aiohttp.plugin import AiohttpServer
 
-from sidecar import config, errors, events, protocols, upstream
-from sidecar.router import plan
+from sidecar.core import config, errors, events, protocols
+from sidecar.observe import upstream
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -571,7 +571,7 @@ async def test_a_plain_client_sends_no_model(fake: FakeLlama, connect: Connect) 
 
 async def test_the_router_list_parses_unknown_states_as_unknown(fake: FakeLlama, connect: Connect) -> None:
     fake.json("GET", "/models", {"data": [{"id": "a", "status": {"value": "teleporting"}}]})
-    assert await connect().models() == {"a": plan.ModelStatus.UNKNOWN}
+    assert await connect().models() == {"a": events.ModelStatus.UNKNOWN}
 
 
 async def test_a_malformed_router_list_is_a_protocol_error(fake: FakeLlama, connect: Connect) -> None:

@@ -13,7 +13,9 @@ import xxhash
 from prometheus_client import CollectorRegistry
 from watchdog.observers import Observer
 
-from sidecar import dirlock, events, hashing, manifest, metrics, outcomes, policy, store, watcher
+from sidecar.act import policy
+from sidecar.core import events, hashing, metrics, outcomes
+from sidecar.snapshots import dirlock, manifest, store, watcher
 from support.wait import until
 
 FP = manifest.Fingerprint("b1", "/m.gguf", 10, 20, 4096, 1)

@@ -9,7 +9,7 @@ import pytest
 import xxhash
 from structlog.testing import capture_logs
 
-from sidecar import weights
+from sidecar.observe import weights
 
 
 @pytest.fixture

@@ -37,7 +37,9 @@ import time
 
 import structlog
 
-from sidecar import actions, errors, events, manifest, metrics, outcomes, policy, protocols, store
+from sidecar.act import actions, policy
+from sidecar.core import errors, events, metrics, outcomes, protocols
+from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.restore")
 EFFECTIVE_SHARE = 0.5

@@ -11,7 +11,7 @@ that a slot action never stops the sidecar from watching:
 * :meth:`Engine.run` is the action runner, a task of its own: it checks
   snapshot files while the server loads, then runs the restore round, the
   slot-dir probe and the saves that are due, one action at a time, each
-  right after reading its slot (see :mod:`sidecar.actions`). A save the
+  right after reading its slot (see :mod:`sidecar.act.actions`). A save the
   server holds behind a busy slot then delays other actions, never the polls.
 """
 
@@ -24,24 +24,9 @@ from typing import Protocol
 
 import structlog
 
-from sidecar import (
-    actions,
-    config,
-    errors,
-    events,
-    hashing,
-    manifest,
-    metrics,
-    outcomes,
-    policy,
-    probe,
-    protocols,
-    report,
-    restorer,
-    snapshotter,
-    store,
-)
-from sidecar.proxy import gate
+from sidecar.act import actions, gate, policy, probe, report, restorer, snapshotter
+from sidecar.core import config, errors, events, hashing, metrics, outcomes, protocols
+from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.engine")
 AGE_CHECK_EVERY = 30.0
@@ -328,7 +313,7 @@ class Engine:
             await self._commit_written(quiet=not self._processing(latest.slots or (), latest.counters))
 
     async def _commit_written(self, *, quiet: bool) -> None:
-        """Commit the saves whose commit waits (see :mod:`sidecar.snapshotter`) once due.
+        """Commit the saves whose commit waits (see :mod:`sidecar.act.snapshotter`) once due.
 
         ``quiet``: no slot is processing: commit them all now. Otherwise commit
         only those that have waited ``snapshotter.COMMIT_WAIT``, paced.

@@ -1,7 +1,7 @@
 """Taking snapshots: disk floor, the server's save, the store's commit, retention.
 
 The caller holds ``SlotActions.lock`` and has just read the slot idle (see
-:mod:`sidecar.actions`); every attempt ends in one :class:`SaveRecord` whose
+:mod:`sidecar.act.actions`); every attempt ends in one :class:`SaveRecord` whose
 ``result`` is the ``snapshots_total`` label and whose ``cause`` says why a
 save did not end ``ok``.
 
@@ -27,18 +27,9 @@ from collections.abc import Callable
 
 import structlog
 
-from sidecar import (
-    actions,
-    config,
-    errors,
-    events,
-    manifest,
-    metrics,
-    outcomes,
-    policy,
-    protocols,
-    store,
-)
+from sidecar.act import actions, policy
+from sidecar.core import config, errors, events, metrics, outcomes, protocols
+from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.snapshot")
 BACKGROUND = frozenset({policy.SaveReason.IDLE, policy.SaveReason.PERIODIC})

@@ -13,17 +13,15 @@ import copy
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from sidecar import outcomes
-from sidecar.library import routing
-from sidecar.proxy import routes
+from sidecar.core import outcomes
 
 NAMESPACE = "llama_sidecar"
 SNAPSHOT_RESULTS = tuple(r.value for r in outcomes.SaveResult)
 RESTORE_RESULTS = tuple(r.value for r in outcomes.RestoreOutcome)
 VERIFY_OUTCOMES = tuple(v.value for v in outcomes.Verification)
 GC_REASONS = ("keep", "superseded", "bytes", "age")
-CONVERSATION_SOURCES = tuple(s.value for s in routing.Source)
-UNROUTED_REASONS = tuple(r.value for r in routing.Unrouted)
+CONVERSATION_SOURCES = tuple(s.value for s in outcomes.Source)
+UNROUTED_REASONS = tuple(r.value for r in outcomes.Unrouted)
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
 SLOT_DIR_OPERATIONS = ("read", "write", "scan")
 SHARED_DIRECTIONS = ("up", "down")
@@ -303,8 +301,8 @@ class Metrics:
             self.shared_errors.labels(operation)
         for outcome in VERIFY_OUTCOMES:
             self.restore_verifications.labels(outcome)
-        for route in routes.Route:  # at zero without the proxy too, so dashboards and alerts see series
-            for result in routes.Outcome:
+        for route in outcomes.Route:  # at zero without the proxy too, so dashboards and alerts see series
+            for result in outcomes.ProxyOutcome:
                 self.proxy_requests.labels(route.value, result.value)
         for reason in GC_REASONS:
             self.gc_deleted.labels(reason)

@@ -24,25 +24,15 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 import sidecar
-from sidecar import (
-    config,
-    dirlock,
-    engine,
-    errors,
-    metrics,
-    poller,
-    protocols,
-    report,
-    server,
-    store,
-    upstream,
-    watcher,
-    weights,
-)
+from sidecar.act import engine, gate, report
+from sidecar.app import server
+from sidecar.core import config, errors, metrics, protocols
 from sidecar.library import placer
-from sidecar.proxy import gate, listener, relay, sentinel
+from sidecar.observe import poller, upstream, weights
+from sidecar.proxy import listener, relay, sentinel
 from sidecar.router import admission, fleet
 from sidecar.shared import service
+from sidecar.snapshots import dirlock, store, watcher
 
 log = structlog.get_logger("sidecar.app")
 

@@ -13,8 +13,8 @@ import dataclasses
 import enum
 from collections.abc import Callable, Collection, Iterable, Sequence
 
-from sidecar import config, events, manifest, outcomes
-from sidecar.library import retention
+from sidecar.core import config, events, outcomes
+from sidecar.snapshots import manifest, retention
 
 
 class SaveReason(enum.StrEnum):

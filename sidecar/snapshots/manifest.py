@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from sidecar import events, hashing
+from sidecar.core import events, hashing
 
 FORMAT = 2
 """Format of the manifests this sidecar writes."""

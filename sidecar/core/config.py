@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from sidecar.shared import location
+from sidecar.core import location
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,7 +20,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
-from sidecar import config, events, restorer, snapshotter
+from sidecar.act import restorer, snapshotter
+from sidecar.core import config, events
 
 STALL_POLLS = 5
 """Poll intervals the loop may miss before it counts as stuck."""

@@ -25,8 +25,7 @@ from typing import Any, TypeVar
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar import config, errors, events, protocols
-from sidecar.router import plan
+from sidecar.core import config, errors, events, protocols
 
 _T = TypeVar("_T")
 
@@ -70,17 +69,17 @@ class LlamaClient:
             return path
         return path + ("&" if "?" in path else "?") + self._query
 
-    async def models(self) -> dict[str, plan.ModelStatus]:
+    async def models(self) -> dict[str, events.ModelStatus]:
         """The router's models and their states (``GET /models``), by name."""
         body = _as_dict(await self._json("GET", "/models", self._timeout), "/models")
         data = body.get("data")
         if not isinstance(data, list):
             raise errors.UpstreamProtocolError("/models: field 'data' is not a list", endpoint="/models")
-        found: dict[str, plan.ModelStatus] = {}
+        found: dict[str, events.ModelStatus] = {}
         for item in data:
             entry = _as_dict(item, "/models")
             status = _field(entry, "status", dict, "/models")
-            found[_field(entry, "id", str, "/models")] = plan.ModelStatus.parse(str(status.get("value", "")))
+            found[_field(entry, "id", str, "/models")] = events.ModelStatus.parse(str(status.get("value", "")))
         return found
 
     async def load_model(self, model: str) -> None:
@@ -109,9 +108,9 @@ class LlamaClient:
             return events.Health.DOWN, str(exc)
         if status is None:
             return events.Health.DOWN, f"the router does not list model {model!r} (GET /models)"
-        if status in (plan.ModelStatus.LOADED, plan.ModelStatus.SLEEPING):
+        if status in (events.ModelStatus.LOADED, events.ModelStatus.SLEEPING):
             return events.Health.OK, ""
-        if status is plan.ModelStatus.LOADING:
+        if status is events.ModelStatus.LOADING:
             return events.Health.LOADING, f"the router is loading model {model!r}"
         return events.Health.UNLOADED, f"model {model!r} is {status.value} (the router runs no server for it)"
 

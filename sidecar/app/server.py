@@ -24,7 +24,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from sidecar import config, events, report, store
+from sidecar.act import report
+from sidecar.core import config, events
+from sidecar.snapshots import store
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 import structlog
 
-from sidecar import config, errors, events, protocols
+from sidecar.core import config, errors, events, protocols
 
 log = structlog.get_logger("sidecar.poller")
 

@@ -241,3 +241,28 @@ def detect(
             if old.processing or changed:
                 events.append(Event(Transition.BECAME_IDLE, cur.at, slot=view.id, changed=changed))
     return events
+
+
+class ModelStatus(enum.StrEnum):
+    """``status.value`` of a model in the router's ``GET /models``."""
+
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    SLEEPING = "sleeping"
+    DOWNLOADING = "downloading"
+    DOWNLOADED = "downloaded"
+    UNKNOWN = "unknown"
+    """A state this sidecar does not know (a newer llama-server): treated as not loaded."""
+
+    @classmethod
+    def parse(cls, value: str) -> ModelStatus:
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN
+
+    @property
+    def running(self) -> bool:
+        """A child server runs for the model (it may still load, or sleep)."""
+        return self in (ModelStatus.LOADING, ModelStatus.LOADED, ModelStatus.SLEEPING)

@@ -20,7 +20,7 @@ import os
 import socket
 from pathlib import Path
 
-from sidecar import errors
+from sidecar.core import errors
 
 LOCK_NAME = ".llama-kv-sidecar.lock"
 

@@ -22,7 +22,8 @@ from typing import Protocol
 
 import structlog
 
-from sidecar import errors, events, protocols, store
+from sidecar.core import errors, events, protocols
+from sidecar.snapshots import store
 
 log = structlog.get_logger("sidecar.actions")
 LEFTOVERS_KEPT = 64

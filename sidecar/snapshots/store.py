@@ -42,7 +42,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from sidecar import errors, hashing, manifest, slotdir, slotfile
+from sidecar.core import errors, hashing
+from sidecar.snapshots import manifest, slotdir, slotfile
 
 TEMP_PREFIX = slotdir.TEMP_PREFIX
 PROBE_PREFIX = ".probe-"
@@ -382,7 +383,7 @@ class SnapshotStore:
 
         ``pause``: the hash's pause after each chunk (``hashing.PACE`` while other slots generate).
         ``created``: Unix time of the server's save (None: now); a commit made later than the save
-        (see :mod:`sidecar.snapshotter`) still dates the snapshot by its content.
+        (see :mod:`sidecar.act.snapshotter`) still dates the snapshot by its content.
         """
         path = self.dir / temp
         with self._removed_if_failed(temp, f"committing {temp}"):

@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
-from sidecar import errors
+from sidecar.core import errors
 
 DEFAULT_REGION = "us-east-1"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")

@@ -36,7 +36,8 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
-from sidecar import dirlock, errors, metrics, store
+from sidecar.core import errors, metrics
+from sidecar.snapshots import dirlock, store
 
 log = structlog.get_logger("sidecar.watcher")
 RESCAN_EVERY = 60.0

@@ -2,7 +2,7 @@
 
 Each word is a metric label value (``snapshots_total{result}``,
 ``restores_total{result}``, ``restore_verifications_total{outcome}``), so
-:mod:`sidecar.metrics` builds its pre-initialised label sets from these
+:mod:`sidecar.core.metrics` builds its pre-initialised label sets from these
 enums, and callers match on members, never on message text.
 """
 
@@ -64,3 +64,47 @@ class Verification(enum.StrEnum):
 
     EFFECTIVE = "effective"
     INEFFECTIVE = "ineffective"
+
+
+class Source(enum.StrEnum):
+    """Where a request's prefix comes from (``conversation_requests_total{source}``)."""
+
+    SLOT = "slot"
+    LIBRARY = "library"
+    SHARED = "shared"
+    COLD = "cold"
+
+
+class Unrouted(enum.StrEnum):
+    """Why a request was forwarded without routing (``conversation_unrouted_total{reason}``)."""
+
+    TOKENIZE = "tokenize"
+    """llama-server could not give the prompt's token ids."""
+    SWAP = "swap"
+    """Saving the slot's own content, or restoring the library snapshot into it, failed."""
+    ERROR = "error"
+    """Anything else: the sidecar had not read the slots yet, an unexpected failure."""
+
+
+class Route(enum.StrEnum):
+    """The route class, a metric label."""
+
+    COMPLETION = "completion"
+    OTHER = "other"
+
+
+class ProxyOutcome(enum.StrEnum):
+    """How a request through the proxy ended, a metric label."""
+
+    OK = "ok"
+    """llama-server's answer was relayed to the end, whatever its status."""
+    ERROR = "error"
+    """llama-server could not be reached or went away mid-answer (502, or a stream cut)."""
+    HELD_TIMEOUT = "held_timeout"
+    """Held at the restore gate for --proxy-hold-seconds without the gate opening (503)."""
+    REFUSED = "refused"
+    """A slot action without the sidecar's admin token (403)."""
+    INVALID = "invalid"
+    """A path the proxy does not forward, or a body over --proxy-max-body-bytes (400, 413)."""
+    CANCELLED = "cancelled"
+    """The client went away first; the upstream request was cancelled with it."""

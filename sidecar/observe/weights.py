@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from sidecar import hashing
+from sidecar.core import hashing
 
 log = structlog.get_logger("sidecar.weights")
 CACHE_NAME = ".llama-kv-sidecar.weights.json"

@@ -19,8 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar import config, errors, logs, parse
-from sidecar.shared import location
+from sidecar.core import config, errors, location, logs, parse
 
 _GROUPS: dict[str, type[Any]] = {
     name: kind

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sidecar import errors
+from sidecar.core import errors
 
 
 def number(kind: Callable[[str], Any], *, zero_ok: bool = False) -> Callable[[str], Any]:

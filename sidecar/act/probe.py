@@ -14,7 +14,9 @@ import dataclasses
 
 import structlog
 
-from sidecar import actions, errors, store
+from sidecar.act import actions
+from sidecar.core import errors
+from sidecar.snapshots import store
 
 log = structlog.get_logger("sidecar.probe")
 

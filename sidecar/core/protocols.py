@@ -13,7 +13,7 @@ import dataclasses
 import time
 from typing import Protocol
 
-from sidecar import events
+from sidecar.core import events
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

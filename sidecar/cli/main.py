@@ -1,0 +1,215 @@
+"""Command line: ``llama-kv-sidecar run | ls | verify | gc``.
+
+Flags win over environment variables, which win over defaults (the table
+of flags is in ``options``). Parsing and validation happen here only; the
+rest of the package receives a frozen ``config.Settings``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+import uvloop
+
+import sidecar
+from sidecar.app import run as app
+from sidecar.cli import options
+from sidecar.core import errors, logs, parse
+from sidecar.shared import connect, gc
+from sidecar.snapshots import dirlock, store
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llama-kv-sidecar",
+        description="Keeps llama-server's slot KV cache alive across restarts: snapshots idle slots "
+        "to disk and restores them when the server comes back.",
+        epilog="Flags win over environment variables (in brackets), which win over the defaults.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {sidecar.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the sidecar next to one llama-server")
+    options.add(run, options.OPTIONS)
+
+    ls = sub.add_parser(
+        "ls",
+        help="list the snapshots in a slot dir by conversation (short hash of its token chain; '-' when not "
+        "indexed), slot, tokens, size and last use, most recent first",
+    )
+    options.add(ls, [options.SLOT_DIR])
+    ls.add_argument("--json", action="store_true", help="print the manifests as JSON lines")
+    ls.add_argument("--model", metavar="NAME", help="router mode (--router): only this model's snapshots")
+    verify = sub.add_parser("verify", help="re-hash every snapshot and report (and quarantine) bad ones")
+    options.add(verify, [options.SLOT_DIR])
+    verify.add_argument("--dry-run", action="store_true", help="report bad files without quarantining them")
+    collect = sub.add_parser(
+        "gc",
+        help="apply retention to the shared store: unpublish old snapshots, delete their objects after a grace period",
+    )
+    options.add(collect, [options.SHARED_STORE])
+    collect.add_argument(
+        "--max-age",
+        type=parse.number(float, zero_ok=True),
+        default=0.0,
+        metavar="SEC",
+        help="unpublish snapshots uploaded more than SEC seconds ago; 0 = no age limit (default 0)",
+    )
+    collect.add_argument(
+        "--max-bytes",
+        type=parse.number(int, zero_ok=True),
+        default=0,
+        metavar="N",
+        help="then unpublish the oldest until the snapshots kept hold at most N bytes; 0 = no cap (default 0)",
+    )
+    collect.add_argument(
+        "--grace",
+        type=parse.number(float, zero_ok=True),
+        default=gc.GRACE,
+        metavar="SEC",
+        help="delete an unpublished snapshot's object only SEC seconds later, so downloads in flight finish "
+        f"(default {gc.GRACE:g})",
+    )
+    collect.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
+    return parser
+
+
+settings_from = options.settings_from
+
+
+def _open_store(ns: argparse.Namespace, *, read_only: bool) -> store.SnapshotStore:
+    slot_dir = options.checked_value(ns, options.SLOT_DIR)
+    if slot_dir is None:
+        raise errors.ConfigError(f"{options.SLOT_DIR.flag} (or {options.SLOT_DIR.env}) is required")
+    snaps = store.SnapshotStore(slot_dir, clock=time.time, read_only=read_only)
+    if not snaps.dir.is_dir():
+        raise errors.ConfigError(f"slot dir {snaps.dir} does not exist")
+    return snaps
+
+
+def _ls(ns: argparse.Namespace) -> int:
+    snaps = _open_store(ns, read_only=True)
+    snaps.on_quarantine = lambda file, reason, detail: print(f"bad: {file}: {reason}: {detail}", file=sys.stderr)
+    snaps.scan(clean=False)
+    found = snaps.snapshots()
+    if ns.model is not None:
+        found = [m for m in found if m.model == ns.model]
+    if ns.json:
+        for m in found:
+            print(m.to_json().replace("\n", "").replace("  ", ""))
+        return 0
+    print(f"{'conversation':<12}  {'slot':>4}  {'tokens':>7}  {'MB':>8}  {'last use (UTC)':<19}  file")
+    for m in sorted(found, key=lambda m: -snaps.last_used(m.file)):
+        used = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snaps.last_used(m.file)))
+        key = m.index.key if m.index is not None and m.index.key else "-"
+        model = f"  (model {m.model})" if m.model is not None else ""
+        print(f"{key:<12}  {m.slot:>4}  {m.tokens:>7}  {m.bytes / 1e6:>8.1f}  {used:<19}  {m.file}{model}")
+    library = snaps.library()
+    print(
+        f"{len(found)} snapshot(s) in {snaps.dir}; {len(library)} in the conversation library "
+        f"({sum(m.bytes for m in library) / 1e6:.1f} MB)"
+    )
+    return 0
+
+
+def _verify(ns: argparse.Namespace) -> int:
+    snaps = _open_store(ns, read_only=ns.dry_run)
+    action = "found" if ns.dry_run else "quarantined"
+    bad: list[str] = []
+
+    def report(file: str, reason: str, detail: str) -> None:
+        bad.append(file)
+        print(f"BAD {file}: {reason}: {detail} ({action})")
+
+    snaps.on_quarantine = report
+    snaps.on_io_error = lambda operation, name, error: print(f"ERROR {name}: {operation}: {error} (kept)")
+    snaps.on_newer = lambda name, found: print(f"SKIP {name}: manifest format {found} is newer (kept)")
+    lock = dirlock.DirLock(snaps.dir)
+    if not ns.dry_run:
+        lock.acquire()  # it quarantines: not beside a running sidecar's own checks
+    try:
+        snaps.scan(clean=False)
+        checked = snaps.snapshots()
+        unreadable = 0
+        for m in checked:
+            try:
+                snaps.verify(m)
+                print(f"ok  {m.file} ({m.tokens} tokens, {m.bytes} bytes)")
+            except errors.SnapshotError as exc:
+                if exc.reason in store.BAD_CONTENT:
+                    snaps.quarantine(m.file, exc.reason, detail=str(exc))
+                else:
+                    unreadable += 1
+    finally:
+        lock.release()
+    summary = {"checked": len(checked), "bad": len(bad)} | ({"unreadable": unreadable} if unreadable else {})
+    print(json.dumps(summary))
+    return 1 if bad or unreadable else 0
+
+
+def _gc(ns: argparse.Namespace) -> int:
+    where = options.checked_value(ns, options.SHARED_STORE)
+    if where is None:
+        raise errors.ConfigError(f"{options.SHARED_STORE.flag} (or {options.SHARED_STORE.env}) is required")
+
+    async def collect() -> gc.Plan:
+        objects = connect.open_store(where)
+        try:
+            return await gc.collect(
+                objects,
+                where.key_prefix,
+                now=time.time(),
+                max_age=ns.max_age,
+                max_bytes=ns.max_bytes,
+                grace=ns.grace,
+                dry_run=ns.dry_run,
+            )
+        finally:
+            await objects.close()
+
+    try:
+        done = uvloop.run(collect())
+    except errors.SharedStoreError as exc:
+        print(f"llama-kv-sidecar gc: {where.describe()}: {exc}", file=sys.stderr)
+        return 1
+    verb = "would " if ns.dry_run else ""
+    for key in done.unpublish:
+        print(f"{verb}unpublish {key}")
+    for key in done.delete:
+        print(f"{verb}delete {key}")
+    print(
+        json.dumps(
+            {"unpublished": len(done.unpublish), "deleted": len(done.delete), "kept_bytes": done.kept_bytes}
+            | ({"dry_run": True} if ns.dry_run else {})
+        )
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command == "ls":
+            return _ls(ns)
+        if ns.command == "verify":
+            return _verify(ns)
+        if ns.command == "gc":
+            return _gc(ns)
+        settings = options.settings_from(ns)
+        logs.configure(fmt=settings.logs.format, level=settings.logs.level)
+        uvloop.run(app.main(settings))  # libuv's event loop: less CPU per proxied request than asyncio's own
+    except errors.ConfigError as exc:
+        print(f"llama-kv-sidecar: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
