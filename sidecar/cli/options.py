@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.core import config, errors, location, logs, parse
+from sidecar.shared import connect
 
 _GROUPS: dict[str, type[Any]] = {
     name: kind
@@ -78,9 +79,10 @@ SHARED_STORE = Option(
     ("shared.location",),
     "s3://BUCKET/PREFIX or file:///PATH: upload committed snapshots there in the background and fetch "
     "other nodes' snapshots into empty slots; S3 endpoint and keys come from AWS_ENDPOINT_URL_S3 "
-    "(or AWS_ENDPOINT_URL), AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION (default: off)",
+    "(or AWS_ENDPOINT_URL), AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION; s3:// needs the S3 client: "
+    "pip install 'llama-kv-sidecar[s3]' (default: off)",
     "URL",
-    check=lambda url: location.parse(url, os.environ),
+    check=lambda url: connect.require_client(location.parse(url, os.environ)),
 )
 OPTIONS: tuple[Option, ...] = (
     Option("--server", "LLAMA_SIDECAR_SERVER", ("upstream.url",), "llama-server base URL", "URL", check=parse.url),

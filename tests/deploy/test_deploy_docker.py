@@ -20,7 +20,7 @@ def test_image_runs_as_non_root_and_listens_on_all_interfaces() -> None:
     assert "LLAMA_SIDECAR_LISTEN=0.0.0.0:9464" in text
     assert "EXPOSE 9464" in text
     assert "/healthz" in text.split("HEALTHCHECK", 1)[1]
-    assert "pip install --no-cache-dir ." in text
+    assert "pip install --no-cache-dir '.[s3]'" in text  # the image keeps the S3 client of --shared-store s3://
 
 
 def test_dockerignore_sends_only_what_pip_install_needs() -> None:

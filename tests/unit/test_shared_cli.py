@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,3 +98,30 @@ def test_gc_command_unpublishes_old_snapshots_then_deletes_after_the_grace(
 def test_gc_command_needs_a_store(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["gc"]) == 2
     assert "--shared-store" in capsys.readouterr().err
+
+
+def test_s3_without_its_extra_stops_the_start_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pip install .` has no S3 client: --shared-store s3:// exits 2 and says which extra to install."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "key")
+    for module in ("aiobotocore", "aiobotocore.session"):
+        monkeypatch.setitem(sys.modules, module, None)  # what an install without the extra sees: ImportError
+    assert cli.main(["run", "--slot-dir", str(tmp_path), "--shared-store", "s3://kv-shared/prod"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'llama-kv-sidecar[s3]'" in err
+    assert "s3://kv-shared/prod" in err
+    assert cli.main(["gc", "--shared-store", "s3://kv-shared/prod", "--max-age", "60"]) == 2
+    assert "pip install 'llama-kv-sidecar[s3]'" in capsys.readouterr().err
+    # A shared directory needs no S3 client.
+    assert settings("--slot-dir", str(tmp_path), "--shared-store", f"file://{tmp_path}").shared.location is not None
+
+
+def test_the_sidecar_imports_no_s3_client_unless_the_store_is_s3() -> None:
+    code = (
+        "import sys; import sidecar.cli.main, sidecar.app.run, sidecar.shared.service; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiobotocore', 'botocore')))"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert found.strip() == "[]"
