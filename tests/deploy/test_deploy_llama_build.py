@@ -14,11 +14,11 @@ from deploytools import DEPLOY, REPO
 
 from support import llamabed
 
-IMAGE = re.compile(r"ghcr\.io/ggml-org/llama\.cpp:(\S+)")
+IMAGE = re.compile(r"ghcr\.io/ggml-org/llama\.cpp:([\w.-]+)")
 EXPECTED_FILES = {"compose.yaml", "k8s/deployment.yaml", "k8s/shared-store/statefulset.yaml"}
 
 
-def tested_build() -> str:
+def pinned_build_number() -> str:
     """The build number the tests run, as the test bed and the build script both pin it."""
     number = llamabed.PINNED_VERSION.split(".")[0]
     assert llamabed.PINNED_BUILD.startswith(f"b{number}-")
@@ -41,8 +41,8 @@ def image_pins() -> dict[str, list[str]]:
     return pins
 
 
-def test_every_llama_cpp_image_is_the_tested_build() -> None:
-    number = tested_build()
+def test_every_llama_cpp_image_is_the_pinned_build_number() -> None:
+    number = pinned_build_number()
     pins = image_pins()
     assert set(pins) >= EXPECTED_FILES, f"llama.cpp images found only in {sorted(pins)}"
     wrong = {file: tags for file, tags in pins.items() if any(tag != f"server-b{number}" for tag in tags)}
@@ -53,7 +53,7 @@ def test_every_llama_cpp_image_is_the_tested_build() -> None:
 
 
 def test_the_readme_names_the_image_the_files_pin() -> None:
-    number = tested_build()
+    number = pinned_build_number()
     named = set(IMAGE.findall((REPO / "README.md").read_text(encoding="utf-8")))
     for page in (REPO / "docs").glob("*.md"):
         named |= set(IMAGE.findall(page.read_text(encoding="utf-8")))
