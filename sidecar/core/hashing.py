@@ -41,7 +41,7 @@ one that waited its longest is made meanwhile, paced. Generation on the CPU is
 bound by memory bandwidth, and a hash streams the file through memory:
 unpaced, it lengthened the token gap it fell in by about 6 ms for a 20 MB
 snapshot (beyond the server's own save); paced, the same reads spread over a
-few tokens and the worst gap grew by about 2 ms (README, Busy slots). A
+few tokens and the worst gap grew by about 2 ms (docs/snapshots.md, Busy slots). A
 20 MB hash then takes about 45 ms instead of 3.
 """
 

@@ -297,15 +297,6 @@ def test_help_shows_every_variable_and_the_defaults_of_config(capsys: pytest.Cap
         assert shown in text
 
 
-def test_readme_lists_every_flag_with_its_variable() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-    block = readme.split("llama-kv-sidecar run\n", 1)[1].split("```", 1)[0]
-    listed = {line.split()[0]: line for line in block.splitlines() if line.strip().startswith("--")}
-    assert set(listed) == {o.flag for o in options.OPTIONS}
-    for option in options.OPTIONS:
-        assert f"[{option.env}]" in listed[option.flag], option.flag
-
-
 def test_unset_flags_take_the_defaults_of_config(tmp_path: Path) -> None:
     s = settings("--slot-dir", str(tmp_path))
     assert s == config.Settings(

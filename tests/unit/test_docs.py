@@ -1,0 +1,256 @@
+"""The manual is held to the code: every flag, metric, alert and endpoint is documented once, under docs/.
+
+Each test reads the code's own tables (the option table, the argparse parser, the metrics registry,
+the alert rules, the HTTP app's routes) and the page that documents them, and fails on anything
+missing, stale or documented twice. `mkdocs build --strict` fails on a broken link, a missing anchor
+or a page left out of the site's nav.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from prometheus_client import CollectorRegistry
+
+from sidecar.app import server
+from sidecar.cli import main as cli
+from sidecar.cli import options
+from sidecar.core import config, metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+README_MAX_LINES = 200
+
+
+def page(name: str) -> str:
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every Markdown table row in ``text`` (header and divider rows included)."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("|") and line.rstrip().endswith("|"):
+            cells = re.split(r"(?<!\\)\|", line.strip()[1:-1])
+            rows.append([cell.strip() for cell in cells])
+    return rows
+
+
+def section(text: str, heading: str) -> str:
+    """The text under ``heading`` (a whole line) up to the next heading of the same or a higher level."""
+    level = len(heading) - len(heading.lstrip("#"))
+    lines = text.splitlines()
+    start = lines.index(heading) + 1
+    end = next(
+        (i for i in range(start, len(lines)) if re.match(rf"#{{1,{level}}} ", lines[i])),
+        len(lines),
+    )
+    return "\n".join(lines[start:end])
+
+
+def first_code(cell: str) -> str:
+    """The command and flag of a table cell: ``--flag VALUE`` -> ``--flag``; ``ls --json`` -> ``ls --json``."""
+    found = re.search(r"`([^`]+)`", cell)
+    assert found, f"no `code` in {cell!r}"
+    words = found.group(1).split()
+    flag = next(i for i, w in enumerate(words) if w.startswith("--"))
+    return " ".join(words[: flag + 1])
+
+
+def pages_with(pattern: str) -> list[str]:
+    """The docs/*.md pages in which ``pattern`` (a regex, multiline) matches."""
+    return sorted(p.name for p in DOCS.glob("*.md") if re.search(pattern, p.read_text(encoding="utf-8"), re.M))
+
+
+# ---- flags ---------------------------------------------------------------------------
+
+
+def _code_default(option: options.Option) -> str | None:
+    """The default as ``run --help`` shows it; None for switches and settings without a default."""
+    if option.switch:
+        return None
+    groups = typing.get_type_hints(config.Settings)
+    shown = []
+    for field in option.fields:
+        group, name = field.split(".")
+        default = next(f.default for f in dataclasses.fields(groups[group]) if f.name == name)
+        if default is None or default is dataclasses.MISSING:
+            return None
+        shown.append(str(default))
+    return ":".join(shown)
+
+
+def run_rows() -> dict[str, list[str]]:
+    rows = table_rows(section(page("configuration.md"), "## `run`"))
+    return {first_code(r[0]): r for r in rows if r[0].startswith("`--")}
+
+
+def test_configuration_lists_every_run_flag_with_its_variable_and_default() -> None:
+    rows = run_rows()
+    assert set(rows) == {o.flag for o in options.OPTIONS}, "docs/configuration.md `run` table vs options.OPTIONS"
+    for option in options.OPTIONS:
+        _, env, default, meaning = rows[option.flag]
+        assert env == f"`{option.env}`", option.flag
+        shown = _code_default(option)
+        if shown is not None:
+            assert default.startswith(f"`{shown}`"), f"{option.flag}: the code's default is {shown}, the page {default}"
+        else:
+            assert default in {"off", "none", "required"}, f"{option.flag}: no default in the code, page {default}"
+        assert meaning.endswith("."), f"{option.flag}: say what it does in a sentence"
+
+
+def subcommand_flags() -> dict[str, argparse.Action]:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found = {}
+    for name, command in sub.choices.items():
+        if name == "run":
+            continue
+        for action in command._actions:
+            if action.option_strings and not isinstance(action, argparse._HelpAction):
+                found[f"{name} {action.option_strings[0]}"] = action
+    return found
+
+
+def test_configuration_lists_every_flag_of_the_other_commands() -> None:
+    rows = table_rows(section(page("configuration.md"), "## `ls`, `verify`, `gc`"))
+    listed = {first_code(r[0]): r for r in rows if r[0].startswith("`") and " --" in r[0]}
+    flags = subcommand_flags()
+    assert set(listed) == set(flags), "docs/configuration.md subcommand table vs the parser"
+    for key, action in flags.items():
+        _, env, default, _ = listed[key]
+        variable = re.search(r"\[([A-Z0-9_]+)\]$", action.help or "")  # options.add names it in the help
+        assert env == (f"`{variable.group(1)}`" if variable else ""), key
+        if isinstance(action.default, float | int) and not isinstance(action.default, bool):
+            assert default == f"`{action.default}`", f"{key}: the code's default is {action.default}"
+
+
+def test_no_flag_is_documented_outside_the_configuration_page() -> None:
+    for option in options.OPTIONS:
+        assert pages_with(rf"^\| `{re.escape(option.flag)}[ `]") == ["configuration.md"], option.flag
+
+
+# ---- metrics and alerts ----------------------------------------------------------------
+
+
+def exported() -> dict[str, str]:
+    """Every family the sidecar exports, without the prefix, by name as scraped: ``{"snapshots_total": "counter"}``."""
+    registry = CollectorRegistry()
+    metrics.Metrics(registry, version="test")
+    found = {}
+    for family in registry.collect():
+        name = family.name.removeprefix(f"{metrics.NAMESPACE}_")
+        kind = family.type
+        if kind == "counter":
+            name += "_total"
+        elif kind == "info":
+            name, kind = name + "_info", "gauge"
+        found[name] = kind
+    return found
+
+
+def test_metrics_page_lists_every_metric_once_with_its_type() -> None:
+    rows = [r for r in table_rows(section(page("metrics.md"), "## Series")) if r[0].startswith("`")]
+    names = [r[0].strip("`") for r in rows]
+    assert len(names) == len(set(names)), "a metric is listed twice"
+    code = exported()
+    assert set(names) == set(code), "docs/metrics.md vs sidecar/core/metrics.py"
+    for row in rows:
+        assert row[1] == code[row[0].strip("`")], row[0]
+        assert row[3], f"{row[0]}: say what it means"
+
+
+def test_no_metric_is_documented_outside_the_metrics_page() -> None:
+    for name in exported():
+        assert pages_with(rf"^\| `{name}` \|") == ["metrics.md"], name
+
+
+def test_metrics_page_lists_every_alert_rule() -> None:
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text(encoding="utf-8"))
+    alerts = {
+        rule["alert"]: rule["labels"]["severity"]
+        for group in rules["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    rows = [r for r in table_rows(section(page("metrics.md"), "## Alerts")) if r[0].startswith("`")]
+    assert {r[0].strip("`"): r[1] for r in rows} == alerts, "docs/metrics.md alert table vs alerts.yml"
+
+
+# ---- endpoints -------------------------------------------------------------------------
+
+
+def routes() -> set[str]:
+    """``METHOD /path`` of every route of the sidecar's HTTP app (HEAD comes with GET)."""
+    app = server.make_app(
+        source=cast(Any, None),
+        snapshots=cast(Any, None),
+        registry=CollectorRegistry(),
+        settings=config.ServerSettings(),
+        liveness=cast(Any, None),
+    )
+    return {f"{r.method} {r.resource.canonical}" for r in app.router.routes() if r.method != "HEAD" and r.resource}
+
+
+def test_endpoints_page_has_a_section_for_every_route() -> None:
+    documented = set(re.findall(r"^## `((?:GET|POST|PUT|DELETE|PATCH) /[^`]*)`$", page("endpoints.md"), re.M))
+    assert documented == routes(), "docs/endpoints.md sections vs sidecar/app/server.py routes"
+
+
+def test_no_endpoint_is_documented_outside_the_endpoints_page() -> None:
+    for route in routes():
+        assert pages_with(rf"^#+ `{re.escape(route)}`") == ["endpoints.md"], route
+
+
+# ---- the pages as a whole --------------------------------------------------------------
+
+
+def test_the_site_builds_with_no_broken_link_anchor_or_page_left_out(tmp_path: Path) -> None:
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(Path(sys.executable).parent)},
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (tmp_path / "index.html").is_file()
+
+
+def test_architecture_page_names_every_package() -> None:
+    text = page("architecture.md")
+    packages = sorted(p.parent.name for p in (ROOT / "sidecar").glob("*/__init__.py"))
+    assert packages, "no package found under sidecar/"
+    missing = [name for name in packages if f"`sidecar.{name}`" not in text]
+    assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_front_files_link_only_to_files_that_exist() -> None:
+    for name in ("README.md", "CHANGELOG.md", "CONTRIBUTING.md", "bench/README.md"):
+        path = ROOT / name
+        for target in LINK.findall(path.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            assert (path.parent / target.split("#")[0]).exists(), f"{name} links to {target}, which is not there"
+
+
+def test_readme_is_a_front_page_whose_quick_start_comes_first() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    first_code_block = readme.split("```sh\n", 1)[1].split("```", 1)[0]
+    assert first_code_block.splitlines()[0].startswith("./scripts/demo")
+    assert first_code_block.splitlines()[1].startswith("./scripts/test")
+    for script in ("scripts/demo", "scripts/test"):
+        assert (ROOT / script).is_file(), script
