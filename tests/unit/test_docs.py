@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import yaml
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 
 from sidecar.app import server
 from sidecar.cli import main as cli
@@ -141,20 +142,21 @@ def test_no_flag_is_documented_outside_the_configuration_page() -> None:
 # ---- metrics and alerts ----------------------------------------------------------------
 
 
+def scraped(family: Metric) -> tuple[str, str]:
+    """A family's name as scraped, without the prefix, and its type: ``("snapshots_total", "counter")``."""
+    name = family.name.removeprefix(f"{metrics.NAMESPACE}_")
+    if family.type == "counter":
+        return name + "_total", "counter"
+    if family.type == "info":
+        return name + "_info", "gauge"
+    return name, family.type
+
+
 def exported() -> dict[str, str]:
-    """Every family the sidecar exports, without the prefix, by name as scraped: ``{"snapshots_total": "counter"}``."""
+    """Every family the sidecar exports, by name as scraped: ``{"snapshots_total": "counter", ...}``."""
     registry = CollectorRegistry()
     metrics.Metrics(registry, version="test")
-    found = {}
-    for family in registry.collect():
-        name = family.name.removeprefix(f"{metrics.NAMESPACE}_")
-        kind = family.type
-        if kind == "counter":
-            name += "_total"
-        elif kind == "info":
-            name, kind = name + "_info", "gauge"
-        found[name] = kind
-    return found
+    return dict(scraped(family) for family in registry.collect())
 
 
 def test_metrics_page_lists_every_metric_once_with_its_type() -> None:
@@ -166,6 +168,34 @@ def test_metrics_page_lists_every_metric_once_with_its_type() -> None:
     for row in rows:
         assert row[1] == code[row[0].strip("`")], row[0]
         assert row[3], f"{row[0]}: say what it means"
+
+
+UNBOUNDED_LABELS = {"le", "slot", "model", "version"}
+"""Labels whose values are ids or buckets, not a vocabulary the page can list."""
+
+
+def test_metrics_page_names_each_label_and_each_of_its_values() -> None:
+    registry = CollectorRegistry()
+    metrics.Metrics(registry, version="test").init_slots(range(1))
+    rows = {r[0].strip("`"): r for r in table_rows(section(page("metrics.md"), "## Series")) if r[0].startswith("`")}
+    checked = 0
+    for family in registry.collect():
+        labels: dict[str, set[str]] = {}
+        for sample in family.samples:
+            for label, value in sample.labels.items():
+                labels.setdefault(label, set()).add(value)
+        if not labels:
+            continue  # a family with no series at start (the model_* ones before a model is listed)
+        name, _ = scraped(family)
+        _, _, documented, meaning = rows[name]
+        assert {label.strip() for label in documented.split(",") if label.strip()} == set(labels) - {"le"}, name
+        for label, values in labels.items():
+            if label in UNBOUNDED_LABELS:
+                continue
+            missing = sorted(v for v in values if not re.search(rf"\b{re.escape(v)}\b", meaning))
+            assert not missing, f"{name}{{{label}}}: the page does not say what {missing} mean"
+            checked += 1
+    assert checked >= 10, "the label values of at least the outcome counters are checked"
 
 
 def test_no_metric_is_documented_outside_the_metrics_page() -> None:
