@@ -284,3 +284,10 @@ def test_readme_is_a_front_page_whose_quick_start_comes_first() -> None:
     assert first_code_block.splitlines()[1].startswith("./scripts/test")
     for script in ("scripts/demo", "scripts/test"):
         assert (ROOT / script).is_file(), script
+
+
+def test_readme_links_every_page_of_the_manual() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    linked = {target.split("#")[0] for target in LINK.findall(readme)}
+    pages = {f"docs/{p.name}" for p in DOCS.glob("*.md") if p.name != "index.md"}
+    assert pages - linked == set(), "add these pages to the README's table of the manual"
