@@ -117,7 +117,15 @@ class Engine:
             progress_at=min(self._handled_at, self._working_since or self._handled_at),
             acting=self._working_since is not None or self.acting(),
             restore_gate=self.gate.reason,
+            saved=self.restorer.savings.totals(),
+            recent=tuple(self.restorer.recent),
+            slot_since=self._slot_since(),
         )
+
+    def _slot_since(self) -> tuple[tuple[int, float], ...]:
+        """When each slot's content last changed, in Unix time (the policy keeps monotonic time)."""
+        offset = self._clock.wall() - self._clock.monotonic()
+        return tuple((slot, track.changed_at + offset) for slot, track in sorted(self.policy.tracks.items()))
 
     async def save_now(self, slot: int) -> report.SaveReply | None:
         """An admin's save of ``slot``; None when the newest poll shows no such slot holding tokens."""
@@ -176,6 +184,7 @@ class Engine:
             self._adopted = True
             self._adopt_existing(obs.slots)
         self.policy.observe(obs.slots, obs.at, read_at=obs.slots_at)
+        self.restorer.observe(obs, self.identity)
         if self.restorer.pending:
             self.restorer.verify(obs)
         if not self.restore_owed():

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
-from sidecar.act import restorer, snapshotter
+from sidecar.act import restorer, savings, snapshotter
 from sidecar.core import config, events
 
 STALL_POLLS = 5
@@ -48,6 +48,12 @@ class Status:
     """A slot action (a save, a restore round, the slot-dir probe) is running."""
     restore_gate: str = ""
     """Why the restore gate is closed (server down or loading, restore round owed or running); "" when open."""
+    saved: savings.Totals = dataclasses.field(default_factory=savings.Totals)
+    """Prefill seconds the sidecar's restores and swaps saved, as estimated so far."""
+    recent: tuple[restorer.Done, ...] = ()
+    """The newest restores and swaps that put tokens back, with their verdicts, oldest first."""
+    slot_since: tuple[tuple[int, float], ...] = ()
+    """(slot, Unix time its content last changed as the sidecar saw it)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -25,19 +25,22 @@ Verification: a restore only counts as effective once the server reuses the
 tokens. When a task that started after the restore (``id_task`` past the
 one read right after it) has run on the slot, the growth of
 ``llamacpp:prompt_tokens_cached_total`` read after that task is compared
-with the restored token count.
+with the restored token count. The tokens an effective restore spared the
+server are priced in prefill seconds (:mod:`sidecar.act.savings`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import itertools
 import os
 import time
 
 import structlog
 
-from sidecar.act import actions, policy
+from sidecar.act import actions, policy, savings
 from sidecar.core import errors, events, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, store
 
@@ -61,6 +64,29 @@ class RestoreRecord:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Done:
+    """A restore or swap that put tokens back, and what the slot's next task made of it (for the page)."""
+
+    serial: int
+    by: outcomes.SavedBy
+    slot: int
+    file: str
+    tokens: int
+    seconds: float
+    at: float
+    """Unix time the restore call ended."""
+    verdict: outcomes.Verification | None = None
+    """None while the slot's next task has not run (or could not be judged: no /metrics, a restart)."""
+    reused_tokens: int = 0
+    saved_seconds: float | None = None
+    """Prefill seconds it saved; None until judged effective and priced."""
+
+
+RECENT = 20
+"""Restores and swaps kept in :attr:`Restorer.recent`."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Pending:
     """A restore waiting for the slot's next task to show whether the server reused it."""
 
@@ -70,6 +96,10 @@ class Pending:
     """The slot's ``id_task`` read right after the restore: only a later task may judge it."""
     at: float
     """Monotonic time the restore ended: only counters read after it may judge it."""
+    by: outcomes.SavedBy = outcomes.SavedBy.RESTORE
+    """What put the tokens back: a restore round or a library swap."""
+    serial: int = 0
+    """The :class:`Done` entry the verdict goes to."""
 
 
 _DETAILS = {
@@ -96,6 +126,11 @@ class Restorer:
         self._clock = clock
         self.last: list[RestoreRecord] = []
         self.pending: dict[int, Pending] = {}
+        self.savings = savings.Savings()
+        """Prefill seconds the effective restores and swaps saved."""
+        self.recent: collections.deque[Done] = collections.deque(maxlen=RECENT)
+        """The newest restores and swaps that put tokens back, oldest first."""
+        self._serials = itertools.count(1)
         self._checked: dict[str, _Stamp] = {}
         self._verification_off_said = False
         self._acted = 0
@@ -167,7 +202,9 @@ class Restorer:
                 return self._count(slot, Outcome.FAILED, problem), None
             if view.processing:
                 return self._count(slot, Outcome.SLOT_BUSY, "the slot is processing a request"), None
-            record, restored = await self._send(slot, view, candidate, None, counters, started)
+            record, restored = await self._send(
+                slot, view, candidate, None, counters, started, by=outcomes.SavedBy.SWAP
+            )
             if restored is None:
                 return record, None
             after, _ = await self._read(slot)
@@ -216,6 +253,8 @@ class Restorer:
         healthy_at: float | None,
         counters: events.Counters | None,
         path_started: float,
+        *,
+        by: outcomes.SavedBy = outcomes.SavedBy.RESTORE,
     ) -> tuple[RestoreRecord, manifest.Manifest | None]:
         """The restore call itself, right after ``before`` was read; then look for a racing request.
 
@@ -263,11 +302,15 @@ class Restorer:
             server_ms=result.server_ms,
             since_healthy=None if since is None else round(since, 4),
         )
+        serial = next(self._serials)
+        self.recent.append(Done(serial, by, slot, candidate.file, result.tokens, seconds, self._clock.wall()))
         self.pending[slot] = Pending(
             tokens=result.tokens,
             cached_before=counters.cached_tokens if counters else None,
             task=after.task if after is not None else before.task,
             at=self._clock.monotonic(),
+            by=by,
+            serial=serial,
         )
         record = self._count(slot, Outcome.OK, "", candidate.file, result.tokens, seconds, since)
         return record, candidate
@@ -310,6 +353,15 @@ class Restorer:
             return None
         return st.st_size, st.st_mtime_ns, st.st_ino
 
+    def observe(self, obs: events.Observation, identity: events.Identity | None) -> None:
+        """Follow the server's measured prefill rate (fresh counters only); price what waited for it."""
+        for priced in self.savings.observe(obs.counters if obs.counters_fresh else None, identity):
+            self._saved(priced)
+
+    def _saved(self, priced: savings.Priced) -> None:
+        self._stats.prefill_saved_seconds.labels(priced.by.value).inc(priced.seconds)
+        self._stats.prefill_saved_tokens.labels(priced.by.value).inc(priced.tokens)
+
     def verify(self, obs: events.Observation) -> None:
         """Judge pending restores whose slot has run a task that started after the restore."""
         for view in obs.slots or ():
@@ -332,9 +384,19 @@ class Restorer:
                     self._verification_off_said = True
                 continue
             reused = counters.cached_tokens - pending.cached_before
-            if reused >= EFFECTIVE_SHARE * pending.tokens:
+            effective = reused >= EFFECTIVE_SHARE * pending.tokens
+            priced = self._judged(pending, reused) if effective else None
+            self._note(pending.serial, effective, reused, priced)
+            if effective:
                 self._stats.restore_verifications.labels(outcomes.Verification.EFFECTIVE.value).inc()
-                log.info("restore_effective", slot=view.id, restored_tokens=pending.tokens, reused_tokens=reused)
+                log.info(
+                    "restore_effective",
+                    slot=view.id,
+                    by=pending.by.value,
+                    restored_tokens=pending.tokens,
+                    reused_tokens=reused,
+                    saved_seconds=round(priced.seconds, 3) if priced is not None else None,
+                )
             else:
                 self._stats.restore_verifications.labels(outcomes.Verification.INEFFECTIVE.value).inc()
                 log.warning(
@@ -346,6 +408,25 @@ class Restorer:
                     "models (Gemma 3, gpt-oss, ...) start llama-server with --swa-full; otherwise the "
                     "next request may have been a different conversation",
                 )
+
+    def _judged(self, pending: Pending, reused: float) -> savings.Priced | None:
+        """Count the prefill an effective restore spared; None while no rate prices it."""
+        priced = self.savings.reused(pending.by, savings.saved_tokens(restored=pending.tokens, reused=reused))
+        if priced is not None:
+            self._saved(priced)
+        return priced
+
+    def _note(self, serial: int, effective: bool, reused: float, priced: savings.Priced | None) -> None:
+        verdict = outcomes.Verification.EFFECTIVE if effective else outcomes.Verification.INEFFECTIVE
+        for i, done in enumerate(self.recent):
+            if done.serial == serial:
+                self.recent[i] = dataclasses.replace(
+                    done,
+                    verdict=verdict,
+                    reused_tokens=max(0, int(reused)),
+                    saved_seconds=priced.seconds if priced is not None else None,
+                )
+                return
 
     def _count(
         self,

@@ -137,6 +137,13 @@ async def _status(request: web.Request) -> web.Response:
         "last_snapshot": dataclasses.asdict(st.last_snapshot) if st.last_snapshot else None,
         "last_restore": [dataclasses.asdict(r) for r in st.last_restore],
         "disk": dataclasses.asdict(usage),
+        "time_saved": {
+            "prefill_seconds": round(st.saved.seconds, 3),
+            "tokens": st.saved.tokens,
+            "by": {word: round(seconds, 3) for word, seconds in st.saved.by},
+            "prefill_rate_tokens_per_second": None if st.saved.rate is None else round(st.saved.rate, 1),
+            "unpriced_tokens": st.saved.unpriced_tokens,
+        },
         "ready": not _readiness(ctx, st),
     }
     return web.json_response(body)

@@ -116,6 +116,28 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.prefill_saved_seconds = Counter(
+            "prefill_saved_seconds",
+            "Estimated prefill seconds llama-server did not spend because of the sidecar, by what put the KV "
+            "back (restore: a restore round after a restart; swap: a library snapshot swapped in for its "
+            "request): tokens the slot's next task reused after an effective restore (at most the tokens "
+            "restored), priced at the server's own prefill rate (llamacpp:prompt_tokens_total over "
+            "llamacpp:prompt_seconds_total, the last one measured over 512 tokens or more).",
+            ["by"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.prefill_saved_tokens = Counter(
+            "prefill_saved_tokens",
+            "Prompt tokens behind llama_sidecar_prefill_saved_seconds_total: reused by a slot's next task after "
+            "an effective restore or swap (at most the tokens restored), once priced.",
+            ["by"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        for saved_by in outcomes.SavedBy:
+            self.prefill_saved_seconds.labels(saved_by.value)
+            self.prefill_saved_tokens.labels(saved_by.value)
         self.disk_used = Gauge(
             "disk_used_bytes",
             "Bytes of all files in the slot dir (snapshots, temp, quarantine).",

@@ -108,3 +108,12 @@ class ProxyOutcome(enum.StrEnum):
     """A path the proxy does not forward, or a body over --proxy-max-body-bytes (400, 413)."""
     CANCELLED = "cancelled"
     """The client went away first; the upstream request was cancelled with it."""
+
+
+class SavedBy(enum.StrEnum):
+    """What put back the KV a request reused (``prefill_saved_seconds_total{by}``)."""
+
+    RESTORE = "restore"
+    """A restore round after a restart or a wake-up."""
+    SWAP = "swap"
+    """A library (or shared-store) snapshot swapped into a slot for the request that needed it."""

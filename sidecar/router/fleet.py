@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from sidecar.act import engine, gate, report, restorer
+from sidecar.act import engine, gate, report, restorer, savings
 from sidecar.core import config, errors, events, metrics, protocols
 from sidecar.observe import poller, upstream
 from sidecar.router import plan
@@ -163,6 +163,8 @@ class Fleet:
             last_restore=tuple(r for s in cores for r in s.last_restore),
             progress_at=min([self._listed_at, *(s.progress_at for s in cores)]),
             acting=any(s.acting for s in cores),
+            saved=savings.merge([s.saved for s in cores]),
+            recent=tuple(sorted((d for s in cores for d in s.recent), key=lambda d: d.at)),
         )
 
     async def save_now(self, slot: int) -> report.SaveReply | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from support.llamabed import MakeServer, complete, make_prompt
 from support.sidecarbed import MakeSidecar, SidecarProcess
 
@@ -13,20 +15,21 @@ PROMPT_TOKENS = 1024
 
 def _restart_and_reuse(
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, **server_kw: Any
-) -> tuple[SidecarProcess, dict[str, Any]]:
+) -> tuple[SidecarProcess, dict[str, Any], dict[str, Any]]:
+    """The sidecar, then the answers of the cold first turn and of the turn after a kill -9 and the restore."""
     server = llama(slot_dir=slot_dir, **server_kw)
     side = sidecar(server, slot_dir)
     prompt = make_prompt(server.url, PROMPT_TOKENS, seed=21)
-    complete(server.url, prompt)
+    cold = complete(server.url, prompt)
     side.wait_saved()
     server.restart(graceful=False)
     side.wait_restored()
     warm = complete(server.url, prompt + " and a question")
-    return side, warm
+    return side, cold, warm
 
 
 def test_restore_with_swa_full_is_verified_effective(llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path) -> None:
-    side, _warm = _restart_and_reuse(llama, sidecar, slot_dir)
+    side, _cold, _warm = _restart_and_reuse(llama, sidecar, slot_dir)
     side.wait_for(
         lambda: side.metric("llama_sidecar_restore_verifications_total", outcome="effective") == 1,
         what="effective verification",
@@ -35,16 +38,37 @@ def test_restore_with_swa_full_is_verified_effective(llama: MakeServer, sidecar:
     assert side.log_events("restore_effective")[0]["reused_tokens"] >= 0.95 * PROMPT_TOKENS
 
 
+def test_an_effective_restore_saves_the_prefill_the_cold_turn_took(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    """The time saved is the reused tokens at the rate the server itself measured on the cold turn."""
+    side, cold, warm = _restart_and_reuse(llama, sidecar, slot_dir)
+    saved = side.wait_for(
+        lambda: side.metric("llama_sidecar_prefill_saved_seconds_total", by="restore") or None,
+        what="prefill seconds saved",
+    )
+    reused = side.metric("llama_sidecar_prefill_saved_tokens_total", by="restore")
+    assert reused == warm["timings"]["cache_n"]  # what the warm turn's own answer says it reused
+    cold_rate = cold["timings"]["prompt_n"] / (cold["timings"]["prompt_ms"] / 1000)  # the cold turn's prefill
+    assert saved == pytest.approx(reused / cold_rate, rel=0.05)
+    assert saved > 20 * warm["timings"]["prompt_ms"] / 1000  # far more than the warm turn's own prefill took
+    status = side.status()["time_saved"]
+    assert status["prefill_seconds"] == pytest.approx(saved, abs=0.001)
+    assert status["tokens"] == reused
+    assert side.metric("llama_sidecar_prefill_saved_seconds_total", by="swap") == 0
+
+
 def test_restore_without_swa_full_is_reported_ineffective_naming_the_flag(
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
 ) -> None:
-    side, warm = _restart_and_reuse(llama, sidecar, slot_dir, swa_full=False)
+    side, _cold, warm = _restart_and_reuse(llama, sidecar, slot_dir, swa_full=False)
     assert warm["timings"]["cache_n"] == 0  # the server really re-prefilled: the fact being reported
     side.wait_for(
         lambda: side.metric("llama_sidecar_restore_verifications_total", outcome="ineffective") == 1,
         what="ineffective verification",
     )
     assert side.metric("llama_sidecar_restore_verifications_total", outcome="effective") == 0
+    assert side.metric("llama_sidecar_prefill_saved_seconds_total", by="restore") == 0  # it saved nothing
     warnings = side.log_events("restore_ineffective")
     assert len(warnings) == 1
     assert "--swa-full" in warnings[0]["hint"]
@@ -53,7 +77,7 @@ def test_restore_without_swa_full_is_reported_ineffective_naming_the_flag(
 def test_without_server_metrics_verification_is_off_and_said_once(
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
 ) -> None:
-    side, _ = _restart_and_reuse(llama, sidecar, slot_dir, metrics=False)
+    side, _, _ = _restart_and_reuse(llama, sidecar, slot_dir, metrics=False)
     side.wait_for(lambda: side.log_events("restore_verification_off"), what="verification-off notice")
     assert len(side.log_events("restore_verification_off")) == 1
     assert "--metrics" in side.log_events("server_metrics_off")[0]["hint"]

@@ -242,6 +242,43 @@ async def test_an_admin_restore_is_judged_only_by_a_task_after_it(bed: Bed) -> N
     assert bed.value("llama_sidecar_restore_verifications_total", outcome="ineffective") == 0
 
 
+async def test_an_effective_restore_counts_the_prefill_seconds_it_saved(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=5, tokens=2000)
+    bed.server.prompt_seconds = 4.0  # the server prefilled 2,000 tokens in 4 s: 500 tokens/s
+    await bed.cycle()
+    await bed.cycle(after=3.0)
+    bed.server.set_slot(0, tokens=0)
+    await bed.cycle(after=1.0)
+    await bed.core.restore_now()
+    bed.server.run_turn(0, task=6, tokens=2010, cached=2000)
+    await bed.cycle(after=1.0)
+    assert bed.value("llama_sidecar_restore_verifications_total", outcome="effective") == 1
+    assert bed.value("llama_sidecar_prefill_saved_tokens_total", by="restore") == 2000
+    rate = 2010 / 4.0  # the server's lifetime rate as read with the judging task: 2,010 tokens prefilled in 4 s
+    assert bed.value("llama_sidecar_prefill_saved_seconds_total", by="restore") == pytest.approx(2000 / rate)
+    assert bed.value("llama_sidecar_prefill_saved_seconds_total", by="swap") == 0
+    saved = bed.core.status().saved
+    assert saved.seconds == pytest.approx(2000 / rate)
+    assert (saved.tokens, saved.rate) == (2000, rate)
+
+
+async def test_an_ineffective_restore_saves_no_time(bed: Bed) -> None:
+    await bed.cycle()
+    bed.server.run_turn(0, task=5, tokens=2000)
+    bed.server.prompt_seconds = 4.0
+    await bed.cycle()
+    await bed.cycle(after=3.0)
+    bed.server.set_slot(0, tokens=0)
+    await bed.cycle(after=1.0)
+    await bed.core.restore_now()
+    bed.server.run_turn(0, task=6, tokens=2010, cached=10)
+    await bed.cycle(after=1.0)
+    assert bed.value("llama_sidecar_restore_verifications_total", outcome="ineffective") == 1
+    assert bed.value("llama_sidecar_prefill_saved_seconds_total", by="restore") == 0
+    assert bed.core.status().saved.seconds == 0
+
+
 async def test_a_restore_whose_next_task_re_prefills_is_ineffective(bed: Bed) -> None:
     await bed.cycle()
     bed.server.run_turn(0, task=5, tokens=500)

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import actions, restorer
-from sidecar.core import metrics, outcomes
+from sidecar.core import events, metrics, outcomes
 from sidecar.snapshots import manifest, store
 
 FP = manifest.Fingerprint.of(memllama.IDENTITY, n_ctx=memllama.N_CTX)
@@ -149,3 +149,32 @@ async def test_each_restore_round_hashes_its_files_anew(bed: Bed) -> None:
     bed.server.calls.clear()
     assert await bed.round() == [(0, "ok"), (1, "no_snapshot")]  # no precheck before this one
     assert bed.server.names().count("verify") == 1
+
+
+async def test_a_swap_judged_effective_is_listed_and_its_saved_prefill_counted_as_a_swap(bed: Bed) -> None:
+    record = bed.saved(1, 1000, task=3)
+    bed.server.prompt_tokens, bed.server.prompt_seconds = 4000.0, 8.0  # the server prefills 500 tokens/s
+    counters = await bed.server.counters()
+    result, after = await bed.restorer.swap_in(0, record, counters=counters)
+    assert result.result is outcomes.RestoreOutcome.OK
+    assert after is not None
+    assert [(d.by, d.slot, d.tokens, d.verdict) for d in bed.restorer.recent] == [
+        (outcomes.SavedBy.SWAP, 0, 1000, None)
+    ]
+    bed.server.run_turn(0, task=(after.task or 0) + 1, tokens=1010, cached=1000)
+    obs = events.Observation(
+        at=bed.restorer.pending[0].at + 1.0,
+        health=events.Health.OK,
+        slots=tuple(bed.server.slot_views),
+        counters=await bed.server.counters(),
+        counters_fresh=True,
+    )
+    bed.restorer.observe(obs, memllama.IDENTITY)
+    bed.restorer.verify(obs)
+    rate = 4010 / 8.0
+    assert bed.value("llama_sidecar_prefill_saved_seconds_total", by="swap") == pytest.approx(1000 / rate)
+    assert bed.value("llama_sidecar_prefill_saved_tokens_total", by="swap") == 1000
+    assert bed.value("llama_sidecar_prefill_saved_seconds_total", by="restore") == 0
+    (done,) = bed.restorer.recent
+    assert (done.verdict, done.reused_tokens) == (outcomes.Verification.EFFECTIVE, 1000)
+    assert done.saved_seconds == pytest.approx(1000 / rate)
