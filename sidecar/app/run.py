@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import time
 
@@ -61,9 +62,37 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
     lock = dirlock.DirLock(settings.snapshots.slot_dir)
     lock.acquire()
     try:
-        await _run(settings, snapshots, stats, registry, lock, ready)
+        while True:
+            try:
+                await _run(settings, snapshots, stats, registry, lock, ready)
+            except* errors.RouterDetected as found:
+                settings = _as_router(settings, str(found.exceptions[0]))
+            else:
+                return
     finally:
         lock.release()
+
+
+def _as_router(settings: config.Settings, why: str) -> config.Settings:
+    """The settings of router mode, once a server the sidecar was not told about says it is a router."""
+    log.info(
+        "router_mode_detected",
+        reason=why,
+        effect="the sidecar restarts its watching in router mode: one engine per model, snapshot files "
+        "named after the model",
+        hint="--router / LLAMA_SIDECAR_ROUTER=1 says it up front; --no-router (=0) forces plain mode",
+    )
+    shared = settings.shared
+    if shared.location is not None:
+        log.error(
+            "shared_store_off_in_router_mode",
+            effect="snapshots are not uploaded to or fetched from --shared-store: it is offered only beside a "
+            "plain llama-server",
+            hint="drop --shared-store, or run one llama-server per model",
+        )
+        shared = dataclasses.replace(shared, location=None)
+    upstream_settings = dataclasses.replace(settings.upstream, router=True)
+    return dataclasses.replace(settings, upstream=upstream_settings, shared=shared)
 
 
 async def _run(
@@ -108,7 +137,9 @@ async def _run(
                 clock=clock,
                 restore_gate=restore_gate,
             )
-            poll = poller.Poller(client, settings.poll, clock=clock, weights=identify)
+            poll = poller.Poller(
+                client, settings.poll, clock=clock, weights=identify, detect_router=settings.upstream.router is None
+            )
             restore_gate.on_suspect = poll.poll_soon
             loops = {"poller": poll.run(core.handle), "actions": core.run()}
             admit = None

@@ -241,7 +241,8 @@ OPTIONS: tuple[Option, ...] = (
         "LLAMA_SIDECAR_ROUTER",
         ("upstream.router",),
         "llama-server runs in router mode (--models-dir or --models-preset): watch, save and restore each "
-        "model on its own, never loading one; snapshot files carry the model's name",
+        "model on its own, never loading one; snapshot files carry the model's name. Unset: follow the server "
+        "(a router's /props says role router); --no-router forces plain mode",
         convert=parse.switch,
         switch=True,
     ),
@@ -294,7 +295,7 @@ def add(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     for option in options:
         text = f"{option.help}{_shown_default(option)} [{option.env}]".replace("%", "%%")
         if option.switch:
-            parser.add_argument(option.flag, action="store_true", default=None, help=text)
+            parser.add_argument(option.flag, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
             parser.add_argument(
                 option.flag,

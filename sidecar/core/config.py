@@ -26,8 +26,9 @@ class UpstreamSettings:
     """Timeout of a slot save or restore call, in seconds (big models write GBs)."""
     connect_timeout: float = 2.0
     """Timeout of opening the TCP connection, in seconds."""
-    router: bool = False
-    """llama-server runs in router mode (``--models-dir`` / ``--models-preset``): one engine per model."""
+    router: bool | None = None
+    """llama-server runs in router mode (``--models-dir`` / ``--models-preset``): one engine per model.
+    None: follow the server (``/props`` of a router says ``"role": "router"``); True or False forces it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -55,6 +55,18 @@ class UpstreamProtocolError(UpstreamError):
     """The answer was not JSON, lacked fields, or had fields of the wrong type."""
 
 
+class UpstreamIsRouter(UpstreamProtocolError):
+    """/props says ``"role": "router"``: a router-mode llama-server, which has no slots of its own."""
+
+
+class RouterDetected(SidecarError):
+    """Raised out of the poller when a server the sidecar was not told about turns out to be a router.
+
+    ``app.run`` catches it, stops the plain-server wiring and starts router mode
+    (``--router`` left unset means: follow what the server says).
+    """
+
+
 class SnapshotError(SidecarError):
     """A snapshot file failed a check (size, checksum, manifest) or an I/O step."""
 

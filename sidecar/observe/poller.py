@@ -46,8 +46,12 @@ class Poller:
         *,
         clock: protocols.Clock | None = None,
         weights: Weights | None = None,
+        detect_router: bool = False,
     ) -> None:
         self._client = client
+        self._detect_router = detect_router
+        """Raise ``errors.RouterDetected`` when /props says the server is a router (``--router`` unset)."""
+        self._router_said = False
         self._weights = weights
         self._settings = settings
         self._clock = clock or protocols.SystemClock()
@@ -199,7 +203,15 @@ class Poller:
         )
 
     async def _read_identity_and_counters(self, *, refresh_model: bool) -> bool:
-        """Read /props (and /v1/models) and /metrics side by side; True if fresh counters were read."""
+        """Read /props (and /v1/models) and /metrics side by side; True if fresh counters were read.
+
+        While the server's role is unknown (``--router`` unset, first poll of a
+        process) /props goes first: a router is recognised before its /metrics,
+        which wants ``?model=``, is read and logged as unreadable.
+        """
+        if self._detect_router and refresh_model:
+            await self._read_identity(refresh_model=refresh_model)
+            return False if self._metrics_off else await self._read_counters()
         if self._metrics_off:
             await self._read_identity(refresh_model=refresh_model)
             return False
@@ -213,6 +225,19 @@ class Poller:
                 self._model = (identity.model_path, await self._model_facts(identity.model_path))
             facts = {**self._model[1], "adapters": self._adapters}
             self._identity = (dataclasses.replace(identity, **facts), sleeping)
+        except errors.UpstreamIsRouter as exc:
+            if self._detect_router:
+                raise errors.RouterDetected(str(exc)) from exc
+            if not self._router_said:
+                self._router_said = True
+                log.error(
+                    "server_is_router",
+                    error=str(exc),
+                    effect="nothing is saved or restored: --router is off (forced), and a router has no slots "
+                    "of its own",
+                    hint="leave --router unset (or LLAMA_SIDECAR_ROUTER empty) to follow what the server says, "
+                    "or set it",
+                )
         except errors.UpstreamError as exc:
             self._unreadable("props_unreadable", exc)
 

@@ -126,8 +126,8 @@ class LlamaClient:
         if not isinstance(props, dict):
             raise errors.UpstreamProtocolError("/props did not return an object", endpoint="/props")
         if props.get("role") == "router":
-            raise errors.UpstreamProtocolError(
-                "llama-server runs in router mode (several models): start the sidecar with --router",
+            raise errors.UpstreamIsRouter(
+                "llama-server runs in router mode (several models; /props says role router)",
                 endpoint="/props",
             )
         settings = _field(props, "default_generation_settings", dict, "/props")

@@ -180,3 +180,39 @@ def test_through_the_proxy_a_swap_saves_first_and_the_way_back_waits_for_the_res
     )
     assert warm["timings"]["cache_n"] >= 0.9 * prefilled_a
     assert _restored(side, "alpha")
+
+
+def test_a_router_is_recognised_without_the_flag_and_its_models_are_saved_and_restored(
+    llama: MakeServer,
+    sidecar: MakeSidecar,
+    model: Path,
+    tmp_path: Path,
+    slot_dir: Path,
+    figure: Callable[[str], None],
+) -> None:
+    server = _router(llama, model, tmp_path, slot_dir)
+    side = sidecar(server, slot_dir)  # no --router: the sidecar learns it from the router's /props
+    prompt_a, prefilled_a = _converse(server, side, slot_dir, "alpha", seed=71)
+    _converse(server, side, slot_dir, "beta", seed=72)
+    _load_and_wait_restored(server, side, "alpha")
+    warm = complete(server.url, prompt_a + " and one line more", model="alpha")
+    figure(
+        f"router mode found from /props (no --router): {warm['timings']['cache_n']} of {prefilled_a} prompt "
+        f"tokens of alpha reused after alpha -> beta -> alpha"
+    )
+    assert warm["timings"]["cache_n"] >= 0.9 * prefilled_a
+    assert len(side.log_events("router_mode_detected")) == 1
+    assert not side.log_events("props_unreadable")
+    assert not side.log_events("metrics_unreadable")
+
+
+def test_no_router_forces_plain_mode_and_says_so_once(
+    llama: MakeServer, sidecar: MakeSidecar, model: Path, tmp_path: Path, slot_dir: Path
+) -> None:
+    server = _router(llama, model, tmp_path, slot_dir)
+    side = sidecar(server, slot_dir, env={"LLAMA_SIDECAR_ROUTER": "0"})  # the variable of --no-router
+    side.wait_for(lambda: side.log_events("server_is_router"), timeout=20, what="the sidecar to see a router")
+    side.wait_for(lambda: side.metric("llama_sidecar_server_up") == 1, timeout=20, what="the router seen up")
+    assert len(side.log_events("server_is_router")) == 1
+    assert not side.log_events("router_mode_detected")
+    assert not side.log_events("props_unreadable")

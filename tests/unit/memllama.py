@@ -53,6 +53,8 @@ class MemLlama:
         self.slot_views = [slot(i) for i in range(n_slots)]
         self.identity = dataclasses.replace(IDENTITY, total_slots=n_slots)
         self.sleeping = False
+        self.router = False
+        """Answer /props as a router-mode llama-server does (``"role": "router"``)."""
         self.start_time: float | None = 1_764_000_000.0
         self.prompt_tokens = 0.0
         self.cached_tokens = 0.0
@@ -95,6 +97,8 @@ class MemLlama:
 
     async def props(self) -> tuple[events.Identity, bool]:
         self.calls.append(("props", None))
+        if self.router:
+            raise errors.UpstreamIsRouter("llama-server runs in router mode", endpoint="/props")
         return self.identity, self.sleeping
 
     async def model_meta(self) -> tuple[int | None, int | None]:

@@ -466,3 +466,12 @@ def test_shared_store_with_router_is_refused(tmp_path: Path, capsys: pytest.Capt
     assert settings("--slot-dir", str(tmp_path), "--router").upstream.router is True
     assert cli.main(["run", "--slot-dir", str(tmp_path), "--router", "--shared-store", store]) == 2
     assert "--shared-store is not offered with --router" in capsys.readouterr().err
+
+
+def test_router_mode_follows_the_server_unless_forced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings("--slot-dir", str(tmp_path)).upstream.router is None
+    assert settings("--slot-dir", str(tmp_path), "--router").upstream.router is True
+    assert settings("--slot-dir", str(tmp_path), "--no-router").upstream.router is False
+    monkeypatch.setenv("LLAMA_SIDECAR_ROUTER", "0")
+    assert settings("--slot-dir", str(tmp_path)).upstream.router is False
+    assert settings("--slot-dir", str(tmp_path), "--router").upstream.router is True

@@ -8,7 +8,7 @@ import pytest
 import structlog
 from memllama import ManualClock, MemLlama
 
-from sidecar.core import config, events
+from sidecar.core import config, errors, events
 from sidecar.observe import poller
 
 
@@ -107,3 +107,22 @@ async def test_slots_are_not_read_on_every_poll_of_a_generation(server: MemLlama
     assert (await slot_reads(watcher, server))[1] == 1  # but never older than BUSY_REFRESH
     server.set_slot(0, task=4, tokens=100, processing=True)  # a second slot starts
     assert (await slot_reads(watcher, server))[1] == 1
+
+
+async def test_a_router_is_reported_to_the_caller_before_its_metrics_are_read(server: MemLlama) -> None:
+    server.router = True
+    watcher = poller.Poller(server, config.PollSettings(), clock=ManualClock(), detect_router=True)
+    with structlog.testing.capture_logs() as logs, pytest.raises(errors.RouterDetected):
+        await watcher.step()
+    assert "counters" not in server.names()
+    assert not [e for e in logs if e["log_level"] == "warning"]
+
+
+async def test_a_router_with_router_mode_forced_off_is_said_once(server: MemLlama) -> None:
+    server.router = True
+    watcher = make_poller(server)
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            obs, _ = await watcher.step()
+    assert obs.identity is None
+    assert [e["event"] for e in logs if e["event"] in ("server_is_router", "props_unreadable")] == ["server_is_router"]

@@ -580,11 +580,11 @@ async def test_a_malformed_router_list_is_a_protocol_error(fake: FakeLlama, conn
         await connect().models()
 
 
-async def test_a_router_watched_without_router_mode_says_how_to_fix_it(fake: FakeLlama, connect: Connect) -> None:
+async def test_a_router_is_recognised_by_its_props(fake: FakeLlama, connect: Connect) -> None:
     fake.json(
         "GET",
         "/props",
         {"role": "router", "model_path": "none", "build_info": "b1", "default_generation_settings": {"n_ctx": 0}},
     )
-    with pytest.raises(errors.UpstreamProtocolError, match="--router"):
+    with pytest.raises(errors.UpstreamIsRouter, match="router mode"):
         await connect().props()
