@@ -185,11 +185,19 @@ class Engine:
             self._adopt_existing(obs.slots)
         self.policy.observe(obs.slots, obs.at, read_at=obs.slots_at)
         self.restorer.observe(obs, self.identity)
+        self._export_unsaved()
         if self.restorer.pending:
             self.restorer.verify(obs)
         if not self.restore_owed():
             self.gate.open(seen_at=obs.at)  # else the action runner opens it once the round is done
         self._wake.set()
+
+    def _export_unsaved(self) -> None:
+        """Each slot's oldest unsaved change as Unix time (0: none), from the policy's monotonic one."""
+        now_mono, now_wall = self._clock.monotonic(), self._clock.wall()
+        for slot in range(self._slot_count):
+            since = self.policy.unsaved_since(slot)
+            self._stats.unsaved_since.labels(str(slot)).set(0 if since is None else now_wall - (now_mono - since))
 
     def _ready(self, obs: events.Observation) -> bool:
         """Whether slot actions may be sent: up, slots and identity read, awake (an action would wake it)."""
@@ -444,8 +452,10 @@ class Engine:
             )
         if isinstance(record, snapshotter.Written):
             self.policy.settle(action.slot, action.signature)  # its commit waits; undone if that fails
+            self._export_unsaved()
             return True
         self._saved(action, record)
+        self._export_unsaved()
         return record.result is outcomes.SaveResult.OK
 
     @staticmethod

@@ -142,6 +142,11 @@ class Policy:
             return False
         return track.dirty_since is None or now - track.dirty_since < cap
 
+    def unsaved_since(self, slot: int) -> float | None:
+        """When ``slot``'s oldest change no snapshot covers was seen (monotonic seconds); None if none."""
+        track = self.tracks.get(slot)
+        return track.dirty_since if track is not None else None
+
     def final(self) -> list[Save]:
         """Saves to take at shutdown: every changed slot worth a file, idle ones first."""
         picks = [

@@ -124,8 +124,9 @@ OPTIONS: tuple[Option, ...] = (
         "LLAMA_SIDECAR_SAVE_HOLD_SECONDS",
         ("snapshots.hold_seconds",),
         "a due save waits for a moment when no other slot is processing (a save stalls every slot), at most "
-        "this many seconds after the slot's oldest unsaved change and never past --snapshot-interval; "
-        "0 = save at once",
+        "this many seconds after the slot's oldest unsaved change and never past --snapshot-interval, then "
+        "is made anyway: under steady traffic on several slots a crash of llama-server loses at most the "
+        "turns of this many seconds (plus --idle-seconds); 0 = save at once",
         "SEC",
         parse.number(float, zero_ok=True),
     ),

@@ -190,6 +190,16 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.unsaved_since = Gauge(
+            "slot_unsaved_since_timestamp_seconds",
+            "Unix time of the oldest change to the slot's KV that no snapshot holds yet (a crash of "
+            "llama-server now loses the turns since); 0 while every change is saved. A save is held at most "
+            "--save-hold-seconds after it, so time() minus this stays below that plus --idle-seconds unless "
+            "saves fail or the slot never goes idle.",
+            ["slot"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.commits_pending = Gauge(
             "snapshot_commits_pending",
             "Snapshots llama-server has written whose commit (checksum, fdatasync, manifest) waits for a "
@@ -395,3 +405,4 @@ class Metrics:
             for result in RESTORE_RESULTS:
                 self.restores.labels(label, result)
             self.restored_tokens.labels(label)
+            self.unsaved_since.labels(label)

@@ -100,6 +100,11 @@ def sidecar_registry() -> CollectorRegistry:
         registry=registry,
     ).set(time.time() - 60)
     Gauge("snapshot_commits_pending", "Commits waiting for no slot to process", namespace=ns, registry=registry).set(1)
+    unsaved = Gauge(
+        "slot_unsaved_since_timestamp_seconds", "Oldest unsaved change", ["slot"], namespace=ns, registry=registry
+    )
+    unsaved.labels(slot="0").set(time.time() - 20)
+    unsaved.labels(slot="1").set(0)
     proxy_requests = Counter(
         "proxy_requests", "Requests through the proxy", ["route", "outcome"], namespace=ns, registry=registry
     )

@@ -195,3 +195,65 @@ def test_a_save_made_during_another_slots_generation_is_committed_after_it_or_be
         f"{n_prompt} tokens of the newest turn reused"
     )
     assert warm["timings"]["cache_n"] >= 0.95 * n_prompt
+
+
+BOUND_SLACK = 5.0
+"""Seconds past --save-hold-seconds + --idle-seconds a save may take to land: polls, the save call."""
+
+
+def test_steady_traffic_on_two_slots_loses_at_most_the_hold_to_a_kill9(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    """Slot 0 generates all along while slot 1 takes a turn every 3 s: no moment comes when no slot processes.
+
+    With the defaults a save of slot 1 is held at most --save-hold-seconds (30 s) after its oldest
+    unsaved change, then made anyway: a kill -9 of llama-server loses the turns of that long at most.
+    """
+    server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192)
+    side = sidecar(server, slot_dir)  # the sidecar's defaults, but for the test bed's faster polls
+    hold = 30.0
+    bound = hold + float(side.options["--idle-seconds"]) + BOUND_SLACK
+    generation: dict[str, Any] = {}
+    worker = threading.Thread(target=_generate_on, args=(server.url, 0, generation), daemon=True)
+    worker.start()
+    side.wait_for(lambda: slots(server.url)[0]["is_processing"], timeout=30, what="slot 0 generating")
+    convo = make_prompt(server.url, 600, seed=91)
+    turns: list[tuple[float, int]] = []
+    """(end of the turn, monotonic; prompt tokens slot 1 then held) of each of slot 1's turns."""
+    ages: list[float] = []
+    began = time.monotonic()
+    while time.monotonic() - began < bound + 15.0:
+        convo += f" Item {len(turns)} of the list."
+        reply = complete(server.url, convo, n_predict=1, id_slot=1)
+        turns.append((time.monotonic(), int(reply["timings"]["prompt_n"]) + int(reply["timings"]["cache_n"])))
+        since = side.metric("llama_sidecar_slot_unsaved_since_timestamp_seconds", slot="1")
+        if since > 0:
+            ages.append(time.time() - since)
+        time.sleep(max(0.0, turns[-1][0] + 3.0 - time.monotonic()))
+    assert slots(server.url)[0]["is_processing"], "slot 0 stopped generating: the traffic was not steady"
+    killed_at = time.monotonic()
+    server.kill()
+    server.start()
+    server.wait_healthy()
+    side.wait_restored(slot=1, timeout=120)
+    restored = [r for r in side.status()["last_restore"] if r["slot"] == 1 and r["result"] == "ok"]
+    assert restored, side.status()["last_restore"]
+    must_hold = max(tokens for ended, tokens in turns if ended <= killed_at - bound)
+    lost = [ended for ended, tokens in turns if tokens > restored[0]["tokens"]]
+    print(
+        f"steady traffic on 2 slots, kill -9 after {killed_at - began:.0f} s: slot 1 restored with "
+        f"{restored[0]['tokens']} tokens; turns lost: {len(lost)}, the oldest ended "
+        f"{killed_at - min(lost, default=killed_at):.1f} s before the kill (bound {bound:.1f} s); "
+        f"oldest unsaved change seen at most {max(ages, default=0):.1f} s old; "
+        f"{len(side.log_events('snapshot_held'))} snapshot_held"
+    )
+    assert restored[0]["tokens"] >= must_hold
+    assert max(ages, default=0.0) <= bound
+
+
+def _generate_on(url: str, slot: int, outcome: dict[str, Any]) -> None:
+    body = {"prompt": "Count on:", "n_predict": LONG_GENERATION, "ignore_eos": True, "temperature": 0, "id_slot": slot}
+    try:
+        outcome["reply"] = call("POST", url + "/completion", body)
+    except (LlamaHTTPError, OSError) as exc:  # the server is killed
+        outcome["error"] = exc

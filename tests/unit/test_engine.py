@@ -516,3 +516,29 @@ async def test_shutdown_commits_the_waiting_saves(tmp_path: Path) -> None:
     await bed.core.final_snapshots()
     assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
     assert [slot for slot, _ in bed.saves()] == [0]  # slot 1 is busy: not saved
+
+
+async def test_steady_traffic_on_two_slots_saves_within_the_default_hold_and_exports_the_unsaved_change(
+    bed: Bed,
+) -> None:
+    """Slot 1 always generating, slot 0 taking a turn every 5 s: no moment comes when no other slot processes."""
+    hold = config.SnapshotSettings(slot_dir=bed.snapshots.dir).hold_seconds
+    await bed.cycle()
+    unsaved = "llama_sidecar_slot_unsaved_since_timestamp_seconds"
+    assert bed.value(unsaved, slot="0") == 0
+    bed.server.set_slot(1, task=100, tokens=50, processing=True)
+    first_change = None
+    for tick in range(200):
+        if tick % 5 == 0:
+            bed.server.run_turn(0, task=tick + 1, tokens=500 + tick)
+            bed.server.decodes += 1
+        await bed.cycle(after=1.0)
+        if first_change is None:
+            first_change = bed.clock.wall()
+            assert bed.value(unsaved, slot="0") == first_change
+        if bed.saves():
+            break
+    assert first_change is not None
+    assert bed.saves(), f"nothing saved in {bed.clock.wall() - first_change:.0f} s of steady traffic"
+    assert bed.clock.wall() - first_change <= hold + 5.0
+    assert bed.value(unsaved, slot="0") == 0  # the save covers every change so far
