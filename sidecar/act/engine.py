@@ -135,6 +135,19 @@ class Engine:
         ok = await self.save(policy.Save(view.id, view.signature, view.tokens, policy.SaveReason.MANUAL))
         return report.SaveReply(ok, self.saver.last)
 
+    async def fresh_slots(self) -> tuple[events.SlotView, ...]:
+        """Every slot as the server shows it now, not as the last poll saw it; the policy follows it.
+
+        A turn that ended since that poll (sent straight to llama-server, or
+        through the proxy unrouted) then counts as unsaved, whatever route it
+        came by. Raises ``errors.UpstreamError``.
+        """
+        read_at = self._clock.monotonic()
+        fresh = await self.actions.slots()
+        self.policy.observe(fresh, self._clock.monotonic(), read_at=read_at)
+        self._export_unsaved()
+        return fresh
+
     @property
     def link_ok(self) -> bool | None:
         return self.link.ok

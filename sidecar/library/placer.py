@@ -89,6 +89,10 @@ class _Slot:
     """Unix time a routed request last ended there (its content changed then)."""
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     """Held while the slot is being saved and swapped."""
+    seen: tuple[int, int] | None = None
+    """The slot's (task, tokens) at the last fresh read before a placement; None: not known."""
+    routed_since: bool = False
+    """A routed request ended there since ``seen`` was read (it explains a change of content)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -127,10 +131,12 @@ class Placer:
 
     def emptied(self) -> None:
         for state in self._slots.values():
-            state.chain, state.ended = (), 0.0
+            state.chain, state.ended, state.seen = (), 0.0, None
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
-        self._slot(slot).chain = record.index.chain if record.index is not None else ()
+        state = self._slot(slot)
+        state.chain = record.index.chain if record.index is not None else ()
+        state.seen = None
 
     def _committed(self, record: manifest.Manifest) -> None:
         """A save of a slot read idle: the slot holds what the snapshot holds (called from a worker thread)."""
@@ -160,6 +166,7 @@ class Placer:
         finally:
             state = self._slot(plan.slot)
             state.pinned -= 1
+            state.routed_since = True
             state.chain = plan.chain
             state.used = self._clock.monotonic()
             state.ended = self._clock.wall()
@@ -191,18 +198,19 @@ class Placer:
         return await self._tokenizer.tokenize(text)
 
     async def _place(self, request: prompt.Prompt, chain: tuple[str, ...]) -> _Plan | None:
-        obs, identity = self._core.latest, self._core.identity
-        if obs is None or obs.slots is None or identity is None:
+        polled, identity = self._core.latest, self._core.identity
+        if polled is None or polled.slots is None or identity is None:
             self._unrouted(outcomes.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
+            return None
+        obs = await self._fresh(polled)
+        if obs is None or obs.slots is None:
             return None
         library = self._library(identity, obs.slots)
         entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
         decision = routing.route(chain, [self._held(v) for v in obs.slots], entries)
         found = await self._from_shared(identity, chain, decision, obs)
         if found is not None:  # the slots may have changed while the store answered
-            latest = self._core.latest
-            if latest is not None and latest.slots is not None:
-                obs = latest
+            obs = await self._fresh(obs) or obs
             decision = routing.route(chain, [self._held(v) for v in obs.slots or ()], entries, shared=found[0])
         views = {v.id: v for v in obs.slots or ()}
         if decision.slot is None:
@@ -244,6 +252,30 @@ class Placer:
         self._stats.conversation_requests.labels(source.value).inc()
         log.debug("request_routed", source=source.value, slot=decision.slot, blocks=decision.blocks)
         return _Plan(decision.slot, chain, prompt.pinned(request, decision.slot))
+
+    async def _fresh(self, obs: events.Observation) -> events.Observation | None:
+        """``obs`` with the slots as llama-server shows them now; None (request unrouted) if it cannot say.
+
+        The poll's view may predate a turn that ended since (sent straight to
+        llama-server, or through the proxy unrouted): read afresh, that turn
+        counts as unsaved (the engine's policy follows this read), so a slot
+        is never given away without saving it, and a slot whose content
+        changed by a turn the placer did not route no longer counts as
+        holding the prefix the placer routed there.
+        """
+        try:
+            slots = await self._core.fresh_slots()
+        except errors.UpstreamError as exc:
+            self._unrouted(outcomes.Unrouted.ERROR, f"cannot read /slots before placing the request: {exc}")
+            return None
+        for view in slots:
+            state = self._slot(view.id)
+            if state.pinned or state.lock.locked():
+                continue  # a routed request or a swap is changing it: the placer knows what it holds
+            if state.seen is not None and view.signature != state.seen and not state.routed_since:
+                state.chain = ()  # another client's turn ran there
+            state.seen, state.routed_since = view.signature, False
+        return dataclasses.replace(obs, slots=slots)
 
     async def _from_shared(
         self, identity: events.Identity, chain: tuple[str, ...], local: routing.Decision, obs: events.Observation
@@ -331,6 +363,7 @@ class Placer:
         if result.result is not outcomes.RestoreOutcome.OK:
             return False
         seconds = time.perf_counter() - started
+        self._slot(decision.slot).seen = None  # restored: its (task, tokens) are read afresh next time
         if after is not None and after.signature is not None:
             self._core.policy.settle(decision.slot, after.signature)  # holds a snapshot's content: saved
         self._snapshots.touch(record.file)
@@ -352,6 +385,8 @@ class Placer:
         """Save what ``view``'s slot holds before it is given another conversation; True if nothing is lost."""
         if (view.signature is None or view.tokens == 0) and not self._ended_unsaved(view.id, self._slot(view.id)):
             return True
+        if 0 < view.tokens < self._core.policy.settings.min_tokens:
+            return True  # not worth a file (--min-tokens): the policy would not save it either
         # The poll's view may be older than a routed request that ended there: the engine reads the slot
         # afresh before it saves, and saves what it holds then.
         signature = view.signature if view.signature is not None else (-1, 0)

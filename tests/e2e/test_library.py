@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from sidecar.snapshots import slotfile
-from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt
+from support.llamabed import LlamaServer, MakeServer, complete, http_json, make_prompt
 from support.net import free_port
 from support.sidecarbed import MakeSidecar, SidecarProcess
 
@@ -118,3 +118,35 @@ def test_six_conversations_on_two_slots_come_back_warm_as_they_take_turns_and_af
     assert side.metric("llama_sidecar_conversation_unrouted_total", reason="tokenize") == 0
     assert side.metric("llama_sidecar_library_conversations") >= CONVERSATIONS
     assert side.metric("llama_sidecar_library_tokens_total") >= CONVERSATIONS * PROMPT_TOKENS * 0.8
+
+
+def test_a_turn_sent_straight_to_the_server_is_saved_before_a_new_conversation_takes_its_slot(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    """A turn the sidecar never saw (between two polls, 120 s apart) is saved before the proxy gives its slot away.
+
+    One slot, so the new conversation must take it; the poll interval is longer than the test, so
+    the only view of the direct turn is the one the placer reads right before placing.
+    """
+    server: LlamaServer = llama(slot_dir=slot_dir, n_slots=1, ctx_size=4096, extra_args=["--cache-ram", "0"])
+    port = free_port()
+    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}", "--poll-interval": "120"})
+    proxy = f"http://127.0.0.1:{port}"
+    side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
+
+    direct = make_prompt(server.url, PROMPT_TOKENS, seed=401)
+    first = complete(server.url, direct, n_predict=4)  # straight to llama-server: no poll sees it end
+    other = make_prompt(server.url, PROMPT_TOKENS, seed=402)
+    complete(proxy, other, n_predict=4)  # a new conversation through the proxy: the only slot is given away
+
+    _, ids = http_json("POST", server.url + "/tokenize", {"content": direct, "add_special": True})
+    want = slotfile.prefix_hashes(slotfile.pack_ids(ids["tokens"]))
+    kept = [tokens for have, tokens in _library(slot_dir) if slotfile.shared_blocks(want, have) >= len(want)]
+    assert kept, "the direct turn was not saved before its slot was given away"
+    again = complete(proxy, direct + " One more line.", n_predict=4)  # its next turn, through the proxy
+    print(
+        f"direct turn of {first['timings']['prompt_n']} tokens saved before the swap ({kept[0]} tokens kept); "
+        f"its next turn through the proxy reused {again['timings']['cache_n']}"
+    )
+    assert again["timings"]["cache_n"] >= WARM * int(first["timings"]["prompt_n"])
+    assert side.metric("llama_sidecar_conversation_unrouted_total", reason="swap") == 0

@@ -379,3 +379,43 @@ async def test_a_slot_filled_since_the_last_poll_is_saved_before_it_is_given_awa
     assert await unpolled("C") == first  # the least recently used: the poll still shows it empty
     assert bed.actions() == [("save", first)]  # A saved before C took its slot, read afresh
     assert [m.slot for m in bed.snapshots.library()] == [first]
+
+
+# ---- turns the placer did not route (straight to llama-server, or unrouted) -------------------
+
+
+async def saved_both(bed: Bed) -> None:
+    """Both slots idle long enough: the engine saves them (their content is then settled)."""
+    bed.clock.now += 10.0
+    await bed.poll()
+    await bed.core.work()
+    assert sorted(bed.actions()) == [("save", 0), ("save", 1)]
+    bed.server.calls.clear()
+
+
+async def test_a_turn_that_ended_after_the_last_poll_is_saved_before_its_slot_is_given_away(bed: Bed) -> None:
+    for name in ("A", "B"):
+        async with bed.request(name):
+            pass
+    await saved_both(bed)
+    bed.server.serve(0, ids_of("D"))  # straight to llama-server, between two polls
+    async with bed.request("C") as slot:
+        assert slot == 0  # the least recently used: it holds D now, which no snapshot has
+    assert bed.actions() == [("save", 0)]
+    newest = next(iter(bed.snapshots.snapshots(0)))
+    assert newest.index is not None
+    assert newest.index.chain == slotfile.prefix_hashes(slotfile.pack_ids(ids_of("D")))
+
+
+async def test_a_conversation_whose_slot_another_client_took_is_swapped_back_not_run_over_it(bed: Bed) -> None:
+    for name in ("A", "B"):
+        async with bed.request(name):
+            pass
+    await saved_both(bed)
+    bed.server.serve(0, ids_of("D"))  # another client's turn replaced A in slot 0, unseen by any poll
+    async with bed.request("A") as slot:
+        assert slot == 0
+    assert bed.actions() == [("save", 0), ("restore", 0)]  # D saved first, then A put back
+    assert bed.server.held[0] == ids_of("A")
+    assert bed.value("llama_sidecar_conversation_requests_total", source="slot") == 0
+
