@@ -24,7 +24,7 @@ from typing import Protocol
 
 import structlog
 
-from sidecar.act import actions, gate, policy, probe, report, restorer, snapshotter
+from sidecar.act import actions, gate, policy, probe, report, restorer, savings, snapshotter
 from sidecar.core import config, errors, events, hashing, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, store
 
@@ -460,8 +460,14 @@ class Engine:
             if view.signature != action.signature:  # it ran a turn since: save what it holds now
                 action = dataclasses.replace(action, signature=view.signature, tokens=view.tokens)
             others_busy = self._processing(fresh, None, besides=action.slot)
+            counters = self.latest.counters if self.latest is not None else None
             record = await self.saver.save(
-                action, identity=self.identity, slot_n_ctx=view.n_ctx, others_busy=others_busy, epoch=self._epoch
+                action,
+                identity=self.identity,
+                slot_n_ctx=view.n_ctx,
+                others_busy=others_busy,
+                epoch=self._epoch,
+                prefill_rate=savings.measured_rate(counters) if counters is not None else None,
             )
         if isinstance(record, snapshotter.Written):
             self.policy.settle(action.slot, action.signature)  # its commit waits; undone if that fails

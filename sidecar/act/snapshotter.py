@@ -71,6 +71,8 @@ class Written:
     """The save call, as the sidecar timed it."""
     epoch: int
     """The caller's count of server processes at the save (see ``Engine``)."""
+    prefill_rate: float | None = None
+    """The server's measured prompt tokens per second at the save, recorded in the manifest."""
 
 
 class Snapshotter:
@@ -103,6 +105,7 @@ class Snapshotter:
         slot_n_ctx: int,
         others_busy: bool = False,
         epoch: int = 0,
+        prefill_rate: float | None = None,
     ) -> SaveRecord | Written:
         """Save one slot: the caller holds the action lock and has just read the slot idle.
 
@@ -128,6 +131,7 @@ class Snapshotter:
                 written_at=self._clock.monotonic(),
                 call_seconds=time.perf_counter() - started,
                 epoch=epoch,
+                prefill_rate=prefill_rate,
             )
             if others_busy and action.reason in BACKGROUND:
                 await asyncio.to_thread(self._snapshots.check_written, temp, tokens=result.tokens, written=result.bytes)
@@ -194,6 +198,7 @@ class Snapshotter:
                 fingerprint=written.fingerprint,
                 pause=pause,
                 created=written.created,
+                prefill_rate=written.prefill_rate,
             )
         except errors.SnapshotError as exc:
             return self._failed(slot, exc, written.call_seconds + time.perf_counter() - started)

@@ -19,8 +19,9 @@ open), the :class:`Placer`:
 With a shared store, when the best local prefix (a slot's or the
 library's) is shorter than one the store holds, the Placer asks whether
 fetching it beats prefilling the difference (``SharedStore.worth``, with
-this server's measured prefill rate: ``decide.prefill_rate`` over the
-counters the poller reads) and, if so, downloads it into the chosen idle
+this server's measured prefill rate, else the one the snapshot records,
+else the one this node kept in its snapshots: ``decide.pick_prefill_rate``)
+and, if so, downloads it into the chosen idle
 slot's name while the request waits, then swaps it in like a library
 snapshot. The lookup is bounded by ``LOOKUP_SECONDS`` and the download by
 the proxy's hold; a store that is down, slow or wrong costs the request at
@@ -46,7 +47,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from sidecar.act import engine, policy
+from sidecar.act import engine, policy, savings
 from sidecar.core import errors, events, metrics, outcomes, protocols
 from sidecar.library import prompt, routing
 from sidecar.shared import catalog, decide, records
@@ -292,10 +293,10 @@ class Placer:
         if match is None or match.blocks <= local.blocks:
             return None
         counters = obs.counters
-        rate = (
-            decide.prefill_rate(prompt_tokens=counters.prompt_tokens, prompt_seconds=counters.prompt_seconds)
-            if counters is not None
-            else decide.DEFAULT_PREFILL_RATE
+        rate, rate_source = decide.pick_prefill_rate(
+            server=savings.measured_rate(counters) if counters is not None else None,
+            snapshot=match.record.snapshot.prefill_rate,
+            kept=next((m.prefill_rate for m in self._snapshots.snapshots() if m.prefill_rate is not None), None),
         )
         cached = local.blocks * slotfile.BLOCK_TOKENS
         estimate = self._shared.worth(match, cached_tokens=cached, prefill_rate=rate)
@@ -305,6 +306,7 @@ class Placer:
             local_tokens=cached,
             bytes=match.record.snapshot.bytes,
             prefill_rate=round(rate),
+            prefill_rate_from=rate_source.value,
             fetch_seconds=round(estimate.fetch_seconds, 3),
             prefill_seconds=round(estimate.prefill_seconds, 3),
             verdict=estimate.verdict.value,

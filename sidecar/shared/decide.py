@@ -8,11 +8,13 @@ it only when that is clearly less than the prefill it replaces.
 Bandwidth is measured from this node's own transfers (:class:`Rate`, an
 exponentially weighted mean); until one has happened a conservative
 default stands in. The prefill rate is llama-server's own over its
-lifetime (:func:`prefill_rate`: ``llamacpp:prompt_tokens_total`` over
+lifetime (``llamacpp:prompt_tokens_total`` over
 ``llamacpp:prompt_seconds_total``, which count only tokens it computed, not
-those found in cache); until it has prefilled enough to say, a fast
-default stands in, so a node that knows nothing yet fetches only when the
-saving is large.
+those found in cache). A node that just started or restarted has not
+prefilled enough to say: then the rate the snapshot's own manifest records
+(its origin's, on the same model) stands in, else the newest this node
+recorded in its own snapshots before it restarted (:func:`pick_prefill_rate`).
+Only with none of these does a fixed default stand in.
 """
 
 from __future__ import annotations
@@ -20,16 +22,30 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from sidecar.act import savings
+
 DEFAULT_BANDWIDTH = 25e6
 """Bytes per second assumed before any transfer was measured (a modest network link)."""
 FETCH_OVERHEAD = 0.25
 """Seconds a fetch costs besides the transfer: round trips, checksum, commit, restore."""
 DEFAULT_PREFILL_RATE = 5000.0
-"""Prompt tokens per second assumed before the server has measured its own (fast: favours prefill)."""
-MIN_MEASURED_TOKENS = 512
+"""Prompt tokens per second assumed when no rate was ever measured on this model (fast: favours prefill)."""
+MIN_MEASURED_TOKENS = savings.MIN_MEASURED_TOKENS
 """Prefilled tokens below which the server's own rate is too noisy to use."""
 MARGIN = 0.8
 """A fetch must take less than this share of the prefill it saves."""
+
+
+class RateSource(enum.StrEnum):
+    """Where the prefill rate of a fetch-or-prefill decision came from."""
+
+    SERVER = "server"
+    """This llama-server's own, over its lifetime."""
+    SNAPSHOT = "snapshot"
+    """The rate the snapshot's manifest records: the node that made it, on the same model."""
+    KEPT = "kept"
+    """The newest rate this node recorded in its own snapshots (it outlives a restart)."""
+    DEFAULT = "default"
 
 
 class Verdict(enum.StrEnum):
@@ -59,6 +75,14 @@ def prefill_rate(*, prompt_tokens: float, prompt_seconds: float) -> float:
     if prompt_tokens < MIN_MEASURED_TOKENS or prompt_seconds <= 0:
         return DEFAULT_PREFILL_RATE
     return prompt_tokens / prompt_seconds
+
+
+def pick_prefill_rate(*, server: float | None, snapshot: float | None, kept: float | None) -> tuple[float, RateSource]:
+    """The first measured rate of: this server's own, the snapshot's recorded one, this node's kept one."""
+    for rate, source in ((server, RateSource.SERVER), (snapshot, RateSource.SNAPSHOT), (kept, RateSource.KEPT)):
+        if rate is not None and rate > 0:
+            return rate, source
+    return DEFAULT_PREFILL_RATE, RateSource.DEFAULT
 
 
 @dataclasses.dataclass(slots=True)

@@ -60,6 +60,7 @@ async def fetch(
             written=size,
             task=None,
             fingerprint=want.fingerprint,
+            prefill_rate=want.prefill_rate,  # the origin's: what recomputing these tokens costs on this model
         )
     except BaseException:
         with contextlib.suppress(OSError):

@@ -116,6 +116,10 @@ class Manifest:
     """The snapshot's content index; None when the slot file could not be parsed (restorable by slot only)."""
     model: str | None = None
     """The model's name in llama-server's router mode (its files start with :func:`model_tag`); None otherwise."""
+    prefill_rate: float | None = None
+    """Prompt tokens per second the writing server computed over its lifetime when the snapshot was saved
+    (``llamacpp:prompt_tokens_total`` over ``prompt_seconds_total``), so another node, or this one after a
+    restart, knows what recomputing these tokens costs on this model; None if it had not prefilled enough."""
 
     def to_json(self) -> str:
         body = dataclasses.asdict(self)
@@ -163,6 +167,7 @@ class Manifest:
             ),
             index=_index(raw),
             model=None if raw.get("model") is None else _str(raw, "model"),
+            prefill_rate=None if raw.get("prefill_rate") is None else _num(raw, "prefill_rate"),
         )
         match = NAME_RE.match(manifest.file)
         if match is None or int(match["slot"]) != manifest.slot:

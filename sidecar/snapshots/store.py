@@ -378,12 +378,14 @@ class SnapshotStore:
         fingerprint: manifest.Fingerprint,
         pause: float = 0.0,
         created: float | None = None,
+        prefill_rate: float | None = None,
     ) -> manifest.Manifest:
         """Check, hash and publish a file the server just wrote; see the module docstring.
 
         ``pause``: the hash's pause after each chunk (``hashing.PACE`` while other slots generate).
         ``created``: Unix time of the server's save (None: now); a commit made later than the save
         (see :mod:`sidecar.act.snapshotter`) still dates the snapshot by its content.
+        ``prefill_rate``: the writing server's measured prompt tokens per second (see ``Manifest``).
         """
         path = self.dir / temp
         with self._removed_if_failed(temp, f"committing {temp}"):
@@ -408,6 +410,7 @@ class SnapshotStore:
                 fingerprint=fingerprint,
                 index=index,
                 model=self.model,
+                prefill_rate=prefill_rate,
             )
             os.replace(path, self.dir / final)
         with self._removed_if_failed(final, f"writing the manifest of {final}"):

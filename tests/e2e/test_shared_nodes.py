@@ -7,6 +7,7 @@ path (the proxy fetches the conversation a request continues).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -169,4 +170,54 @@ def test_a_chat_saved_on_node_a_continues_warm_through_node_b_proxy(
     )
     assert node_b.metric("llama_sidecar_conversation_requests_total", source="shared") == 1
     assert node_b.metric("llama_sidecar_shared_store_objects_total", direction="down") == 1
+    assert timings["cache_n"] >= 0.9 * prompt_tokens
+
+
+MID_TOKENS = 1400
+"""A mid-size conversation: its prefill at the old default rate (5,000 tokens/s) looked cheaper than a fetch."""
+
+
+def test_a_node_that_just_started_fetches_a_mid_size_chat_at_the_rate_its_snapshot_records(
+    llama: MakeServer,
+    sidecar: MakeSidecar,
+    s3_server: S3Server,
+    s3_url: str,
+    tmp_path: Path,
+    figure: Callable[[str], None],
+) -> None:
+    env = s3_server.env()
+    dir_a, dir_b = _slot_dirs(tmp_path)
+    server_a, server_b = llama(slot_dir=dir_a), llama(slot_dir=dir_b)
+    proxy_a, proxy_b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    node_a = sidecar(server_a, dir_a, extra={"--shared-store": s3_url, "--proxy-listen": proxy_a}, env=env)
+    # Node B starts before node A's snapshot exists (its restore round finds nothing) and serves nothing
+    # of its own: its counters say nothing about its prefill rate, as after any start or restart.
+    node_b = sidecar(server_b, dir_b, extra={"--shared-store": s3_url, "--proxy-listen": proxy_b}, env=env)
+    messages = [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": make_prompt(server_a.url, MID_TOKENS, seed=53)},
+    ]
+    first = _chat(f"http://{proxy_a}", messages)
+    node_a.wait_saved()
+    _wait_uploaded(node_a)
+    recorded = json.loads((dir_a / manifests(dir_a)[0]).read_text())["prefill_rate"]
+    assert recorded > 0, "node A records its measured prefill rate in the snapshot's manifest"
+
+    messages += [
+        {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And what does the record say next?"},
+    ]
+    turn = _chat(f"http://{proxy_b}", messages)
+    timings, prompt_tokens = turn["timings"], turn["usage"]["prompt_tokens"]
+    found = (node_b.log_events("shared_prefix_found") or [{}])[-1]
+    figure(
+        f"a node just started, next turn of a {first['usage']['prompt_tokens']}-token chat of node A:"
+        f" cache_n {timings['cache_n']} of {prompt_tokens}; prompt_ms on A {first['timings']['prompt_ms']:.0f},"
+        f" on B {timings['prompt_ms']:.0f}; B estimated fetch {found.get('fetch_seconds')} s against prefill"
+        f" {found.get('prefill_seconds')} s at {found.get('prefill_rate')} tokens/s from the"
+        f" {found.get('prefill_rate_from')} ({found.get('verdict')})"
+    )
+    assert found.get("verdict") == "fetch", found
+    assert found.get("prefill_rate_from") == "snapshot"
+    assert node_b.metric("llama_sidecar_conversation_requests_total", source="shared") == 1
     assert timings["cache_n"] >= 0.9 * prompt_tokens

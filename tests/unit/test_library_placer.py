@@ -419,3 +419,16 @@ async def test_a_conversation_whose_slot_another_client_took_is_swapped_back_not
     assert bed.server.held[0] == ids_of("A")
     assert bed.value("llama_sidecar_conversation_requests_total", source="slot") == 0
 
+
+async def test_a_server_that_measured_nothing_yet_takes_the_prefill_rate_the_shared_snapshot_records(
+    bed: Bed, tmp_path: Path
+) -> None:
+    shared = FakeShared(bed, tmp_path, "A")
+    shared.record = dataclasses.replace(
+        shared.record, snapshot=dataclasses.replace(shared.record.snapshot, prefill_rate=400.0)
+    )
+    with_shared(bed, shared)
+    async with bed.request("A") as slot:
+        assert slot is not None
+    assert shared.rates == [400.0]
+    assert bed.value("llama_sidecar_conversation_requests_total", source="shared") == 1

@@ -317,3 +317,13 @@ def test_newest_first_orders_by_generation_not_by_clock() -> None:
     format_1_early = dataclasses.replace(GOOD, generation=0, created=900.0)
     given = [format_1_early, newer_clock_older_gen, format_1_late, older_clock_newer_gen]
     assert manifest.newest_first(given) == [older_clock_newer_gen, newer_clock_older_gen, format_1_late, format_1_early]
+
+
+def test_the_writing_servers_prefill_rate_is_kept_and_a_bad_one_refused() -> None:
+    m = dataclasses.replace(GOOD, prefill_rate=412.5)
+    assert manifest.Manifest.from_json(m.to_json()) == m
+    assert manifest.Manifest.from_json(GOOD.to_json()).prefill_rate is None
+    body = json.loads(m.to_json())
+    body["prefill_rate"] = "fast"
+    with pytest.raises(ValueError, match="prefill_rate"):
+        manifest.Manifest.from_json(json.dumps(body))

@@ -245,3 +245,15 @@ def test_gc_removes_orphan_blobs_of_dead_uploads_only_after_the_grace() -> None:
     young, old = _obj("blobs", "young", age=60.0, size=5), _obj("blobs", "old", age=2 * HOUR, size=5)
     plan = gc.plan([young, old], now=now, max_age=0, max_bytes=0, grace=HOUR)
     assert plan.delete == (old.key,)
+
+
+def test_a_node_that_has_not_measured_its_rate_takes_the_snapshots_then_its_own_kept_one() -> None:
+    pick = decide.pick_prefill_rate
+    assert pick(server=900.0, snapshot=400.0, kept=300.0) == (900.0, decide.RateSource.SERVER)
+    assert pick(server=None, snapshot=400.0, kept=300.0) == (400.0, decide.RateSource.SNAPSHOT)
+    assert pick(server=None, snapshot=None, kept=300.0) == (300.0, decide.RateSource.KEPT)
+    assert pick(server=None, snapshot=0.0, kept=None) == (decide.DEFAULT_PREFILL_RATE, decide.RateSource.DEFAULT)
+    # the case of the field: 1,408 tokens, 12.6 MB; prefill at the default looked cheaper than the fetch
+    at_default = decide.fetch_or_prefill(size=12_600_000, saved_tokens=1408, bandwidth=25e6, prefill_rate=5000)
+    at_origin = decide.fetch_or_prefill(size=12_600_000, saved_tokens=1408, bandwidth=25e6, prefill_rate=400)
+    assert (at_default.verdict, at_origin.verdict) == (decide.Verdict.PREFILL, decide.Verdict.FETCH)
