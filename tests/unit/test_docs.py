@@ -286,8 +286,9 @@ def test_readme_is_a_front_page_whose_quick_start_comes_first() -> None:
         assert (ROOT / script).is_file(), script
 
 
-def test_readme_links_every_page_of_the_manual() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    linked = {target.split("#")[0] for target in LINK.findall(readme)}
-    pages = {f"docs/{p.name}" for p in DOCS.glob("*.md") if p.name != "index.md"}
-    assert pages - linked == set(), "add these pages to the README's table of the manual"
+def test_the_readme_and_the_home_page_link_every_page_of_the_manual() -> None:
+    pages = {p.name for p in DOCS.glob("*.md") if p.name != "index.md"}
+    for front, prefix in ((ROOT / "README.md", "docs/"), (DOCS / "index.md", "")):
+        linked = {target.split("#")[0] for target in LINK.findall(front.read_text(encoding="utf-8"))}
+        missing = {name for name in pages if prefix + name not in linked}
+        assert missing == set(), f"add these pages to the table of the manual in {front.name}"
