@@ -13,6 +13,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+import tomllib
 import typing
 from pathlib import Path
 from typing import Any, cast
@@ -261,6 +262,21 @@ def test_architecture_page_names_every_package() -> None:
     packages = sorted(p.parent.name for p in (ROOT / "sidecar").glob("*/__init__.py"))
     assert packages, "no package found under sidecar/"
     missing = [name for name in packages if f"`sidecar.{name}`" not in text]
+    assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+def test_architecture_page_names_every_module_of_the_import_contracts() -> None:
+    text = page("architecture.md")
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    modules = {
+        f"{container}.{name.strip()}": name.strip()
+        for contract in contracts["contracts"]
+        for container in contract.get("containers", [])
+        for layer in contract["layers"]
+        for name in layer.split("|")
+    }
+    assert len(modules) > 30, "the contracts inside the packages list their modules"
+    missing = sorted(full for full, name in modules.items() if f"`{name}`" not in text)
     assert not missing, f"docs/architecture.md does not name {missing}"
 
 
