@@ -73,7 +73,11 @@ class Engine:
         )
         self.saver.on_deferred_commit = self._committed_later
         self.restorer = restorer.Restorer(
-            slot_actions=self.actions, snapshots=snapshots, stats=stats, clock=self._clock
+            slot_actions=self.actions,
+            snapshots=snapshots,
+            stats=stats,
+            clock=self._clock,
+            identity=lambda: self.identity,
         )
         self.latest: events.Observation | None = None
         self.identity: events.Identity | None = None
@@ -113,13 +117,15 @@ class Engine:
             last_snapshot=self.saver.last,
             last_restore=tuple(self.restorer.last),
             # The older of the two: the last poll handled, and the start of the action runner's
-            # current pass (a hung disk or call stops the runner, not the polls).
-            progress_at=min(self._handled_at, self._working_since or self._handled_at),
+            # current pass or the end of its last file check (a hung disk or call stops the runner,
+            # not the polls).
+            progress_at=min(self._handled_at, self._runner_progress() or self._handled_at),
             acting=self._working_since is not None or self.acting(),
             restore_gate=self.gate.reason,
             saved=self.restorer.savings.totals(),
             recent=tuple(self.restorer.recent),
             slot_since=self._slot_since(),
+            check=self.restorer.checking,
         )
 
     def _slot_since(self) -> tuple[tuple[int, float], ...]:
@@ -294,9 +300,18 @@ class Engine:
 
     # ---- the action runner ------------------------------------------------------------------
 
+    def _runner_progress(self) -> float | None:
+        if self._working_since is None:
+            return None
+        return max(self._working_since, self.restorer.checked_at)
+
     async def run(self) -> None:
         """The action runner: check files first, then act whenever an observation asks for it."""
-        await self._precheck()
+        self._working_since = self._clock.monotonic()
+        try:
+            await self._precheck()
+        finally:
+            self._working_since = None
         while True:
             await self._wake.wait()
             self._wake.clear()

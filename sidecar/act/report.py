@@ -23,6 +23,8 @@ from typing import Protocol
 from sidecar.act import restorer, savings, snapshotter
 from sidecar.core import config, events
 
+CHECK_GRACE = 5.0
+"""Seconds past its deadline a snapshot file's check may run before the sidecar counts as stuck."""
 STALL_POLLS = 5
 """Poll intervals the loop may miss before it counts as stuck."""
 CALLS_PER_POLL = 8
@@ -54,6 +56,8 @@ class Status:
     """The newest restores and swaps that put tokens back, with their verdicts, oldest first."""
     slot_since: tuple[tuple[int, float], ...] = ()
     """(slot, Unix time its content last changed as the sidecar saw it)."""
+    check: restorer.Check | None = None
+    """The snapshot file being checked (hashed) now, and by when its check must end; None between checks."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,7 +108,19 @@ class Liveness:
         return self.poll_seconds + self.action_seconds * max(1, slots)
 
     def stall(self, status: Status, now: float) -> str | None:
-        """Why the loop counts as stuck at monotonic time ``now``, or None while it makes progress."""
+        """Why the loop counts as stuck at monotonic time ``now``, or None while it makes progress.
+
+        While a snapshot file is being checked, its own deadline decides (a hash gives up at it,
+        so a check past it is blocked in the kernel: a hung disk or mount).
+        """
+        if status.check is not None:
+            late = now - status.check.deadline
+            if late <= CHECK_GRACE:
+                return None
+            return (
+                f"the check of snapshot {status.check.file} has run {late:.0f} s past its deadline: a read of the "
+                "slot dir is blocked (a hung disk or network mount); restart the sidecar, and check that filesystem"
+            )
         quiet = now - status.progress_at
         bound = self.bound(status)
         if quiet <= bound:

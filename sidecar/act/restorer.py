@@ -37,11 +37,12 @@ import dataclasses
 import itertools
 import os
 import time
+from collections.abc import Callable
 
 import structlog
 
 from sidecar.act import actions, policy, savings
-from sidecar.core import errors, events, metrics, outcomes, protocols
+from sidecar.core import errors, events, hashing, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.restore")
@@ -102,6 +103,15 @@ class Pending:
     """The :class:`Done` entry the verdict goes to."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Check:
+    """A snapshot file being checked now (for liveness: a hash that hangs is a stuck sidecar)."""
+
+    file: str
+    deadline: float
+    """Monotonic time by which the check gives up (``hashing.deadline_for`` its size)."""
+
+
 _DETAILS = {
     Outcome.SLOT_BUSY: "slot already holds a request's tokens or is processing",
     Outcome.NO_SNAPSHOT: "no snapshot of this slot",
@@ -119,8 +129,11 @@ class Restorer:
         snapshots: store.SnapshotStore,
         stats: metrics.Metrics,
         clock: protocols.Clock,
+        identity: Callable[[], events.Identity | None] = lambda: None,
     ) -> None:
+        """``identity``: the running server's identity as last read (what every snapshot must match)."""
         self._actions = slot_actions
+        self._identity = identity
         self._snapshots = snapshots
         self._stats = stats
         self._clock = clock
@@ -135,6 +148,10 @@ class Restorer:
         self._verification_off_said = False
         self._acted = 0
         """Files hashed and restore calls made: a view read before either is no longer fresh."""
+        self.checking: Check | None = None
+        """The file being checked now; None between checks."""
+        self.checked_at = float("-inf")
+        """Monotonic time the last check ended (progress, for liveness)."""
 
     async def precheck(self) -> None:
         """Check the newest good snapshot of every slot now, so the restore round does not hash.
@@ -188,10 +205,14 @@ class Restorer:
     ) -> tuple[RestoreRecord, events.SlotView | None]:
         """Restore ``candidate`` into ``slot``, replacing what it holds (its owner saved it first).
 
-        For the library's swaps: the file is checked, the slot read right
-        before the call and never restored into while it is processing, and
-        read again after it to catch a racing request, as in a restore round.
-        Returns the record and the slot as read after a successful restore.
+        For the library's swaps and the shared store's fetches: the snapshot
+        must fit the running server (:func:`manifest.incompatibilities`, the
+        check of a restore round: weights, adapters, build, slot count, the
+        slot's context) and pass its size and checksum check; the slot is
+        read right before the call and never restored into while it is
+        processing, and read again after it to catch a racing request, as in a
+        restore round. Returns the record and the slot as read after a
+        successful restore.
         """
         async with self._actions.lock:
             if not await self._check(candidate):
@@ -200,6 +221,18 @@ class Restorer:
             view, problem = await self._read(slot)
             if view is None:
                 return self._count(slot, Outcome.FAILED, problem), None
+            refusal = self.refusal(candidate, n_ctx=view.n_ctx)
+            if refusal:
+                log.warning(
+                    "snapshot_incompatible",
+                    slot=slot,
+                    file=candidate.file,
+                    differences=refusal,
+                    effect="not restored: the request runs without it, prefilled by llama-server",
+                    hint="a snapshot of another model, adapters, build or slot count reached this node "
+                    "(copied into the slot dir or the shared store); remove it if it keeps coming back",
+                )
+                return self._count(slot, Outcome.INCOMPATIBLE, refusal, candidate.file), None
             if view.processing:
                 return self._count(slot, Outcome.SLOT_BUSY, "the slot is processing a request"), None
             record, restored = await self._send(
@@ -209,6 +242,18 @@ class Restorer:
                 return record, None
             after, _ = await self._read(slot)
             return record, after
+
+    def refusal(self, candidate: manifest.Manifest, *, n_ctx: int) -> str:
+        """Why ``candidate`` cannot go into a slot of ``n_ctx`` on the running server; "" if it can.
+
+        The one compatibility check of every road into a slot (restart restore,
+        admin restore, library swap, shared-store fetch): the same function the
+        restore round's plan applies.
+        """
+        identity = self._identity()
+        if identity is None:
+            return "the server's identity (/props) is not read yet: nothing can be matched against it"
+        return "; ".join(manifest.incompatibilities(candidate, identity, slot_n_ctx=n_ctx))
 
     async def _restore_slot(
         self,
@@ -323,10 +368,18 @@ class Restorer:
         return view, "" if view is not None else "slot vanished from /slots"
 
     async def _check(self, candidate: manifest.Manifest) -> bool:
-        """Whether ``candidate`` passes its size and sha256 check (cached while the file is unchanged)."""
+        """Whether ``candidate`` passes its size and checksum check (cached while the file is unchanged)."""
         if self._checked_unchanged(candidate):
             return True
+        try:
+            return await self._hash_check(candidate)
+        finally:
+            self.checking = None
+            self.checked_at = self._clock.monotonic()
+
+    async def _hash_check(self, candidate: manifest.Manifest) -> bool:
         self._acted += 1
+        self.checking = Check(candidate.file, self._clock.monotonic() + hashing.deadline_for(candidate.bytes))
         try:
             await asyncio.to_thread(self._snapshots.verify, candidate)
             stamp = await asyncio.to_thread(self._stamp, candidate.file)
@@ -348,7 +401,7 @@ class Restorer:
 
     def _stamp(self, file: str) -> _Stamp | None:
         try:
-            st = os.stat(self._snapshots.dir / file)
+            st = os.lstat(self._snapshots.dir / file)  # a file swapped for a link is a new file
         except OSError:
             return None
         return st.st_size, st.st_mtime_ns, st.st_ino

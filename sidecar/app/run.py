@@ -9,6 +9,12 @@ the stop flag; the stopper then raises :class:`Terminate` to cancel the
 group (Python 3.11 has no ``TaskGroup.cancel``). After the group, whether it
 ended by signal or by a crash, the final snapshots run under a time budget,
 then the watchdog observer, the HTTP server and the session are closed.
+
+A signal also arms a last resort: if the process has not exited
+``EXIT_MARGIN`` seconds after ``--final-timeout``, it exits at once
+(``exit_forced``, status 1). A worker thread blocked in the kernel (a read
+of a hung disk or network mount) cannot be cancelled, and the interpreter
+would otherwise wait for it forever before exiting.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import signal
+import sys
+import threading
 import time
 
 import aiohttp
@@ -36,6 +45,11 @@ from sidecar.shared import service
 from sidecar.snapshots import dirlock, store, watcher
 
 log = structlog.get_logger("sidecar.app")
+
+
+EXIT_MARGIN = 5.0
+"""Seconds past --final-timeout a signalled process may take to close its servers before it is ended."""
+EXIT_STATUS_FORCED = 1
 
 
 class Terminate(Exception):
@@ -114,7 +128,7 @@ async def _run(
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, _on_signal, stop, settings.snapshots.final_timeout + EXIT_MARGIN)
     async with aiohttp.ClientSession(raise_for_status=False) as session:
         client = upstream.LlamaClient(session, settings.upstream)
         clock = protocols.SystemClock()
@@ -191,6 +205,33 @@ async def _run(
             await _shutdown(core, settings, watch, handle)
             if shared is not None:
                 await shared.close()
+
+
+def _on_signal(stop: asyncio.Event, budget: float) -> None:
+    """Stop the task group, and make sure the process ends within ``budget`` seconds whatever hangs."""
+    if stop.is_set():
+        return
+    stop.set()
+    timer = threading.Timer(budget, _force_exit, args=(budget,))
+    timer.daemon = True  # a process that ends in time does not wait for it
+    timer.name = "exit deadline"
+    timer.start()
+
+
+def _force_exit(budget: float) -> None:
+    stuck = sorted(t.name for t in threading.enumerate() if t.is_alive() and t is not threading.current_thread())
+    log.error(
+        "exit_forced",
+        seconds=budget,
+        threads=stuck,
+        effect=f"the process exits now with status {EXIT_STATUS_FORCED}, {budget:g} s after the signal "
+        "(--final-timeout plus the margin to close its servers); snapshots committed before stay good",
+        hint="a worker thread was blocked, most likely reading the slot dir: check its disk or mount",
+    )
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(EXIT_STATUS_FORCED)
 
 
 def _shared_store(
@@ -274,6 +315,16 @@ async def _shutdown(
         log.info("stopped")
 
 
+_QUARANTINE_HINTS = {
+    "checksum": "the file changed on disk after it was saved: check the disk, and who writes the slot dir",
+    "size": "the file was truncated, grew or vanished after it was saved: check the disk and free space",
+    "manifest": "the manifest is damaged or names another file: check who writes the slot dir",
+    "not_regular": "a symbolic link, FIFO or device was put in the slot dir under a snapshot's name; only "
+    "llama-server and the sidecar should write there: check the volume's owners and mounts",
+    "oversized": "no manifest is that large: something other than the sidecar wrote it; check who writes the slot dir",
+}
+
+
 def _quarantined(stats: metrics.Metrics, file: str, reason: str, detail: str) -> None:
     label = reason if reason in metrics.QUARANTINE_REASONS else "manifest"
     stats.quarantined.labels(label).inc()
@@ -282,7 +333,8 @@ def _quarantined(stats: metrics.Metrics, file: str, reason: str, detail: str) ->
         file=file,
         reason=reason,
         detail=detail,
-        effect="never restored; kept with a .quarantined suffix for inspection",
+        effect="refused: never read further nor restored; renamed with a .quarantined suffix for inspection",
+        hint=_QUARANTINE_HINTS.get(label, _QUARANTINE_HINTS["manifest"]),
     )
 
 

@@ -13,6 +13,7 @@ handle a closed set of types::
     │   └── UpstreamProtocolError  an answer we cannot parse or that lacks fields
     ├── SnapshotError              a snapshot file failed a check or an I/O step
     ├── SharedStoreError           the shared store (S3, shared filesystem) did not do what was asked
+    │   └── SharedObjectRefused    an object it holds is refused (corrupt, oversized, unreadable)
     └── ConfigError                a flag or environment variable is unusable
 
 The poller turns ``UpstreamError`` into an observation ("server down");
@@ -83,6 +84,19 @@ class SharedStoreError(SidecarError):
         self.operation = operation
         self.missing = missing
         """The object does not exist (a 404, or a file that is not there)."""
+
+
+class SharedObjectRefused(SharedStoreError):
+    """The store answered, but what it holds is refused: ``reason`` is an ``outcomes.SharedRefusal`` value.
+
+    Not an outage: the object is damaged or hostile (a blob that does not
+    match its manifest, a manifest object too large to be one), so it is
+    never read again, whatever the store does next.
+    """
+
+    def __init__(self, message: str, *, operation: str, reason: str) -> None:
+        super().__init__(message, operation=operation)
+        self.reason = reason
 
 
 class ConfigError(SidecarError):

@@ -22,10 +22,11 @@ VERIFY_OUTCOMES = tuple(v.value for v in outcomes.Verification)
 GC_REASONS = ("keep", "superseded", "bytes", "age")
 CONVERSATION_SOURCES = tuple(s.value for s in outcomes.Source)
 UNROUTED_REASONS = tuple(r.value for r in outcomes.Unrouted)
-QUARANTINE_REASONS = ("checksum", "size", "manifest")
+QUARANTINE_REASONS = ("checksum", "size", "manifest", "not_regular", "oversized")
 SLOT_DIR_OPERATIONS = ("read", "write", "scan")
 SHARED_DIRECTIONS = ("up", "down")
 SHARED_OPERATIONS = ("put", "get", "list", "delete")
+SHARED_REFUSALS = tuple(r.value for r in outcomes.SharedRefusal)
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _HOLD = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -169,7 +170,9 @@ class Metrics:
         self.quarantined = Counter(
             "snapshots_quarantined",
             "Snapshot files taken out of use, by reason: checksum (bytes changed), size (truncated "
-            "or missing), manifest (unreadable or inconsistent manifest).",
+            "or missing), manifest (unreadable or inconsistent manifest), not_regular (a snapshot's name "
+            "is a symbolic link, FIFO or device: never read nor restored), oversized (a manifest larger "
+            "than any manifest, refused unread).",
             ["reason"],
             namespace=NAMESPACE,
             registry=registry,
@@ -319,6 +322,17 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.shared_refused = Counter(
+            "shared_store_refused",
+            "Objects of the shared store this node refused, by reason: incompatible (the snapshot's "
+            "manifest names other weights, adapters, build or slot count than this server's), corrupt "
+            "(the blob does not match its manifest's size or checksum), oversized (a manifest object "
+            "larger than any manifest, refused unread), unreadable (a manifest that does not parse). "
+            "Never fetched again nor restored by this node; the request is prefilled instead.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.shared_pending = Gauge(
             "shared_store_pending_uploads",
             "Committed snapshots waiting to be uploaded to the shared store (grows while it is down).",
@@ -331,6 +345,8 @@ class Metrics:
             self.shared_transfer.labels(direction)
         for operation in SHARED_OPERATIONS:
             self.shared_errors.labels(operation)
+        for reason in SHARED_REFUSALS:
+            self.shared_refused.labels(reason)
         for outcome in VERIFY_OUTCOMES:
             self.restore_verifications.labels(outcome)
         for route in outcomes.Route:  # at zero without the proxy too, so dashboards and alerts see series

@@ -66,6 +66,19 @@ class Verification(enum.StrEnum):
     INEFFECTIVE = "ineffective"
 
 
+class SharedRefusal(enum.StrEnum):
+    """Why an object of the shared store was refused (``shared_store_refused_total{reason}``)."""
+
+    INCOMPATIBLE = "incompatible"
+    """Its manifest does not fit this server (weights, adapters, build, slot count): the key prefix is no proof."""
+    CORRUPT = "corrupt"
+    """Its blob does not match its manifest's size or checksum (damaged or tampered with)."""
+    OVERSIZED = "oversized"
+    """A manifest object larger than any manifest can be: refused unread."""
+    UNREADABLE = "unreadable"
+    """A manifest object that does not parse."""
+
+
 class Source(enum.StrEnum):
     """Where a request's prefix comes from (``conversation_requests_total{source}``)."""
 

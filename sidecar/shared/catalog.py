@@ -9,6 +9,12 @@ snapshots, and since manifests are immutable each is read once and cached
 by key; only keys that appeared since the last listing are fetched. The
 listing is refreshed at most every ``refresh_every`` seconds.
 
+A manifest object is read only if the listing gives it a size a manifest
+can have (``manifest.MAX_BYTES``), and then with a read bounded by that
+size, so an object of any size under the manifests prefix costs a node at
+most that much memory; a larger one, or one that does not parse, is
+refused (``on_refused``) and never read again.
+
 :func:`best_match` is pure: the manifest sharing the longest prefix of
 blocks with the request, among those that fit the slot's context.
 """
@@ -22,7 +28,7 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from sidecar.core import errors
+from sidecar.core import errors, outcomes
 from sidecar.shared import keys, objstore, records
 from sidecar.snapshots import manifest, slotfile
 
@@ -72,12 +78,14 @@ class Catalog:
         refresh_every: float = REFRESH_EVERY,
         mono: Callable[[], float] = time.monotonic,
         on_error: Callable[[errors.SharedStoreError], None] = lambda exc: None,
+        on_refused: Callable[[str, outcomes.SharedRefusal, str], None] = lambda key, reason, detail: None,
     ) -> None:
         self._store = store
         self._prefix = prefix
         self._refresh_every = refresh_every
         self._mono = mono
         self._on_error = on_error
+        self._on_refused = on_refused
         self._records: dict[str, records.SharedRecord | None] = {}
         """Every manifest key read so far; None for one that does not parse (not read again)."""
         self._listed: dict[str, tuple[float, list[str]]] = {}
@@ -89,6 +97,14 @@ class Catalog:
             listed = self._listed.get(ns)
             if listed is None or self._mono() - listed[0] >= self._refresh_every:
                 infos = await self._store.list_objects(keys.manifests_under(self._prefix, ns))
+                for info in infos:
+                    if info.size > manifest.MAX_BYTES and info.key not in self._records:
+                        self._records[info.key] = None  # refused unread, and never read
+                        self._on_refused(
+                            info.key,
+                            outcomes.SharedRefusal.OVERSIZED,
+                            f"{info.size} bytes; a manifest is at most {manifest.MAX_BYTES}",
+                        )
                 listed = (self._mono(), [i.key for i in infos if keys.is_manifest(i.key)])
                 self._listed[ns] = listed
             unread = [key for key in listed[1] if key not in self._records]
@@ -98,7 +114,11 @@ class Catalog:
 
     async def _read(self, key: str) -> None:
         try:
-            raw = await self._store.get_bytes(key)
+            raw = await self._store.get_bytes(key, limit=manifest.MAX_BYTES)
+        except errors.SharedObjectRefused as exc:
+            self._records[key] = None
+            self._on_refused(key, outcomes.SharedRefusal(exc.reason), str(exc))
+            return
         except errors.SharedStoreError as exc:
             if not exc.missing:
                 self._on_error(exc)  # read again at the next listing
@@ -107,7 +127,7 @@ class Catalog:
             self._records[key] = records.SharedRecord.from_json(raw)
         except (ValueError, manifest.NewerFormatError) as exc:
             self._records[key] = None
-            log.warning("shared_manifest_unreadable", key=key, error=str(exc), effect="ignored by this node")
+            self._on_refused(key, outcomes.SharedRefusal.UNREADABLE, str(exc))
 
     def forget(self, ns: str) -> None:
         """List ``ns`` again at the next call (after this node published into it)."""

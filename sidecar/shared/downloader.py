@@ -2,8 +2,9 @@
 
 The blob is streamed into a temporary name (``.tmp-slot<id>-…``, which
 nothing restores and the next start-up removes), its size and checksum are
-compared with the shared manifest's while it is written, and only then is
-it committed like a snapshot the server just saved: the store renames it to
+compared with the shared manifest's while it is written (the download stops
+as soon as the blob runs past the manifest's size), and only then is it
+committed like a snapshot the server just saved: the store renames it to
 its final name and writes the local manifest last. From there the local
 library, the restorer and retention see it like any other snapshot.
 """
@@ -21,7 +22,7 @@ from typing import Protocol
 import structlog
 import xxhash
 
-from sidecar.core import errors, hashing, metrics
+from sidecar.core import errors, hashing, metrics, outcomes
 from sidecar.shared import decide, objstore, records
 from sidecar.snapshots import manifest, store
 
@@ -43,15 +44,11 @@ async def fetch(
     path = snapshots.dir / temp
     started = time.perf_counter()
     try:
-        size, digest = await _download(store_, shared.blob, path, want.checksum.algorithm)
+        size, digest = await _download(store_, shared.blob, path, want.checksum.algorithm, limit=want.bytes)
         if size != want.bytes:
-            raise errors.SharedStoreError(
-                f"{shared.blob} has {size} bytes, its shared manifest says {want.bytes}", operation="get"
-            )
+            raise _corrupt(f"{shared.blob} holds {size} bytes, its shared manifest says {want.bytes}")
         if digest != want.checksum.digest:
-            raise errors.SharedStoreError(
-                f"{shared.blob} does not match its {want.checksum.algorithm} checksum", operation="get"
-            )
+            raise _corrupt(f"{shared.blob} does not match its shared manifest's {want.checksum.algorithm} checksum")
         committed = await asyncio.to_thread(
             snapshots.commit,
             temp,
@@ -85,10 +82,18 @@ async def fetch(
     return committed
 
 
+def _corrupt(detail: str) -> errors.SharedObjectRefused:
+    return errors.SharedObjectRefused(detail, operation="get", reason=outcomes.SharedRefusal.CORRUPT)
+
+
 async def _download(
-    store_: objstore.ObjectStore, key: str, path: Path, algorithm: hashing.Algorithm
+    store_: objstore.ObjectStore, key: str, path: Path, algorithm: hashing.Algorithm, *, limit: int
 ) -> tuple[int, str]:
-    """Stream ``key`` into ``path`` (created exclusively), hashing as it goes; (bytes, hex digest)."""
+    """Stream ``key`` into ``path`` (created exclusively), hashing as it goes; (bytes, hex digest).
+
+    Stops once past ``limit`` bytes (the manifest's size): a blob larger than it says is refused
+    without downloading the rest.
+    """
     hasher = _hasher(algorithm)
     size = 0
     try:
@@ -99,6 +104,8 @@ async def _download(
         async for chunk in store_.stream(key):
             hasher.update(chunk)
             size += len(chunk)
+            if size > limit:
+                raise _corrupt(f"{key} holds more than the {limit} bytes its shared manifest says")
             await asyncio.to_thread(fh.write, chunk)
     return size, hasher.hexdigest()
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -85,8 +87,17 @@ class FileStore:
         finally:
             fh.close()
 
-    async def get_bytes(self, key: str) -> bytes:
-        return b"".join([chunk async for chunk in self.stream(key)])
+    async def get_bytes(self, key: str, *, limit: int) -> bytes:
+        """The file's first ``limit + 1`` bytes at most: a larger file is refused, never read whole."""
+        try:
+            data = await asyncio.to_thread(_read_head, self._path(key), limit + 1)
+        except FileNotFoundError as exc:
+            raise errors.SharedStoreError(
+                f"{key} is not in {self.root}", operation=Operation.GET, missing=True
+            ) from exc
+        except OSError as exc:
+            raise errors.SharedStoreError(f"reading {key}: {exc}", operation=Operation.GET) from exc
+        return objstore.bounded(key, data, limit)
 
     async def head(self, key: str) -> objstore.ObjectInfo | None:
         try:
@@ -129,6 +140,17 @@ class FileStore:
                 continue
             except OSError as exc:
                 raise errors.SharedStoreError(f"deleting {key}: {exc}", operation=Operation.DELETE) from exc
+
+
+def _read_head(path: Path, size: int) -> bytes:
+    """Up to ``size`` bytes of a regular file (a FIFO or device under the store's root is refused)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
 
 
 def _copy(path: Path, fh: BinaryIO) -> None:

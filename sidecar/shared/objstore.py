@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Protocol
 
+from sidecar.core import errors, outcomes
+
 PART_BYTES = 8 << 20
 """Multipart part size and read chunk: 8 MiB (S3 allows 10,000 parts: objects up to 80 GB)."""
 
@@ -60,7 +62,10 @@ class ObjectStore(Protocol):
         """The object's bytes in chunks; SharedStoreError(missing=True) if there is no such key."""
         ...
 
-    async def get_bytes(self, key: str) -> bytes: ...
+    async def get_bytes(self, key: str, *, limit: int) -> bytes:
+        """The whole object if it holds at most ``limit`` bytes; ``errors.SharedObjectRefused`` (oversized)
+        if it holds more, without reading more than ``limit + 1`` bytes."""
+        ...
 
     async def head(self, key: str) -> ObjectInfo | None:
         """The object's size and time, None if there is no such key."""
@@ -75,3 +80,14 @@ class ObjectStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def bounded(key: str, data: bytes, limit: int) -> bytes:
+    """``data`` read with a bound of ``limit + 1`` bytes, refused if it reached past ``limit``."""
+    if len(data) > limit:
+        raise errors.SharedObjectRefused(
+            f"{key} holds more than {limit} bytes: refused without reading the rest",
+            operation=Operation.GET,
+            reason=outcomes.SharedRefusal.OVERSIZED,
+        )
+    return data

@@ -38,6 +38,7 @@ READ_TIMEOUT = 60.0
 _TRANSPORT = (botocore.exceptions.BotoCoreError, OSError, asyncio.TimeoutError)
 _ABSENT = ("404", "NoSuchKey", "NotFound")
 _TAKEN = ("412", "PreconditionFailed")
+_EMPTY_RANGE = ("416", "InvalidRange")
 
 
 class S3Store:
@@ -161,8 +162,20 @@ class S3Store:
         except (botocore.exceptions.ClientError, *_TRANSPORT) as exc:
             raise _wrap(exc, Operation.GET, key) from exc
 
-    async def get_bytes(self, key: str) -> bytes:
-        return b"".join([chunk async for chunk in self.stream(key)])
+    async def get_bytes(self, key: str, *, limit: int) -> bytes:
+        """The object, read with a range of ``limit + 1`` bytes: a larger object is refused, never read whole."""
+        s3 = await self._s3()
+        try:
+            reply = await s3.get_object(Bucket=self._bucket, Key=key, Range=f"bytes=0-{limit}")
+            async with reply["Body"] as body:
+                data = await body.read(limit + 1)
+        except botocore.exceptions.ClientError as exc:
+            if _code(exc) in _EMPTY_RANGE:
+                return b""  # a range of an empty object
+            raise _wrap(exc, Operation.GET, key) from exc
+        except _TRANSPORT as exc:
+            raise _wrap(exc, Operation.GET, key) from exc
+        return objstore.bounded(key, data, limit)
 
     async def head(self, key: str) -> objstore.ObjectInfo | None:
         s3 = await self._s3()

@@ -11,17 +11,29 @@
 
 None of them raises when the store is down or slow: errors are counted in
 ``shared_store_errors_total``, logged, and the caller goes on locally.
+
+The namespace a manifest is listed under is not a proof of what it holds:
+anyone who can write the bucket can put any snapshot under any key. So
+:meth:`lookup` and :meth:`warm` match every shared manifest against the
+running server with the restore round's own check
+(``manifest.incompatibilities``) and skip those that do not fit; a blob that
+does not match its manifest's size or checksum is refused as corrupt. Either
+is said once per object (``shared_snapshot_refused``), counted in
+``shared_store_refused_total{reason}``, and never fetched again by this
+process. The restorer checks the fetched snapshot once more before the
+server sees it (``Restorer.swap_in``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 import structlog
 
-from sidecar.core import errors, events, location, metrics
+from sidecar.core import errors, events, location, metrics, outcomes
 from sidecar.shared import catalog, connect, decide, downloader, keys, objstore, records, uploader
-from sidecar.snapshots import manifest, store
+from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.shared")
 WARM_TIMEOUT = 60.0
@@ -42,9 +54,11 @@ class SharedStore:
         prefix = where.key_prefix
         self._snapshots = snapshots
         self._stats = stats
+        self._refused: set[str] = set()
+        """Keys of the blobs this process refused (incompatible or corrupt): never fetched again."""
         self.rate = decide.Rate()
         """Measured bandwidth of this node's transfers (bytes per second)."""
-        self.catalog = catalog.Catalog(self.objects, prefix, on_error=self._count)
+        self.catalog = catalog.Catalog(self.objects, prefix, on_error=self._count, on_refused=self._refused_manifest)
         self.uploader = uploader.Uploader(
             self.objects,
             prefix=prefix,
@@ -76,12 +90,53 @@ class SharedStore:
     async def lookup(
         self, identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int
     ) -> catalog.Match | None:
-        """The shared snapshot sharing the longest prefix with ``chain``; None if none, or the store failed."""
+        """The shared snapshot sharing the longest prefix with ``chain`` that fits this server; None if none,
+        or the store failed."""
         try:
-            return await self.catalog.lookup(self.namespace(identity), chain, max_tokens=max_tokens)
+            found = await self.catalog.records(self.namespace(identity))
         except errors.SharedStoreError as exc:
             self._failed(exc, "lookup")
             return None
+        return catalog.best_match(
+            self._fitting(found, identity, max_tokens=max_tokens),
+            chain,
+            max_tokens=max_tokens,
+            block_tokens=slotfile.BLOCK_TOKENS,
+        )
+
+    def _fitting(
+        self, found: Iterable[records.SharedRecord], identity: events.Identity, *, max_tokens: int
+    ) -> list[records.SharedRecord]:
+        """The records of ``found`` this server can restore; the others are refused (said once, counted)."""
+        fitting: list[records.SharedRecord] = []
+        for record in found:
+            if record.blob in self._refused:
+                continue
+            if record.snapshot.tokens > max_tokens:
+                continue  # too long for these slots, not foreign: another server of the namespace may take it
+            problems = manifest.incompatibilities(record.snapshot, identity, slot_n_ctx=max_tokens)
+            if problems:
+                self._refuse(record.blob, outcomes.SharedRefusal.INCOMPATIBLE, "; ".join(problems))
+                continue
+            fitting.append(record)
+        return fitting
+
+    def _refuse(self, key: str, reason: outcomes.SharedRefusal, detail: str) -> None:
+        if key in self._refused:
+            return
+        self._refused.add(key)
+        self._stats.shared_refused.labels(reason.value).inc()
+        log.error(
+            "shared_snapshot_refused",
+            key=key,
+            reason=reason.value,
+            detail=detail,
+            effect="never fetched nor restored by this node; requests it would have served are prefilled",
+            hint=_HINTS[reason],
+        )
+
+    def _refused_manifest(self, key: str, reason: outcomes.SharedRefusal, detail: str) -> None:
+        self._refuse(key, reason, detail)
 
     def worth(self, match: catalog.Match, *, cached_tokens: int, prefill_rate: float) -> decide.Estimate:
         """Whether fetching ``match`` beats prefilling what it adds over ``cached_tokens`` already at hand."""
@@ -98,6 +153,8 @@ class SharedStore:
             return await downloader.fetch(
                 self.objects, shared, snapshots=self._snapshots, slot=slot, stats=self._stats, rate=self.rate
             )
+        except errors.SharedObjectRefused as exc:
+            self._refuse(shared.blob, outcomes.SharedRefusal(exc.reason), str(exc))
         except errors.SharedStoreError as exc:
             self._failed(exc, "fetch")
         except errors.SnapshotError as exc:
@@ -118,7 +175,10 @@ class SharedStore:
                 except errors.SharedStoreError as exc:
                     self._failed(exc, "warm")
                     return []
-                fresh = sorted((r for r in found if r.snapshot.checksum.digest not in local), key=lambda r: -r.uploaded)
+                fitting = self._fitting(found, identity, max_tokens=max(v.n_ctx for v in empty))
+                fresh = sorted(
+                    (r for r in fitting if r.snapshot.checksum.digest not in local), key=lambda r: -r.uploaded
+                )
                 for view in empty:
                     pick = next((r for r in fresh if r.snapshot.tokens <= view.n_ctx), None)
                     if pick is None:
@@ -145,3 +205,15 @@ class SharedStore:
             error=str(exc),
             effect="served from the local slot dir only",
         )
+
+
+_HINTS = {
+    outcomes.SharedRefusal.INCOMPATIBLE: "a snapshot of another model, adapters, build or slot count was put "
+    "under this server's key prefix; remove the object, and check who may write the bucket",
+    outcomes.SharedRefusal.CORRUPT: "the blob was damaged or replaced after it was published; remove the "
+    "object and its manifest (the node that made it uploads its snapshots again only under a new checksum)",
+    outcomes.SharedRefusal.OVERSIZED: "no manifest is that large: something other than this sidecar wrote "
+    "under the manifests prefix; remove the object, and check who may write the bucket",
+    outcomes.SharedRefusal.UNREADABLE: "the manifest object does not parse (damaged, or written by another "
+    "program); remove it, or upgrade this node if a newer llama-kv-sidecar wrote it",
+}

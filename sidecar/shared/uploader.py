@@ -31,7 +31,7 @@ from pathlib import Path
 
 import structlog
 
-from sidecar.core import errors, metrics
+from sidecar.core import errors, metrics, safeio
 from sidecar.shared import decide, keys, objstore, records
 from sidecar.snapshots import manifest, slotfile, store
 
@@ -172,7 +172,7 @@ def _chain(record: manifest.Manifest, path: Path) -> tuple[str, ...]:
         return record.index.chain  # read from the file at commit
     try:
         tokens = slotfile.read_tokens(path)
-    except (slotfile.SlotFileError, OSError):
+    except (slotfile.SlotFileError, safeio.Refused, OSError):
         return ()
     return slotfile.prefix_hashes(tokens.data)
 

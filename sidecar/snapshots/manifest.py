@@ -32,6 +32,12 @@ from sidecar.core import events, hashing
 FORMAT = 2
 """Format of the manifests this sidecar writes."""
 READABLE = (1, 2)
+MAX_BYTES = 1 << 20
+"""Largest manifest (local, or a shared manifest object) the sidecar reads; a larger one is refused unread.
+
+A manifest without an index is under 1 KB; the index adds about 40 bytes per
+block of ``slotfile.BLOCK_TOKENS`` tokens (a shared manifest carries the chain
+twice, compact): a 1M-token snapshot's shared manifest is about 600 KB."""
 NAME_RE = re.compile(r"^(?:(?P<tag>[A-Za-z0-9_.-]{1,80})--)?slot(?P<slot>\d{1,4})-(?P<stamp>\d{8}T\d{12}Z)\.bin$")
 """Final snapshot names: ``slot<id>-<UTC yyyymmddThhmmssffffff>Z.bin``, behind ``<model tag>--`` in router mode."""
 

@@ -40,6 +40,17 @@ class SlotDir:
         self.problem = ""
         return found
 
+    def names(self) -> list[str]:
+        """Names of every entry but directories (FIFOs, links, devices too); raises OSError if unlistable."""
+        found = []
+        with os.scandir(self.path) as it:
+            for entry in it:
+                with contextlib.suppress(OSError):
+                    if not entry.is_dir(follow_symlinks=False):
+                        found.append(entry.name)
+        self.problem = ""
+        return found
+
     def measure(self) -> tuple[int, int] | str:
         """(bytes of its files, bytes free for unprivileged users), or the problem that stopped it."""
         try:
@@ -81,8 +92,9 @@ class SlotDir:
         return problem
 
     def exists(self, name: str) -> bool:
+        """Whether the name is taken (by anything, a dangling symbolic link too)."""
         try:
-            return (self.path / name).exists()
+            return os.path.lexists(self.path / name)
         except OSError:
             return False
 

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import struct
 from pathlib import Path
+
+from sidecar.core import safeio
 
 MAGIC = 0x67677371
 """``LLAMA_STATE_SEQ_MAGIC`` ("ggsq")."""
@@ -63,7 +66,8 @@ class SlotTokens:
 
 def read_tokens(path: Path) -> SlotTokens:
     """Read the token ids at the head of the slot file at ``path``; raise SlotFileError if unreadable."""
-    with path.open("rb") as fh:
+    fd, st = safeio.open_regular(path)  # never a link out of the slot dir, never a FIFO or device
+    with os.fdopen(fd, "rb") as fh:
         head = fh.read(_HEAD.size)
         if len(head) < _HEAD.size:
             raise SlotFileError(f"{path.name} is shorter than a slot file header", reason="short")
@@ -75,7 +79,7 @@ def read_tokens(path: Path) -> SlotTokens:
                 f"{path.name} is slot file version {version}; this sidecar reads version {VERSION}",
                 reason="version",
             )
-        size = path.stat().st_size
+        size = st.st_size
         if _HEAD.size + n_words * _WORD > size:
             raise SlotFileError(
                 f"{path.name} declares {n_words} token words but holds {size} bytes", reason="truncated"

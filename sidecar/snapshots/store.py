@@ -18,8 +18,13 @@ directory, and snapshots are ordered by it, never by the wall clock: a
 clock stepped back cannot make a new snapshot look older than the last.
 
 Only proof of bad content (a checksum or size that does not match, a
-manifest that does not parse) takes a snapshot out of use: its files are
-renamed with a ``.quarantined`` suffix. An I/O error (EIO, EACCES, a file
+manifest that does not parse, a name that is not a regular file or a
+manifest larger than any manifest) takes a snapshot out of use: its files
+are renamed with a ``.quarantined`` suffix. Every file of the directory is
+read through :mod:`sidecar.core.safeio` (no symbolic links, regular files
+only, sizes bounded before anything is read, hashes bounded by the
+manifest's size and a deadline), so no file put there can hang the sidecar
+or be handed to the server from outside the directory. An I/O error (EIO, EACCES, a file
 vanishing between two calls) proves nothing about the content: the read is
 retried, then reported through ``on_io_error`` and left for the next scan.
 A manifest of a newer format is left alone and reported once through
@@ -42,7 +47,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from sidecar.core import errors, hashing
+from sidecar.core import errors, hashing, safeio
 from sidecar.snapshots import manifest, slotdir, slotfile
 
 TEMP_PREFIX = slotdir.TEMP_PREFIX
@@ -68,9 +73,13 @@ class Problem(enum.StrEnum):
     MISSING = "missing"
     """The server's file is not in the slot dir (another directory, or gone)."""
     EMPTY = "empty"
+    NOT_REGULAR = "not_regular"
+    """A snapshot's name is a symbolic link, a FIFO, a device, ...: never read, never restored."""
+    OVERSIZED = "oversized"
+    """A manifest larger than ``manifest.MAX_BYTES``: refused unread."""
 
 
-BAD_CONTENT = frozenset({Problem.CHECKSUM, Problem.SIZE, Problem.MANIFEST})
+BAD_CONTENT = frozenset({Problem.CHECKSUM, Problem.SIZE, Problem.MANIFEST, Problem.NOT_REGULAR, Problem.OVERSIZED})
 """The only reasons that quarantine a snapshot."""
 
 
@@ -259,7 +268,7 @@ class SnapshotStore:
         """
         findings: list[str] = []
         try:
-            names = {e.name for e in self._fs.files()}
+            names = set(self._fs.names())  # not only regular files: a hostile one is refused by name
         except FileNotFoundError as exc:
             self._fs.failed("scan", exc)
             names = set()
@@ -304,7 +313,7 @@ class SnapshotStore:
         if not manifest.NAME_RE.match(bin_name):
             return
         try:
-            present = (self.dir / json_name).exists() and (self.dir / bin_name).exists()
+            present = os.path.lexists(self.dir / json_name) and os.path.lexists(self.dir / bin_name)
             loaded = self._load(json_name) if present else None
         except OSError:
             return  # reported by _load or below; the index keeps what it knew
@@ -342,7 +351,10 @@ class SnapshotStore:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _read(self, json_name: str, bin_name: str) -> manifest.Manifest:
-        raw = (self.dir / json_name).read_bytes()
+        try:
+            raw = safeio.read_bounded(self.dir / json_name, manifest.MAX_BYTES)
+        except safeio.Refused as exc:
+            raise _BadContent(Problem(exc.reason), f"manifest refused unread: {exc}") from exc
         try:
             loaded = manifest.Manifest.from_json(raw.decode())
         except (ValueError, UnicodeDecodeError) as exc:
@@ -350,9 +362,11 @@ class SnapshotStore:
         if bin_name != loaded.file:
             raise _BadContent(Problem.MANIFEST, "manifest names another file")
         try:
-            size = (self.dir / loaded.file).stat().st_size
+            size = safeio.lstat_regular(self.dir / loaded.file).st_size
+        except safeio.Refused as exc:
+            raise _BadContent(Problem.NOT_REGULAR, f"snapshot refused: {exc}") from exc
         except FileNotFoundError:
-            if not (self.dir / json_name).exists():
+            if not os.path.lexists(self.dir / json_name):
                 raise  # both gone: deleted meanwhile, not damage
             raise _BadContent(Problem.SIZE, "snapshot file is missing") from None
         if size != loaded.bytes:
@@ -390,7 +404,7 @@ class SnapshotStore:
         path = self.dir / temp
         with self._removed_if_failed(temp, f"committing {temp}"):
             size = self._check_written(temp, tokens=tokens, written=written)
-            digest = hashing.digest_and_sync(path, pause=pause)
+            digest = hashing.digest_and_sync(path, pause=pause, limit=size)
             index = self._read_index(path)
             os.chmod(path, FILE_MODE)
             now = self._clock() if created is None else created
@@ -433,6 +447,12 @@ class SnapshotStore:
         """Remove ``name`` if the block raises; an OSError becomes a SnapshotError (``io``) saying what failed."""
         try:
             yield
+        except safeio.Refused as exc:
+            self._fs.unlink(name)
+            raise errors.SnapshotError(f"{doing} refused: {exc}", reason=Problem.NOT_REGULAR) from exc
+        except hashing.Overdue as exc:
+            self._fs.unlink(name)
+            raise errors.SnapshotError(f"{doing}: {exc}", reason=Problem.IO) from exc
         except OSError as exc:
             self._fs.unlink(name)
             raise errors.SnapshotError(f"{doing} failed: {slotdir.describe(exc)}", reason=Problem.IO) from exc
@@ -445,7 +465,7 @@ class SnapshotStore:
         if self._root._blocked:
             raise errors.SnapshotError(self._root._blocked, reason=Problem.IO)
         try:
-            size = (self.dir / temp).stat().st_size
+            size = safeio.lstat_regular(self.dir / temp).st_size
         except FileNotFoundError as exc:
             raise errors.SnapshotError(
                 f"the server reported writing {temp} but it is not in {self.dir}: "
@@ -465,6 +485,9 @@ class SnapshotStore:
         try:
             held = slotfile.read_tokens(path)
         except slotfile.SlotFileError as exc:
+            self.on_unindexed(path.name, exc.reason)
+            return None
+        except safeio.Refused as exc:
             self.on_unindexed(path.name, exc.reason)
             return None
         except OSError as exc:
@@ -489,12 +512,25 @@ class SnapshotStore:
         """
         path = self.dir / record.file
         try:
-            size = path.stat().st_size
-            if size != record.bytes:
-                raise errors.SnapshotError(
-                    f"{record.file} has {size} bytes, its manifest says {record.bytes}", reason=Problem.SIZE
+            fd, st = safeio.open_regular(path)
+            try:
+                if st.st_size != record.bytes:
+                    raise errors.SnapshotError(
+                        f"{record.file} has {st.st_size} bytes, its manifest says {record.bytes}", reason=Problem.SIZE
+                    )
+                seconds = hashing.deadline_for(record.bytes)
+                digest = hashing.fd_digest(
+                    fd, record.checksum.algorithm, limit=record.bytes, deadline=time.monotonic() + seconds
                 )
-            digest = hashing.file_digest(path, record.checksum.algorithm)
+            finally:
+                os.close(fd)
+        except safeio.Refused as exc:
+            raise errors.SnapshotError(f"{record.file} refused: {exc}", reason=Problem.NOT_REGULAR) from exc
+        except hashing.Overdue as exc:
+            self.on_io_error("read", record.file, f"hashing took more than {seconds:.0f} s")
+            raise errors.SnapshotError(
+                f"reading {record.file}: {exc}; not proven bad, tried again at the next check", reason=Problem.IO
+            ) from exc
         except FileNotFoundError as exc:
             if self.exists(Path(record.file).stem + ".json"):
                 raise errors.SnapshotError(f"{record.file} is gone", reason=Problem.SIZE) from exc

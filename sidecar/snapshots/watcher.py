@@ -96,7 +96,7 @@ class Watcher:
         if self._observer is not None:
             observer, self._observer = self._observer, None
             observer.stop()
-            await asyncio.to_thread(observer.join, 5.0)
+            await asyncio.to_thread(observer.join, 2.0)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

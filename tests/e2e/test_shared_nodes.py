@@ -15,6 +15,7 @@ from typing import Any
 
 from sidecar.core import location
 from sidecar.shared import connect
+from support import weights
 from support.llamabed import MakeServer, complete, http_json, make_prompt
 from support.net import free_port
 from support.s3bed import S3Server
@@ -221,3 +222,96 @@ def test_a_node_that_just_started_fetches_a_mid_size_chat_at_the_rate_its_snapsh
     assert found.get("prefill_rate_from") == "snapshot"
     assert node_b.metric("llama_sidecar_conversation_requests_total", source="shared") == 1
     assert timings["cache_n"] >= 0.9 * prompt_tokens
+
+
+def _namespaces(url: str) -> set[str]:
+    prefix = location.parse(url, os.environ).key_prefix
+    return {k.removeprefix(prefix + "/").split("/")[0] for k in _bucket_keys(url)}
+
+
+def _copy_namespace(url: str, source: str, target: str) -> int:
+    """Copy every object of namespace ``source`` under ``target``, as a writer of the bucket could."""
+
+    async def copy() -> int:
+        where = location.parse(url, os.environ)
+        objects = connect.open_store(where)
+        try:
+            infos = await objects.list_objects(f"{where.key_prefix}/{source}/")
+            for info in infos:
+                data = b"".join([chunk async for chunk in objects.stream(info.key)])
+                await objects.put_bytes(info.key.replace(f"/{source}/", f"/{target}/", 1), data)
+            return len(infos)
+        finally:
+            await objects.close()
+
+    return asyncio.run(copy())
+
+
+def test_a_snapshot_of_other_weights_under_this_nodes_prefix_is_refused_and_the_request_runs_cold(
+    llama: MakeServer,
+    sidecar: MakeSidecar,
+    s3_server: S3Server,
+    s3_url: str,
+    model: Path,
+    tmp_path: Path,
+    figure: Callable[[str], None],
+) -> None:
+    """The key prefix is not a proof: a fetched snapshot must fit the running model before the server sees it."""
+    env = s3_server.env()
+    dir_x, dir_b = _slot_dirs(tmp_path)
+    server_x = llama(slot_dir=dir_x, start=False)  # the same shapes, other weights: a fine-tune
+    server_x.model = weights.other_weights(model, tmp_path / "fine-tune.gguf")
+    server_x.start()
+    server_x.wait_healthy()
+    server_b = llama(slot_dir=dir_b)
+    proxy_x, proxy_b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    node_x = sidecar(server_x, dir_x, extra={"--shared-store": s3_url, "--proxy-listen": proxy_x}, env=env)
+    node_b = sidecar(server_b, dir_b, extra={"--shared-store": s3_url, "--proxy-listen": proxy_b}, env=env)
+    # node B serves a conversation of its own first: its prefill rate, its bandwidth, its namespace in the bucket
+    _chat(f"http://{proxy_b}", [{"role": "user", "content": make_prompt(server_b.url, PROMPT_TOKENS, seed=53)}])
+    node_b.wait_saved()
+    _wait_uploaded(node_b)
+    (ours,) = _namespaces(s3_url)
+
+    messages = [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": make_prompt(server_x.url, CHAT_TOKENS, seed=54)},
+    ]
+    first = _chat(f"http://{proxy_x}", messages)
+    node_x.wait_saved()
+    _wait_uploaded(node_x)
+    (theirs,) = _namespaces(s3_url) - {ours}
+    assert _copy_namespace(s3_url, theirs, ours) == 2  # its blob and its manifest, under node B's prefix
+
+    messages += [
+        {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And what does the record say next?"},
+    ]
+    restored_before = node_b.metric("llama_sidecar_restores_total", result="ok")
+    turn = _chat(f"http://{proxy_b}", messages)
+    status, cold = http_json(
+        "POST",
+        server_b.url + "/v1/chat/completions",
+        {"messages": messages, "max_tokens": 2, "temperature": 0, "cache_prompt": False},
+        timeout=300,
+    )
+    assert status == 200, cold
+    refused = node_b.log_events("shared_snapshot_refused")
+    figure(
+        f"a {first['usage']['prompt_tokens']}-token chat made with other weights, put under node B's prefix:"
+        f" {len(refused)} refusal(s) ({refused[0]['reason'] if refused else 'none'}),"
+        f" {node_b.metric('llama_sidecar_shared_store_objects_total', direction='down'):.0f} fetched;"
+        f" node B's turn cache_n {turn['timings']['cache_n']} of {turn['usage']['prompt_tokens']}"
+    )
+    assert node_b.metric("llama_sidecar_shared_store_refused_total", reason="incompatible") == 1
+    assert [e["reason"] for e in refused] == ["incompatible"]
+    assert "weights: snapshot" in refused[0]["detail"]
+    assert refused[0]["effect"]
+    assert refused[0]["hint"]
+    assert node_b.metric("llama_sidecar_shared_store_objects_total", direction="down") == 0
+    assert node_b.metric("llama_sidecar_conversation_requests_total", source="shared") == 0
+    assert node_b.metric("llama_sidecar_restores_total", result="ok") == restored_before
+    held = {json.loads((dir_b / name).read_text())["fingerprint"]["model_path"] for name in manifests(dir_b)}
+    assert held == {str(server_b.model)}  # nothing of the other weights in node B's slot dir
+    assert turn["timings"]["cache_n"] < 0.5 * turn["usage"]["prompt_tokens"]  # prefilled: cold
+    assert turn["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]

@@ -20,9 +20,11 @@ def hash_pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     pauses: list[float] = []
     digest = hashing.digest_and_sync
 
-    def watched(path: Path, algorithm: hashing.Algorithm = hashing.CURRENT, *, pause: float = 0.0) -> str:
+    def watched(
+        path: Path, algorithm: hashing.Algorithm = hashing.CURRENT, *, pause: float = 0.0, limit: int | None = None
+    ) -> str:
         pauses.append(pause)
-        return digest(path, algorithm, pause=pause)
+        return digest(path, algorithm, pause=pause, limit=limit)
 
     monkeypatch.setattr(hashing, "digest_and_sync", watched)
     return pauses

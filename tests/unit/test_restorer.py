@@ -8,6 +8,7 @@ from pathlib import Path
 
 import memllama
 import pytest
+import structlog.testing
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import actions, restorer
@@ -57,7 +58,11 @@ def bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bed:
     stats.init_slots(range(2))
     slot_actions = actions.SlotActions(client=server, snapshots=snapshots)
     worker = restorer.Restorer(
-        slot_actions=slot_actions, snapshots=snapshots, stats=stats, clock=memllama.ManualClock()
+        slot_actions=slot_actions,
+        snapshots=snapshots,
+        stats=stats,
+        clock=memllama.ManualClock(),
+        identity=lambda: memllama.IDENTITY,
     )
     return Bed(server, snapshots, registry, worker)
 
@@ -178,3 +183,46 @@ async def test_a_swap_judged_effective_is_listed_and_its_saved_prefill_counted_a
     (done,) = bed.restorer.recent
     assert (done.verdict, done.reused_tokens) == (outcomes.Verification.EFFECTIVE, 1000)
     assert done.saved_seconds == pytest.approx(1000 / rate)
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        {"weights": "xxh3-128:" + "4" * 32},
+        {"adapters": (events.Adapter(id=0, path="/lora/other.gguf", scale=1.0),)},
+        {"build_info": "b9999-0000000"},
+        {"total_slots": 4},
+    ],
+    ids=["weights", "adapters", "build", "slots"],
+)
+async def test_a_swap_of_a_snapshot_that_does_not_fit_the_server_is_refused_before_the_server_sees_it(
+    bed: Bed, foreign: dict[str, object]
+) -> None:
+    """The library's and the shared store's road into a slot: the restore round's check, not the key prefix."""
+    fits = dataclasses.replace(memllama.IDENTITY, weights="xxh3-128:" + "3" * 32, adapters=())
+    bed.restorer = restorer.Restorer(
+        slot_actions=actions.SlotActions(client=bed.server, snapshots=bed.snapshots),
+        snapshots=bed.snapshots,
+        stats=bed.restorer._stats,
+        clock=memllama.ManualClock(),
+        identity=lambda: fits,
+    )
+    fingerprint = manifest.Fingerprint.of(dataclasses.replace(fits, **foreign), n_ctx=memllama.N_CTX)  # type: ignore[arg-type]
+    temp = bed.snapshots.temp_name(1)
+    data = bytes(memllama.HEADER) + bytes(300 * memllama.BYTES_PER_TOKEN)
+    (bed.snapshots.dir / temp).write_bytes(data)
+    other = bed.snapshots.commit(temp, slot=1, tokens=300, written=len(data), task=1, fingerprint=fingerprint)
+    with structlog.testing.capture_logs() as logs:
+        record, after = await bed.restorer.swap_in(0, other, counters=None)
+    assert (record.result, after) == (outcomes.RestoreOutcome.INCOMPATIBLE, None)
+    assert "restore" not in bed.server.names()
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="incompatible") == 1
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 0
+    (refusal,) = [e for e in logs if e["event"] == "snapshot_incompatible"]
+    assert refusal["differences"].split(":")[0] == next(iter(foreign))
+    assert refusal["effect"]
+    assert refusal["hint"]
+
+    own = bed.saved(0, 200)
+    record, after = await bed.restorer.swap_in(0, own, counters=None)  # one that fits goes in
+    assert record.result is outcomes.RestoreOutcome.OK

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import shutil
 import struct
 import time
+import typing
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import structlog
+import structlog.testing
 from prometheus_client import CollectorRegistry
 
 from sidecar.core import errors, events, location, metrics
@@ -78,7 +83,10 @@ async def test_create_only_writes_stream_back_byte_for_byte(objects: objstore.Ob
     assert got == big.read_bytes()
     assert await objects.put_bytes(f"{prefix}/a/small.json", b"{}") is objstore.Written.CREATED
     assert await objects.put_bytes(f"{prefix}/a/small.json", b"[]") is objstore.Written.EXISTED
-    assert await objects.get_bytes(f"{prefix}/a/small.json") == b"{}"
+    assert await objects.get_bytes(f"{prefix}/a/small.json", limit=2) == b"{}"
+    with pytest.raises(errors.SharedObjectRefused) as oversized:
+        await objects.get_bytes(f"{prefix}/a/small.json", limit=1)
+    assert oversized.value.reason == "oversized"
     head = await objects.head(f"{prefix}/a/big.bin")
     assert head is not None
     assert head.size == big.stat().st_size
@@ -88,7 +96,7 @@ async def test_create_only_writes_stream_back_byte_for_byte(objects: objstore.Ob
     await objects.delete([f"{prefix}/a/big.bin", f"{prefix}/a/gone-already.bin"])
     assert [i.key for i in await objects.list_objects(f"{prefix}/")] == [f"{prefix}/a/small.json"]
     with pytest.raises(errors.SharedStoreError) as missing:
-        await objects.get_bytes(f"{prefix}/a/big.bin")
+        await objects.get_bytes(f"{prefix}/a/big.bin", limit=1 << 20)
     assert missing.value.missing
 
 
@@ -140,7 +148,7 @@ async def test_a_blob_that_does_not_match_its_manifest_is_never_committed(tmp_pa
     (tmp_path / "shared").mkdir()
     where = location.parse(f"file://{tmp_path / 'shared'}", {})
     snaps_a, shared_a, _ = node(tmp_path / "a", where)
-    snaps_b, shared_b, _ = node(tmp_path / "b", where)
+    snaps_b, shared_b, stats_b = node(tmp_path / "b", where)
     record = committed(snaps_a, slot_file(list(range(300)), 1 << 20))
     assert await shared_a.uploader.publish(record)
     (blob,) = (tmp_path / "shared").rglob("*.bin")
@@ -148,9 +156,100 @@ async def test_a_blob_that_does_not_match_its_manifest_is_never_committed(tmp_pa
     data[-1] ^= 0xFF
     blob.write_bytes(bytes(data))
     found = await shared_b.catalog.records(shared_b.namespace(IDENTITY))
-    assert await shared_b.fetch(found[0], slot=0) is None
+    with structlog.testing.capture_logs() as logs:
+        assert await shared_b.fetch(found[0], slot=0) is None
+        assert await shared_b.lookup(IDENTITY, record.index.chain if record.index else (), max_tokens=8192) is None
     assert snaps_b.snapshots() == []
     assert list(snaps_b.dir.iterdir()) == []
+    (refused,) = [e for e in logs if e["event"] == "shared_snapshot_refused"]
+    assert refused["reason"] == "corrupt"
+    assert "checksum" in refused["detail"]
+    assert refused["effect"]
+    assert refused["hint"]
+    assert not [e for e in logs if e["event"] == "shared_store_unavailable"]  # the store answered: no outage
+    assert stats_b("shared_store_refused_total", reason="corrupt") == 1
+    assert stats_b("shared_store_errors_total") == 0
+
+
+async def test_a_snapshot_of_other_weights_under_this_servers_prefix_is_refused_unfetched(tmp_path: Path) -> None:
+    """The key prefix is no proof: the manifest must fit the running server, as in a restore round."""
+    (tmp_path / "shared").mkdir()
+    where = location.parse(f"file://{tmp_path / 'shared'}", {})
+    other = dataclasses.replace(IDENTITY, weights="xxh3-128:" + "4" * 32)
+    snaps_a, shared_a, _ = node(tmp_path / "a", where)
+    snaps_b, shared_b, stats_b = node(tmp_path / "b", where)
+    ids = list(range(2000, 2600))
+    temp = snaps_a.temp_name(0)
+    (snaps_a.dir / temp).write_bytes(slot_file(ids, 4096))
+    foreign = snaps_a.commit(
+        temp,
+        slot=0,
+        tokens=600,
+        written=(snaps_a.dir / temp).stat().st_size,
+        task=1,
+        fingerprint=manifest.Fingerprint.of(other, n_ctx=4096),
+    )
+    assert await shared_a.uploader.publish(foreign)
+    shared_root = Path(where.prefix)
+    theirs = shared_root / keys.join(where.key_prefix, shared_a.namespace(other))
+    shutil.copytree(theirs, shared_root / keys.join(where.key_prefix, shared_b.namespace(IDENTITY)))
+    request = slotfile.prefix_hashes(slotfile.pack_ids([*ids[:520], 7]))
+    slots = (events.SlotView(0, 4096, False, None, 0),)
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            assert await shared_b.lookup(IDENTITY, request, max_tokens=4096) is None
+        assert await shared_b.warm(IDENTITY, slots) == []
+    (refused,) = [e for e in logs if e["event"] == "shared_snapshot_refused"]  # said once
+    assert refused["reason"] == "incompatible"
+    assert refused["detail"].startswith("weights: snapshot xxh3-128:4444")
+    assert stats_b("shared_store_refused_total", reason="incompatible") == 1
+    assert stats_b("shared_store_objects_total", direction="down") == 0
+    assert list(snaps_b.dir.iterdir()) == []  # nothing fetched
+
+
+class _Reads:
+    """An object store that records the objects read whole."""
+
+    def __init__(self, inner: objstore.ObjectStore) -> None:
+        self.inner = inner
+        self.read: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def get_bytes(self, key: str, *, limit: int) -> bytes:
+        self.read.append(key)
+        return await self.inner.get_bytes(key, limit=limit)
+
+
+async def test_a_manifest_object_larger_than_a_manifest_is_refused_unread(
+    objects: objstore.ObjectStore, tmp_path: Path
+) -> None:
+    where = location.parse(_url_of(objects, tmp_path), os.environ)
+    reads = _Reads(objects)
+    (tmp_path / "b").mkdir()
+    registry = CollectorRegistry()
+    stats = Samples(registry)
+    shared = service.SharedStore(
+        where,
+        snapshots=store.SnapshotStore(tmp_path / "b", clock=time.time),
+        stats=metrics.Metrics(registry, version="test"),
+        objects=typing.cast(objstore.ObjectStore, reads),
+    )
+    ns = shared.namespace(IDENTITY)
+    key = keys.join(where.key_prefix, ns, keys.MANIFESTS, "xxh3-128-" + "5" * 32 + ".json")
+    await objects.put_bytes(key, b" " * (manifest.MAX_BYTES + 1))
+    with structlog.testing.capture_logs() as logs:
+        assert await shared.lookup(IDENTITY, ("ab" * 16,), max_tokens=4096) is None
+        shared.catalog.forget(ns)
+        assert await shared.lookup(IDENTITY, ("ab" * 16,), max_tokens=4096) is None
+    assert reads.read == []  # refused by the listing's size: not one byte read
+    (refused,) = [e for e in logs if e["event"] == "shared_snapshot_refused"]
+    assert (refused["reason"], refused["key"]) == ("oversized", key)
+    assert refused["effect"]
+    assert refused["hint"]
+    assert stats("shared_store_refused_total", reason="oversized") == 1
+    await objects.delete([key])
 
 
 async def test_warm_fills_only_empty_slots_without_a_local_snapshot(tmp_path: Path) -> None:

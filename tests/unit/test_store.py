@@ -13,7 +13,7 @@ import pytest
 import xxhash
 
 from sidecar.act import policy
-from sidecar.core import errors, events, hashing
+from sidecar.core import errors, events, hashing, safeio
 from sidecar.snapshots import manifest, store
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
@@ -453,22 +453,23 @@ def test_format_1_snapshots_stay_restorable_and_untouched_and_new_ones_sort_abov
 
 
 class FlakyReads:
-    """Path.read_bytes failing with ``errno`` for one file name, ``times`` times (None: always)."""
+    """Reads of the slot dir (``safeio.read_bounded``) failing with ``errno`` for one file name,
+    ``times`` times (None: always)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str, code: int, times: int | None) -> None:
         self.name, self.code, self.left = name, code, times
         self.failures = 0
-        real = Path.read_bytes
+        real = safeio.read_bounded
 
-        def read_bytes(path: Path) -> bytes:
+        def read_bounded(path: Path, max_bytes: int) -> bytes:
             if path.name == self.name and (self.left is None or self.left > 0):
                 if self.left is not None:
                     self.left -= 1
                 self.failures += 1
                 raise OSError(self.code, os.strerror(self.code), str(path))
-            return real(path)
+            return real(path, max_bytes)
 
-        monkeypatch.setattr(Path, "read_bytes", read_bytes)
+        monkeypatch.setattr(safeio, "read_bounded", read_bounded)
 
 
 @pytest.mark.parametrize("code", [errno.EIO, errno.EACCES])
@@ -521,10 +522,10 @@ def test_an_io_error_while_verifying_is_not_proof(snaps: store.SnapshotStore, mo
     record = commit(snaps)
     before = names(snaps.dir)
 
-    def broken(path: Path, algorithm: hashing.Algorithm = hashing.CURRENT) -> str:
-        raise OSError(errno.EIO, "Input/output error", str(path))
+    def broken(fd: int, algorithm: hashing.Algorithm, **_: object) -> str:
+        raise OSError(errno.EIO, "Input/output error", record.file)
 
-    monkeypatch.setattr(hashing, "file_digest", broken)
+    monkeypatch.setattr(hashing, "fd_digest", broken)
     io, bad = Quarantined(), Quarantined()
     snaps.on_io_error, snaps.on_quarantine = io, bad
     with pytest.raises(errors.SnapshotError) as info:
@@ -541,16 +542,16 @@ def test_files_vanishing_during_a_scan_are_a_race_not_damage(
     snaps: store.SnapshotStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     record = commit(snaps)
-    real = Path.read_bytes
+    real = safeio.read_bounded
 
-    def read_then_lose(path: Path) -> bytes:  # retention deletes the pair right after the manifest is read
-        raw = real(path)
+    def read_then_lose(path: Path, max_bytes: int) -> bytes:  # retention deletes the pair right after the read
+        raw = real(path, max_bytes)
         if path.name == record.file.replace(".bin", ".json"):
             (snaps.dir / record.file).unlink()
             path.unlink()
         return raw
 
-    monkeypatch.setattr(Path, "read_bytes", read_then_lose)
+    monkeypatch.setattr(safeio, "read_bounded", read_then_lose)
     bad = Quarantined()
     snaps.on_quarantine = bad
     snaps.scan(clean=False)

@@ -1,0 +1,106 @@
+"""Opening files in a directory others can write: no symlinks, regular files only, bounded reads. Blocking I/O.
+
+The slot dir is shared with llama-server, and in a container with whoever
+mounts the volume. A name in it is not a promise about what it is: a
+``.bin`` can be a symbolic link to ``/dev/zero`` (a hash that never ends)
+or to a file outside the directory (handed to the server to restore), a
+manifest can be a FIFO (an ``open`` that never returns) or a gigabyte
+(read whole into memory). So every read of it goes through here:
+
+* ``O_NOFOLLOW``: a symbolic link is refused, whatever it points to;
+* ``O_NONBLOCK`` on open: a FIFO without a writer does not block the open,
+  and ``fstat`` of the open descriptor refuses anything but a regular file
+  (the descriptor, not the name: nothing can be swapped in between);
+* a size bound checked on the descriptor before reading, and reads that
+  never go past it.
+
+What is refused raises :class:`Refused` (not an ``OSError``: it is proof of
+what the name is, not an I/O error to retry).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class Refused(Exception):
+    """The name is not a regular file of a bounded size; ``reason`` is ``not_regular`` or ``oversized``."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+NOT_REGULAR = "not_regular"
+OVERSIZED = "oversized"
+
+
+def kind(mode: int) -> str:
+    """What a file of ``mode`` is, in words."""
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: Path, *, max_bytes: int | None = None) -> tuple[int, os.stat_result]:
+    """An open descriptor of the regular file at ``path`` and its ``fstat``; the caller closes it.
+
+    Raises :class:`Refused` for a symbolic link, anything not a regular file,
+    or a file over ``max_bytes``; ``OSError`` for anything else (missing, EIO).
+    """
+    try:
+        fd = os.open(path, _FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused(
+                f"{path.name} is a symbolic link: refused, whatever it points to", reason=NOT_REGULAR
+            ) from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{path.name} is {kind(st.st_mode)}, not a regular file", reason=NOT_REGULAR)
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise Refused(f"{path.name} holds {st.st_size} bytes, more than the {max_bytes} allowed", reason=OVERSIZED)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_bounded(path: Path, max_bytes: int) -> bytes:
+    """The content of the regular file at ``path``, refused unread if larger than ``max_bytes``."""
+    fd, _ = open_regular(path, max_bytes=max_bytes)
+    try:
+        parts: list[bytes] = []
+        left = max_bytes + 1  # one byte more: a file that grew since the fstat is refused too
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 16))):
+            parts.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(parts)
+    if len(data) > max_bytes:
+        raise Refused(f"{path.name} grew past {max_bytes} bytes while it was read", reason=OVERSIZED)
+    return data
+
+
+def lstat_regular(path: Path) -> os.stat_result:
+    """``lstat`` of ``path``; :class:`Refused` unless it is a regular file (a symbolic link is refused)."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused(f"{path.name} is {kind(st.st_mode)}, not a regular file", reason=NOT_REGULAR)
+    return st
