@@ -202,6 +202,12 @@ class Relay:
                     held += self._mono() - started
                     if not ok:
                         return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
+                    if self._admit is not None and (refused := await self._admit(route, body)) is not None:
+                        # Router mode: the router is back, but the model it ran may not be (a kill -9 takes
+                        # its child servers). A request let through now would have the router load the
+                        # model for it and take the slot before the restore: it goes through the load
+                        # and the model's gate, as a new request does.
+                        return refused
                 try:
                     up = await self._session.request(
                         request.method,

@@ -14,7 +14,10 @@ model's restore gate is open, the request goes on at once. Otherwise:
    ``--proxy-hold-seconds`` (then 503 with Retry-After).
 
 Requests that are not completions, that name no model, or a model the
-router does not list, go on as they are.
+router does not list, go on as they are. A request held at the router's own
+gate (the router was down: a ``kill -9`` takes every child server with it)
+is admitted again once that gate opens, so it too waits for its model's load
+and restore instead of making the router load the model for it.
 """
 
 from __future__ import annotations

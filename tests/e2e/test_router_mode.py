@@ -216,3 +216,32 @@ def test_no_router_forces_plain_mode_and_says_so_once(
     assert len(side.log_events("server_is_router")) == 1
     assert not side.log_events("router_mode_detected")
     assert not side.log_events("props_unreadable")
+
+
+def test_a_request_sent_right_after_a_kill9_of_the_router_waits_for_its_models_restore(
+    llama: MakeServer,
+    sidecar: MakeSidecar,
+    model: Path,
+    tmp_path: Path,
+    slot_dir: Path,
+    figure: Callable[[str], None],
+) -> None:
+    server = _router(llama, model, tmp_path, slot_dir)
+    port = free_port()
+    side = sidecar(server, slot_dir, env=ROUTER, extra={"--proxy-listen": f"127.0.0.1:{port}"})
+    proxy = f"http://127.0.0.1:{port}"
+    side.wait_for(lambda: _proxy_up(proxy), timeout=20, what="the proxy to answer /health")
+    prompt_a = make_prompt(server.url, PROMPT_TOKENS, seed=81, model="alpha")
+    cold = complete(proxy, prompt_a, model="alpha")
+    prefilled_a = int(cold["timings"]["prompt_n"])
+    side.wait_for(lambda: _saved(slot_dir, "alpha"), what="a snapshot of model alpha")
+
+    server.kill()  # kill -9 of the router; its child servers exit with it
+    server.start()  # not waited for: the request below is sent at once, through the proxy
+    warm = complete(proxy, prompt_a + " and a line after the crash", model="alpha")
+    figure(
+        f"router mode, a request sent right after a kill -9 of the router: {warm['timings']['cache_n']} of "
+        f"{prefilled_a} prompt tokens of alpha reused; prompt_ms {warm['timings']['prompt_ms']:.0f}"
+    )
+    assert warm["timings"]["cache_n"] >= 0.9 * prefilled_a
+    assert _restored(side, "alpha")
