@@ -76,6 +76,8 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
     lock = dirlock.DirLock(settings.snapshots.slot_dir)
     lock.acquire()
     try:
+        if settings.upstream.router is None:
+            settings = await _found_mode(settings)
         while True:
             try:
                 await _run(settings, snapshots, stats, registry, lock, ready)
@@ -87,13 +89,29 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
         lock.release()
 
 
+async def _found_mode(settings: config.Settings) -> config.Settings:
+    """Router mode if the server answers now and says it is a router; else as given (the poller watches for it).
+
+    Asked once before anything starts, so a router found here costs no restart of the
+    wiring; a server that does not answer yet is recognised by its first /props later.
+    """
+    async with aiohttp.ClientSession(raise_for_status=False) as session:
+        try:
+            await upstream.LlamaClient(session, settings.upstream).props()
+        except errors.UpstreamIsRouter as exc:
+            return _as_router(settings, str(exc))
+        except errors.UpstreamError:
+            pass
+    return settings
+
+
 def _as_router(settings: config.Settings, why: str) -> config.Settings:
     """The settings of router mode, once a server the sidecar was not told about says it is a router."""
     log.info(
         "router_mode_detected",
         reason=why,
-        effect="the sidecar restarts its watching in router mode: one engine per model, snapshot files "
-        "named after the model",
+        effect="the sidecar watches in router mode (restarting its watching if it had begun): one engine "
+        "per model, snapshot files named after the model",
         hint="--router / LLAMA_SIDECAR_ROUTER=1 says it up front; --no-router (=0) forces plain mode",
     )
     shared = settings.shared

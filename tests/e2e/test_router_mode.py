@@ -202,8 +202,8 @@ def test_a_router_is_recognised_without_the_flag_and_its_models_are_saved_and_re
     )
     assert warm["timings"]["cache_n"] >= 0.9 * prefilled_a
     assert len(side.log_events("router_mode_detected")) == 1
-    assert not side.log_events("props_unreadable")
-    assert not side.log_events("metrics_unreadable")
+    for event in ("props_unreadable", "metrics_unreadable"):  # a model's own (its child loading) may come
+        assert not [e for e in side.log_events(event) if "model" not in e], f"{event} of the router itself"
 
 
 def test_no_router_forces_plain_mode_and_says_so_once(
@@ -215,7 +215,7 @@ def test_no_router_forces_plain_mode_and_says_so_once(
     side.wait_for(lambda: side.metric("llama_sidecar_server_up") == 1, timeout=20, what="the router seen up")
     assert len(side.log_events("server_is_router")) == 1
     assert not side.log_events("router_mode_detected")
-    assert not side.log_events("props_unreadable")
+    assert not side.log_events("props_unreadable")  # said once, as server_is_router, not at every poll
 
 
 def test_a_request_sent_right_after_a_kill9_of_the_router_waits_for_its_models_restore(
