@@ -33,7 +33,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from bench import REPO_ROOT, beds, rig
-from sidecar.core import events, location, metrics
+from sidecar.core import events, location, metrics, protocols
 from sidecar.shared import service
 from sidecar.snapshots import manifest, slotfile, store
 
@@ -43,7 +43,7 @@ IDENTITY = events.Identity("bench", "/models/bench.gguf", 1, 16384, 1, 1)
 
 def _node(root: Path, where: location.Location) -> tuple[store.SnapshotStore, service.SharedStore]:
     root.mkdir(parents=True, exist_ok=True)
-    snaps = store.SnapshotStore(root, clock=time.time)
+    snaps = store.SnapshotStore(root, clock=protocols.SystemClock())
     return snaps, service.SharedStore(where, snapshots=snaps, stats=metrics.Metrics(CollectorRegistry(), version="b"))
 
 

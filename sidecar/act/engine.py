@@ -24,7 +24,7 @@ from typing import Protocol
 
 import structlog
 
-from sidecar.act import actions, gate, policy, probe, report, restorer, savings, snapshotter
+from sidecar.act import actions, gate, memory, policy, probe, report, restorer, savings, snapshotter
 from sidecar.core import config, errors, events, hashing, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, store
 
@@ -47,6 +47,10 @@ class SlotContent(Protocol):
         """The restore round put ``record`` into ``slot``."""
 
 
+BeforeRestore = Callable[[events.Identity, tuple[events.SlotView, ...]], Awaitable[object]]
+"""Awaited with the server's identity and slots at the start of each restore round."""
+
+
 class Engine:
     def __init__(
         self,
@@ -57,7 +61,10 @@ class Engine:
         settings: config.Settings,
         clock: protocols.Clock | None = None,
         restore_gate: gate.Gate | None = None,
+        before_restore: BeforeRestore | None = None,
     ) -> None:
+        """``before_restore`` is awaited at the start of each restore round (the shared store fetches
+        snapshots for the empty slots then)."""
         s = settings.snapshots
         self._client = client
         self._snapshots = snapshots
@@ -66,80 +73,104 @@ class Engine:
         self._down_interval = settings.poll.down_interval
         self._max_age = s.max_age
         self._next_age_check = 0.0
-        self.actions = actions.SlotActions(client=client, snapshots=snapshots)
-        self.policy = policy.Policy(s)
-        self.saver = snapshotter.Snapshotter(
-            slot_actions=self.actions, snapshots=snapshots, stats=stats, settings=s, clock=self._clock
+        self._actions = actions.SlotActions(client=client, snapshots=snapshots)
+        self._policy = policy.Policy(s)
+        self._saver = snapshotter.Snapshotter(
+            slot_actions=self._actions,
+            snapshots=snapshots,
+            stats=stats,
+            settings=s,
+            clock=self._clock,
+            committed_later=self._committed_later,
         )
-        self.saver.on_deferred_commit = self._committed_later
-        self.restorer = restorer.Restorer(
-            slot_actions=self.actions,
+        self._restorer = restorer.Restorer(
+            slot_actions=self._actions,
             snapshots=snapshots,
             stats=stats,
             clock=self._clock,
-            identity=lambda: self.identity,
+            identity=lambda: self._identity,
         )
-        self.latest: events.Observation | None = None
-        self.identity: events.Identity | None = None
-        self.healthy_at: float | None = None
-        self.restore_due = True
-        """A restore round is owed: at start-up, and after each detected restart or wake-up."""
-        self.link = probe.UNKNOWN
-        """Whether the server is known to write into our slot dir."""
-        self._restoring = False
-        self._prechecked = False
-        self._adopted = False
+        self._latest: events.Observation | None = None
+        self._identity: events.Identity | None = None
+        self._server = memory.ServerMemory()
+        """What the engine knows of the server process it watches now (renewed in :meth:`_slots_emptied`)."""
         self._slot_count = 0
         self._said: events.Health | None = None
-        self._epoch = 0
-        """Server processes seen (restarts and wake-ups): a save's outcome counts only in its own."""
-        self._held: dict[int, tuple[int, int]] = {}
+        self._held: dict[int, events.SlotContent] = {}
         """The content of each slot whose save was last held (logged once per content)."""
         self._wake = asyncio.Event()
         self._handled_at = self._clock.monotonic()
         self._working_since: float | None = None
         """When the action runner's current pass began; None between passes."""
-        self.gate = restore_gate or gate.Gate(mono=self._clock.monotonic)
+        self._gate = restore_gate or gate.Gate(clock=self._clock)
         """Closed while the server is down or loading and while a restore round is owed or running."""
-        self.content_listeners: list[SlotContent] = []
-        self.before_restore: Callable[[events.Identity, tuple[events.SlotView, ...]], Awaitable[object]] | None = None
-        """Awaited at the start of each restore round (the shared store fetches snapshots for empty slots)."""
+        self._listeners: list[SlotContent] = []
+        self._before_restore = before_restore
 
     def status(self) -> report.Status:
         """What the engine knows now, for the HTTP layer."""
-        latest = self.latest
+        latest = self._latest
         return report.Status(
             server_url=self._client.url,
             observation=latest,
-            identity=self.identity,
-            link_ok=self.link_ok,
-            link_problem=self.link_problem,
-            last_snapshot=self.saver.last,
-            last_restore=tuple(self.restorer.last),
+            identity=self._identity,
+            link_ok=self._server.link.ok,
+            link_problem=self._server.link.problem,
+            last_snapshot=self._saver.last,
+            last_restore=tuple(self._restorer.last),
             # The older of the two: the last poll handled, and the start of the action runner's
             # current pass or the end of its last file check (a hung disk or call stops the runner,
             # not the polls).
             progress_at=min(self._handled_at, self._runner_progress() or self._handled_at),
             acting=self._working_since is not None or self.acting(),
-            restore_gate=self.gate.reason,
-            saved=self.restorer.savings.totals(),
-            recent=tuple(self.restorer.recent),
+            restore_gate=self._gate.reason,
+            saved=self._restorer.savings.totals(),
+            recent=tuple(self._restorer.recent),
             slot_since=self._slot_since(),
-            check=self.restorer.checking,
+            check=self._restorer.checking,
         )
 
     def _slot_since(self) -> tuple[tuple[int, float], ...]:
         """When each slot's content last changed, in Unix time (the policy keeps monotonic time)."""
         offset = self._clock.wall() - self._clock.monotonic()
-        return tuple((slot, track.changed_at + offset) for slot, track in sorted(self.policy.tracks.items()))
+        return tuple((slot, track.changed_at + offset) for slot, track in sorted(self._policy.tracks.items()))
+
+    def seen(self) -> tuple[events.Observation | None, events.Identity | None]:
+        """The newest observation handled, and the newest identity the server gave (None before the first)."""
+        return self._latest, self._identity
+
+    def unsaved(self, slot: int) -> bool:
+        """Whether ``slot`` holds content, as polled, that no snapshot of the engine holds."""
+        track = self._policy.tracks.get(slot)
+        return track is not None and track.signature is not None and track.signature != track.settled
+
+    def worth_saving(self, tokens: int) -> bool:
+        """Whether a slot holding ``tokens`` is worth a snapshot (at least ``--min-tokens``)."""
+        return tokens >= self._policy.settings.min_tokens
+
+    async def swap_in(
+        self, slot: int, record: manifest.Manifest, *, counters: events.Counters | None
+    ) -> restorer.RestoreRecord:
+        """Restore ``record`` into ``slot`` for a request, replacing what it holds (the caller saved that first).
+
+        The slot then holds a snapshot's content: the engine takes it as saved.
+        """
+        result, after = await self._restorer.swap_in(slot, record, counters=counters)
+        if result.result is outcomes.RestoreOutcome.OK and after is not None and after.signature is not None:
+            self._policy.settle(slot, after.signature)
+        return result
+
+    def follow(self, listener: SlotContent) -> None:
+        """Tell ``listener`` each time the engine changes what the slots hold (a restart, a restore round)."""
+        self._listeners.append(listener)
 
     async def save_now(self, slot: int) -> report.SaveReply | None:
         """An admin's save of ``slot``; None when the newest poll shows no such slot holding tokens."""
-        view = self.latest.slot(slot) if self.latest is not None else None
+        view = self._latest.slot(slot) if self._latest is not None else None
         if view is None or view.signature is None:
             return None
         ok = await self.save(policy.Save(view.id, view.signature, view.tokens, policy.SaveReason.MANUAL))
-        return report.SaveReply(ok, self.saver.last)
+        return report.SaveReply(ok, self._saver.last)
 
     async def fresh_slots(self) -> tuple[events.SlotView, ...]:
         """Every slot as the server shows it now, not as the last poll saw it; the policy follows it.
@@ -149,26 +180,18 @@ class Engine:
         came by. Raises ``errors.UpstreamError``.
         """
         read_at = self._clock.monotonic()
-        fresh = await self.actions.slots()
-        self.policy.observe(fresh, self._clock.monotonic(), read_at=read_at)
+        fresh = await self._actions.slots()
+        self._policy.observe(fresh, self._clock.monotonic(), read_at=read_at)
         self._export_unsaved()
         return fresh
 
-    @property
-    def link_ok(self) -> bool | None:
-        return self.link.ok
-
-    @property
-    def link_problem(self) -> str:
-        return self.link.problem
-
     def restore_owed(self) -> bool:
         """Whether a restore round is owed or running: requests that reach the server now may race it."""
-        return self.restore_due or self._restoring
+        return self._server.restore_owed
 
     def acting(self) -> bool:
         """Whether a slot action (save, restore, probe) is in flight or about to be sent."""
-        return self.actions.lock.locked()
+        return self._actions.lock.locked()
 
     # ---- the poll loop's side: never waits for the server ------------------------------
 
@@ -183,60 +206,59 @@ class Engine:
             self._say_state(obs)
         self._stats.server_readable.set(0 if obs.denied else 1)
         if obs.health is not events.Health.OK:
-            self.gate.close(f"llama-server is {obs.health.value}")
+            self._gate.close(f"llama-server is {obs.health.value}")
         for event in evts:
             self._on_event(event)
-        self.latest = obs
+        self._latest = obs
         if obs.identity is not None:
-            self.identity = obs.identity
+            self._identity = obs.identity
         if not self._ready(obs):
-            if (obs.health is not events.Health.OK and not self._prechecked) or self.saver.pending:
+            if (obs.health is not events.Health.OK and not self._server.prechecked) or self._saver.pending:
                 self._wake.set()  # check the files the restore round will need; commit the saves that wait
             elif obs.health is events.Health.OK:
-                self.gate.open(seen_at=obs.at)  # up, but nothing the sidecar can restore now
+                self._gate.open(seen_at=obs.at)  # up, but nothing the sidecar can restore now
             return
         assert obs.slots is not None
         if len(obs.slots) != self._slot_count:
             self._slot_count = len(obs.slots)
             self._stats.init_slots(range(self._slot_count))
-        if not self._adopted:
-            self._adopted = True
+        if not self._server.adopted:
+            self._server.adopted = True
             self._adopt_existing(obs.slots)
-        self.policy.observe(obs.slots, obs.at, read_at=obs.slots_at)
-        self.restorer.observe(obs, self.identity)
+        self._policy.observe(obs.slots, obs.at, read_at=obs.slots_at)
+        self._restorer.observe(obs, self._identity)
         self._export_unsaved()
-        if self.restorer.pending:
-            self.restorer.verify(obs)
-        if not self.restore_owed():
-            self.gate.open(seen_at=obs.at)  # else the action runner opens it once the round is done
+        if self._restorer.unverified:
+            self._restorer.judge(obs)
+        if not self._server.restore_owed:
+            self._gate.open(seen_at=obs.at)  # else the action runner opens it once the round is done
         self._wake.set()
 
     def _export_unsaved(self) -> None:
         """Each slot's oldest unsaved change as Unix time (0: none), from the policy's monotonic one."""
         now_mono, now_wall = self._clock.monotonic(), self._clock.wall()
         for slot in range(self._slot_count):
-            since = self.policy.unsaved_since(slot)
+            since = self._policy.unsaved_since(slot)
             self._stats.unsaved_since.labels(str(slot)).set(0 if since is None else now_wall - (now_mono - since))
 
     def _ready(self, obs: events.Observation) -> bool:
         """Whether slot actions may be sent: up, slots and identity read, awake (an action would wake it)."""
         return (
-            obs.health is events.Health.OK and obs.slots is not None and self.identity is not None and not obs.sleeping
+            obs.health is events.Health.OK and obs.slots is not None and self._identity is not None and not obs.sleeping
         )
 
     def _on_event(self, event: events.Event) -> None:
         kind = event.transition
         if kind is events.Transition.CAME_UP:
             self._stats.server_up.set(1)
-            self.healthy_at = event.at
+            self._server.healthy_at = event.at
         elif kind is events.Transition.WENT_DOWN:
             self._stats.server_up.set(0)
-            self._prechecked = False  # it may come back as a new process: have the files checked by then
+            self._server.prechecked = False  # it may come back as a new process: have the files checked by then
         elif kind is events.Transition.RESTARTED:
             self._stats.server_restarts.inc()
             log.warning("server_restarted", reasons=list(event.reasons))
-            self._slots_emptied(event.at)
-            self.link = probe.UNKNOWN  # the new process may have another --slot-save-path
+            self._slots_emptied(event.at, new_process=True)
         elif kind is events.Transition.SLEPT:
             log.info(
                 "server_sleeping",
@@ -245,26 +267,24 @@ class Engine:
             )
         elif kind is events.Transition.WOKE:
             log.info("server_woke", effect="its slots start empty: restoring the idle ones")
-            self._slots_emptied(event.at)
+            self._slots_emptied(event.at, new_process=False)
         elif kind is events.Transition.BECAME_BUSY:
             log.debug("slot_busy", slot=event.slot)
         elif kind is events.Transition.BECAME_IDLE:
             log.debug("slot_idle", slot=event.slot, changed=event.changed)
 
-    def _slots_emptied(self, at: float) -> None:
+    def _slots_emptied(self, at: float, *, new_process: bool) -> None:
         """The server lost every slot's KV (a new process, or a wake-up): start over and restore.
 
         ``at`` is the poll that first saw the server healthy again, where the
-        restart-to-restore latency starts.
+        restart-to-restore latency starts. The one place the server's memory is renewed.
         """
-        self.policy.reset()
-        self._epoch += 1
-        for listener in self.content_listeners:
+        self._policy.reset()
+        self._server = self._server.renewed(at=at, new_process=new_process)
+        for listener in self._listeners:
             listener.emptied()
-        self.restorer.pending.clear()
-        self.restore_due = True
-        self.healthy_at = at
-        self.gate.close("a restore round is owed: llama-server lost its slots (restart or wake-up)")
+        self._restorer.unverified.clear()
+        self._gate.close("a restore round is owed: llama-server lost its slots (restart or wake-up)")
 
     def _say_state(self, obs: events.Observation) -> None:
         """Log the server's state once per change, not on every poll."""
@@ -295,7 +315,7 @@ class Engine:
             if newest is None or view.task is None:
                 continue
             if newest.task == view.task and newest.tokens == view.tokens:
-                self.policy.settle(view.id, view.signature)
+                self._policy.settle(view.id, view.signature)
                 log.info("slot_already_saved", slot=view.id, file=newest.file)
 
     # ---- the action runner ------------------------------------------------------------------
@@ -303,7 +323,7 @@ class Engine:
     def _runner_progress(self) -> float | None:
         if self._working_since is None:
             return None
-        return max(self._working_since, self.restorer.checked_at)
+        return max(self._working_since, self._restorer.checked_at)
 
     async def run(self) -> None:
         """The action runner: check files first, then act whenever an observation asks for it."""
@@ -323,37 +343,38 @@ class Engine:
 
     async def work(self) -> None:
         """Run what the newest observation makes due: file checks, the restore round, the probe, saves."""
-        obs = self.latest
+        obs = self._latest
         if obs is None or obs.health is not events.Health.OK:
             await self._commit_written(quiet=True)  # nothing generates: the restore round will want them
-            if not self._prechecked:
+            if not self._server.prechecked:
                 await self._precheck()
             return
         if not self._ready(obs):
             await self._commit_written(quiet=obs.sleeping or not self._processing(obs.slots or (), obs.counters))
             return
-        if self.restore_due:
+        if self._server.restore is memory.Restore.OWED:
             await self._commit_written(quiet=True)  # the newest snapshots are restored, not those before
-            self.restore_due = False
-            self._restoring = True
+            server = self._server
+            server.restore = memory.Restore.RUNNING
             try:
                 await self._restore(obs)
             finally:
-                self._restoring = False
-            if not self.restore_due:
-                self.gate.open(seen_at=obs.at)
-        if self.link.ok is None:
+                if server.restore is memory.Restore.RUNNING:  # not owed again meanwhile (nor renewed)
+                    server.restore = memory.Restore.DONE
+            if not self._server.restore_owed:
+                self._gate.open(seen_at=obs.at)
+        if self._server.link.ok is None:
             await self._probe()
         await self._expire()
-        for action in self.policy.due(self._clock.monotonic()):
-            if self.restore_due or self.latest is None or not self._ready(self.latest):
+        for action in self._policy.due(self._clock.monotonic()):
+            if self._server.restore_owed or self._latest is None or not self._ready(self._latest):
                 return  # the server restarted, slept or went away meanwhile
             if isinstance(action, policy.Skip):
-                self.saver.skip(action)
-                self.policy.settle(action.slot, action.signature)
-            elif not self._hold(action, self.latest.slots or (), self.latest.counters):
+                self._saver.skip(action)
+                self._policy.settle(action.slot, action.signature)
+            elif not self._hold(action, self._latest.slots or (), self._latest.counters):
                 await self.save(action)
-        latest = self.latest
+        latest = self._latest
         if latest is not None:
             await self._commit_written(quiet=not self._processing(latest.slots or (), latest.counters))
 
@@ -363,20 +384,20 @@ class Engine:
         ``quiet``: no slot is processing: commit them all now. Otherwise commit
         only those that have waited ``snapshotter.COMMIT_WAIT``, paced.
         """
-        before = self.saver.commit_due(quiet=quiet)
+        before = self._saver.commit_due(quiet=quiet)
         if before is None:
             return
-        async with self.actions.lock:
-            await self.saver.commit_pending(pause=0.0 if quiet else hashing.PACE, written_before=before)
+        async with self._actions.lock:
+            await self._saver.commit_pending(pause=0.0 if quiet else hashing.PACE, written_before=before)
 
     def _committed_later(self, written: snapshotter.Written, record: snapshotter.SaveRecord) -> None:
         """A save whose commit waited: it was taken as saved; if the commit failed, the slot is due again."""
-        if written.epoch != self._epoch:
+        if written.epoch != self._server.epoch:
             return  # a save of an earlier server process: its slots are gone
         if record.cause is None:
             self._set_link(probe.Link(True))
         else:
-            self.policy.unsettle(written.action.slot, written.action.signature, self._clock.monotonic())
+            self._policy.unsettle(written.action.slot, written.action.signature, self._clock.monotonic())
             self._saved(written.action, record)
 
     async def _expire(self) -> None:
@@ -385,59 +406,61 @@ class Engine:
         if self._max_age <= 0 or now < self._next_age_check:
             return
         self._next_age_check = now + min(AGE_CHECK_EVERY, self._max_age / 4)
-        async with self.actions.lock:
-            await self.saver.collect_garbage()
+        async with self._actions.lock:
+            await self._saver.collect_garbage()
 
     async def _precheck(self) -> None:
-        self._prechecked = True
-        if self.restore_due or self.latest is None or self.latest.health is not events.Health.OK:
-            await self.restorer.precheck()
+        self._server.prechecked = True
+        if self._server.restore_owed or self._latest is None or self._latest.health is not events.Health.OK:
+            await self._restorer.precheck()
 
     async def _restore(self, obs: events.Observation) -> None:
-        assert self.identity is not None
-        if self.before_restore is not None and obs.slots:
-            await self.before_restore(self.identity, obs.slots)
+        assert self._identity is not None
+        if self._before_restore is not None and obs.slots:
+            await self._before_restore(self._identity, obs.slots)
         if not self._snapshots.snapshots():
             return
-        done = await self.restorer.restore_all(self.identity, healthy_at=self.healthy_at, counters=obs.counters)
+        done = await self._restorer.restore_all(
+            self._identity, healthy_at=self._server.healthy_at, counters=obs.counters
+        )
         if done is None:
-            self.restore_due = True  # the server did not answer /slots: the next poll tries again
+            self._server.restore = memory.Restore.OWED  # the server did not answer /slots: the next poll tries again
         elif done:
             self._set_link(probe.Link(True))
             for slot, record in done.items():
-                for listener in self.content_listeners:
+                for listener in self._listeners:
                     listener.restored(slot, record)
 
     async def restore_now(self) -> list[restorer.RestoreRecord]:
         """An admin's restore round into the slots that are empty now."""
-        obs = self.latest
-        if obs is None or not self._ready(obs) or self.identity is None:
+        obs = self._latest
+        if obs is None or not self._ready(obs) or self._identity is None:
             return []
-        await self.restorer.restore_all(self.identity, healthy_at=None, counters=obs.counters)
-        return self.restorer.last
+        await self._restorer.restore_all(self._identity, healthy_at=None, counters=obs.counters)
+        return self._restorer.last
 
     async def _probe(self) -> None:
         """Prove once per server process that the server writes into our slot dir."""
-        obs = self.latest
+        obs = self._latest
         slots = obs.slots if obs is not None else None
         target = next(
-            (v for v in slots or () if v.virgin and not v.processing and v.id not in self.restorer.pending), None
+            (v for v in slots or () if v.virgin and not v.processing and v.id not in self._restorer.unverified), None
         )
         if target is None:
             return  # the first real save will prove or disprove the link
-        async with self.actions.lock:
+        async with self._actions.lock:
             try:
-                view = await self.actions.view(target.id)
+                view = await self._actions.view(target.id)
             except errors.UpstreamError:
                 return
             if view is None or not view.virgin or view.processing:
                 return
-            self._set_link(await probe.probe(self.actions, self._snapshots, target.id))
+            self._set_link(await probe.probe(self._actions, self._snapshots, target.id))
 
     def _set_link(self, link: probe.Link) -> None:
-        if link == self.link:
+        if link == self._server.link:
             return
-        self.link = link
+        self._server.link = link
         if link.ok:
             log.info("slot_dir_linked", slot_dir=str(self._snapshots.dir))
         elif link.ok is False:
@@ -445,47 +468,47 @@ class Engine:
 
     async def save(self, action: policy.Save) -> bool:
         """Save one slot if it is idle right now; True if its content is in a snapshot (committed now or before)."""
-        if self.identity is None or self.latest is None:
+        if self._identity is None or self._latest is None:
             log.warning("snapshot_postponed", slot=action.slot, reason="server identity (/props) not read yet")
             return False
-        async with self.actions.lock:
+        async with self._actions.lock:
             read_at = self._clock.monotonic()
             try:
-                fresh = await self.actions.slots()
+                fresh = await self._actions.slots()
             except errors.UpstreamError as exc:
                 log.warning("snapshot_postponed", slot=action.slot, reason=f"cannot read /slots: {exc}")
-                self.policy.defer(action.slot, self._clock.monotonic() + RETRY_AFTER)
+                self._policy.defer(action.slot, self._clock.monotonic() + RETRY_AFTER)
                 return False
             view = next((v for v in fresh if v.id == action.slot), None)
             if view is None or view.signature is None:
                 log.info("snapshot_postponed", slot=action.slot, reason="the slot holds nothing (any more)")
                 return False
             # Newer than the poll's listing (carried over while other slots generate): the policy follows it.
-            self.policy.observe([view], self._clock.monotonic(), read_at=read_at)
+            self._policy.observe([view], self._clock.monotonic(), read_at=read_at)
             if view.processing:
-                self.saver.busy(action)
+                self._saver.busy(action)
                 return False
             if self._hold(action, fresh, None):
                 return False
-            if action.reason not in snapshotter.BACKGROUND and self.saver.pending:
-                await self.saver.commit_pending()  # someone waits on this save: a content that waits is committed
-            track = self.policy.tracks.get(view.id)
+            if action.reason not in snapshotter.BACKGROUND and self._saver.pending:
+                await self._saver.commit_pending()  # someone waits on this save: a content that waits is committed
+            track = self._policy.tracks.get(view.id)
             if action.reason is not policy.SaveReason.MANUAL and track is not None and track.settled == view.signature:
                 return True  # saved already (an earlier save found this content): nothing to lose
             if view.signature != action.signature:  # it ran a turn since: save what it holds now
                 action = dataclasses.replace(action, signature=view.signature, tokens=view.tokens)
             others_busy = self._processing(fresh, None, besides=action.slot)
-            counters = self.latest.counters if self.latest is not None else None
-            record = await self.saver.save(
+            counters = self._latest.counters if self._latest is not None else None
+            record = await self._saver.save(
                 action,
-                identity=self.identity,
+                identity=self._identity,
                 slot_n_ctx=view.n_ctx,
                 others_busy=others_busy,
-                epoch=self._epoch,
+                epoch=self._server.epoch,
                 prefill_rate=savings.measured_rate(counters) if counters is not None else None,
             )
         if isinstance(record, snapshotter.Written):
-            self.policy.settle(action.slot, action.signature)  # its commit waits; undone if that fails
+            self._policy.settle(action.slot, action.signature)  # its commit waits; undone if that fails
             self._export_unsaved()
             return True
         self._saved(action, record)
@@ -505,7 +528,7 @@ class Engine:
             return False  # a swap, an admin's or the final save is taken now
         if not self._processing(slots, counters, besides=action.slot):
             return False
-        if not self.policy.may_hold(action.slot, self._clock.monotonic()):
+        if not self._policy.may_hold(action.slot, self._clock.monotonic()):
             return False
         if self._held.get(action.slot) != action.signature:
             self._held[action.slot] = action.signature
@@ -521,11 +544,11 @@ class Engine:
         """What the outcome of a save means for the slot and the link."""
         if record.cause is None:
             self._set_link(probe.Link(True))
-            self.policy.settle(action.slot, action.signature)
+            self._policy.settle(action.slot, action.signature)
         elif record.cause in (Cause.EMPTY, Cause.BELOW_MIN_TOKENS):
-            self.policy.settle(action.slot, action.signature)
+            self._policy.settle(action.slot, action.signature)
         elif record.cause is not Cause.SLOT_BUSY:  # busy: the policy proposes it again once idle
-            self.policy.defer(action.slot, self._clock.monotonic() + RETRY_AFTER)
+            self._policy.defer(action.slot, self._clock.monotonic() + RETRY_AFTER)
             if record.cause is Cause.NOT_LINKED:
                 self._set_link(probe.Link(False, record.detail))
             elif record.cause is Cause.NOT_SUPPORTED:
@@ -540,10 +563,10 @@ class Engine:
             await self._final_snapshots()
             await self._commit_written(quiet=True)
         finally:
-            self.actions.sweep()  # files of actions cut short now; the next start-up cleans later ones
+            self._actions.sweep()  # files of actions cut short now; the next start-up cleans later ones
 
     async def _final_snapshots(self) -> None:
-        obs = self.latest
+        obs = self._latest
         if obs is not None and obs.sleeping:
             log.info("final_snapshot_skipped", reason=ASLEEP)
             return
@@ -555,12 +578,12 @@ class Engine:
             if sleeping:
                 log.info("final_snapshot_skipped", reason=ASLEEP)
                 return
-            fresh = await self.actions.slots()
+            fresh = await self._actions.slots()
         except errors.UpstreamError as exc:
             log.warning("final_snapshot_skipped", reason=f"cannot read the server's state: {exc}")
             return
-        self.policy.observe(fresh, self._clock.monotonic())
-        todo = self.policy.final()
+        self._policy.observe(fresh, self._clock.monotonic())
+        todo = self._policy.final()
         if not todo:
             log.info("final_snapshot_nothing_to_save")
         for action in todo:

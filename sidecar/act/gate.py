@@ -13,15 +13,21 @@ crash before the poller does, and the poller is asked to poll at once.
 A suspicion is cleared only by a poll that *started after it*; a poll that
 was already in flight saw the old process, and opening on its word would let
 a retrying client reach the new process before the restore round.
+
+A request waits with :meth:`Gate.hold`, the one place that counts it in
+``proxy_held_requests`` while it waits and observes its whole wait in
+``proxy_hold_seconds`` (once per request, however many times it waited).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
+import types
+from collections.abc import Awaitable, Callable
 
 import structlog
+
+from sidecar.core import metrics, protocols
 
 log = structlog.get_logger("sidecar.proxy.gate")
 
@@ -29,15 +35,16 @@ NOT_POLLED = "the sidecar has not seen llama-server up yet"
 
 
 class Gate:
-    def __init__(self, *, mono: Callable[[], float] = time.monotonic) -> None:
-        self._mono = mono
+    def __init__(self, *, clock: protocols.Clock | None = None, on_suspect: Callable[[], None] | None = None) -> None:
+        """``on_suspect`` is called on each suspicion: the poller polls at once, so the suspicion is
+        cleared (or confirmed) soon."""
+        self._clock = clock or protocols.SystemClock()
         self._open = asyncio.Event()
         self._reason = NOT_POLLED
         self._suspect_at: float | None = None
         self.waiting = 0
         """Requests waiting at the gate now."""
-        self.on_suspect: Callable[[], None] | None = None
-        """Called on each suspicion: the poller polls at once, so the suspicion is cleared (or confirmed) soon."""
+        self._on_suspect = on_suspect
 
     @property
     def is_open(self) -> bool:
@@ -56,10 +63,10 @@ class Gate:
 
     def suspect(self, reason: str) -> None:
         """Close until a poll that starts from now on sees the server up (and any restore is done)."""
-        self._suspect_at = self._mono()
+        self._suspect_at = self._clock.monotonic()
         self.close(reason)
-        if self.on_suspect is not None:
-            self.on_suspect()
+        if self._on_suspect is not None:
+            self._on_suspect()
 
     def open(self, *, seen_at: float) -> None:
         """Open, on the word of a poll that started at ``seen_at`` (the poller's monotonic clock)."""
@@ -83,3 +90,44 @@ class Gate:
         finally:
             self.waiting -= 1
         return True
+
+    def hold(self, stats: metrics.Metrics) -> Hold:
+        """One request's waits at this gate, counted in ``stats`` (use it as a ``with`` block)."""
+        return Hold(self, stats, self._clock)
+
+
+class Hold:
+    """A request held at a gate: each :meth:`wait` counts it as held; leaving the ``with`` block observes
+    the sum of its waits in ``proxy_hold_seconds`` if it waited at all."""
+
+    def __init__(self, gate: Gate, stats: metrics.Metrics, clock: protocols.Clock) -> None:
+        self._gate = gate
+        self._stats = stats
+        self._clock = clock
+        self.seconds: float | None = None
+        """Seconds waited so far; None until the first wait."""
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
+    ) -> None:
+        if self.seconds is not None:
+            self._stats.proxy_hold.observe(self.seconds)
+
+    async def wait(self, timeout: float, *, after: Awaitable[object] | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the gate to be open; False if it stayed closed.
+
+        ``after``: awaited first, within the same ``timeout`` (router mode: the model's load), and
+        not cancelled when the time is up.
+        """
+        started = self._clock.monotonic()
+        self._stats.proxy_held.inc()
+        try:
+            if after is not None:
+                await asyncio.wait({asyncio.ensure_future(after)}, timeout=max(timeout, 0.0))
+            return await self._gate.wait(timeout - (self._clock.monotonic() - started))
+        finally:
+            self._stats.proxy_held.dec()
+            self.seconds = (self.seconds or 0.0) + self._clock.monotonic() - started

@@ -29,7 +29,7 @@ class SaveReason(enum.StrEnum):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Save:
     slot: int
-    signature: tuple[int, int]
+    signature: events.SlotContent
     tokens: int
     reason: SaveReason
 
@@ -39,19 +39,19 @@ class Skip:
     """A changed slot that will not be saved, reported once per content."""
 
     slot: int
-    signature: tuple[int, int]
+    signature: events.SlotContent
     why: str
 
 
 @dataclasses.dataclass(slots=True)
 class SlotTrack:
-    signature: tuple[int, int] | None = None
+    signature: events.SlotContent | None = None
     busy: bool = False
     changed_at: float = 0.0
     """When the content (or the busy flag) last changed, monotonic seconds."""
     dirty_since: float | None = None
     """First change not covered by a snapshot."""
-    settled: tuple[int, int] | None = None
+    settled: events.SlotContent | None = None
     """Content already saved, restored, or judged not worth saving."""
     retry_at: float = 0.0
     """No save before this monotonic time (after a failed save)."""
@@ -91,14 +91,14 @@ class Policy:
             if track.signature == track.settled:
                 track.dirty_since = None
 
-    def settle(self, slot: int, signature: tuple[int, int] | None) -> None:
+    def settle(self, slot: int, signature: events.SlotContent | None) -> None:
         """Mark ``signature`` as covered (saved, restored, or not worth saving)."""
         track = self.tracks.setdefault(slot, SlotTrack())
         track.settled = signature
         if track.signature == signature:
             track.dirty_since = None
 
-    def unsettle(self, slot: int, signature: tuple[int, int] | None, now: float) -> None:
+    def unsettle(self, slot: int, signature: events.SlotContent | None, now: float) -> None:
         """``signature`` was taken as saved but its snapshot was not committed: the slot is due again."""
         track = self.tracks.get(slot)
         if track is None or track.settled != signature:
@@ -118,13 +118,13 @@ class Policy:
             sig = track.signature
             if sig is None or track.busy or sig == track.settled or now < track.retry_at:
                 continue
-            if sig[1] < t.min_tokens:
-                actions.append(Skip(slot, sig, f"holds {sig[1]} tokens, below --min-tokens {t.min_tokens}"))
+            if sig.tokens < t.min_tokens:
+                actions.append(Skip(slot, sig, f"holds {sig.tokens} tokens, below --min-tokens {t.min_tokens}"))
                 continue
             if now - track.changed_at >= t.idle_seconds:
-                actions.append(Save(slot, sig, sig[1], SaveReason.IDLE))
+                actions.append(Save(slot, sig, sig.tokens, SaveReason.IDLE))
             elif track.dirty_since is not None and now - track.dirty_since >= t.interval:
-                actions.append(Save(slot, sig, sig[1], SaveReason.PERIODIC))
+                actions.append(Save(slot, sig, sig.tokens, SaveReason.PERIODIC))
         return actions
 
     def may_hold(self, slot: int, now: float) -> bool:
@@ -154,9 +154,9 @@ class Policy:
             for slot, track in self.tracks.items()
             if track.signature is not None
             and track.signature != track.settled
-            and track.signature[1] >= self.settings.min_tokens
+            and track.signature.tokens >= self.settings.min_tokens
         ]
-        return [Save(slot, sig, sig[1], SaveReason.FINAL) for _, slot, sig in sorted(picks)]
+        return [Save(slot, sig, sig.tokens, SaveReason.FINAL) for _, slot, sig in sorted(picks)]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -190,22 +190,6 @@ def plan_restore(
     return RestorePlan(view.id, tuple(good), outcome, tuple(refusals))
 
 
-class GcReason(enum.StrEnum):
-    KEEP = "keep"
-    """Beyond the newest --keep-per-slot of a slot (snapshots not indexed by content)."""
-    SUPERSEDED = "superseded"
-    """Its tokens are a prefix of --keep-per-slot newer snapshots of the same conversation."""
-    BYTES = "bytes"
-    AGE = "age"
-
-
-_EVICTION = {
-    retention.Eviction.SUPERSEDED: GcReason.SUPERSEDED,
-    retention.Eviction.BYTES: GcReason.BYTES,
-    retention.Eviction.AGE: GcReason.AGE,
-}
-
-
 def select_for_deletion(
     snapshots: Sequence[manifest.Manifest],
     *,
@@ -215,7 +199,7 @@ def select_for_deletion(
     now: float,
     in_use: Collection[str] = (),
     last_used: Callable[[str], float] | None = None,
-) -> list[tuple[manifest.Manifest, GcReason]]:
+) -> list[tuple[manifest.Manifest, outcomes.GcReason]]:
     """Snapshots to delete under the retention rules.
 
     Conversations are the unit of keeping (see ``library.retention``): a
@@ -229,11 +213,11 @@ def select_for_deletion(
     for snap in manifest.newest_first(snapshots):
         by_slot.setdefault(snap.slot, []).append(snap)
     protected = {group[0].file for group in by_slot.values()} | set(in_use)
-    doomed: dict[str, tuple[manifest.Manifest, GcReason]] = {}
+    doomed: dict[str, tuple[manifest.Manifest, outcomes.GcReason]] = {}
     for group in by_slot.values():
         for snap in group[max(1, keep_per_slot) :]:
             if snap.index is None or not snap.index.chain:
-                doomed[snap.file] = (snap, GcReason.KEEP)
+                doomed[snap.file] = (snap, outcomes.GcReason.KEEP)
     used = last_used or (lambda file: by_file[file].created)
     by_file = {s.file: s for s in snapshots}
     kept = [
@@ -250,5 +234,5 @@ def select_for_deletion(
     for k, why in retention.select(
         kept, in_use=protected, keep=keep_per_slot, max_bytes=max_bytes, max_age=max_age, now=now
     ):
-        doomed[k.file] = (by_file[k.file], _EVICTION[why])
+        doomed[k.file] = (by_file[k.file], why)
     return list(doomed.values())

@@ -5,7 +5,7 @@ at start-up when the sidecar finds empty slots). The window in which a
 user's request can reach a slot between the sidecar's look at it and the
 restore call is kept as small as the server allows:
 
-* files are checked (size and sha256) ahead, while the server is still
+* files are checked (size and xxh3-128 checksum) ahead, while the server is still
   loading (:meth:`Restorer.precheck`), so no hashing sits inside the window;
   a file checked then is trusted by the next restore round while its size,
   mtime and inode stay the same; any other file is hashed in the round, and
@@ -88,7 +88,7 @@ RECENT = 20
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Pending:
+class Unverified:
     """A restore waiting for the slot's next task to show whether the server reused it."""
 
     tokens: int
@@ -138,7 +138,8 @@ class Restorer:
         self._stats = stats
         self._clock = clock
         self.last: list[RestoreRecord] = []
-        self.pending: dict[int, Pending] = {}
+        self.unverified: dict[int, Unverified] = {}
+        """Restores waiting for their verification (the slot's next task), by slot."""
         self.savings = savings.Savings()
         """Prefill seconds the effective restores and swaps saved."""
         self.recent: collections.deque[Done] = collections.deque(maxlen=RECENT)
@@ -161,12 +162,12 @@ class Restorer:
         """
         self._checked.clear()  # every restore round's files are hashed anew: just before it, or in it
         by_slot: dict[int, list[manifest.Manifest]] = {}
-        for snap in self._snapshots.snapshots():
+        for snap in self._snapshots.snapshots():  # newest (highest generation) first, never by the wall clock
             by_slot.setdefault(snap.slot, []).append(snap)
         started = time.perf_counter()
         checked = 0
-        for snaps in by_slot.values():
-            for candidate in sorted(snaps, key=lambda m: (m.created, m.file), reverse=True):
+        for newest_first in by_slot.values():
+            for candidate in newest_first:
                 checked += 1
                 if await self._check(candidate):
                     break
@@ -349,7 +350,7 @@ class Restorer:
         )
         serial = next(self._serials)
         self.recent.append(Done(serial, by, slot, candidate.file, result.tokens, seconds, self._clock.wall()))
-        self.pending[slot] = Pending(
+        self.unverified[slot] = Unverified(
             tokens=result.tokens,
             cached_before=counters.cached_tokens if counters else None,
             task=after.task if after is not None else before.task,
@@ -381,10 +382,10 @@ class Restorer:
         self._acted += 1
         self.checking = Check(candidate.file, self._clock.monotonic() + hashing.deadline_for(candidate.bytes))
         try:
-            await asyncio.to_thread(self._snapshots.verify, candidate)
+            await asyncio.to_thread(self._snapshots.check, candidate)
             stamp = await asyncio.to_thread(self._stamp, candidate.file)
         except errors.SnapshotError as exc:
-            if exc.reason not in store.BAD_CONTENT:  # unreadable now, not proven bad: keep it
+            if exc.reason not in outcomes.BAD_CONTENT:  # unreadable now, not proven bad: keep it
                 log.warning("snapshot_unreadable", slot=candidate.slot, file=candidate.file, error=str(exc))
                 return False
             log.error("snapshot_corrupt", slot=candidate.slot, file=candidate.file, reason=exc.reason, error=str(exc))
@@ -415,10 +416,10 @@ class Restorer:
         self._stats.prefill_saved_seconds.labels(priced.by.value).inc(priced.seconds)
         self._stats.prefill_saved_tokens.labels(priced.by.value).inc(priced.tokens)
 
-    def verify(self, obs: events.Observation) -> None:
-        """Judge pending restores whose slot has run a task that started after the restore."""
+    def judge(self, obs: events.Observation) -> None:
+        """Judge the unverified restores whose slot has run a task that started after the restore."""
         for view in obs.slots or ():
-            pending = self.pending.get(view.id)
+            pending = self.unverified.get(view.id)
             if pending is None or view.task is None or view.processing:
                 continue
             if (pending.task is not None and view.task <= pending.task) or obs.at <= pending.at:
@@ -426,7 +427,7 @@ class Restorer:
             counters = obs.counters if obs.counters_fresh else None
             if counters is None and obs.counters is not None:
                 continue  # counters carried over from an earlier poll: wait for fresh ones
-            del self.pending[view.id]
+            del self.unverified[view.id]
             if counters is None or pending.cached_before is None:
                 if not self._verification_off_said:
                     log.warning(
@@ -462,7 +463,7 @@ class Restorer:
                     "next request may have been a different conversation",
                 )
 
-    def _judged(self, pending: Pending, reused: float) -> savings.Priced | None:
+    def _judged(self, pending: Unverified, reused: float) -> savings.Priced | None:
         """Count the prefill an effective restore spared; None while no rate prices it."""
         priced = self.savings.reused(pending.by, savings.saved_tokens(restored=pending.tokens, reused=reused))
         if priced is not None:

@@ -4,7 +4,7 @@ priced at the server's own measured prefill rate. Pure code.
 The estimate, step by step:
 
 * **Tokens.** A restore (or a swap) is judged by the slot's next task
-  (:meth:`sidecar.act.restorer.Restorer.verify`); when it is effective, the
+  (:meth:`sidecar.act.restorer.Restorer.judge`); when it is effective, the
   tokens the server reused then, at most the tokens restored, are tokens it
   did not prefill. An ineffective restore saved nothing and adds nothing.
 * **Rate.** llama-server counts the tokens it computed and the seconds it

@@ -84,7 +84,10 @@ class Snapshotter:
         stats: metrics.Metrics,
         settings: config.SnapshotSettings,
         clock: protocols.Clock,
+        committed_later: Callable[[Written, SaveRecord], None] = lambda written, record: None,
     ) -> None:
+        """``committed_later`` is called with each pending save once its commit ended (``record.result``
+        says how)."""
         self._actions = slot_actions
         self._snapshots = snapshots
         self._stats = stats
@@ -94,8 +97,7 @@ class Snapshotter:
         self._low_disk = False
         self.pending: collections.deque[Written] = collections.deque()
         """Saves whose commit waits, oldest first."""
-        self.on_deferred_commit: Callable[[Written, SaveRecord], None] = lambda written, record: None
-        """Called with each pending save once its commit ended (``record.result`` says how)."""
+        self._committed_later = committed_later
 
     async def save(
         self,
@@ -154,7 +156,7 @@ class Snapshotter:
             finally:  # committed, failed, or cut short (its file is removed then)
                 self.pending.popleft()
                 self._stats.commits_pending.dec()
-            self.on_deferred_commit(written, record)
+            self._committed_later(written, record)
 
     def commit_due(self, *, quiet: bool) -> float | None:
         """Which pending saves to commit now: those written before the returned monotonic time; None: none.
@@ -194,7 +196,7 @@ class Snapshotter:
                 slot=slot,
                 tokens=result.tokens,
                 written=result.bytes,
-                task=written.action.signature[0],
+                task=written.action.signature.task,
                 fingerprint=written.fingerprint,
                 pause=pause,
                 created=written.created,
@@ -255,10 +257,14 @@ class Snapshotter:
             return self._fail(slot, outcomes.SaveCause.NOT_SUPPORTED, detail, seconds)
         if isinstance(exc, errors.UpstreamError):
             return self._fail(slot, outcomes.SaveCause.SERVER, str(exc), seconds)
-        if exc.reason == "empty":
+        if exc.reason == outcomes.SnapshotProblem.EMPTY:
             log.info("snapshot_skipped_empty", slot=slot, reason=str(exc))
             return self._record(slot, outcomes.SaveCause.EMPTY, str(exc), seconds=seconds)
-        cause = outcomes.SaveCause.NOT_LINKED if exc.reason == "missing" else outcomes.SaveCause.CHECK
+        cause = (
+            outcomes.SaveCause.NOT_LINKED
+            if exc.reason == outcomes.SnapshotProblem.MISSING
+            else outcomes.SaveCause.CHECK
+        )
         return self._fail(slot, cause, str(exc), seconds)
 
     async def collect_garbage(self) -> None:
@@ -278,7 +284,9 @@ class Snapshotter:
 
     def skip(self, action: policy.Skip) -> SaveRecord:
         log.info("snapshot_skipped", slot=action.slot, reason=action.why)
-        return self._record(action.slot, outcomes.SaveCause.BELOW_MIN_TOKENS, action.why, tokens=action.signature[1])
+        return self._record(
+            action.slot, outcomes.SaveCause.BELOW_MIN_TOKENS, action.why, tokens=action.signature.tokens
+        )
 
     def busy(self, action: policy.Save) -> SaveRecord:
         detail = (

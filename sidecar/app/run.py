@@ -26,7 +26,8 @@ import os
 import signal
 import sys
 import threading
-import time
+from collections.abc import Coroutine
+from typing import Any
 
 import aiohttp
 import prometheus_client
@@ -34,11 +35,11 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 import sidecar
-from sidecar.act import engine, gate, report
-from sidecar.app import server
+from sidecar.act import engine, gate, report, spawn
+from sidecar.app import reports, server
 from sidecar.core import config, errors, metrics, protocols
 from sidecar.library import placer
-from sidecar.observe import poller, upstream, weights
+from sidecar.observe import upstream, weights
 from sidecar.proxy import listener, relay, sentinel
 from sidecar.router import admission, fleet
 from sidecar.shared import service
@@ -65,11 +66,9 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version=sidecar.__version__)
-    snapshots = store.SnapshotStore(settings.snapshots.slot_dir, clock=time.time)
-    snapshots.on_quarantine = lambda file, reason, detail: _quarantined(stats, file, reason, detail)
-    snapshots.on_io_error = lambda operation, name, error: _io_error(stats, operation, name, error)
-    snapshots.on_newer = _newer_format
-    snapshots.on_unindexed = _unindexed
+    snapshots = store.SnapshotStore(
+        settings.snapshots.slot_dir, clock=protocols.SystemClock(), events=reports.StoreLog(stats)
+    )
     problem = snapshots.check_writable()
     if problem:
         raise errors.ConfigError(problem + ": create it, or fix --slot-dir / LLAMA_SIDECAR_SLOT_DIR")
@@ -127,6 +126,22 @@ def _as_router(settings: config.Settings, why: str) -> config.Settings:
     return dataclasses.replace(settings, upstream=upstream_settings, shared=shared)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Parts:
+    """What the wiring made for one mode: a plain llama-server, or a router's models."""
+
+    core: engine.Engine | fleet.Fleet
+    """What the HTTP layer reads and what takes the final snapshots."""
+    loops: dict[str, Coroutine[Any, Any, None]]
+    """The tasks that watch the server(s), by name."""
+    restore_gate: gate.Gate
+    """Where the proxy holds completion requests."""
+    admit: relay.Admit | None = None
+    """Router mode: which model's gate a request waits at."""
+    shared: service.SharedStore | None = None
+    library: relay.Pinner | None = None
+
+
 async def _run(
     settings: config.Settings,
     snapshots: store.SnapshotStore,
@@ -135,6 +150,47 @@ async def _run(
     lock: dirlock.DirLock,
     ready: asyncio.Event | None,
 ) -> None:
+    await _load(settings, snapshots)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal, stop, settings.snapshots.final_timeout + EXIT_MARGIN)
+    async with aiohttp.ClientSession(raise_for_status=False) as session:
+        client = upstream.LlamaClient(session, settings.upstream)
+        wire = _router if settings.upstream.router else _plain
+        parts = wire(settings, client, snapshots, stats)
+        watch = watcher.Watcher(snapshots, stats, lock)
+        app = server.make_app(
+            source=parts.core,
+            snapshots=snapshots,
+            registry=registry,
+            settings=settings.server,
+            liveness=report.Liveness.of(settings),
+        )
+        handle = await server.start(app, settings.server)
+        log.info("listening", host=handle.host, port=handle.port)
+        try:
+            proxy = await _start_proxy(settings, parts.restore_gate, stats, parts.library, parts.admit)
+        except BaseException:
+            await handle.close()
+            raise
+        watch.start()
+        if ready is not None:
+            ready.set()
+        try:
+            await _tasks(parts, watch, stop)
+        except* Terminate:
+            log.info("stopping", reason="signal")
+        finally:
+            if proxy is not None:
+                await proxy.close()  # no new requests may change the slots during the final snapshots
+            await _shutdown(parts.core, settings, watch, handle)
+            if parts.shared is not None:
+                await parts.shared.close()
+
+
+async def _load(settings: config.Settings, snapshots: store.SnapshotStore) -> None:
+    """Index the slot dir, removing what interrupted saves left."""
     for finding in await asyncio.to_thread(snapshots.scan, clean=True):
         log.info("slot_dir_cleaned", finding=finding)
     log.info(
@@ -143,86 +199,64 @@ async def _run(
         snapshots=len(snapshots.snapshots()),
         server=settings.upstream.url,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_signal, stop, settings.snapshots.final_timeout + EXIT_MARGIN)
-    async with aiohttp.ClientSession(raise_for_status=False) as session:
-        client = upstream.LlamaClient(session, settings.upstream)
-        clock = protocols.SystemClock()
-        restore_gate = gate.Gate(mono=clock.monotonic)
-        identify = weights.WeightsIdentifier(settings.snapshots.slot_dir).identify
-        core: engine.Engine | fleet.Fleet
-        if settings.upstream.router:  # one engine per model, started by the fleet
-            core = fleet.Fleet(
-                client=client, snapshots=snapshots, stats=stats, settings=settings, clock=clock, weights=identify
-            )
-            loops = {"router": core.run()}
-            restore_gate = core.gate
-            admit = admission.Admission(models=core, client=client, stats=stats, settings=settings).admit
-        else:
-            core = engine.Engine(
-                client=client,
-                snapshots=snapshots.for_model(None),  # a plain server's snapshots, never a router model's
-                stats=stats,
-                settings=settings,
-                clock=clock,
-                restore_gate=restore_gate,
-            )
-            poll = poller.Poller(
-                client, settings.poll, clock=clock, weights=identify, detect_router=settings.upstream.router is None
-            )
-            restore_gate.on_suspect = poll.poll_soon
-            loops = {"poller": poll.run(core.handle), "actions": core.run()}
-            admit = None
-        shared = (
-            _shared_store(settings, snapshots.for_model(None), stats, core) if isinstance(core, engine.Engine) else None
+
+
+async def _tasks(parts: _Parts, watch: watcher.Watcher, stop: asyncio.Event) -> None:
+    """Run every task until one fails or the stop flag is set (then :class:`Terminate` is raised)."""
+    async with asyncio.TaskGroup() as group:
+        for name, loop_ in parts.loops.items():
+            group.create_task(loop_, name=name)
+        group.create_task(watch.run(), name="watcher")
+        group.create_task(_stopper(stop), name="stopper")
+        if parts.shared is not None:
+            group.create_task(parts.shared.run(), name="uploader")
+
+
+def _plain(
+    settings: config.Settings, client: upstream.LlamaClient, snapshots: store.SnapshotStore, stats: metrics.Metrics
+) -> _Parts:
+    """One llama-server: one watch, the shared store and the conversation library if configured."""
+    clock = protocols.SystemClock()
+    own = snapshots.for_model(None)  # a plain server's snapshots, never a router model's
+    shared = _shared_store(settings, own, stats)
+    watched = spawn.watch(
+        client=client,
+        snapshots=own,
+        stats=stats,
+        settings=settings,
+        clock=clock,
+        weights=weights.WeightsIdentifier(settings.snapshots.slot_dir).identify,
+        before_restore=shared.warm if shared is not None else None,
+        detect_router=settings.upstream.router is None,
+    )
+    library = None
+    if settings.proxy.host is not None:
+        library = placer.Placer(
+            core=watched.engine,
+            tokenizer=client,
+            snapshots=own,
+            stats=stats,
+            clock=clock,
+            shared=shared,
+            hold_seconds=settings.proxy.hold_seconds,
         )
-        watch = watcher.Watcher(snapshots, stats, lock)
-        app = server.make_app(
-            source=core,
-            snapshots=snapshots,
-            registry=registry,
-            settings=settings.server,
-            liveness=report.Liveness.of(settings),
-        )
-        handle = await server.start(app, settings.server)
-        log.info("listening", host=handle.host, port=handle.port)
-        library = None
-        if settings.proxy.host is not None and isinstance(core, engine.Engine):  # router mode: not offered
-            library = placer.Placer(
-                core=core,
-                tokenizer=client,
-                snapshots=snapshots.for_model(None),
-                stats=stats,
-                clock=clock,
-                shared=shared,
-                hold_seconds=settings.proxy.hold_seconds,
-            )
-        try:
-            proxy = await _start_proxy(settings, restore_gate, stats, library, admit)
-        except BaseException:
-            await handle.close()
-            raise
-        watch.start()
-        if ready is not None:
-            ready.set()
-        try:
-            async with asyncio.TaskGroup() as group:
-                for name, loop_ in loops.items():
-                    group.create_task(loop_, name=name)
-                group.create_task(watch.run(), name="watcher")
-                group.create_task(_stopper(stop), name="stopper")
-                if shared is not None:
-                    group.create_task(shared.run(), name="uploader")
-        except* Terminate:
-            log.info("stopping", reason="signal")
-        finally:
-            if proxy is not None:
-                await proxy.close()  # no new requests may change the slots during the final snapshots
-            await _shutdown(core, settings, watch, handle)
-            if shared is not None:
-                await shared.close()
+    return _Parts(watched.engine, watched.loops(), watched.gate, shared=shared, library=library)
+
+
+def _router(
+    settings: config.Settings, client: upstream.LlamaClient, snapshots: store.SnapshotStore, stats: metrics.Metrics
+) -> _Parts:
+    """A router: one watch per model, started by the fleet; no library, no shared store (not offered)."""
+    models = fleet.Fleet(
+        client=client,
+        snapshots=snapshots,
+        stats=stats,
+        settings=settings,
+        clock=protocols.SystemClock(),
+        weights=weights.WeightsIdentifier(settings.snapshots.slot_dir).identify,
+    )
+    admit = admission.Admission(models=models, client=client, stats=stats, settings=settings).admit
+    return _Parts(models, {"router": models.run()}, models.gate, admit=admit)
 
 
 def _on_signal(stop: asyncio.Event, budget: float) -> None:
@@ -253,7 +287,7 @@ def _force_exit(budget: float) -> None:
 
 
 def _shared_store(
-    settings: config.Settings, snapshots: store.SnapshotStore, stats: metrics.Metrics, core: engine.Engine
+    settings: config.Settings, snapshots: store.SnapshotStore, stats: metrics.Metrics
 ) -> service.SharedStore | None:
     """The shared store (--shared-store): uploads after each commit, fetches before each restore round."""
     where = settings.shared.location
@@ -261,7 +295,6 @@ def _shared_store(
         return None
     shared = service.SharedStore(where, snapshots=snapshots, stats=stats)
     snapshots.subscribe(shared.offer)
-    core.before_restore = shared.warm
     return shared
 
 
@@ -331,58 +364,3 @@ async def _shutdown(
             await watch.stop()
         await handle.close()
         log.info("stopped")
-
-
-_QUARANTINE_HINTS = {
-    "checksum": "the file changed on disk after it was saved: check the disk, and who writes the slot dir",
-    "size": "the file was truncated, grew or vanished after it was saved: check the disk and free space",
-    "manifest": "the manifest is damaged or names another file: check who writes the slot dir",
-    "not_regular": "a symbolic link, FIFO or device was put in the slot dir under a snapshot's name; only "
-    "llama-server and the sidecar should write there: check the volume's owners and mounts",
-    "oversized": "no manifest is that large: something other than the sidecar wrote it; check who writes the slot dir",
-}
-
-
-def _quarantined(stats: metrics.Metrics, file: str, reason: str, detail: str) -> None:
-    label = reason if reason in metrics.QUARANTINE_REASONS else "manifest"
-    stats.quarantined.labels(label).inc()
-    log.error(
-        "snapshot_quarantined",
-        file=file,
-        reason=reason,
-        detail=detail,
-        effect="refused: never read further nor restored; renamed with a .quarantined suffix for inspection",
-        hint=_QUARANTINE_HINTS.get(label, _QUARANTINE_HINTS["manifest"]),
-    )
-
-
-def _io_error(stats: metrics.Metrics, operation: str, name: str, error: str) -> None:
-    stats.slot_dir_errors.labels(operation if operation in metrics.SLOT_DIR_OPERATIONS else "read").inc()
-    log.error(
-        "slot_dir_io_error",
-        operation=operation,
-        file=name,
-        error=error,
-        effect="nothing is quarantined or deleted for it; retried at the next scan",
-        hint="check the slot dir's disk, mount and permissions (the sidecar and llama-server need read and write)",
-    )
-
-
-def _unindexed(name: str, reason: str) -> None:
-    log.warning(
-        "snapshot_not_indexed",
-        file=name,
-        reason=reason,
-        effect="kept and restorable into its slot, but the conversation library cannot route requests to it",
-        hint="a llama-server of another slot file format wrote it; the sidecar reads format 4",
-    )
-
-
-def _newer_format(name: str, found: int) -> None:
-    log.warning(
-        "manifest_newer_format",
-        file=name,
-        format=found,
-        effect="left alone, not restored: a newer llama-kv-sidecar wrote it",
-        hint="run the newer llama-kv-sidecar on this slot dir, or remove the snapshot by hand",
-    )

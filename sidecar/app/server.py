@@ -17,15 +17,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import time
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sidecar.act import report
-from sidecar.core import config, events
+from sidecar.core import config, events, protocols
 from sidecar.snapshots import store
 
 
@@ -36,7 +34,7 @@ class _Context:
     registry: CollectorRegistry
     settings: config.ServerSettings
     liveness: report.Liveness
-    mono: Callable[[], float]
+    clock: protocols.Clock
 
 
 CONTEXT_KEY: web.AppKey[_Context] = web.AppKey("context")
@@ -49,10 +47,10 @@ def make_app(
     registry: CollectorRegistry,
     settings: config.ServerSettings,
     liveness: report.Liveness,
-    mono: Callable[[], float] = time.monotonic,
+    clock: protocols.Clock | None = None,
 ) -> web.Application:
     app = web.Application(client_max_size=64 << 10)
-    app[CONTEXT_KEY] = _Context(source, snapshots, registry, settings, liveness, mono)
+    app[CONTEXT_KEY] = _Context(source, snapshots, registry, settings, liveness, clock or protocols.SystemClock())
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -69,7 +67,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _healthz(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT_KEY]
-    stuck = ctx.liveness.stall(ctx.source.status(), ctx.mono())
+    stuck = ctx.liveness.stall(ctx.source.status(), ctx.clock.monotonic())
     if stuck:
         return web.json_response({"status": "stuck", "problem": stuck}, status=503)
     return web.json_response({"status": "ok"})
@@ -77,7 +75,7 @@ async def _healthz(request: web.Request) -> web.Response:
 
 def _readiness(ctx: _Context, st: report.Status) -> list[str]:
     problems: list[str] = []
-    stuck = ctx.liveness.stall(st, ctx.mono())
+    stuck = ctx.liveness.stall(st, ctx.clock.monotonic())
     if stuck:
         problems.append(stuck)
     latest = st.observation
@@ -128,7 +126,7 @@ async def _status(request: web.Request) -> web.Response:
             "slot_dir_linked": st.link_ok,
         },
         "loop": {
-            "seconds_since_progress": round(ctx.mono() - st.progress_at, 3),
+            "seconds_since_progress": round(ctx.clock.monotonic() - st.progress_at, 3),
             "acting": st.acting,
             "allowed_seconds": ctx.liveness.bound(st),
         },

@@ -18,9 +18,9 @@ import uvloop
 import sidecar
 from sidecar.app import run as app
 from sidecar.cli import options
-from sidecar.core import errors, logs, parse
+from sidecar.core import errors, logs, outcomes, parse, protocols
 from sidecar.shared import connect, gc
-from sidecar.snapshots import dirlock, store
+from sidecar.snapshots import dirlock, reporting, store
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,21 +81,45 @@ def build_parser() -> argparse.ArgumentParser:
 settings_from = options.settings_from
 
 
-def _open_store(ns: argparse.Namespace, *, read_only: bool) -> store.SnapshotStore:
+class _Listed(reporting.Silent):
+    """What ``ls`` tells of the store's findings: a bad file, on stderr."""
+
+    def quarantined(self, file: str, reason: outcomes.SnapshotProblem, detail: str) -> None:
+        print(f"bad: {file}: {reason}: {detail}", file=sys.stderr)
+
+
+class _Verified(reporting.Silent):
+    """What ``verify`` tells of the store's findings, one line each; it keeps the bad files' names."""
+
+    def __init__(self, *, dry_run: bool) -> None:
+        self.action = "found" if dry_run else "quarantined"
+        self.bad: list[str] = []
+
+    def quarantined(self, file: str, reason: outcomes.SnapshotProblem, detail: str) -> None:
+        self.bad.append(file)
+        print(f"BAD {file}: {reason}: {detail} ({self.action})")
+
+    def io_error(self, operation: outcomes.SlotDirOperation, name: str, error: str) -> None:
+        print(f"ERROR {name}: {operation}: {error} (kept)")
+
+    def newer_format(self, name: str, found: int) -> None:
+        print(f"SKIP {name}: manifest format {found} is newer (kept)")
+
+
+def _open_store(ns: argparse.Namespace, *, read_only: bool, events: reporting.StoreEvents) -> store.SnapshotStore:
     slot_dir = options.checked_value(ns, options.SLOT_DIR)
     if slot_dir is None:
         raise errors.ConfigError(f"{options.SLOT_DIR.flag} (or {options.SLOT_DIR.env}) is required")
-    snaps = store.SnapshotStore(slot_dir, clock=time.time, read_only=read_only)
-    if not snaps.dir.is_dir():
-        raise errors.ConfigError(f"slot dir {snaps.dir} does not exist")
-    return snaps
+    snapshots = store.SnapshotStore(slot_dir, clock=protocols.SystemClock(), read_only=read_only, events=events)
+    if not snapshots.dir.is_dir():
+        raise errors.ConfigError(f"slot dir {snapshots.dir} does not exist")
+    return snapshots
 
 
 def _ls(ns: argparse.Namespace) -> int:
-    snaps = _open_store(ns, read_only=True)
-    snaps.on_quarantine = lambda file, reason, detail: print(f"bad: {file}: {reason}: {detail}", file=sys.stderr)
-    snaps.scan(clean=False)
-    found = snaps.snapshots()
+    snapshots = _open_store(ns, read_only=True, events=_Listed())
+    snapshots.scan(clean=False)
+    found = snapshots.snapshots()
     if ns.model is not None:
         found = [m for m in found if m.model == ns.model]
     if ns.json:
@@ -103,45 +127,37 @@ def _ls(ns: argparse.Namespace) -> int:
             print(m.to_json().replace("\n", "").replace("  ", ""))
         return 0
     print(f"{'conversation':<12}  {'slot':>4}  {'tokens':>7}  {'MB':>8}  {'last use (UTC)':<19}  file")
-    for m in sorted(found, key=lambda m: -snaps.last_used(m.file)):
-        used = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snaps.last_used(m.file)))
+    for m in sorted(found, key=lambda m: -snapshots.last_used(m.file)):
+        used = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(snapshots.last_used(m.file)))
         key = m.index.key if m.index is not None and m.index.key else "-"
         model = f"  (model {m.model})" if m.model is not None else ""
         print(f"{key:<12}  {m.slot:>4}  {m.tokens:>7}  {m.bytes / 1e6:>8.1f}  {used:<19}  {m.file}{model}")
-    library = snaps.library()
+    library = snapshots.library()
     print(
-        f"{len(found)} snapshot(s) in {snaps.dir}; {len(library)} in the conversation library "
+        f"{len(found)} snapshot(s) in {snapshots.dir}; {len(library)} in the conversation library "
         f"({sum(m.bytes for m in library) / 1e6:.1f} MB)"
     )
     return 0
 
 
 def _verify(ns: argparse.Namespace) -> int:
-    snaps = _open_store(ns, read_only=ns.dry_run)
-    action = "found" if ns.dry_run else "quarantined"
-    bad: list[str] = []
-
-    def report(file: str, reason: str, detail: str) -> None:
-        bad.append(file)
-        print(f"BAD {file}: {reason}: {detail} ({action})")
-
-    snaps.on_quarantine = report
-    snaps.on_io_error = lambda operation, name, error: print(f"ERROR {name}: {operation}: {error} (kept)")
-    snaps.on_newer = lambda name, found: print(f"SKIP {name}: manifest format {found} is newer (kept)")
-    lock = dirlock.DirLock(snaps.dir)
+    told = _Verified(dry_run=ns.dry_run)
+    snapshots = _open_store(ns, read_only=ns.dry_run, events=told)
+    bad = told.bad
+    lock = dirlock.DirLock(snapshots.dir)
     if not ns.dry_run:
         lock.acquire()  # it quarantines: not beside a running sidecar's own checks
     try:
-        snaps.scan(clean=False)
-        checked = snaps.snapshots()
+        snapshots.scan(clean=False)
+        checked = snapshots.snapshots()
         unreadable = 0
         for m in checked:
             try:
-                snaps.verify(m)
+                snapshots.check(m)
                 print(f"ok  {m.file} ({m.tokens} tokens, {m.bytes} bytes)")
             except errors.SnapshotError as exc:
-                if exc.reason in store.BAD_CONTENT:
-                    snaps.quarantine(m.file, exc.reason, detail=str(exc))
+                if exc.reason in outcomes.BAD_CONTENT:
+                    snapshots.quarantine(m.file, exc.reason, detail=str(exc))
                 else:
                     unreadable += 1
     finally:

@@ -185,7 +185,7 @@ OPTIONS: tuple[Option, ...] = (
         "--keep-per-slot",
         "LLAMA_SIDECAR_KEEP_PER_SLOT",
         ("snapshots.keep_per_slot",),
-        "newest snapshots kept per slot",
+        "a snapshot is deleted once N newer snapshots extend its tokens (unindexed ones: the newest N per slot kept)",
         "N",
         parse.number(int),
     ),

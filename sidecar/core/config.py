@@ -55,7 +55,8 @@ class SnapshotSettings:
     Under steady traffic on several slots no such moment comes: this bounds what a crash of
     llama-server loses then (the turns of the last ``hold_seconds`` plus ``idle_seconds``)."""
     keep_per_slot: int = 2
-    """Newest snapshots kept per slot, a count (at least 1)."""
+    """A snapshot goes once this many newer snapshots extend its tokens (of snapshots not indexed by content,
+    the newest this many per slot stay), a count (at least 1)."""
     max_bytes: int = 0
     """Cap on all snapshots together, in bytes; 0 means no cap."""
     max_age: float = 0.0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import NamedTuple
 
 
 class Health(enum.StrEnum):
@@ -31,6 +32,22 @@ class Health(enum.StrEnum):
     DOWN = "down"
     UNLOADED = "unloaded"
     """Router mode: the router answers, but runs no server for the model (not loaded yet, or unloaded)."""
+
+
+class SlotContent(NamedTuple):
+    """What a slot holds, as far as one server process tells: the task that last ran on it, and its tokens.
+
+    Two equal contents of one process are the same KV; a restart makes every content new.
+    """
+
+    task: int
+    """``id_task`` of the slot's last task."""
+    tokens: int
+    """Tokens in the slot's cache (``n_prompt_tokens``)."""
+
+
+UNREAD = SlotContent(-1, 0)
+"""The content of a slot whose listing did not say it: whoever saves it reads the slot afresh first."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,9 +63,9 @@ class SlotView:
     """Tokens in the slot's cache (``n_prompt_tokens``); 0 when ``task`` is None."""
 
     @property
-    def signature(self) -> tuple[int, int] | None:
-        """What identifies the slot's content within one server process."""
-        return None if self.task is None else (self.task, self.tokens)
+    def signature(self) -> SlotContent | None:
+        """What identifies the slot's content within one server process; None while it never ran a task."""
+        return None if self.task is None else SlotContent(self.task, self.tokens)
 
     @property
     def virgin(self) -> bool:

@@ -9,8 +9,6 @@ scrape its /metrics directly.
 
 from __future__ import annotations
 
-import copy
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from sidecar.core import outcomes
@@ -19,13 +17,13 @@ NAMESPACE = "llama_sidecar"
 SNAPSHOT_RESULTS = tuple(r.value for r in outcomes.SaveResult)
 RESTORE_RESULTS = tuple(r.value for r in outcomes.RestoreOutcome)
 VERIFY_OUTCOMES = tuple(v.value for v in outcomes.Verification)
-GC_REASONS = ("keep", "superseded", "bytes", "age")
+GC_REASONS = tuple(r.value for r in outcomes.GcReason)
 CONVERSATION_SOURCES = tuple(s.value for s in outcomes.Source)
 UNROUTED_REASONS = tuple(r.value for r in outcomes.Unrouted)
-QUARANTINE_REASONS = ("checksum", "size", "manifest", "not_regular", "oversized")
-SLOT_DIR_OPERATIONS = ("read", "write", "scan")
-SHARED_DIRECTIONS = ("up", "down")
-SHARED_OPERATIONS = ("put", "get", "list", "delete")
+QUARANTINE_REASONS = tuple(p.value for p in outcomes.SnapshotProblem if p in outcomes.BAD_CONTENT)
+SLOT_DIR_OPERATIONS = tuple(o.value for o in outcomes.SlotDirOperation)
+SHARED_DIRECTIONS = tuple(d.value for d in outcomes.Direction)
+SHARED_OPERATIONS = tuple(o.value for o in outcomes.SharedOperation)
 SHARED_REFUSALS = tuple(r.value for r in outcomes.SharedRefusal)
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -36,6 +34,18 @@ _RESTART = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry, *, version: str) -> None:
+        self._server_families(registry, version)
+        self._snapshot_families(registry)
+        self._restore_families(registry)
+        self._slot_dir_families(registry)
+        self._proxy_families(registry)
+        self._library_families(registry)
+        self._shared_families(registry)
+        self._model_families(registry)
+        self._preinitialise()
+
+    def _server_families(self, registry: CollectorRegistry, version: str) -> None:
+        """The server and the build: up, readable, restarts."""
         self.build_info = Info(
             "build", "Version of llama-kv-sidecar that is running.", namespace=NAMESPACE, registry=registry
         )
@@ -61,6 +71,9 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+
+    def _snapshot_families(self, registry: CollectorRegistry) -> None:
+        """Saves: results and durations."""
         self.snapshots = Counter(
             "snapshots",
             "Slot snapshots attempted, by slot and result: ok (committed), failed (save or check "
@@ -78,6 +91,9 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+
+    def _restore_families(self, registry: CollectorRegistry) -> None:
+        """Restores: results, durations, restart to restore, verification."""
         self.restores = Counter(
             "restores",
             "Slot restore attempts, by slot and result: ok, failed (the server refused the file), "
@@ -139,6 +155,9 @@ class Metrics:
         for saved_by in outcomes.SavedBy:
             self.prefill_saved_seconds.labels(saved_by.value)
             self.prefill_saved_tokens.labels(saved_by.value)
+
+    def _slot_dir_families(self, registry: CollectorRegistry) -> None:
+        """The slot dir: disk, files, retention, quarantine, I/O errors, commits."""
         self.disk_used = Gauge(
             "disk_used_bytes",
             "Bytes of all files in the slot dir (snapshots, temp, quarantine).",
@@ -210,6 +229,9 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+
+    def _proxy_families(self, registry: CollectorRegistry) -> None:
+        """The proxy: requests by route and outcome, requests held at the gate."""
         self.proxy_requests = Counter(
             "proxy_requests",
             "Requests through the proxy (--proxy-listen), by route (completion: routes that run a "
@@ -242,6 +264,9 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+
+    def _library_families(self, registry: CollectorRegistry) -> None:
+        """The conversation library: routing, swaps, its size."""
         self.conversation_requests = Counter(
             "conversation_requests",
             "Completion requests routed by the proxy, by where their prompt's prefix was found: slot "
@@ -291,6 +316,9 @@ class Metrics:
             self.conversation_requests.labels(source)
         for reason in UNROUTED_REASONS:
             self.conversation_unrouted.labels(reason)
+
+    def _shared_families(self, registry: CollectorRegistry) -> None:
+        """The shared store: transfers, errors, uploads waiting."""
         self.shared_bytes = Counter(
             "shared_store_bytes",
             "Bytes of snapshots moved to (up) or from (down) the shared store (--shared-store).",
@@ -339,26 +367,9 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
-        for direction in SHARED_DIRECTIONS:
-            self.shared_bytes.labels(direction)
-            self.shared_objects.labels(direction)
-            self.shared_transfer.labels(direction)
-        for operation in SHARED_OPERATIONS:
-            self.shared_errors.labels(operation)
-        for reason in SHARED_REFUSALS:
-            self.shared_refused.labels(reason)
-        for outcome in VERIFY_OUTCOMES:
-            self.restore_verifications.labels(outcome)
-        for route in outcomes.Route:  # at zero without the proxy too, so dashboards and alerts see series
-            for result in outcomes.ProxyOutcome:
-                self.proxy_requests.labels(route.value, result.value)
-        for reason in GC_REASONS:
-            self.gc_deleted.labels(reason)
-        for reason in QUARANTINE_REASONS:
-            self.quarantined.labels(reason)
-        for operation in SLOT_DIR_OPERATIONS:
-            self.slot_dir_errors.labels(operation)
 
+    def _model_families(self, registry: CollectorRegistry) -> None:
+        """Router mode: the model_* families (see :meth:`for_model`)."""
         self.model: str | None = None
         """The router-mode model this view counts for (see :meth:`for_model`); None for a plain server."""
         self.model_up = Gauge(
@@ -384,20 +395,31 @@ class Metrics:
             registry=registry,
         )
 
-    def for_model(self, model: str) -> Metrics:
-        """The metrics one model's engine writes in router mode: shared series, plus ``model_*`` ones.
+    def _preinitialise(self) -> None:
+        """Every bounded label set at zero, so no series is missing when Prometheus first scrapes."""
+        for direction in SHARED_DIRECTIONS:
+            self.shared_bytes.labels(direction)
+            self.shared_objects.labels(direction)
+            self.shared_transfer.labels(direction)
+        for operation in SHARED_OPERATIONS:
+            self.shared_errors.labels(operation)
+        for reason in SHARED_REFUSALS:
+            self.shared_refused.labels(reason)
+        for outcome in VERIFY_OUTCOMES:
+            self.restore_verifications.labels(outcome)
+        for route in outcomes.Route:  # at zero without the proxy too, so dashboards and alerts see series
+            for result in outcomes.ProxyOutcome:
+                self.proxy_requests.labels(route.value, result.value)
+        for reason in GC_REASONS:
+            self.gc_deleted.labels(reason)
+        for reason in QUARANTINE_REASONS:
+            self.quarantined.labels(reason)
+        for operation in SLOT_DIR_OPERATIONS:
+            self.slot_dir_errors.labels(operation)
 
-        The unlabelled and per-slot series sum over the models; ``server_up``
-        becomes ``model_up{model}`` (the router's /health is not the model's).
-        """
-        view = copy.copy(self)
-        view.model = model
-        view.server_up = self.model_up.labels(model)
-        for result in SNAPSHOT_RESULTS:
-            self.model_snapshots.labels(model, result)
-        for result in RESTORE_RESULTS:
-            self.model_restores.labels(model, result)
-        return view
+    def for_model(self, model: str) -> Metrics:
+        """The metrics one model's engine writes in router mode (see :class:`ModelMetrics`)."""
+        return ModelMetrics(self, model)
 
     def forget_model(self, model: str) -> None:
         """Drop a model's ``model_*`` series once the router no longer lists it."""
@@ -422,3 +444,29 @@ class Metrics:
                 self.restores.labels(label, result)
             self.restored_tokens.labels(label)
             self.unsaved_since.labels(label)
+
+
+class ModelMetrics(Metrics):
+    """One router-mode model's view of the families: shared series, plus its ``model_*`` ones.
+
+    Made by :meth:`Metrics.for_model` over the process's one :class:`Metrics`;
+    nothing is registered again. The unlabelled and per-slot series are the
+    shared ones (they sum over the models); ``server_up`` becomes
+    ``model_up{model}`` (the router's /health is not the model's), and
+    :meth:`count_model` counts in the model's series.
+    """
+
+    def __init__(self, shared: Metrics, model: str) -> None:  # the families are the shared ones: not built again
+        self._shared = shared
+        self.model = model
+        self.server_up = shared.model_up.labels(model)
+        for result in SNAPSHOT_RESULTS:
+            shared.model_snapshots.labels(model, result)
+        for result in RESTORE_RESULTS:
+            shared.model_restores.labels(model, result)
+
+    def __getattr__(self, name: str) -> object:
+        """Every family this view does not replace is the shared object's (looked up at each use)."""
+        if name == "_shared":
+            raise AttributeError(name)
+        return getattr(self._shared, name)

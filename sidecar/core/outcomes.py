@@ -130,3 +130,69 @@ class SavedBy(enum.StrEnum):
     """A restore round after a restart or a wake-up."""
     SWAP = "swap"
     """A library (or shared-store) snapshot swapped into a slot for the request that needed it."""
+
+
+class SnapshotProblem(enum.StrEnum):
+    """``SnapshotError.reason`` values raised by the store (the bad-content ones: ``snapshots_quarantined_total``)."""
+
+    CHECKSUM = "checksum"
+    SIZE = "size"
+    MANIFEST = "manifest"
+    IO = "io"
+    """An I/O error: nothing is known about the content."""
+    MISSING = "missing"
+    """The server's file is not in the slot dir (another directory, or gone)."""
+    EMPTY = "empty"
+    NOT_REGULAR = "not_regular"
+    """A snapshot's name is a symbolic link, a FIFO, a device, ...: never read, never restored."""
+    OVERSIZED = "oversized"
+    """A manifest larger than ``manifest.MAX_BYTES``: refused unread."""
+
+
+BAD_CONTENT = frozenset(
+    {
+        SnapshotProblem.CHECKSUM,
+        SnapshotProblem.SIZE,
+        SnapshotProblem.MANIFEST,
+        SnapshotProblem.NOT_REGULAR,
+        SnapshotProblem.OVERSIZED,
+    }
+)
+"""The only reasons that quarantine a snapshot."""
+
+
+class SlotDirOperation(enum.StrEnum):
+    """What the store was doing when the slot dir failed (``slot_dir_errors_total{operation}``)."""
+
+    READ = "read"
+    WRITE = "write"
+    SCAN = "scan"
+
+
+class GcReason(enum.StrEnum):
+    """Why retention deleted a snapshot (``gc_deleted_total{reason}``)."""
+
+    KEEP = "keep"
+    """Beyond the newest --keep-per-slot of a slot (snapshots not indexed by content)."""
+    SUPERSEDED = "superseded"
+    """Its tokens are a prefix of --keep-per-slot newer snapshots of the same conversation."""
+    BYTES = "bytes"
+    """The least recently used while the library is over --max-bytes."""
+    AGE = "age"
+    """Not used for longer than --max-age."""
+
+
+class SharedOperation(enum.StrEnum):
+    """What the shared store was doing when it failed (``shared_store_errors_total{operation}``)."""
+
+    PUT = "put"
+    GET = "get"
+    LIST = "list"
+    DELETE = "delete"
+
+
+class Direction(enum.StrEnum):
+    """Which way a snapshot crossed to or from the shared store (``shared_store_*{direction}``)."""
+
+    UP = "up"
+    DOWN = "down"

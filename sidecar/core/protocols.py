@@ -4,7 +4,12 @@
 slot-dir probe need from llama-server; ``upstream.LlamaClient`` implements
 it over HTTP, and the unit tests implement it in memory. :class:`Clock` is
 the one source of time: ``monotonic`` for every duration and deadline,
-``wall`` for timestamps shown to people and written to manifests.
+``wall`` for timestamps shown to people and written to manifests. Every
+component that needs time takes one (``clock=``, :class:`SystemClock` by
+default), the store and the restore gate included. The one exception: how
+long a call of the sidecar's own took, observed in a duration histogram or
+logged as ``seconds=``, is timed with ``time.perf_counter``, so that a test's
+hand-moved clock never makes a measured figure.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from sidecar.act import engine, policy, savings
+from sidecar.act import engine, policy, restorer, savings
 from sidecar.core import errors, events, metrics, outcomes, protocols
 from sidecar.library import prompt, routing
 from sidecar.shared import catalog, decide, records
@@ -68,6 +68,40 @@ class Shared(Protocol):
     def worth(self, match: catalog.Match, *, cached_tokens: int, prefill_rate: float) -> decide.Estimate: ...
 
     async def fetch(self, shared: records.SharedRecord, *, slot: int) -> manifest.Manifest | None: ...
+
+
+class Slots(Protocol):
+    """What the library asks of the engine that owns the slots (``engine.Engine``); the engine decides."""
+
+    def seen(self) -> tuple[events.Observation | None, events.Identity | None]:
+        """The newest observation and identity of the server."""
+        ...
+
+    def unsaved(self, slot: int) -> bool:
+        """Whether the slot holds content no snapshot holds."""
+        ...
+
+    def worth_saving(self, tokens: int) -> bool:
+        """Whether a slot holding ``tokens`` is worth a snapshot (``--min-tokens``)."""
+        ...
+
+    async def fresh_slots(self) -> tuple[events.SlotView, ...]:
+        """Every slot as the server shows it now; the engine's policy follows the read."""
+        ...
+
+    async def save(self, action: policy.Save) -> bool:
+        """Save the slot if it is idle now; True if its content is in a snapshot."""
+        ...
+
+    async def swap_in(
+        self, slot: int, record: manifest.Manifest, *, counters: events.Counters | None
+    ) -> restorer.RestoreRecord:
+        """Restore ``record`` into the slot for a request (its own content saved first)."""
+        ...
+
+    def follow(self, listener: engine.SlotContent) -> None:
+        """Tell ``listener`` when the engine changes what the slots hold."""
+        ...
 
 
 class Tokenizer(Protocol):
@@ -107,7 +141,7 @@ class Placer:
     def __init__(
         self,
         *,
-        core: engine.Engine,
+        core: Slots,
         tokenizer: Tokenizer,
         snapshots: store.SnapshotStore,
         stats: metrics.Metrics,
@@ -125,7 +159,7 @@ class Placer:
         self._slots: dict[int, _Slot] = {}
         self._said: set[str] = set()
         self._loop = asyncio.get_running_loop()
-        core.content_listeners.append(self)
+        core.follow(self)
         snapshots.subscribe(self._committed)
 
     # ---- what the engine tells: engine.SlotContent ----------------------------------------
@@ -199,7 +233,7 @@ class Placer:
         return await self._tokenizer.tokenize(text)
 
     async def _place(self, request: prompt.Prompt, chain: tuple[str, ...]) -> _Plan | None:
-        polled, identity = self._core.latest, self._core.identity
+        polled, identity = self._core.seen()
         if polled is None or polled.slots is None or identity is None:
             self._unrouted(outcomes.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
             return None
@@ -288,7 +322,7 @@ class Placer:
             async with asyncio.timeout(min(LOOKUP_SECONDS, self._hold)):
                 match = await self._shared.lookup(identity, chain, max_tokens=min(v.n_ctx for v in obs.slots))
         except TimeoutError:
-            self._slow("list", LOOKUP_SECONDS, "looking up the request's prefix")
+            self._slow(outcomes.SharedOperation.LIST, LOOKUP_SECONDS, "looking up the request's prefix")
             return None
         if match is None or match.blocks <= local.blocks:
             return None
@@ -332,13 +366,13 @@ class Placer:
             async with asyncio.timeout(self._hold):
                 record = await self._shared.fetch(shared, slot=decision.slot)
         except TimeoutError:
-            self._slow("get", self._hold, "downloading the request's prefix")
+            self._slow(outcomes.SharedOperation.GET, self._hold, "downloading the request's prefix")
         if record is None:
             return True, outcomes.Source.COLD  # the slot's own content is saved: it runs cold there
         ok = await self._swap(dataclasses.replace(decision, save_first=False), record, view, counters)
         return ok, outcomes.Source.SHARED
 
-    def _slow(self, operation: str, seconds: float, doing: str) -> None:
+    def _slow(self, operation: outcomes.SharedOperation, seconds: float, doing: str) -> None:
         self._stats.shared_errors.labels(operation).inc()
         log.warning(
             "shared_store_slow",
@@ -361,13 +395,11 @@ class Placer:
         with self._snapshots.using(record.file):
             if decision.save_first and not await self._save(view):
                 return False
-            result, after = await self._core.restorer.swap_in(decision.slot, record, counters=counters)
+            result = await self._core.swap_in(decision.slot, record, counters=counters)
         if result.result is not outcomes.RestoreOutcome.OK:
             return False
         seconds = time.perf_counter() - started
         self._slot(decision.slot).seen = None  # restored: its (task, tokens) are read afresh next time
-        if after is not None and after.signature is not None:
-            self._core.policy.settle(decision.slot, after.signature)  # holds a snapshot's content: saved
         self._snapshots.touch(record.file)
         served = min(result.tokens, decision.blocks * slotfile.BLOCK_TOKENS)
         self._stats.swap_duration.observe(seconds)
@@ -387,11 +419,11 @@ class Placer:
         """Save what ``view``'s slot holds before it is given another conversation; True if nothing is lost."""
         if (view.signature is None or view.tokens == 0) and not self._ended_unsaved(view.id, self._slot(view.id)):
             return True
-        if 0 < view.tokens < self._core.policy.settings.min_tokens:
+        if view.tokens > 0 and not self._core.worth_saving(view.tokens):
             return True  # not worth a file (--min-tokens): the policy would not save it either
         # The poll's view may be older than a routed request that ended there: the engine reads the slot
         # afresh before it saves, and saves what it holds then.
-        signature = view.signature if view.signature is not None else (-1, 0)
+        signature = view.signature if view.signature is not None else events.UNREAD
         return await self._core.save(policy.Save(view.id, signature, view.tokens, policy.SaveReason.SWAP))
 
     def _held(self, view: events.SlotView) -> routing.Held:
@@ -415,8 +447,7 @@ class Placer:
             return True  # whatever the poll's view says: it may predate that request
         if view.signature is None or view.tokens == 0:
             return False  # empty, or holds only what a restore round put there
-        track = self._core.policy.tracks.get(view.id)
-        return track is not None and track.signature is not None and track.signature != track.settled
+        return self._core.unsaved(view.id)
 
     def _library(
         self, identity: events.Identity, slots: Sequence[events.SlotView]

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import functools
 import hmac
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
@@ -29,7 +28,7 @@ import yarl
 from aiohttp import web
 
 from sidecar.act import gate
-from sidecar.core import config, metrics, outcomes
+from sidecar.core import config, metrics, outcomes, protocols
 from sidecar.proxy import routes
 
 log = structlog.get_logger("sidecar.proxy")
@@ -87,7 +86,7 @@ class Relay:
         upstream: config.UpstreamSettings,
         settings: config.ProxySettings,
         admin_token: str | None,
-        mono: Callable[[], float] = time.monotonic,
+        clock: protocols.Clock | None = None,
         pinner: Pinner | None = None,
         admit: Admit | None = None,
     ) -> None:
@@ -99,7 +98,7 @@ class Relay:
         self._api_key = upstream.api_key
         self._settings = settings
         self._admin_token = admin_token
-        self._mono = mono
+        self._clock = clock or protocols.SystemClock()
         self._admit = admit
         self._counted = {
             (route, outcome): stats.proxy_requests.labels(route.value, outcome.value)
@@ -158,11 +157,8 @@ class Relay:
         self, request: web.BaseRequest, headers: list[tuple[str, str]], body: bytes, pinner: Pinner
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         """A completion routed by ``pinner`` once the gate is open: a slot is only chosen on a server that can serve."""
-        if not self._gate.is_open:
-            started = self._mono()
-            ok = await self._hold(self._settings.hold_seconds)
-            self._metrics.proxy_hold.observe(self._mono() - started)
-            if not ok:
+        with self._gate.hold(self._metrics) as hold:
+            if not self._gate.is_open and not await hold.wait(self._settings.hold_seconds):
                 return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
         async with pinner.pin(request.raw_path, body) as forwarded:
             return await self._forward(request, outcomes.Route.COMPLETION, headers, forwarded)
@@ -189,18 +185,13 @@ class Relay:
         self, request: web.BaseRequest, route: outcomes.Route, headers: list[tuple[str, str]], body: bytes
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         gated = route is outcomes.Route.COMPLETION
-        deadline = self._mono() + self._settings.hold_seconds
+        deadline = self._clock.monotonic() + self._settings.hold_seconds
         url = yarl.URL(self._base + request.raw_path, encoded=True)
         replays = 0
-        held = None
-        try:
+        with self._gate.hold(self._metrics) as hold:
             while True:
                 if gated and not self._gate.is_open:
-                    held = held or 0.0
-                    started = self._mono()
-                    ok = await self._hold(deadline - started)
-                    held += self._mono() - started
-                    if not ok:
+                    if not await hold.wait(deadline - self._clock.monotonic()):
                         return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
                     if self._admit is not None and (refused := await self._admit(route, body)) is not None:
                         # Router mode: the router is back, but the model it ran may not be (a kill -9 takes
@@ -249,16 +240,6 @@ class Relay:
                     self._gate.suspect("llama-server answered 503 'Loading model': a new process")
                     continue
                 return await self._relay(request, up)
-        finally:
-            if held is not None:
-                self._metrics.proxy_hold.observe(held)
-
-    async def _hold(self, timeout: float) -> bool:
-        self._metrics.proxy_held.inc()
-        try:
-            return await self._gate.wait(timeout)
-        finally:
-            self._metrics.proxy_held.dec()
 
     def _held_too_long(self) -> web.Response:
         seconds = self._settings.hold_seconds

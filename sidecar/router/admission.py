@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import structlog
 
-from sidecar.core import config, errors, metrics, outcomes
+from sidecar.core import config, errors, metrics, outcomes, protocols
 from sidecar.observe import upstream
 from sidecar.proxy import relay
 from sidecar.router import fleet
@@ -57,13 +56,13 @@ class Admission:
         client: upstream.LlamaClient,
         stats: metrics.Metrics,
         settings: config.Settings,
-        mono: Callable[[], float] = time.monotonic,
+        clock: protocols.Clock | None = None,
     ) -> None:
         self._fleet = models
         self._client = client
         self._stats = stats
         self._settings = settings
-        self._mono = mono
+        self._clock = clock or protocols.SystemClock()
         self._loading: dict[str, asyncio.Task[None]] = {}
         """One load (with its saves before it) per model, shared by the requests that wait for it."""
 
@@ -80,27 +79,22 @@ class Admission:
         except errors.UpstreamError:
             return None  # the router does not answer: the request gets its own answer from it
         running = {name for name, state in states.items() if state.running}
-        if model in running and member.core.gate.is_open:
+        if model in running and member.gate.is_open:
             return None
         hold = self._settings.proxy.hold_seconds
-        started = self._mono()
-        self._stats.proxy_held.inc()
-        try:
+        with member.gate.hold(self._stats) as held:
+            load = None
             if model not in running:
-                member.core.gate.close(f"the router is loading model {model!r} for a request")
-                task = self._loading.get(model)
-                if task is None or task.done():
+                member.gate.close(f"the router is loading model {model!r} for a request")
+                load = self._loading.get(model)
+                if load is None or load.done():
                     others = {name: m for name, m in self._fleet.members.items() if name in running}
-                    task = asyncio.create_task(self._load(model, others), name=f"load {model}")
-                    self._loading[model] = task
-                await asyncio.wait({task}, timeout=hold)  # a client leaving does not stop the load
-            ok = await member.core.gate.wait(hold - (self._mono() - started))
-        finally:
-            self._stats.proxy_held.dec()
-            self._stats.proxy_hold.observe(self._mono() - started)
+                    load = asyncio.create_task(self._load(model, others), name=f"load {model}")
+                    self._loading[model] = load
+            ok = await held.wait(hold, after=load)  # a client leaving does not stop the load
         if ok:
             return None
-        reason = member.core.gate.reason or "the model's restore gate kept closing"
+        reason = member.gate.reason or "the model's restore gate kept closing"
         log.warning(
             "proxy_request_held_too_long",
             model=model,
@@ -125,7 +119,7 @@ class Admission:
         seconds until ``--proxy-hold-seconds`` have passed.
         """
         await self._save_before_swap(model, others)
-        deadline = self._mono() + self._settings.proxy.hold_seconds
+        deadline = self._clock.monotonic() + self._settings.proxy.hold_seconds
         said = False
         while True:
             try:
@@ -134,7 +128,11 @@ class Admission:
                 log.info("model_load_not_needed", model=model, answer=str(exc))  # loaded by someone else meanwhile
                 return
             except errors.UpstreamError as exc:
-                if isinstance(exc, errors.UpstreamUnavailable) and exc.status is not None and self._mono() < deadline:
+                if (
+                    isinstance(exc, errors.UpstreamUnavailable)
+                    and exc.status is not None
+                    and self._clock.monotonic() < deadline
+                ):
                     if not said:
                         said = True
                         log.info("model_load_deferred", model=model, answer=str(exc), effect="asked again shortly")

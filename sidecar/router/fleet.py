@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from sidecar.act import engine, gate, report, restorer, savings
+from sidecar.act import engine, gate, report, restorer, savings, spawn
 from sidecar.core import config, errors, events, metrics, protocols
 from sidecar.observe import poller, upstream
 from sidecar.router import plan
@@ -42,6 +42,8 @@ class Member:
 
     model: str
     core: engine.Engine
+    gate: gate.Gate
+    """The model's restore gate, driven by its engine: requests for the model wait at it (see admission)."""
     tasks: tuple[asyncio.Task[None], ...] = ()
 
 
@@ -67,7 +69,7 @@ class Fleet:
         self._listed_at = clock.monotonic()
         self._left_out: tuple[str, ...] = ()
         self._group: asyncio.TaskGroup | None = None
-        self.gate = gate.Gate(mono=clock.monotonic)
+        self.gate = gate.Gate(clock=clock)
         """The proxy's gate for the router itself: open while its /health answers ok (each model has its own)."""
 
     # ---- the loop ------------------------------------------------------------------------
@@ -115,20 +117,20 @@ class Fleet:
         assert self._group is not None
         client = self._client.for_model(model, self._settings.upstream)
         snapshots = self._snapshots.for_model(model)
-        core = engine.Engine(
+        watched = spawn.watch(
             client=client,
             snapshots=snapshots,
             stats=self._stats.for_model(model),
             settings=self._settings,
             clock=self._clock,
+            weights=self._weights,
         )
-        poll = poller.Poller(client, self._settings.poll, clock=self._clock, weights=self._weights)
-        member = Member(model, core)
+        member = Member(model, watched.engine, watched.gate)
         context = contextvars.copy_context()
         context.run(structlog.contextvars.bind_contextvars, model=model)  # every log line of its engine names it
-        member.tasks = (
-            self._group.create_task(poll.run(core.handle), name=f"poller {model}", context=context),
-            self._group.create_task(core.run(), name=f"actions {model}", context=context),
+        member.tasks = tuple(
+            self._group.create_task(loop, name=f"{name} {model}", context=context)
+            for name, loop in watched.loops().items()
         )
         self.members[model] = member
         log.info("model_watched", model=model, snapshots=len(snapshots.snapshots()))

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import Callable, Iterable
 
 import structlog
 
-from sidecar.core import errors, outcomes
+from sidecar.core import errors, outcomes, protocols
 from sidecar.shared import keys, objstore, records
 from sidecar.snapshots import manifest, slotfile
 
@@ -76,14 +75,14 @@ class Catalog:
         prefix: str,
         *,
         refresh_every: float = REFRESH_EVERY,
-        mono: Callable[[], float] = time.monotonic,
+        clock: protocols.Clock | None = None,
         on_error: Callable[[errors.SharedStoreError], None] = lambda exc: None,
         on_refused: Callable[[str, outcomes.SharedRefusal, str], None] = lambda key, reason, detail: None,
     ) -> None:
         self._store = store
         self._prefix = prefix
         self._refresh_every = refresh_every
-        self._mono = mono
+        self._clock = clock or protocols.SystemClock()
         self._on_error = on_error
         self._on_refused = on_refused
         self._records: dict[str, records.SharedRecord | None] = {}
@@ -95,7 +94,7 @@ class Catalog:
         """The readable shared manifests of ``ns``; raises SharedStoreError if the store cannot be listed."""
         async with self._lock:
             listed = self._listed.get(ns)
-            if listed is None or self._mono() - listed[0] >= self._refresh_every:
+            if listed is None or self._clock.monotonic() - listed[0] >= self._refresh_every:
                 infos = await self._store.list_objects(keys.manifests_under(self._prefix, ns))
                 for info in infos:
                     if info.size > manifest.MAX_BYTES and info.key not in self._records:
@@ -105,7 +104,7 @@ class Catalog:
                             outcomes.SharedRefusal.OVERSIZED,
                             f"{info.size} bytes; a manifest is at most {manifest.MAX_BYTES}",
                         )
-                listed = (self._mono(), [i.key for i in infos if keys.is_manifest(i.key)])
+                listed = (self._clock.monotonic(), [i.key for i in infos if keys.is_manifest(i.key)])
                 self._listed[ns] = listed
             unread = [key for key in listed[1] if key not in self._records]
             for start in range(0, len(unread), READ_BATCH):

@@ -65,12 +65,14 @@ async def fetch(
         raise
     if committed.checksum.algorithm is want.checksum.algorithm and committed.checksum.digest != digest:
         await asyncio.to_thread(snapshots.delete, committed)  # changed on disk between the two hashes
-        raise errors.SnapshotError(f"{committed.file} changed while it was committed", reason=store.Problem.CHECKSUM)
+        raise errors.SnapshotError(
+            f"{committed.file} changed while it was committed", reason=outcomes.SnapshotProblem.CHECKSUM
+        )
     seconds = time.perf_counter() - started
     rate.add(size, seconds)
-    stats.shared_bytes.labels("down").inc(size)
-    stats.shared_objects.labels("down").inc()
-    stats.shared_transfer.labels("down").observe(seconds)
+    stats.shared_bytes.labels(outcomes.Direction.DOWN).inc(size)
+    stats.shared_objects.labels(outcomes.Direction.DOWN).inc()
+    stats.shared_transfer.labels(outcomes.Direction.DOWN).observe(seconds)
     log.info(
         "shared_snapshot_fetched",
         file=committed.file,
@@ -99,7 +101,7 @@ async def _download(
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, store.FILE_MODE)
     except OSError as exc:
-        raise errors.SnapshotError(f"creating {path.name}: {exc}", reason=store.Problem.IO) from exc
+        raise errors.SnapshotError(f"creating {path.name}: {exc}", reason=outcomes.SnapshotProblem.IO) from exc
     with os.fdopen(fd, "wb") as fh:
         async for chunk in store_.stream(key):
             hasher.update(chunk)

@@ -19,10 +19,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from sidecar.core import errors, location
+from sidecar.core import errors, location, outcomes
 from sidecar.shared import objstore
 
-Operation = objstore.Operation
 TEMP_PREFIX = ".tmp-"
 
 
@@ -40,7 +39,9 @@ class FileStore:
     def _path(self, key: str) -> Path:
         parts = [p for p in key.split("/") if p]
         if not parts or any(p in (".", "..") or p.startswith(TEMP_PREFIX) for p in parts):
-            raise errors.SharedStoreError(f"{key!r} is not a key of the shared store", operation=Operation.PUT)
+            raise errors.SharedStoreError(
+                f"{key!r} is not a key of the shared store", operation=outcomes.SharedOperation.PUT
+            )
         return self.root.joinpath(*parts)
 
     async def put_file(self, key: str, path: Path) -> objstore.Written:
@@ -64,7 +65,7 @@ class FileStore:
                 return objstore.Written.EXISTED
             _sync_dir(target.parent)
         except OSError as exc:
-            raise errors.SharedStoreError(f"writing {key}: {exc}", operation=Operation.PUT) from exc
+            raise errors.SharedStoreError(f"writing {key}: {exc}", operation=outcomes.SharedOperation.PUT) from exc
         finally:
             with contextlib.suppress(OSError):
                 temp.unlink()
@@ -75,15 +76,15 @@ class FileStore:
             fh = await asyncio.to_thread(self._path(key).open, "rb")
         except FileNotFoundError as exc:
             raise errors.SharedStoreError(
-                f"{key} is not in {self.root}", operation=Operation.GET, missing=True
+                f"{key} is not in {self.root}", operation=outcomes.SharedOperation.GET, missing=True
             ) from exc
         except OSError as exc:
-            raise errors.SharedStoreError(f"reading {key}: {exc}", operation=Operation.GET) from exc
+            raise errors.SharedStoreError(f"reading {key}: {exc}", operation=outcomes.SharedOperation.GET) from exc
         try:
             while chunk := await asyncio.to_thread(fh.read, 1 << 20):
                 yield chunk
         except OSError as exc:
-            raise errors.SharedStoreError(f"reading {key}: {exc}", operation=Operation.GET) from exc
+            raise errors.SharedStoreError(f"reading {key}: {exc}", operation=outcomes.SharedOperation.GET) from exc
         finally:
             fh.close()
 
@@ -93,10 +94,10 @@ class FileStore:
             data = await asyncio.to_thread(_read_head, self._path(key), limit + 1)
         except FileNotFoundError as exc:
             raise errors.SharedStoreError(
-                f"{key} is not in {self.root}", operation=Operation.GET, missing=True
+                f"{key} is not in {self.root}", operation=outcomes.SharedOperation.GET, missing=True
             ) from exc
         except OSError as exc:
-            raise errors.SharedStoreError(f"reading {key}: {exc}", operation=Operation.GET) from exc
+            raise errors.SharedStoreError(f"reading {key}: {exc}", operation=outcomes.SharedOperation.GET) from exc
         return objstore.bounded(key, data, limit)
 
     async def head(self, key: str) -> objstore.ObjectInfo | None:
@@ -105,7 +106,7 @@ class FileStore:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise errors.SharedStoreError(f"reading {key}: {exc}", operation=Operation.GET) from exc
+            raise errors.SharedStoreError(f"reading {key}: {exc}", operation=outcomes.SharedOperation.GET) from exc
         return objstore.ObjectInfo(key, st.st_size, st.st_mtime)
 
     async def list_objects(self, prefix: str) -> list[objstore.ObjectInfo]:
@@ -126,7 +127,7 @@ class FileStore:
                             st = full.stat()
                             found.append(objstore.ObjectInfo(key, st.st_size, st.st_mtime))
         except OSError as exc:
-            raise errors.SharedStoreError(f"listing {prefix}: {exc}", operation=Operation.LIST) from exc
+            raise errors.SharedStoreError(f"listing {prefix}: {exc}", operation=outcomes.SharedOperation.LIST) from exc
         return sorted(found, key=lambda info: info.key)
 
     async def delete(self, keys: list[str]) -> None:
@@ -139,7 +140,9 @@ class FileStore:
             except FileNotFoundError:
                 continue
             except OSError as exc:
-                raise errors.SharedStoreError(f"deleting {key}: {exc}", operation=Operation.DELETE) from exc
+                raise errors.SharedStoreError(
+                    f"deleting {key}: {exc}", operation=outcomes.SharedOperation.DELETE
+                ) from exc
 
 
 def _read_head(path: Path, size: int) -> bytes:

@@ -22,15 +22,6 @@ PART_BYTES = 8 << 20
 """Multipart part size and read chunk: 8 MiB (S3 allows 10,000 parts: objects up to 80 GB)."""
 
 
-class Operation(enum.StrEnum):
-    """The ``operation`` label of ``shared_store_errors_total``."""
-
-    PUT = "put"
-    GET = "get"
-    LIST = "list"
-    DELETE = "delete"
-
-
 class Written(enum.StrEnum):
     CREATED = "created"
     EXISTED = "existed"
@@ -87,7 +78,7 @@ def bounded(key: str, data: bytes, limit: int) -> bytes:
     if len(data) > limit:
         raise errors.SharedObjectRefused(
             f"{key} holds more than {limit} bytes: refused without reading the rest",
-            operation=Operation.GET,
+            operation=outcomes.SharedOperation.GET,
             reason=outcomes.SharedRefusal.OVERSIZED,
         )
     return data

@@ -25,14 +25,13 @@ import aiobotocore.config
 import aiobotocore.session
 import botocore.exceptions
 
-from sidecar.core import errors, location
+from sidecar.core import errors, location, outcomes
 from sidecar.shared import objstore
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
     from types_aiobotocore_s3.type_defs import CompletedPartTypeDef
 
-Operation = objstore.Operation
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 60.0
 _TRANSPORT = (botocore.exceptions.BotoCoreError, OSError, asyncio.TimeoutError)
@@ -90,23 +89,25 @@ class S3Store:
         except botocore.exceptions.ClientError as exc:
             if _code(exc) in _TAKEN:
                 return objstore.Written.EXISTED
-            raise _wrap(exc, Operation.PUT, key) from exc
+            raise _wrap(exc, outcomes.SharedOperation.PUT, key) from exc
         except _TRANSPORT as exc:
-            raise _wrap(exc, Operation.PUT, key) from exc
+            raise _wrap(exc, outcomes.SharedOperation.PUT, key) from exc
         return objstore.Written.CREATED
 
     async def put_file(self, key: str, path: Path) -> objstore.Written:
         try:
             size = (await asyncio.to_thread(path.stat)).st_size
         except OSError as exc:
-            raise errors.SharedStoreError(f"reading {path.name} for upload: {exc}", operation=Operation.PUT) from exc
+            raise errors.SharedStoreError(
+                f"reading {path.name} for upload: {exc}", operation=outcomes.SharedOperation.PUT
+            ) from exc
         if size <= objstore.PART_BYTES:
             return await self.put_bytes(key, await asyncio.to_thread(path.read_bytes))
         s3 = await self._s3()
         try:
             upload = await s3.create_multipart_upload(Bucket=self._bucket, Key=key)
         except (botocore.exceptions.ClientError, *_TRANSPORT) as exc:
-            raise _wrap(exc, Operation.PUT, key) from exc
+            raise _wrap(exc, outcomes.SharedOperation.PUT, key) from exc
         upload_id = upload["UploadId"]
         try:
             parts = await self._parts(s3, key, upload_id, path)
@@ -121,12 +122,12 @@ class S3Store:
             await self._abort(s3, key, upload_id)
             if _code(exc) in _TAKEN:
                 return objstore.Written.EXISTED
-            raise _wrap(exc, Operation.PUT, key) from exc
+            raise _wrap(exc, outcomes.SharedOperation.PUT, key) from exc
         except (*_TRANSPORT, errors.SharedStoreError) as exc:
             await self._abort(s3, key, upload_id)
             if isinstance(exc, errors.SharedStoreError):
                 raise
-            raise _wrap(exc, Operation.PUT, key) from exc
+            raise _wrap(exc, outcomes.SharedOperation.PUT, key) from exc
         except BaseException:
             await asyncio.shield(self._abort(s3, key, upload_id))
             raise
@@ -137,7 +138,9 @@ class S3Store:
         try:
             fh = path.open("rb")
         except OSError as exc:
-            raise errors.SharedStoreError(f"reading {path.name} for upload: {exc}", operation=Operation.PUT) from exc
+            raise errors.SharedStoreError(
+                f"reading {path.name} for upload: {exc}", operation=outcomes.SharedOperation.PUT
+            ) from exc
         with fh:
             number = 1
             while chunk := await asyncio.to_thread(fh.read, objstore.PART_BYTES):
@@ -160,7 +163,7 @@ class S3Store:
                 while chunk := await body.read(1 << 20):
                     yield chunk
         except (botocore.exceptions.ClientError, *_TRANSPORT) as exc:
-            raise _wrap(exc, Operation.GET, key) from exc
+            raise _wrap(exc, outcomes.SharedOperation.GET, key) from exc
 
     async def get_bytes(self, key: str, *, limit: int) -> bytes:
         """The object, read with a range of ``limit + 1`` bytes: a larger object is refused, never read whole."""
@@ -172,9 +175,9 @@ class S3Store:
         except botocore.exceptions.ClientError as exc:
             if _code(exc) in _EMPTY_RANGE:
                 return b""  # a range of an empty object
-            raise _wrap(exc, Operation.GET, key) from exc
+            raise _wrap(exc, outcomes.SharedOperation.GET, key) from exc
         except _TRANSPORT as exc:
-            raise _wrap(exc, Operation.GET, key) from exc
+            raise _wrap(exc, outcomes.SharedOperation.GET, key) from exc
         return objstore.bounded(key, data, limit)
 
     async def head(self, key: str) -> objstore.ObjectInfo | None:
@@ -184,9 +187,9 @@ class S3Store:
         except botocore.exceptions.ClientError as exc:
             if _code(exc) in _ABSENT:
                 return None
-            raise _wrap(exc, Operation.GET, key) from exc
+            raise _wrap(exc, outcomes.SharedOperation.GET, key) from exc
         except _TRANSPORT as exc:
-            raise _wrap(exc, Operation.GET, key) from exc
+            raise _wrap(exc, outcomes.SharedOperation.GET, key) from exc
         return objstore.ObjectInfo(key, reply["ContentLength"], _stamp(reply["LastModified"]))
 
     async def list_objects(self, prefix: str) -> list[objstore.ObjectInfo]:
@@ -198,7 +201,7 @@ class S3Store:
                 for item in page.get("Contents", []):
                     found.append(objstore.ObjectInfo(item["Key"], item["Size"], _stamp(item["LastModified"])))
         except (botocore.exceptions.ClientError, *_TRANSPORT) as exc:
-            raise _wrap(exc, Operation.LIST, prefix) from exc
+            raise _wrap(exc, outcomes.SharedOperation.LIST, prefix) from exc
         return found
 
     async def delete(self, keys: list[str]) -> None:
@@ -210,14 +213,14 @@ class S3Store:
                     Bucket=self._bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
                 )
             except (botocore.exceptions.ClientError, *_TRANSPORT) as exc:
-                raise _wrap(exc, Operation.DELETE, batch[0]) from exc
+                raise _wrap(exc, outcomes.SharedOperation.DELETE, batch[0]) from exc
             failed = [e for e in reply.get("Errors", []) if e.get("Code") not in _ABSENT]
             if failed:
                 first = failed[0]
                 raise errors.SharedStoreError(
                     f"deleting {len(failed)} object(s) failed, first {first.get('Key')}: "
                     f"{first.get('Code')} {first.get('Message')}",
-                    operation=Operation.DELETE,
+                    operation=outcomes.SharedOperation.DELETE,
                 )
 
 
@@ -226,7 +229,7 @@ def _code(exc: botocore.exceptions.ClientError) -> str:
     return str(err.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
 
 
-def _wrap(exc: BaseException, operation: Operation, key: str) -> errors.SharedStoreError:
+def _wrap(exc: BaseException, operation: outcomes.SharedOperation, key: str) -> errors.SharedStoreError:
     if isinstance(exc, botocore.exceptions.ClientError):
         code = _code(exc)
         hint = ""

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import structlog
 
-from sidecar.core import errors, metrics, safeio
+from sidecar.core import errors, metrics, outcomes, protocols, safeio
 from sidecar.shared import decide, keys, objstore, records
 from sidecar.snapshots import manifest, slotfile, store
 
@@ -53,7 +53,7 @@ class Uploader:
         stats: metrics.Metrics,
         rate: decide.Rate,
         on_published: Callable[[str], None] = lambda ns: None,
-        clock: Callable[[], float] = time.time,
+        clock: protocols.Clock | None = None,
     ) -> None:
         self._store = store_
         self._prefix = prefix
@@ -61,7 +61,7 @@ class Uploader:
         self._stats = stats
         self._rate = rate
         self._on_published = on_published
-        self._clock = clock
+        self._clock = clock or protocols.SystemClock()
         self._waiting: collections.OrderedDict[str, manifest.Manifest] = collections.OrderedDict()
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -135,7 +135,7 @@ class Uploader:
         path = self._snapshots.dir / record.file
         with self._snapshots.using(record.file):  # retention leaves it alone while it is read
             try:
-                await asyncio.to_thread(self._snapshots.verify, record)
+                await asyncio.to_thread(self._snapshots.check, record)
                 chain = await asyncio.to_thread(_chain, record, path)
             except errors.SnapshotError as exc:
                 log.info("shared_upload_skipped", file=record.file, reason=str(exc), effect="not uploaded")
@@ -145,14 +145,14 @@ class Uploader:
             written = await self._store.put_file(blob_key, path)
             seconds = time.perf_counter() - started
         shared = records.SharedRecord(
-            snapshot=record, blob=blob_key, chain=chain, block_tokens=slotfile.BLOCK_TOKENS, uploaded=self._clock()
+            snapshot=record, blob=blob_key, chain=chain, block_tokens=slotfile.BLOCK_TOKENS, uploaded=self._clock.wall()
         )
         await self._store.put_bytes(manifest_key, shared.to_json().encode())
         if written is objstore.Written.CREATED:
             self._rate.add(record.bytes, seconds)
-            self._stats.shared_bytes.labels("up").inc(record.bytes)
-            self._stats.shared_objects.labels("up").inc()
-            self._stats.shared_transfer.labels("up").observe(seconds)
+            self._stats.shared_bytes.labels(outcomes.Direction.UP).inc(record.bytes)
+            self._stats.shared_objects.labels(outcomes.Direction.UP).inc()
+            self._stats.shared_transfer.labels(outcomes.Direction.UP).observe(seconds)
         self._on_published(ns)
         log.info(
             "shared_snapshot_published",

@@ -12,16 +12,9 @@ being uploaded) is never selected.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Collection, Sequence
 
-
-class Eviction(enum.StrEnum):
-    """Why a conversation was let go (``gc_deleted_total{reason}``)."""
-
-    SUPERSEDED = "superseded"
-    BYTES = "bytes"
-    AGE = "age"
+from sidecar.core import outcomes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,19 +38,19 @@ def select(
     max_bytes: int,
     max_age: float,
     now: float,
-) -> list[tuple[Kept, Eviction]]:
+) -> list[tuple[Kept, outcomes.GcReason]]:
     """Snapshots to delete, each with its reason; ``in_use`` names files never to select."""
-    doomed: dict[str, tuple[Kept, Eviction]] = {}
+    doomed: dict[str, tuple[Kept, outcomes.GcReason]] = {}
     newest_first = sorted(kept, key=lambda k: k.generation, reverse=True)
     for i, old in enumerate(newest_first):
         if old.file in in_use or not old.prefix:
             continue
         if sum(_extends(newer.prefix, old.prefix) for newer in newest_first[:i]) >= max(1, keep):
-            doomed[old.file] = (old, Eviction.SUPERSEDED)
+            doomed[old.file] = (old, outcomes.GcReason.SUPERSEDED)
     if max_age > 0:
         for k in kept:
             if k.file not in doomed and k.file not in in_use and now - k.last_used > max_age:
-                doomed[k.file] = (k, Eviction.AGE)
+                doomed[k.file] = (k, outcomes.GcReason.AGE)
     if max_bytes > 0:
         total = sum(k.bytes for k in kept if k.file not in doomed)
         for k in sorted(kept, key=lambda k: (k.last_used, k.generation)):
@@ -65,7 +58,7 @@ def select(
                 break
             if k.file in doomed or k.file in in_use:
                 continue
-            doomed[k.file] = (k, Eviction.BYTES)
+            doomed[k.file] = (k, outcomes.GcReason.BYTES)
             total -= k.bytes
     return list(doomed.values())
 

@@ -16,10 +16,12 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
+from sidecar.core import outcomes
+
 TEMP_PREFIX = ".tmp-"
 
-Report = Callable[[str, str, str], None]
-"""(operation: read|write|scan, file name, error)."""
+Report = Callable[[outcomes.SlotDirOperation, str, str], None]
+"""(operation, file name, error)."""
 
 
 class SlotDir:
@@ -57,7 +59,7 @@ class SlotDir:
             entries = self.files()
             stats = os.statvfs(self.path)
         except OSError as exc:
-            return self.failed("scan", exc)
+            return self.failed(outcomes.SlotDirOperation.SCAN, exc)
         used = 0
         for entry in entries:
             with contextlib.suppress(OSError):  # removed since the listing
@@ -83,7 +85,7 @@ class SlotDir:
             return None
         return (st.st_dev, st.st_ino)
 
-    def failed(self, operation: str, exc: OSError) -> str:
+    def failed(self, operation: outcomes.SlotDirOperation, exc: OSError) -> str:
         """Remember and report (once per distinct error) an error of the directory itself."""
         problem = f"slot dir {self.path}: {describe(exc)}"
         if problem != self.problem:
@@ -105,7 +107,7 @@ class SlotDir:
         except FileNotFoundError:
             return True
         except OSError as exc:
-            self._report("write", name, describe(exc))
+            self._report(outcomes.SlotDirOperation.WRITE, name, describe(exc))
             return False
         return True
 
@@ -116,7 +118,7 @@ class SlotDir:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            self._report("write", name, describe(exc))
+            self._report(outcomes.SlotDirOperation.WRITE, name, describe(exc))
 
     def write_atomically(self, name: str, text: str, *, mode: int) -> None:
         """Temp file, fsync, rename over ``name``, directory fsync; raises OSError (the temp file removed)."""

@@ -26,29 +26,32 @@ only, sizes bounded before anything is read, hashes bounded by the
 manifest's size and a deadline), so no file put there can hang the sidecar
 or be handed to the server from outside the directory. An I/O error (EIO, EACCES, a file
 vanishing between two calls) proves nothing about the content: the read is
-retried, then reported through ``on_io_error`` and left for the next scan.
-A manifest of a newer format is left alone and reported once through
-``on_newer``. The methods here block; the async code calls them with
-``asyncio.to_thread``.
+retried, then reported through ``StoreEvents.io_error`` and left for the
+next scan. A manifest of a newer format is left alone and reported once
+through ``StoreEvents.newer_format``. The methods here block; the async code
+calls them with ``asyncio.to_thread``.
+
+The index (:mod:`~sidecar.snapshots.index`), the last-use times and in-use
+holds (:mod:`~sidecar.snapshots.recency`) and the commit's checks
+(:mod:`~sidecar.snapshots.commit`) live in modules of their own; this one
+reads and writes the directory through them. A :class:`SnapshotStore` is a
+view of one directory: :meth:`SnapshotStore.for_model` gives another view
+(:class:`ModelStore`) over the same shared state, never a copy.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import datetime
-import enum
 import os
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
 
-from sidecar.core import errors, hashing, safeio
-from sidecar.snapshots import manifest, slotdir, slotfile
+from sidecar.core import errors, hashing, outcomes, protocols, safeio
+from sidecar.snapshots import commit as checks
+from sidecar.snapshots import index, manifest, recency, reporting, slotdir, slotfile
 
 TEMP_PREFIX = slotdir.TEMP_PREFIX
 PROBE_PREFIX = ".probe-"
@@ -60,31 +63,6 @@ READ_ATTEMPTS = 3
 """Reads of a manifest before an I/O error is reported (and left for the next scan)."""
 RETRY_PAUSE = 0.05
 """Seconds before the second read; doubled before the third."""
-
-
-class Problem(enum.StrEnum):
-    """``SnapshotError.reason`` values raised by the store."""
-
-    CHECKSUM = "checksum"
-    SIZE = "size"
-    MANIFEST = "manifest"
-    IO = "io"
-    """An I/O error: nothing is known about the content."""
-    MISSING = "missing"
-    """The server's file is not in the slot dir (another directory, or gone)."""
-    EMPTY = "empty"
-    NOT_REGULAR = "not_regular"
-    """A snapshot's name is a symbolic link, a FIFO, a device, ...: never read, never restored."""
-    OVERSIZED = "oversized"
-    """A manifest larger than ``manifest.MAX_BYTES``: refused unread."""
-
-
-BAD_CONTENT = frozenset({Problem.CHECKSUM, Problem.SIZE, Problem.MANIFEST, Problem.NOT_REGULAR, Problem.OVERSIZED})
-"""The only reasons that quarantine a snapshot."""
-
-
-class Clock(Protocol):
-    def __call__(self) -> float: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,46 +78,57 @@ class Usage:
 
 
 class _BadContent(Exception):
-    def __init__(self, reason: Problem, detail: str) -> None:
+    def __init__(self, reason: outcomes.SnapshotProblem, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
 
 
-class SnapshotStore:
-    """The index of committed snapshots and every write to the slot dir."""
+@dataclasses.dataclass(slots=True)
+class _Directory:
+    """What every view of one slot dir shares: the filesystem, the index, use times, hooks."""
 
-    def __init__(self, slot_dir: Path, *, clock: Clock, read_only: bool = False) -> None:
-        self.dir = slot_dir
-        self._fs = slotdir.SlotDir(slot_dir, self._report)
-        self._clock = clock
-        self._read_only = read_only
-        """Report bad files through ``on_quarantine`` but rename nothing (``verify --dry-run``)."""
-        self._lock = threading.Lock()
-        self._index: dict[str, manifest.Manifest] = {}
-        self._generation = 0
-        """Highest generation seen or given out by this process."""
-        self._newer_said: set[str] = set()
-        self._blocked = ""
-        """Why this process must stay off the directory (another sidecar holds it); empty when it may work."""
-        self.on_quarantine: Callable[[str, str, str], None] = lambda name, reason, detail: None
-        """Called with (file name, reason, detail) for each quarantined snapshot."""
-        self.on_io_error: Callable[[str, str, str], None] = lambda operation, name, error: None
-        """Called with (operation: read|write|scan, file name, error) for each I/O error that was not retried away."""
-        self.on_newer: Callable[[str, int], None] = lambda name, found: None
-        """Called once per manifest of a newer format, with its name and format."""
-        self.on_unindexed: Callable[[str, str], None] = lambda name, reason: None
-        """Called with (file name, reason) when a committed file's token header could not be read."""
-        self._listeners: list[Callable[[manifest.Manifest], None]] = []
-        self._last_used: dict[str, float] = {}
-        """Unix time each snapshot was last saved, restored or routed to (its ``created`` until then)."""
-        self._in_use: dict[str, int] = {}
-        """Snapshots being restored or uploaded now: retention never selects them."""
+    path: Path
+    fs: slotdir.SlotDir
+    clock: protocols.Clock
+    """Its ``wall`` dates commits (``created``) and uses; the order is the generation's, never the clock's."""
+    events: reporting.StoreEvents
+    read_only: bool
+    """Report bad files through ``events.quarantined`` but rename nothing (``verify --dry-run``)."""
+    recency: recency.Recency
+    index: index.Index = dataclasses.field(default_factory=index.Index)
+    listeners: list[Callable[[manifest.Manifest], None]] = dataclasses.field(default_factory=list)
+    """Called with each manifest committed through any view, right after it became visible."""
+    newer_said: set[str] = dataclasses.field(default_factory=set)
+    """Manifests of a newer format already reported."""
+
+
+class SnapshotStore:
+    """The index of committed snapshots and every write to the slot dir; lists every model's snapshots.
+
+    ``events`` is told of bad files, I/O errors, newer formats and files
+    that cannot be indexed (see :class:`reporting.StoreEvents`).
+    """
+
+    def __init__(
+        self,
+        slot_dir: Path,
+        *,
+        clock: protocols.Clock,
+        events: reporting.StoreEvents | None = None,
+        read_only: bool = False,
+    ) -> None:
+        told = events or reporting.Silent()
+        self._dir = _Directory(
+            path=slot_dir,
+            fs=slotdir.SlotDir(slot_dir, told.io_error),
+            clock=clock,
+            events=told,
+            read_only=read_only,
+            recency=recency.Recency(slot_dir, clock=clock, read_only=read_only),
+        )
         self.model: str | None = None
-        """The router-mode model this store writes (see :meth:`for_model`); None: a plain server's."""
-        self._every = True
-        """This store lists the snapshots of every model; a :meth:`for_model` view lists its model's only."""
-        self._root = self
+        """The router-mode model this view writes (see :meth:`for_model`); None: a plain server's."""
 
     def for_model(self, model: str | None) -> SnapshotStore:
         """A view of the same directory and index that lists and writes only ``model``'s snapshots.
@@ -150,29 +139,27 @@ class SnapshotStore:
         sees a model's files. Scans, quarantine and the index stay shared with
         this store, which lists every snapshot (``ls``, ``verify``, ``/status``).
         """
-        view = copy.copy(self)
-        view.model = model
-        view._every = False
-        return view
+        return ModelStore(self._dir, model)
+
+    @property
+    def dir(self) -> Path:
+        return self._dir.path
 
     @property
     def _prefix(self) -> str:
         return "" if self.model is None else manifest.model_tag(self.model) + "--"
 
-    def _report(self, operation: str, name: str, error: str) -> None:
-        self.on_io_error(operation, name, error)  # looked up at each call: callers set it after construction
+    def _lists(self, record: manifest.Manifest) -> bool:
+        """Whether this view lists ``record``: every snapshot here; its model's in a :class:`ModelStore`."""
+        del record
+        return True
 
     # ---- reading -----------------------------------------------------------------
 
     def snapshots(self, slot: int | None = None) -> list[manifest.Manifest]:
         """Committed snapshots, newest (highest generation) first, optionally of one slot."""
-        with self._lock:
-            found = [
-                m
-                for m in self._index.values()
-                if (slot is None or m.slot == slot) and (self._every or m.model == self.model)
-            ]
-        return [] if self._root._blocked else manifest.newest_first(found)
+        found = self._dir.index.select(lambda m: (slot is None or m.slot == slot) and self._lists(m))
+        return [] if self._dir.index.blocked else found
 
     # ---- the conversation library ---------------------------------------------------
 
@@ -191,70 +178,45 @@ class SnapshotStore:
         return found
 
     def subscribe(self, listener: Callable[[manifest.Manifest], None]) -> None:
-        """Call ``listener`` with each manifest this store commits, right after it became visible."""
-        self._listeners.append(listener)
+        """Call ``listener`` with each manifest committed in this slot dir, right after it became visible."""
+        self._dir.listeners.append(listener)
 
     def last_used(self, file: str) -> float:
         """Unix time ``file`` was last used: committed, or touched (kept across restarts as its manifest's mtime)."""
-        with self._lock:
-            known = self._last_used.get(file)
-            record = self._index.get(file)
-        if known is not None:
-            return known
-        if record is None:
-            return 0.0
-        try:
-            touched = (self.dir / (Path(file).stem + ".json")).stat().st_mtime
-        except OSError:
-            touched = 0.0
-        return max(record.created, touched)
+        return self._dir.recency.last_used(file, self._dir.index.get(file))
 
     def touch(self, file: str) -> None:
         """Note that a snapshot was used now (restored into a slot for a request)."""
-        now = self._clock()
-        with self._lock:
-            self._last_used[file] = now
-        if not self._read_only:
-            with contextlib.suppress(OSError):
-                os.utime(self.dir / (Path(file).stem + ".json"), (now, now))
+        self._dir.recency.touch(file)
 
     @contextlib.contextmanager
     def using(self, file: str) -> Iterator[None]:
         """Keep retention off ``file`` while the block runs."""
-        with self._lock:
-            self._in_use[file] = self._in_use.get(file, 0) + 1
-        try:
+        with self._dir.recency.using(file):
             yield
-        finally:
-            with self._lock:
-                left = self._in_use.pop(file) - 1
-                if left:
-                    self._in_use[file] = left
 
     def in_use(self) -> frozenset[str]:
-        with self._lock:
-            return frozenset(self._in_use)
+        return self._dir.recency.in_use()
 
     def usage(self) -> Usage:
         """Bytes and files in the slot dir and free space; never raises (see ``Usage.problem``)."""
-        measured = self._fs.measure()
-        with self._lock:
-            count = len(self._index)
+        measured = self._dir.fs.measure()
+        count = self._dir.index.count()
         if isinstance(measured, str):
             return Usage(0, count, 0, measured)
         return Usage(used_bytes=measured[0], snapshot_files=count, free_bytes=measured[1])
 
     def check_writable(self) -> str | None:
         """None if the slot dir is a writable directory, else what is wrong (for /readyz)."""
-        return self._root._blocked or self._fs.check()
+        return self._dir.index.blocked or self._dir.fs.check()
 
     def block(self, reason: str) -> None:
         """Stay off the directory: list no snapshots, commit nothing, until called with an empty reason."""
-        self._root._blocked = reason
+        self._dir.index.blocked = reason
 
     def dir_identity(self) -> tuple[int, int] | None:
         """(device, inode) of the slot dir, None while it is missing: tells a dir put back from a new one."""
-        return self._fs.identity()
+        return self._dir.fs.identity()
 
     # ---- start-up and rescans ------------------------------------------------------
 
@@ -267,20 +229,20 @@ class SnapshotStore:
         cannot be listed leaves the index as it was; a missing one empties it.
         """
         findings: list[str] = []
+        fs = self._dir.fs
         try:
-            names = set(self._fs.names())  # not only regular files: a hostile one is refused by name
+            names = set(fs.names())  # not only regular files: a hostile one is refused by name
         except FileNotFoundError as exc:
-            self._fs.failed("scan", exc)
+            fs.failed(outcomes.SlotDirOperation.SCAN, exc)
             names = set()
         except OSError as exc:
-            self._fs.failed("scan", exc)
+            fs.failed(outcomes.SlotDirOperation.SCAN, exc)
             return findings
-        with self._lock:
-            before = dict(self._index)
-        index: dict[str, manifest.Manifest] = {}
+        before = self._dir.index.copy()
+        found: dict[str, manifest.Manifest] = {}
         for name in sorted(names):
             if name.startswith((TEMP_PREFIX, PROBE_PREFIX)):
-                if clean and self._fs.unlink(name):
+                if clean and fs.unlink(name):
                     findings.append(f"removed {name}: left over from an interrupted save")
                 continue
             bin_name = Path(name).stem + ".bin"
@@ -291,17 +253,14 @@ class SnapshotStore:
             except OSError:
                 loaded = before.get(bin_name)  # unreadable for now: keep what was known, retry next scan
             if loaded is not None:
-                index[loaded.file] = loaded
+                found[loaded.file] = loaded
         if clean:
             for name in sorted(names):
                 stem_json = Path(name).stem + ".json"
-                orphan = manifest.NAME_RE.match(name) and name not in index and stem_json not in names
-                if orphan and self._fs.unlink(name):
+                orphan = manifest.NAME_RE.match(name) and name not in found and stem_json not in names
+                if orphan and fs.unlink(name):
                     findings.append(f"removed {name}: its save was interrupted before the manifest was written")
-        with self._lock:
-            self._index.clear()  # in place: the views of :meth:`for_model` share this dict
-            self._index.update(index)
-            self._generation = max([self._generation, *(m.generation for m in index.values())])
+        self._dir.index.replace(found)
         return findings
 
     def refresh(self, name: str) -> None:
@@ -317,12 +276,10 @@ class SnapshotStore:
             loaded = self._load(json_name) if present else None
         except OSError:
             return  # reported by _load or below; the index keeps what it knew
-        with self._lock:
-            if loaded is None:
-                self._index.pop(bin_name, None)
-            else:
-                self._index[loaded.file] = loaded
-                self._generation = max(self._generation, loaded.generation)
+        if loaded is None:
+            self._dir.index.pop(bin_name)
+        else:
+            self._dir.index.put(loaded)
 
     def _load(self, json_name: str) -> manifest.Manifest | None:
         """Read and check one manifest; None if it is gone, bad (then quarantined) or of a newer format.
@@ -336,16 +293,16 @@ class SnapshotStore:
             except FileNotFoundError:
                 return None  # deleted or renamed since the listing
             except manifest.NewerFormatError as exc:
-                if json_name not in self._newer_said:
-                    self._newer_said.add(json_name)
-                    self.on_newer(json_name, exc.found)
+                if json_name not in self._dir.newer_said:
+                    self._dir.newer_said.add(json_name)
+                    self._dir.events.newer_format(json_name, exc.found)
                 return None
             except _BadContent as bad:
                 self.quarantine(bin_name, bad.reason, detail=bad.detail)
                 return None
             except OSError as exc:
                 if attempt + 1 == READ_ATTEMPTS:
-                    self.on_io_error("read", json_name, slotdir.describe(exc))
+                    self._dir.events.io_error(outcomes.SlotDirOperation.READ, json_name, slotdir.describe(exc))
                     raise
                 time.sleep(RETRY_PAUSE * (2**attempt))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -354,23 +311,23 @@ class SnapshotStore:
         try:
             raw = safeio.read_bounded(self.dir / json_name, manifest.MAX_BYTES)
         except safeio.Refused as exc:
-            raise _BadContent(Problem(exc.reason), f"manifest refused unread: {exc}") from exc
+            raise _BadContent(outcomes.SnapshotProblem(exc.reason), f"manifest refused unread: {exc}") from exc
         try:
             loaded = manifest.Manifest.from_json(raw.decode())
         except (ValueError, UnicodeDecodeError) as exc:
-            raise _BadContent(Problem.MANIFEST, str(exc)) from exc
+            raise _BadContent(outcomes.SnapshotProblem.MANIFEST, str(exc)) from exc
         if bin_name != loaded.file:
-            raise _BadContent(Problem.MANIFEST, "manifest names another file")
+            raise _BadContent(outcomes.SnapshotProblem.MANIFEST, "manifest names another file")
         try:
             size = safeio.lstat_regular(self.dir / loaded.file).st_size
         except safeio.Refused as exc:
-            raise _BadContent(Problem.NOT_REGULAR, f"snapshot refused: {exc}") from exc
+            raise _BadContent(outcomes.SnapshotProblem.NOT_REGULAR, f"snapshot refused: {exc}") from exc
         except FileNotFoundError:
             if not os.path.lexists(self.dir / json_name):
                 raise  # both gone: deleted meanwhile, not damage
-            raise _BadContent(Problem.SIZE, "snapshot file is missing") from None
+            raise _BadContent(outcomes.SnapshotProblem.SIZE, "snapshot file is missing") from None
         if size != loaded.bytes:
-            raise _BadContent(Problem.SIZE, f"{size} bytes on disk, manifest says {loaded.bytes}")
+            raise _BadContent(outcomes.SnapshotProblem.SIZE, f"{size} bytes on disk, manifest says {loaded.bytes}")
         return loaded
 
     # ---- writing -------------------------------------------------------------------
@@ -401,37 +358,33 @@ class SnapshotStore:
         (see :mod:`sidecar.act.snapshotter`) still dates the snapshot by its content.
         ``prefill_rate``: the writing server's measured prompt tokens per second (see ``Manifest``).
         """
-        path = self.dir / temp
-        with self._removed_if_failed(temp, f"committing {temp}"):
-            size = self._check_written(temp, tokens=tokens, written=written)
+        fs, path = self._dir.fs, self.dir / temp
+        with checks.removed_if_failed(fs, temp, f"committing {temp}"):
+            size = checks.check_written(fs, temp, tokens=tokens, written=written, blocked=self._dir.index.blocked)
             digest = hashing.digest_and_sync(path, pause=pause, limit=size)
-            index = self._read_index(path)
+            content = checks.read_index(path, self._dir.events)
             os.chmod(path, FILE_MODE)
-            now = self._clock() if created is None else created
-            final = self._free_name(slot, now)
-            with self._lock:
-                generation = max([self._generation, *(m.generation for m in self._index.values())]) + 1
-                self._generation = generation
+            now = self._dir.clock.wall() if created is None else created
+            final = checks.free_name(self.dir, self._prefix, slot, now)
             record = manifest.Manifest(
                 slot=slot,
                 file=final,
                 tokens=tokens,
                 bytes=size,
                 checksum=manifest.Checksum(hashing.CURRENT, digest),
-                generation=generation,
+                generation=self._dir.index.next_generation(),
                 created=now,
                 task=task,
                 fingerprint=fingerprint,
-                index=index,
+                index=content,
                 model=self.model,
                 prefill_rate=prefill_rate,
             )
             os.replace(path, self.dir / final)
-        with self._removed_if_failed(final, f"writing the manifest of {final}"):
-            self._fs.write_atomically(Path(final).stem + ".json", record.to_json(), mode=FILE_MODE)
-        with self._lock:
-            self._index[final] = record
-        for listener in self._listeners:
+        with checks.removed_if_failed(fs, final, f"writing the manifest of {final}"):
+            fs.write_atomically(Path(final).stem + ".json", record.to_json(), mode=FILE_MODE)
+        self._dir.index.put(record)
+        for listener in self._dir.listeners:
             listener(record)
         return record
 
@@ -439,72 +392,10 @@ class SnapshotStore:
         """The cheap checks of :meth:`commit` (the file is here, holds tokens, has the size the server
         reported), made right after the save when its commit waits; raises ``errors.SnapshotError``
         and removes the file when one fails."""
-        with self._removed_if_failed(temp, f"checking {temp}"):
-            self._check_written(temp, tokens=tokens, written=written)
+        with checks.removed_if_failed(self._dir.fs, temp, f"checking {temp}"):
+            checks.check_written(self._dir.fs, temp, tokens=tokens, written=written, blocked=self._dir.index.blocked)
 
-    @contextlib.contextmanager
-    def _removed_if_failed(self, name: str, doing: str) -> Iterator[None]:
-        """Remove ``name`` if the block raises; an OSError becomes a SnapshotError (``io``) saying what failed."""
-        try:
-            yield
-        except safeio.Refused as exc:
-            self._fs.unlink(name)
-            raise errors.SnapshotError(f"{doing} refused: {exc}", reason=Problem.NOT_REGULAR) from exc
-        except hashing.Overdue as exc:
-            self._fs.unlink(name)
-            raise errors.SnapshotError(f"{doing}: {exc}", reason=Problem.IO) from exc
-        except OSError as exc:
-            self._fs.unlink(name)
-            raise errors.SnapshotError(f"{doing} failed: {slotdir.describe(exc)}", reason=Problem.IO) from exc
-        except BaseException:
-            self._fs.unlink(name)
-            raise
-
-    def _check_written(self, temp: str, *, tokens: int, written: int) -> int:
-        """The size of the server's file ``temp`` once it passed the checks that need no read."""
-        if self._root._blocked:
-            raise errors.SnapshotError(self._root._blocked, reason=Problem.IO)
-        try:
-            size = safeio.lstat_regular(self.dir / temp).st_size
-        except FileNotFoundError as exc:
-            raise errors.SnapshotError(
-                f"the server reported writing {temp} but it is not in {self.dir}: "
-                "--slot-dir must be the same directory as llama-server's --slot-save-path",
-                reason=Problem.MISSING,
-            ) from exc
-        if tokens <= 0:
-            raise errors.SnapshotError("the server saved 0 tokens: the slot is empty", reason=Problem.EMPTY)
-        if size != written:
-            raise errors.SnapshotError(
-                f"{temp} has {size} bytes but the server reported writing {written}", reason=Problem.SIZE
-            )
-        return size
-
-    def _read_index(self, path: Path) -> manifest.Index | None:
-        """The content index of a checked file; None (reported) when its token header cannot be read."""
-        try:
-            held = slotfile.read_tokens(path)
-        except slotfile.SlotFileError as exc:
-            self.on_unindexed(path.name, exc.reason)
-            return None
-        except safeio.Refused as exc:
-            self.on_unindexed(path.name, exc.reason)
-            return None
-        except OSError as exc:
-            self.on_unindexed(path.name, slotdir.describe(exc))
-            return None
-        return manifest.Index(held.count, slotfile.BLOCK_TOKENS, slotfile.prefix_hashes(held.data))
-
-    def _free_name(self, slot: int, now: float) -> str:
-        """``slot<id>-<stamp>.bin`` for ``now``, moved on by microseconds if a file has that name."""
-        stamp = datetime.datetime.fromtimestamp(now, datetime.UTC)
-        while True:
-            final = f"{self._prefix}slot{slot}-{stamp.strftime('%Y%m%dT%H%M%S%fZ')}.bin"
-            if not (self.dir / final).exists() and not (self.dir / (Path(final).stem + ".json")).exists():
-                return final
-            stamp += datetime.timedelta(microseconds=1)
-
-    def verify(self, record: manifest.Manifest) -> None:
+    def check(self, record: manifest.Manifest) -> None:
         """Raise SnapshotError unless the file still has its manifest's size and checksum.
 
         The reason is ``checksum`` or ``size`` when the content is proven bad,
@@ -516,7 +407,8 @@ class SnapshotStore:
             try:
                 if st.st_size != record.bytes:
                     raise errors.SnapshotError(
-                        f"{record.file} has {st.st_size} bytes, its manifest says {record.bytes}", reason=Problem.SIZE
+                        f"{record.file} has {st.st_size} bytes, its manifest says {record.bytes}",
+                        reason=outcomes.SnapshotProblem.SIZE,
                     )
                 seconds = hashing.deadline_for(record.bytes)
                 digest = hashing.fd_digest(
@@ -525,50 +417,62 @@ class SnapshotStore:
             finally:
                 os.close(fd)
         except safeio.Refused as exc:
-            raise errors.SnapshotError(f"{record.file} refused: {exc}", reason=Problem.NOT_REGULAR) from exc
-        except hashing.Overdue as exc:
-            self.on_io_error("read", record.file, f"hashing took more than {seconds:.0f} s")
             raise errors.SnapshotError(
-                f"reading {record.file}: {exc}; not proven bad, tried again at the next check", reason=Problem.IO
+                f"{record.file} refused: {exc}", reason=outcomes.SnapshotProblem.NOT_REGULAR
+            ) from exc
+        except hashing.Overdue as exc:
+            self._dir.events.io_error(
+                outcomes.SlotDirOperation.READ, record.file, f"hashing took more than {seconds:.0f} s"
+            )
+            raise errors.SnapshotError(
+                f"reading {record.file}: {exc}; not proven bad, tried again at the next check",
+                reason=outcomes.SnapshotProblem.IO,
             ) from exc
         except FileNotFoundError as exc:
             if self.exists(Path(record.file).stem + ".json"):
-                raise errors.SnapshotError(f"{record.file} is gone", reason=Problem.SIZE) from exc
-            raise errors.SnapshotError(f"{record.file} was removed meanwhile", reason=Problem.MISSING) from exc
-        except OSError as exc:
-            self.on_io_error("read", record.file, slotdir.describe(exc))
+                raise errors.SnapshotError(f"{record.file} is gone", reason=outcomes.SnapshotProblem.SIZE) from exc
             raise errors.SnapshotError(
-                f"reading {record.file} failed: {slotdir.describe(exc)}", reason=Problem.IO
+                f"{record.file} was removed meanwhile", reason=outcomes.SnapshotProblem.MISSING
+            ) from exc
+        except OSError as exc:
+            self._dir.events.io_error(outcomes.SlotDirOperation.READ, record.file, slotdir.describe(exc))
+            raise errors.SnapshotError(
+                f"reading {record.file} failed: {slotdir.describe(exc)}", reason=outcomes.SnapshotProblem.IO
             ) from exc
         if digest != record.checksum.digest:
             raise errors.SnapshotError(
                 f"{record.file} does not match its {record.checksum.algorithm} checksum (the file changed on disk)",
-                reason=Problem.CHECKSUM,
+                reason=outcomes.SnapshotProblem.CHECKSUM,
             )
 
     def quarantine(self, file: str, reason: str, *, detail: str = "") -> None:
         """Take a snapshot out of use for good, keeping it for inspection.
 
-        Only for proof of bad content (:data:`BAD_CONTENT`); any other reason
+        Only for proof of bad content (:data:`outcomes.BAD_CONTENT`); any other reason
         is reported as an I/O error and the files stay as they are.
         """
-        if reason not in BAD_CONTENT:
-            self.on_io_error("read", file, f"not quarantined ({reason}: {detail}): nothing proves the file bad")
+        if reason not in outcomes.BAD_CONTENT:
+            self._dir.events.io_error(
+                outcomes.SlotDirOperation.READ,
+                file,
+                f"not quarantined ({reason}: {detail}): nothing proves the file bad",
+            )
             return
-        with self._lock:
-            self._index.pop(file, None)
-        if self._read_only:
-            self.on_quarantine(file, reason, detail)
+        proven = outcomes.SnapshotProblem(reason)
+        self._dir.index.pop(file)
+        if self._dir.read_only:
+            self._dir.events.quarantined(file, proven, detail)
             return
         stem = Path(file).stem
         for name in (stem + ".json", stem + ".bin"):
-            self._fs.set_aside(name, QUARANTINE_SUFFIX)
-        self.on_quarantine(file, reason, detail)
+            self._dir.fs.set_aside(name, QUARANTINE_SUFFIX)
+        self._dir.events.quarantined(file, proven, detail)
         self._trim_quarantine()
 
     def _trim_quarantine(self) -> None:
+        fs = self._dir.fs
         try:
-            entries = self._fs.files()
+            entries = fs.files()
         except OSError:
             return
         dated: list[tuple[float, str]] = []
@@ -578,18 +482,33 @@ class SnapshotStore:
                     dated.append((entry.stat().st_mtime, entry.name))
         for _, name in sorted(dated, reverse=True)[QUARANTINE_KEEP:]:
             stem = name.removesuffix(".bin" + QUARANTINE_SUFFIX)
-            self._fs.unlink(name)
-            self._fs.unlink(stem + ".json" + QUARANTINE_SUFFIX)
+            fs.unlink(name)
+            fs.unlink(stem + ".json" + QUARANTINE_SUFFIX)
 
     def delete(self, record: manifest.Manifest) -> bool:
         """Unpublish (manifest first), then remove the file; False if an I/O error stopped it (reported)."""
-        with self._lock:
-            self._index.pop(record.file, None)
-            self._last_used.pop(record.file, None)
-        return self._fs.unlink(Path(record.file).stem + ".json") and self._fs.unlink(record.file)
+        self._dir.index.pop(record.file)
+        self._dir.recency.forget(record.file)
+        return self._dir.fs.unlink(Path(record.file).stem + ".json") and self._dir.fs.unlink(record.file)
 
     def remove(self, name: str) -> None:
-        self._fs.unlink(name)
+        self._dir.fs.unlink(name)
 
     def exists(self, name: str) -> bool:
-        return self._fs.exists(name)
+        return self._dir.fs.exists(name)
+
+
+class ModelStore(SnapshotStore):
+    """One model's view of a shared slot dir: lists and writes only ``model``'s snapshots.
+
+    Made by :meth:`SnapshotStore.for_model`; everything but the model (the
+    index, scans, quarantine, use times, listeners, hooks) is the directory's,
+    shared with every other view.
+    """
+
+    def __init__(self, directory: _Directory, model: str | None) -> None:  # the directory is shared, not opened again
+        self._dir = directory
+        self.model = model
+
+    def _lists(self, record: manifest.Manifest) -> bool:
+        return record.model == self.model

@@ -73,7 +73,7 @@ class Watcher:
     def __init__(
         self, snapshots: store.SnapshotStore, stats: metrics.Metrics, lock: dirlock.DirLock | None = None
     ) -> None:
-        self._store = snapshots
+        self._snapshots = snapshots
         self._metrics = stats
         self._lock = lock
         self._queue: asyncio.Queue[str] = asyncio.Queue()
@@ -82,12 +82,14 @@ class Watcher:
         self._lost = False
 
     def start(self) -> None:
-        self._dir_id = self._store.dir_identity()
+        self._dir_id = self._snapshots.dir_identity()
         self._observe()
 
     def _observe(self) -> None:
         observer = Observer()
-        observer.schedule(_Handoff(asyncio.get_running_loop(), self._queue), str(self._store.dir), event_filter=WATCHED)
+        observer.schedule(
+            _Handoff(asyncio.get_running_loop(), self._queue), str(self._snapshots.dir), event_filter=WATCHED
+        )
         observer.daemon = True
         observer.start()
         self._observer = observer
@@ -118,7 +120,7 @@ class Watcher:
                 await self.check_dir()
                 next_check = loop.time() + CHECK_EVERY
             if loop.time() >= next_rescan:
-                await asyncio.to_thread(self._store.scan, clean=False)
+                await asyncio.to_thread(self._snapshots.scan, clean=False)
                 await self.update_gauges()
                 next_rescan = loop.time() + RESCAN_EVERY
 
@@ -129,13 +131,13 @@ class Watcher:
             names.add(self._queue.get_nowait())
         for name in names:
             path = Path(name)
-            if path.parent == self._store.dir:
-                await asyncio.to_thread(self._store.refresh, path.name)
+            if path.parent == self._snapshots.dir:
+                await asyncio.to_thread(self._snapshots.refresh, path.name)
         await self.update_gauges()
 
     async def check_dir(self) -> None:
         """Notice the slot dir going away or coming back, and recover; never raises for the filesystem."""
-        current = await asyncio.to_thread(self._store.dir_identity)
+        current = await asyncio.to_thread(self._snapshots.dir_identity)
         unchanged = current is not None and current == self._dir_id and not self._lost
         if unchanged and (self._lock is None or self._lock.holds()):
             return
@@ -144,47 +146,47 @@ class Watcher:
                 self._lost = True
                 log.error(
                     "slot_dir_lost",
-                    slot_dir=str(self._store.dir),
+                    slot_dir=str(self._snapshots.dir),
                     effect="no snapshots or restores, /readyz answers 503; the sidecar keeps running "
                     f"and checks every {CHECK_EVERY:g} s for the directory to come back",
                     hint="restore the directory (or its volume mount) at this path",
                 )
-                await asyncio.to_thread(self._store.scan, clean=False)
+                await asyncio.to_thread(self._snapshots.scan, clean=False)
                 await self.update_gauges()
             return
         if self._lock is not None and not self._lock.holds():
             try:
                 await asyncio.to_thread(self._lock.acquire)
             except (errors.ConfigError, OSError) as exc:
-                self._store.block(str(exc))
+                self._snapshots.block(str(exc))
                 if not self._lost:
                     self._lost = True
-                    log.error("slot_dir_taken", slot_dir=str(self._store.dir), error=str(exc))
+                    log.error("slot_dir_taken", slot_dir=str(self._snapshots.dir), error=str(exc))
                 return
-            self._store.block("")
+            self._snapshots.block("")
         await self.stop()
         try:
             self._observe()
         except OSError as exc:
-            log.warning("slot_dir_unwatchable", slot_dir=str(self._store.dir), error=str(exc))
+            log.warning("slot_dir_unwatchable", slot_dir=str(self._snapshots.dir), error=str(exc))
             return
         self._dir_id = current
-        await asyncio.to_thread(self._store.scan, clean=False)
+        await asyncio.to_thread(self._snapshots.scan, clean=False)
         await self.update_gauges()
         log.info(
             "slot_dir_back" if self._lost else "slot_dir_replaced",
-            slot_dir=str(self._store.dir),
-            snapshots=len(self._store.snapshots()),
+            slot_dir=str(self._snapshots.dir),
+            snapshots=len(self._snapshots.snapshots()),
         )
         self._lost = False
 
     async def update_gauges(self) -> None:
-        usage = await asyncio.to_thread(self._store.usage)
+        usage = await asyncio.to_thread(self._snapshots.usage)
         if usage.problem:
             return  # reported by the store; the last good figures stay
         self._metrics.disk_used.set(usage.used_bytes)
         self._metrics.disk_free.set(usage.free_bytes)
         self._metrics.snapshot_files.set(usage.snapshot_files)
-        library = self._store.library()
+        library = self._snapshots.library()
         self._metrics.library_conversations.set(len(library))
         self._metrics.library_bytes.set(sum(m.bytes for m in library))

@@ -7,16 +7,16 @@ import os
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from sidecar.core import protocols
 from sidecar.snapshots import manifest, slotfile, store
 
 FP = manifest.Fingerprint("b1", "/models/m.gguf", 100, 200, 4096, 1)
 
 
 def _snapshot(directory: Path, slot: int, size: int, model: str | None = None) -> manifest.Manifest:
-    snaps = store.SnapshotStore(directory, clock=time.time).for_model(model)
+    snaps = store.SnapshotStore(directory, clock=protocols.SystemClock()).for_model(model)
     temp = snaps.temp_name(slot)
     (directory / temp).write_bytes(os.urandom(size))
     return snaps.commit(temp, slot=slot, tokens=size // 10, written=size, task=3, fingerprint=FP)
@@ -88,7 +88,7 @@ def test_ls_names_conversations_by_hash_and_shows_no_token_ids(tmp_path: Path) -
     ids = [90_000 + i for i in range(3 * slotfile.BLOCK_TOKENS)]
     words = struct.pack("<iII", -1, slotfile.PACKED_VERSION, len(ids)) + slotfile.pack_ids(ids) + b"\0" * 4
     data = struct.pack("<III", slotfile.MAGIC, slotfile.VERSION, len(words) // 4) + words + b"\x07" * 64
-    snaps = store.SnapshotStore(tmp_path, clock=time.time)
+    snaps = store.SnapshotStore(tmp_path, clock=protocols.SystemClock())
     temp = snaps.temp_name(0)
     (tmp_path / temp).write_bytes(data)
     indexed = snaps.commit(temp, slot=0, tokens=len(ids), written=len(data), task=3, fingerprint=FP)

@@ -7,12 +7,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from sidecar.core import errors
+from sidecar.core import errors, protocols
 from sidecar.snapshots import dirlock, manifest, store
 
 FP = manifest.Fingerprint("b1", "/models/m.gguf", 100, 200, 4096, 1)
@@ -81,7 +80,7 @@ def test_a_replaced_directory_is_no_longer_held(tmp_path: Path) -> None:
 
 
 def _snapshot(directory: Path) -> manifest.Manifest:
-    snaps = store.SnapshotStore(directory, clock=time.time)
+    snaps = store.SnapshotStore(directory, clock=protocols.SystemClock())
     temp = snaps.temp_name(0)
     (directory / temp).write_bytes(os.urandom(3000))
     return snaps.commit(temp, slot=0, tokens=300, written=3000, task=3, fingerprint=FP)

@@ -16,6 +16,7 @@ from sidecar.act import engine, policy, snapshotter
 from sidecar.core import config, errors, events, hashing, metrics, outcomes
 from sidecar.observe import poller
 from sidecar.snapshots import manifest, store
+from support import clocks
 
 
 @dataclasses.dataclass
@@ -55,7 +56,7 @@ class Bed:
 def make_bed(slot_dir: Path, **snapshot_settings: float) -> Bed:
     server = memllama.MemLlama(slot_dir)
     stamps = itertools.count(1_764_000_000)
-    snapshots = store.SnapshotStore(slot_dir, clock=lambda: float(next(stamps)))
+    snapshots = store.SnapshotStore(slot_dir, clock=clocks.Wall(lambda: float(next(stamps))))
     registry = CollectorRegistry()
     clock = memllama.ManualClock()
     settings = config.Settings(
@@ -89,7 +90,7 @@ async def test_an_idle_changed_slot_is_saved_once(bed: Bed) -> None:
     assert [slot for slot, _ in bed.saves()] == [0]
     assert [(m.slot, m.task, m.tokens) for m in bed.snapshots.snapshots()] == [(0, 1, 500)]
     assert bed.value("llama_sidecar_snapshots_total", slot="0", result="ok") == 1
-    last = bed.core.saver.last
+    last = bed.core.status().last_snapshot
     assert last is not None
     assert (last.result, last.cause) == (outcomes.SaveResult.OK, None)
 
@@ -102,7 +103,7 @@ async def test_no_save_is_sent_to_a_slot_that_started_processing_after_the_poll(
     bed.server.set_slot(0, processing=True)  # a request takes the slot before the save is sent
     await bed.core.work()
     assert bed.saves() == []
-    last = bed.core.saver.last
+    last = bed.core.status().last_snapshot
     assert last is not None
     assert (last.result, last.cause) == (outcomes.SaveResult.SKIPPED, outcomes.SaveCause.SLOT_BUSY)
     assert bed.value("llama_sidecar_snapshots_total", slot="0", result="skipped") == 1
@@ -127,7 +128,7 @@ async def test_polling_goes_on_while_the_server_holds_a_save(bed: Bed) -> None:
         for n in range(5):  # each poll goes through at once, and the engine sees each one
             async with asyncio.timeout(1):
                 obs = await bed.poll(after=1.0)
-            assert bed.core.latest is obs, n
+            assert bed.core.status().observation is obs, n
     finally:
         runner.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -142,8 +143,9 @@ async def test_a_save_cut_short_leaves_no_file_even_when_the_server_writes_it_la
     bed.server.fail["save"] = errors.UpstreamUnavailable("/slots: no answer within 300 s", endpoint="/slots")
     await bed.cycle(after=3.0)
     ((_, temp),) = bed.saves()
-    assert bed.core.saver.last is not None
-    assert bed.core.saver.last.cause is outcomes.SaveCause.SERVER
+    last = bed.core.status().last_snapshot
+    assert last is not None
+    assert last.cause is outcomes.SaveCause.SERVER
     (bed.snapshots.dir / temp).write_bytes(b"x" * 5044)  # the deferred save runs after the call gave up
     with structlog.testing.capture_logs() as logs:
         await bed.core.final_snapshots()
@@ -155,19 +157,19 @@ async def test_a_probe_cut_short_leaves_no_file(bed: Bed) -> None:
     bed.server.fail["save"] = errors.UpstreamUnavailable("/slots: no answer within 300 s", endpoint="/slots")
     await bed.cycle()  # every slot unused: the engine probes the slot dir link with slot 0
     ((_, probe_name),) = bed.actions("save")
-    assert bed.core.link_ok is None
+    assert bed.core.status().link_ok is None
     (bed.snapshots.dir / probe_name).write_bytes(b"x" * 44)
     del bed.server.fail["save"]
     bed.server.run_turn(0, task=1, tokens=500)
     await bed.cycle()
     await bed.cycle(after=3.0)  # the next action sweeps first
     assert not (bed.snapshots.dir / probe_name).exists()
-    assert bed.core.link_ok is True
+    assert bed.core.status().link_ok is True
 
 
 async def test_the_probe_proves_the_link_and_leaves_nothing(bed: Bed) -> None:
     await bed.cycle()
-    assert bed.core.link_ok is True
+    assert bed.core.status().link_ok is True
     assert [p.name for p in bed.snapshots.dir.iterdir()] == []
 
 
@@ -179,8 +181,8 @@ async def test_a_probe_file_not_seen_means_another_directory(tmp_path: Path) -> 
     bed = make_bed(mine)
     bed.server.dir = other
     await bed.cycle()
-    assert bed.core.link_ok is False
-    assert "--slot-dir must be the directory" in bed.core.link_problem
+    assert bed.core.status().link_ok is False
+    assert "--slot-dir must be the directory" in bed.core.status().link_problem
 
 
 async def test_final_snapshot_leaves_a_sleeping_server_asleep(bed: Bed) -> None:
@@ -308,14 +310,14 @@ async def test_files_are_checked_while_the_server_loads_not_once_it_is_up(
     bed.server.run_turn(0, task=1, tokens=500)
     await bed.cycle()
     await bed.cycle(after=3.0)
-    verify = bed.snapshots.verify
+    check = bed.snapshots.check
     checked: list[events.Health] = []
 
     def recorded_verify(record: manifest.Manifest) -> None:
         checked.append(bed.server.health_state)
-        verify(record)
+        check(record)
 
-    monkeypatch.setattr(bed.snapshots, "verify", recorded_verify)
+    monkeypatch.setattr(bed.snapshots, "check", recorded_verify)
     bed.server.health_state = events.Health.DOWN  # killed
     await bed.cycle(after=1.0)
     bed.server.health_state = events.Health.LOADING
@@ -503,7 +505,7 @@ async def test_a_swap_of_a_slot_whose_commit_waits_commits_it_and_saves_again_if
     ((_, temp),) = bed.saves()
     with (tmp_path / temp).open("ab") as f:
         f.write(b"x")  # the waiting commit will fail its size check
-    swap = policy.Save(0, (1, 500), 500, policy.SaveReason.SWAP)
+    swap = policy.Save(0, events.SlotContent(1, 500), 500, policy.SaveReason.SWAP)
     assert await bed.core.save(swap)
     assert [slot for slot, _ in bed.saves()] == [0, 0]  # saved again, not taken as saved already
     assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]

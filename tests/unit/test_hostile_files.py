@@ -22,26 +22,18 @@ import xxhash
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import actions, report, restorer
-from sidecar.core import errors, events, hashing, metrics, safeio
+from sidecar.core import errors, events, hashing, metrics, protocols, safeio
 from sidecar.snapshots import manifest, store
+from support import told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
 STAMP = "20261201T100000000000Z"
 
 
-class Quarantined:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, str]] = []
-
-    def __call__(self, name: str, reason: str, detail: str) -> None:
-        self.calls.append((name, reason, detail))
-
-
-def fresh(path: Path) -> tuple[store.SnapshotStore, Quarantined]:
-    snaps = store.SnapshotStore(path, clock=time.time)
-    bad = Quarantined()
-    snaps.on_quarantine = bad
-    return snaps, bad
+def fresh(path: Path) -> tuple[store.SnapshotStore, told.Calls]:
+    reports = told.Told()
+    snaps = store.SnapshotStore(path, clock=protocols.SystemClock(), events=reports)
+    return snaps, reports.bad
 
 
 def good(snaps: store.SnapshotStore) -> manifest.Manifest:
@@ -81,7 +73,7 @@ def test_a_bin_linked_to_dev_zero_with_a_zero_byte_manifest_is_refused_and_never
     (tmp_path / name).symlink_to("/dev/zero")  # put back: a check of it must refuse, not hash forever
     started = time.monotonic()
     with pytest.raises(errors.SnapshotError) as refused:
-        snaps.verify(lying)
+        snaps.check(lying)
     assert refused.value.reason == "not_regular"
     assert time.monotonic() - started < 1.0
 
@@ -129,7 +121,7 @@ def test_a_bin_linked_outside_the_dir_with_a_consistent_manifest_is_refused(tmp_
     assert [(n, r) for n, r, _ in bad.calls] == [(name, "not_regular")]
     (slot_dir / name).symlink_to(outside)  # and if it came back between a scan and a check
     with pytest.raises(errors.SnapshotError) as refused:
-        snaps.verify(manifest.Manifest.from_json(text))
+        snaps.check(manifest.Manifest.from_json(text))
     assert refused.value.reason == "not_regular"
     assert outside.read_bytes().startswith(b"root:")  # never written to, never renamed
 
@@ -185,7 +177,7 @@ async def test_a_check_that_hangs_is_seen_by_liveness_once_past_its_deadline(
 ) -> None:
     """A read blocked in the kernel (a hung disk or mount) cannot be cancelled: /healthz must say so."""
     server = memllama.MemLlama(tmp_path)
-    snaps = store.SnapshotStore(tmp_path, clock=time.time)
+    snaps = store.SnapshotStore(tmp_path, clock=protocols.SystemClock())
     record = good(snaps)
     clock = memllama.ManualClock()
     worker = restorer.Restorer(
@@ -196,7 +188,7 @@ async def test_a_check_that_hangs_is_seen_by_liveness_once_past_its_deadline(
         identity=lambda: memllama.IDENTITY,
     )
     release = threading.Event()
-    monkeypatch.setattr(snaps, "verify", lambda _record: release.wait(10.0))
+    monkeypatch.setattr(snaps, "check", lambda _record: release.wait(10.0))
     checking = asyncio.create_task(worker.precheck())
     while worker.checking is None:
         await asyncio.sleep(0.01)

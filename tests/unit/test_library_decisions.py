@@ -78,7 +78,7 @@ def test_an_older_prefix_of_a_newer_snapshot_is_superseded() -> None:
     old, new = kept("old", chain("a", 3), gen=1), kept("new", chain("a", 5), gen=2)
     other = kept("other", chain("b", 3), gen=0)
     got = retention.select([old, new, other], in_use=(), max_bytes=0, max_age=0, now=0)
-    assert got == [(old, retention.Eviction.SUPERSEDED)]
+    assert got == [(old, outcomes.GcReason.SUPERSEDED)]
 
 
 def test_a_newer_shorter_snapshot_does_not_supersede_a_longer_one() -> None:
@@ -91,14 +91,14 @@ def test_least_recently_used_go_first_under_the_byte_cap_and_in_use_is_kept() ->
     b = kept("b", chain("b", 1), gen=2, used=2.0)
     c = kept("c", chain("c", 1), gen=3, used=3.0)
     got = retention.select([a, b, c], in_use={"a"}, max_bytes=20, max_age=0, now=10)
-    assert got == [(b, retention.Eviction.BYTES)]
+    assert got == [(b, outcomes.GcReason.BYTES)]
 
 
 def test_conversations_unused_for_max_age_go() -> None:
     a = kept("a", chain("a", 1), gen=1, used=1.0)
     b = kept("b", chain("b", 1), gen=2, used=95.0)
     got = retention.select([a, b], in_use=(), max_bytes=0, max_age=10, now=100)
-    assert got == [(a, retention.Eviction.AGE)]
+    assert got == [(a, outcomes.GcReason.AGE)]
 
 
 def test_a_shared_prefix_must_beat_both_the_slots_and_the_library_to_be_fetched() -> None:

@@ -13,6 +13,7 @@ from sidecar.act import policy
 from sidecar.core import events, outcomes
 from sidecar.library import prompt, routing
 from sidecar.snapshots import manifest, slotfile, store
+from support.told import Told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 2, 8192, 1000, 10), n_ctx=4096)
 BLOCK = slotfile.BLOCK_TOKENS
@@ -24,7 +25,10 @@ class StepClock:
     def __init__(self) -> None:
         self.now = time.time()
 
-    def __call__(self) -> float:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
         self.now = max(self.now + 0.001, time.time())
         return self.now
 
@@ -61,9 +65,10 @@ def test_commit_records_token_count_and_chain_and_nothing_of_the_ids(snaps: stor
     assert snaps.snapshots()[0].index == record.index  # read back at start-up
 
 
-def test_a_file_that_cannot_be_parsed_is_committed_unindexed_and_reported(snaps: store.SnapshotStore) -> None:
-    told: list[tuple[str, str]] = []
-    snaps.on_unindexed = lambda name, reason: told.append((name, reason))
+def test_a_file_that_cannot_be_parsed_is_committed_unindexed_and_reported(tmp_path: Path) -> None:
+    reports = Told()
+    snaps = store.SnapshotStore(tmp_path, clock=StepClock(), events=reports)
+    told = reports.not_indexed
     record = commit(snaps, b"not a slot file at all" * 10)
     assert record.index is None
     assert snaps.snapshots() == [record]  # still restorable by slot
@@ -92,7 +97,7 @@ def test_another_conversation_saved_from_the_same_slot_does_not_replace_the_firs
     # The same conversation grown by a turn supersedes its older snapshot.
     grown = commit(snaps, slot_file(conversation(2, 5)))
     doomed = policy.select_for_deletion(snaps.snapshots(), keep_per_slot=1, max_bytes=0, max_age=0, now=0)
-    assert doomed == [(other, policy.GcReason.SUPERSEDED)]
+    assert doomed == [(other, outcomes.GcReason.SUPERSEDED)]
     assert {first.file, grown.file} <= {s.file for s in snaps.snapshots()}
 
 
@@ -100,7 +105,7 @@ def test_unindexed_snapshots_keep_the_per_slot_rule(snaps: store.SnapshotStore) 
     old = commit(snaps, b"x" * 100)
     commit(snaps, b"y" * 100)
     doomed = policy.select_for_deletion(snaps.snapshots(), keep_per_slot=1, max_bytes=0, max_age=0, now=0)
-    assert doomed == [(old, policy.GcReason.KEEP)]
+    assert doomed == [(old, outcomes.GcReason.KEEP)]
 
 
 def test_a_conversation_in_use_is_never_evicted_and_the_least_recently_used_goes(
@@ -116,11 +121,11 @@ def test_a_conversation_in_use_is_never_evicted_and_the_least_recently_used_goes
             snaps.snapshots(), keep_per_slot=1, max_bytes=cap, max_age=0, now=0,
             in_use=snaps.in_use(), last_used=snaps.last_used,
         )  # fmt: skip
-        assert doomed == [(a, policy.GcReason.BYTES)]  # b in use, c the slot's newest
+        assert doomed == [(a, outcomes.GcReason.BYTES)]  # b in use, c the slot's newest
     doomed = policy.select_for_deletion(
         snaps.snapshots(), keep_per_slot=1, max_bytes=cap, max_age=0, now=0, last_used=snaps.last_used
     )
-    assert doomed == [(b, policy.GcReason.BYTES)]
+    assert doomed == [(b, outcomes.GcReason.BYTES)]
 
 
 @pytest.mark.parametrize(

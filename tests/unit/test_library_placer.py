@@ -22,6 +22,7 @@ from sidecar.library import placer
 from sidecar.observe import poller
 from sidecar.shared import catalog, decide, records
 from sidecar.snapshots import manifest, slotfile, store
+from support import clocks
 
 BLOCK = slotfile.BLOCK_TOKENS
 
@@ -112,7 +113,7 @@ class Bed:
 async def bed(tmp_path: Path) -> Bed:
     server = TokenLlama(tmp_path)
     stamps = itertools.count(1_764_000_000)
-    snapshots = store.SnapshotStore(tmp_path, clock=lambda: float(next(stamps)))
+    snapshots = store.SnapshotStore(tmp_path, clock=clocks.Wall(lambda: float(next(stamps))))
     registry = CollectorRegistry()
     clock = memllama.ManualClock()
     settings = config.Settings(
@@ -123,7 +124,6 @@ async def bed(tmp_path: Path) -> Bed:
     )
     stats = metrics.Metrics(registry, version="t")
     core = engine.Engine(client=server, snapshots=snapshots, stats=stats, settings=settings, clock=clock)
-    core.restore_due = False
     library = placer.Placer(core=core, tokenizer=Tokenizer(), snapshots=snapshots, stats=stats, clock=clock)
     made = Bed(server, snapshots, registry, poller.Poller(server, settings.poll, clock=clock), core, library, clock)
     await made.poll()
@@ -207,20 +207,21 @@ class FakeShared:
         self.lookup_wait: asyncio.Event | None = None
         self.fail_fetch = False
         ids = ids_of(conversation)
-        other = store.SnapshotStore(tmp_path / "node-a", clock=lambda: 1_700_000_000.0)
+        other = store.SnapshotStore(tmp_path / "node-a", clock=clocks.Wall(lambda: 1_700_000_000.0))
         other.dir.mkdir()
         temp = other.temp_name(0)
         data = slot_bytes(ids)
         (other.dir / temp).write_bytes(data)
-        assert bed.core.identity is not None
-        fingerprint = manifest.Fingerprint.of(bed.core.identity, n_ctx=self._n_ctx())
+        _, identity = bed.core.seen()
+        assert identity is not None
+        fingerprint = manifest.Fingerprint.of(identity, n_ctx=self._n_ctx())
         made = other.commit(temp, slot=0, tokens=len(ids), written=len(data), task=None, fingerprint=fingerprint)
         chain = slotfile.prefix_hashes(slotfile.pack_ids(ids))
         self.record = records.SharedRecord(made, "blobs/a", chain, BLOCK, 1_700_000_000.0)
         self.data = data
 
     def _n_ctx(self) -> int:
-        obs = self.bed.core.latest
+        obs, _ = self.bed.core.seen()
         assert obs is not None
         assert obs.slots is not None
         return obs.slots[0].n_ctx

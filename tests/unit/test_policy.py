@@ -64,7 +64,7 @@ def test_idle_debounce_one_save_after_idle_seconds() -> None:
     pol.observe([slot(0, task=1, tokens=500)], now=0.0)
     assert pol.due(0.0) == []
     assert pol.due(1.99) == []
-    assert run_like_engine(pol, 2.0) == [policy.Save(0, (1, 500), 500, Idle)]
+    assert run_like_engine(pol, 2.0) == [policy.Save(0, events.SlotContent(1, 500), 500, Idle)]
     pol.observe([slot(0, task=1, tokens=500)], now=3.0)
     assert pol.due(3.0) == []
     assert pol.due(1000.0) == []
@@ -77,7 +77,7 @@ def test_each_change_restarts_the_idle_timer() -> None:
     assert pol.due(2.0) == []
     pol.observe([slot(0, task=3, tokens=1100)], now=3.0)
     assert pol.due(4.9) == []
-    assert pol.due(5.0) == [policy.Save(0, (3, 1100), 1100, Idle)]
+    assert pol.due(5.0) == [policy.Save(0, events.SlotContent(3, 1100), 1100, Idle)]
 
 
 def test_idle_timer_starts_when_the_slot_stops_being_busy() -> None:
@@ -86,7 +86,7 @@ def test_idle_timer_starts_when_the_slot_stops_being_busy() -> None:
     pol.observe([slot(0, task=1, tokens=900, busy=True)], now=5.0)
     pol.observe([slot(0, task=1, tokens=900)], now=6.0)
     assert pol.due(7.9) == []
-    assert pol.due(8.0) == [policy.Save(0, (1, 900), 900, Idle)]
+    assert pol.due(8.0) == [policy.Save(0, events.SlotContent(1, 900), 900, Idle)]
 
 
 def test_virgin_slot_is_never_saved() -> None:
@@ -107,15 +107,15 @@ def test_periodic_save_for_a_slot_that_keeps_changing() -> None:
         pol.observe([slot(0, task=step, tokens=200 + step)], now=now)
         got += [(now, s) for s in saves(run_like_engine(pol, now))]
     assert got == [
-        (10.0, policy.Save(0, (10, 210), 210, policy.SaveReason.PERIODIC)),
-        (21.0, policy.Save(0, (21, 221), 221, policy.SaveReason.PERIODIC)),
+        (10.0, policy.Save(0, events.SlotContent(10, 210), 210, policy.SaveReason.PERIODIC)),
+        (21.0, policy.Save(0, events.SlotContent(21, 221), 221, policy.SaveReason.PERIODIC)),
     ]
 
 
 def test_periodic_not_proposed_for_unchanged_settled_slot() -> None:
     pol = policy.Policy(TIMING)
     pol.observe([slot(0, task=1, tokens=500)], now=0.0)
-    pol.settle(0, (1, 500))
+    pol.settle(0, events.SlotContent(1, 500))
     for step in range(1, 40):
         pol.observe([slot(0, task=1, tokens=500)], now=float(step))
         assert pol.due(float(step)) == []
@@ -139,20 +139,20 @@ def test_skip_below_min_tokens_reported_once_per_content() -> None:
     pol.observe([slot(0, task=2, tokens=60)], now=30.0)
     assert [type(a) for a in run_like_engine(pol, 30.0)] == [policy.Skip]
     pol.observe([slot(0, task=3, tokens=600)], now=31.0)
-    assert run_like_engine(pol, 33.0) == [policy.Save(0, (3, 600), 600, Idle)]
+    assert run_like_engine(pol, 33.0) == [policy.Save(0, events.SlotContent(3, 600), 600, Idle)]
 
 
 def test_slot_cleared_to_zero_tokens_is_skipped_not_saved() -> None:
     pol = policy.Policy(TIMING)
     pol.observe([slot(0, task=1, tokens=500)], now=0.0)
-    assert saves(run_like_engine(pol, 2.0)) == [policy.Save(0, (1, 500), 500, Idle)]
+    assert saves(run_like_engine(pol, 2.0)) == [policy.Save(0, events.SlotContent(1, 500), 500, Idle)]
     pol.observe([slot(0, task=1, tokens=0)], now=3.0)
     assert [type(a) for a in run_like_engine(pol, 10.0)] == [policy.Skip]
 
 
 def test_settled_content_is_not_saved_again() -> None:
     pol = policy.Policy(TIMING)
-    pol.settle(0, (1, 500))  # adopted at start-up: the newest snapshot holds this content
+    pol.settle(0, events.SlotContent(1, 500))  # adopted at start-up: the newest snapshot holds this content
     pol.observe([slot(0, task=1, tokens=500)], now=0.0)
     assert pol.due(50.0) == []
     pol.observe([slot(0, task=1, tokens=500, busy=True)], now=51.0)
@@ -164,7 +164,7 @@ def test_a_listing_read_before_the_one_followed_is_ignored() -> None:
     pol = policy.Policy(TIMING)
     pol.observe([slot(0, task=1, tokens=500)], now=1.0)  # the poll's listing, read at 1.0
     pol.observe([slot(0, task=2, tokens=520)], now=3.5, read_at=3.0)  # a save read the slot afresh
-    pol.settle(0, (2, 520))
+    pol.settle(0, events.SlotContent(2, 520))
     pol.observe([slot(0, task=1, tokens=500)], now=4.0, read_at=1.0)  # the poll carries its listing over
     assert pol.due(10.0) == []
     pol.observe([slot(0, task=3, tokens=540)], now=11.0, read_at=11.0)  # a newer listing counts again
@@ -178,7 +178,7 @@ def test_never_a_save_for_a_busy_slot() -> None:
         assert pol.due(float(step)) == []
     pol.observe([slot(0, task=1, tokens=5000)], now=60.0)
     # Dirty for longer than --snapshot-interval: saved as soon as it is idle, no debounce.
-    assert pol.due(60.0) == [policy.Save(0, (1, 5000), 5000, policy.SaveReason.PERIODIC)]
+    assert pol.due(60.0) == [policy.Save(0, events.SlotContent(1, 5000), 5000, policy.SaveReason.PERIODIC)]
 
 
 def test_busy_slot_within_interval_waits_for_idle_seconds() -> None:
@@ -188,34 +188,34 @@ def test_busy_slot_within_interval_waits_for_idle_seconds() -> None:
         assert pol.due(float(step) + 0.5) == []
     pol.observe([slot(0, task=1, tokens=900)], now=5.0)
     assert pol.due(6.99) == []
-    assert pol.due(7.0) == [policy.Save(0, (1, 900), 900, Idle)]
+    assert pol.due(7.0) == [policy.Save(0, events.SlotContent(1, 900), 900, Idle)]
 
 
 def test_defer_after_a_failed_save() -> None:
     pol = policy.Policy(TIMING)
     pol.observe([slot(0, task=1, tokens=500)], now=0.0)
-    assert pol.due(2.0) == [policy.Save(0, (1, 500), 500, Idle)]
+    assert pol.due(2.0) == [policy.Save(0, events.SlotContent(1, 500), 500, Idle)]
     pol.defer(0, until=32.0)
     assert pol.due(2.0) == []
     assert pol.due(31.99) == []
-    assert pol.due(32.0) == [policy.Save(0, (1, 500), 500, Idle)]
+    assert pol.due(32.0) == [policy.Save(0, events.SlotContent(1, 500), 500, Idle)]
 
 
 def test_defer_is_per_slot() -> None:
     pol = policy.Policy(TIMING)
     pol.observe([slot(0, task=1, tokens=500), slot(1, task=2, tokens=700)], now=0.0)
     pol.defer(0, until=100.0)
-    assert pol.due(5.0) == [policy.Save(1, (2, 700), 700, Idle)]
+    assert pol.due(5.0) == [policy.Save(1, events.SlotContent(2, 700), 700, Idle)]
 
 
 def test_reset_forgets_settled_content() -> None:
     pol = policy.Policy(TIMING)
     pol.observe([slot(0, task=1, tokens=500)], now=0.0)
-    pol.settle(0, (1, 500))
+    pol.settle(0, events.SlotContent(1, 500))
     pol.reset()
     assert pol.tracks == {}
     pol.observe([slot(0, task=1, tokens=500)], now=10.0)
-    assert pol.due(12.0) == [policy.Save(0, (1, 500), 500, Idle)]
+    assert pol.due(12.0) == [policy.Save(0, events.SlotContent(1, 500), 500, Idle)]
 
 
 def test_a_due_save_may_be_held_until_its_oldest_change_is_interval_old() -> None:
@@ -247,7 +247,7 @@ def test_final_idle_first_then_busy_and_only_changed_slots_worth_a_file() -> Non
         ],
         now=0.0,
     )
-    pol.settle(2, (3, 700))
+    pol.settle(2, events.SlotContent(3, 700))
     got = pol.final()
     assert [(s.slot, s.signature, s.reason) for s in got] == [
         (1, (2, 800), policy.SaveReason.FINAL),
@@ -346,7 +346,7 @@ def doomed(
     max_bytes: int = 0,
     max_age: float = 0.0,
     now: float = 1000.0,
-) -> dict[str, policy.GcReason]:
+) -> dict[str, outcomes.GcReason]:
     got = policy.select_for_deletion(snaps, keep_per_slot=keep, max_bytes=max_bytes, max_age=max_age, now=now)
     return {m.file: reason for m, reason in got}
 
@@ -354,12 +354,12 @@ def doomed(
 def test_keep_newest_n_per_slot() -> None:
     s0 = [snap(0, t) for t in (10.0, 20.0, 30.0, 40.0)]
     s1 = [snap(1, 15.0)]
-    assert doomed(s0 + s1, keep=2) == {s0[0].file: policy.GcReason.KEEP, s0[1].file: policy.GcReason.KEEP}
+    assert doomed(s0 + s1, keep=2) == {s0[0].file: outcomes.GcReason.KEEP, s0[1].file: outcomes.GcReason.KEEP}
 
 
 def test_keep_zero_still_keeps_the_newest() -> None:
     s0 = [snap(0, t) for t in (10.0, 20.0)]
-    assert doomed(s0, keep=0) == {s0[0].file: policy.GcReason.KEEP}
+    assert doomed(s0, keep=0) == {s0[0].file: outcomes.GcReason.KEEP}
 
 
 def test_byte_cap_deletes_oldest_first_until_under_the_cap() -> None:
@@ -367,24 +367,24 @@ def test_byte_cap_deletes_oldest_first_until_under_the_cap() -> None:
     s1 = [snap(1, t, size=100) for t in (20.0, 40.0)]
     # 500 bytes, cap 250: delete 10 (400), 20 (300), 30 (200), then stop.
     assert doomed(s0 + s1, max_bytes=250) == {
-        s0[0].file: policy.GcReason.BYTES,
-        s1[0].file: policy.GcReason.BYTES,
-        s0[1].file: policy.GcReason.BYTES,
+        s0[0].file: outcomes.GcReason.BYTES,
+        s1[0].file: outcomes.GcReason.BYTES,
+        s0[1].file: outcomes.GcReason.BYTES,
     }
 
 
 def test_byte_cap_never_takes_a_slots_newest() -> None:
     s0 = [snap(0, t, size=1000) for t in (10.0, 30.0)]
     s1 = [snap(1, 20.0, size=1000)]
-    assert doomed(s0 + s1, max_bytes=1) == {s0[0].file: policy.GcReason.BYTES}
+    assert doomed(s0 + s1, max_bytes=1) == {s0[0].file: outcomes.GcReason.BYTES}
 
 
 def test_max_age() -> None:
     s0 = [snap(0, t) for t in (100.0, 500.0, 900.0)]
     s1 = [snap(1, 50.0)]  # the only (so newest) snapshot of slot 1: kept however old
     assert doomed(s0 + s1, max_age=300.0, now=1000.0) == {
-        s0[0].file: policy.GcReason.AGE,
-        s0[1].file: policy.GcReason.AGE,
+        s0[0].file: outcomes.GcReason.AGE,
+        s0[1].file: outcomes.GcReason.AGE,
     }
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from sidecar.act import gate
-from sidecar.core import outcomes
+from sidecar.core import metrics, outcomes
 from sidecar.proxy import routes
 
 
@@ -15,12 +16,15 @@ class Clock:
     def __init__(self) -> None:
         self.now = 100.0
 
-    def __call__(self) -> float:
+    def monotonic(self) -> float:
         return self.now
+
+    def wall(self) -> float:
+        return 1_764_000_000.0 + self.now
 
 
 async def test_gate_starts_closed_and_opens_on_a_poll() -> None:
-    g = gate.Gate(mono=Clock())
+    g = gate.Gate(clock=Clock())
     assert not g.is_open
     assert g.reason == gate.NOT_POLLED
     assert not await g.wait(0.01)
@@ -32,7 +36,7 @@ async def test_gate_starts_closed_and_opens_on_a_poll() -> None:
 
 async def test_suspicion_is_cleared_only_by_a_poll_started_after_it() -> None:
     clock = Clock()
-    g = gate.Gate(mono=clock)
+    g = gate.Gate(clock=clock)
     g.open(seen_at=clock.now)
     clock.now = 105.0
     g.suspect("connection refused")
@@ -48,7 +52,7 @@ async def test_suspicion_is_cleared_only_by_a_poll_started_after_it() -> None:
 async def test_engine_closing_then_opening_within_one_poll_opens() -> None:
     """A restore round closes the gate after its poll started; the same poll opens it once done."""
     clock = Clock()
-    g = gate.Gate(mono=clock)
+    g = gate.Gate(clock=clock)
     poll_started = clock.now
     clock.now += 0.5
     g.close("a restore round is owed")
@@ -57,13 +61,43 @@ async def test_engine_closing_then_opening_within_one_poll_opens() -> None:
 
 
 async def test_waiters_are_released_together_and_counted() -> None:
-    g = gate.Gate(mono=Clock())
+    g = gate.Gate(clock=Clock())
     waiters = [asyncio.create_task(g.wait(5.0)) for _ in range(3)]
     await asyncio.sleep(0)
     assert g.waiting == 3
     g.open(seen_at=1.0)
     assert await asyncio.gather(*waiters) == [True, True, True]
     assert g.waiting == 0
+
+
+async def test_a_request_held_twice_is_counted_while_it_waits_and_its_hold_observed_once() -> None:
+    """Gate.hold: the one count of a held request (relay, twice, and router admission use it)."""
+    clock = Clock()
+    registry = CollectorRegistry()
+    stats = metrics.Metrics(registry, version="t")
+    g = gate.Gate(clock=clock)
+    sample = registry.get_sample_value
+
+    async def opened_after(seconds: float) -> None:
+        await asyncio.sleep(0)
+        assert sample("llama_sidecar_proxy_held_requests") == 1  # counted while it waits
+        clock.now += seconds
+        g.open(seen_at=clock.now)
+
+    with g.hold(stats) as hold:
+        opening = asyncio.create_task(opened_after(2.0))
+        assert await hold.wait(10.0)
+        await opening
+        g.close("llama-server is down")  # a replay finds it closed again
+        opening = asyncio.create_task(opened_after(3.0))
+        assert await hold.wait(10.0)
+        await opening
+        assert sample("llama_sidecar_proxy_held_requests") == 0
+    assert sample("llama_sidecar_proxy_hold_seconds_count") == 1
+    assert sample("llama_sidecar_proxy_hold_seconds_sum") == 5.0
+    with g.hold(stats):
+        pass  # never waited: not observed
+    assert sample("llama_sidecar_proxy_hold_seconds_count") == 1
 
 
 @pytest.mark.parametrize(

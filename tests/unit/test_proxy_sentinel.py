@@ -61,9 +61,10 @@ async def _run(server: Server, g: gate.Gate, until: Callable[[], bool]) -> None:
         listening.close()
 
 
-async def test_a_connection_dropped_without_a_word_closes_the_gate_and_asks_for_a_poll(opened: gate.Gate) -> None:
+async def test_a_connection_dropped_without_a_word_closes_the_gate_and_asks_for_a_poll() -> None:
     polls = []
-    opened.on_suspect = lambda: polls.append(1)
+    opened = gate.Gate(on_suspect=lambda: polls.append(1))
+    opened.open(seen_at=0.0)
     server = Server(lambda n: OK if n < 3 else None)
     await _run(server, opened, lambda: not opened.is_open)
     assert "exited or restarted" in opened.reason

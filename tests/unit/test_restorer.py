@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.act import actions, restorer
 from sidecar.core import events, metrics, outcomes
 from sidecar.snapshots import manifest, store
+from support import clocks
 
 FP = manifest.Fingerprint.of(memllama.IDENTITY, n_ctx=memllama.N_CTX)
 
@@ -25,12 +26,14 @@ class Bed:
     registry: CollectorRegistry
     restorer: restorer.Restorer
 
-    def saved(self, slot: int, tokens: int, *, task: int = 1) -> manifest.Manifest:
-        """A committed snapshot of ``slot``, as an earlier save left it."""
+    def saved(self, slot: int, tokens: int, *, task: int = 1, created: float | None = None) -> manifest.Manifest:
+        """A committed snapshot of ``slot``, as an earlier save left it (dated ``created``; None: the clock's)."""
         temp = self.snapshots.temp_name(slot)
         data = bytes([slot]) * memllama.HEADER + bytes([task % 256]) * (tokens * memllama.BYTES_PER_TOKEN)
         (self.snapshots.dir / temp).write_bytes(data)
-        return self.snapshots.commit(temp, slot=slot, tokens=tokens, written=len(data), task=task, fingerprint=FP)
+        return self.snapshots.commit(
+            temp, slot=slot, tokens=tokens, written=len(data), task=task, fingerprint=FP, created=created
+        )
 
     def value(self, name: str, **labels: str) -> float:
         found = self.registry.get_sample_value(name, labels)
@@ -45,14 +48,14 @@ class Bed:
 def bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bed:
     server = memllama.MemLlama(tmp_path)
     stamps = itertools.count(1_764_000_000)
-    snapshots = store.SnapshotStore(tmp_path, clock=lambda: float(next(stamps)))
-    verify = snapshots.verify
+    snapshots = store.SnapshotStore(tmp_path, clock=clocks.Wall(lambda: float(next(stamps))))
+    check = snapshots.check
 
     def recorded_verify(record: manifest.Manifest) -> None:
         server.calls.append(("verify", record.file))
-        verify(record)
+        check(record)
 
-    monkeypatch.setattr(snapshots, "verify", recorded_verify)
+    monkeypatch.setattr(snapshots, "check", recorded_verify)
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version="t")
     stats.init_slots(range(2))
@@ -78,7 +81,7 @@ async def test_a_request_that_runs_on_the_slot_during_the_restore_call_is_counte
     assert bed.value("llama_sidecar_restores_total", slot="0", result="raced") == 1
     assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 0
     assert bed.value("llama_sidecar_restored_tokens_total", slot="0") == 0
-    assert bed.restorer.pending == {}
+    assert bed.restorer.unverified == {}
 
 
 async def test_files_checked_ahead_are_not_hashed_between_the_slot_read_and_the_restore(bed: Bed) -> None:
@@ -97,7 +100,16 @@ async def test_files_checked_ahead_are_not_hashed_between_the_slot_read_and_the_
         if name == "restore":
             assert names[i - 1] == "slots"  # read right before
             assert names[i + 1] == "slots"  # and right after
-    assert bed.restorer.pending[0].tokens == newest.tokens
+    assert bed.restorer.unverified[0].tokens == newest.tokens
+
+
+async def test_the_precheck_checks_the_newest_snapshot_by_generation_whatever_the_wall_clock_said(bed: Bed) -> None:
+    """A clock stepped back dates the newer snapshot earlier: the precheck checks it, the one the round restores."""
+    older = bed.saved(0, 400, task=1)
+    newer = bed.saved(0, 500, task=2, created=older.created - 3600.0)
+    assert bed.snapshots.snapshots(0) == [newer, older]
+    await bed.restorer.precheck()
+    assert [f for name, f in bed.server.calls if name == "verify"] == [newer.file]
 
 
 async def test_a_file_changed_after_its_check_is_checked_again_and_the_older_one_restored(bed: Bed) -> None:
@@ -124,13 +136,13 @@ async def test_a_slot_taken_while_its_file_is_hashed_is_left_to_the_request(
     bed: Bed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bed.saved(0, 500)  # not checked ahead (the sidecar started with the server already up)
-    verify = bed.snapshots.verify
+    check = bed.snapshots.check
 
     def slow_verify(record: manifest.Manifest) -> None:
-        verify(record)
+        check(record)
         bed.server.set_slot(0, task=3, tokens=60, processing=True)  # a request arrives meanwhile
 
-    monkeypatch.setattr(bed.snapshots, "verify", slow_verify)
+    monkeypatch.setattr(bed.snapshots, "check", slow_verify)
     assert await bed.round() == [(0, "slot_busy"), (1, "no_snapshot")]
     assert "restore" not in bed.server.names()
 
@@ -168,14 +180,14 @@ async def test_a_swap_judged_effective_is_listed_and_its_saved_prefill_counted_a
     ]
     bed.server.run_turn(0, task=(after.task or 0) + 1, tokens=1010, cached=1000)
     obs = events.Observation(
-        at=bed.restorer.pending[0].at + 1.0,
+        at=bed.restorer.unverified[0].at + 1.0,
         health=events.Health.OK,
         slots=tuple(bed.server.slot_views),
         counters=await bed.server.counters(),
         counters_fresh=True,
     )
     bed.restorer.observe(obs, memllama.IDENTITY)
-    bed.restorer.verify(obs)
+    bed.restorer.judge(obs)
     rate = 4010 / 8.0
     assert bed.value("llama_sidecar_prefill_saved_seconds_total", by="swap") == pytest.approx(1000 / rate)
     assert bed.value("llama_sidecar_prefill_saved_tokens_total", by="swap") == 1000

@@ -17,7 +17,7 @@ import structlog
 import structlog.testing
 from prometheus_client import CollectorRegistry
 
-from sidecar.core import errors, events, location, metrics
+from sidecar.core import errors, events, location, metrics, protocols
 from sidecar.shared import connect, gc, keys, objstore, service
 from sidecar.snapshots import manifest, slotfile, store
 from support.s3bed import S3Server
@@ -64,7 +64,7 @@ class Samples:
 
 def node(root: Path, where: location.Location) -> tuple[store.SnapshotStore, service.SharedStore, Samples]:
     root.mkdir()
-    snaps = store.SnapshotStore(root, clock=time.time)
+    snaps = store.SnapshotStore(root, clock=protocols.SystemClock())
     registry = CollectorRegistry()
     shared = service.SharedStore(where, snapshots=snaps, stats=metrics.Metrics(registry, version="test"))
     snaps.subscribe(shared.offer)
@@ -232,7 +232,7 @@ async def test_a_manifest_object_larger_than_a_manifest_is_refused_unread(
     stats = Samples(registry)
     shared = service.SharedStore(
         where,
-        snapshots=store.SnapshotStore(tmp_path / "b", clock=time.time),
+        snapshots=store.SnapshotStore(tmp_path / "b", clock=protocols.SystemClock()),
         stats=metrics.Metrics(registry, version="test"),
         objects=typing.cast(objstore.ObjectStore, reads),
     )

@@ -13,11 +13,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import actions, policy, snapshotter
-from sidecar.core import config, errors, metrics, outcomes, protocols
+from sidecar.core import config, errors, events, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, store
+from support import clocks
 
 R, C = outcomes.SaveResult, outcomes.SaveCause
-SAVE = policy.Save(0, (4, 500), 500, policy.SaveReason.IDLE)
+SAVE = policy.Save(0, events.SlotContent(4, 500), 500, policy.SaveReason.IDLE)
 
 
 def make(
@@ -26,11 +27,13 @@ def make(
     min_free_bytes: int = 0,
     server_dir: Path | None = None,
     clock: memllama.ManualClock | None = None,
+    ended: list[tuple[snapshotter.Written, snapshotter.SaveRecord]] | None = None,
 ) -> tuple[memllama.MemLlama, snapshotter.Snapshotter, CollectorRegistry]:
+    """``ended``: where the saves whose commit waited are told, once committed."""
     server = memllama.MemLlama(server_dir or tmp_path)
     server.set_slot(0, task=4, tokens=500)
     stamps = itertools.count(1_764_000_000)
-    snapshots = store.SnapshotStore(tmp_path, clock=lambda: float(next(stamps)))
+    snapshots = store.SnapshotStore(tmp_path, clock=clocks.Wall(lambda: float(next(stamps))))
     registry = CollectorRegistry()
     saver = snapshotter.Snapshotter(
         slot_actions=actions.SlotActions(client=server, snapshots=snapshots),
@@ -38,13 +41,14 @@ def make(
         stats=metrics.Metrics(registry, version="t"),
         settings=config.SnapshotSettings(slot_dir=tmp_path, min_free_bytes=min_free_bytes),
         clock=clock or memllama.ManualClock(),
+        committed_later=lambda written, record: (ended if ended is not None else []).append((written, record)),
     )
     return server, saver, registry
 
 
 def committed(tmp_path: Path, slot: int) -> list[manifest.Manifest]:
     """The slot's snapshots as a fresh scan of the directory finds them, newest first."""
-    found = store.SnapshotStore(tmp_path, clock=lambda: 0.0)
+    found = store.SnapshotStore(tmp_path, clock=clocks.Wall(lambda: 0.0))
     found.scan(clean=False)
     return found.snapshots(slot)
 
@@ -180,14 +184,15 @@ async def wait_commit(saver: snapshotter.Snapshotter, action: policy.Save = SAVE
 async def test_commits_keep_the_order_of_the_saves_and_date_each_snapshot_by_its_save(tmp_path: Path) -> None:
     """A save committed at once commits the waiting ones first: the older content never ranks newer."""
     clock = memllama.ManualClock()
-    server, saver, registry = make(tmp_path, clock=clock)
     ended: list[tuple[snapshotter.Written, snapshotter.SaveRecord]] = []
-    saver.on_deferred_commit = lambda written, record: ended.append((written, record))
+    server, saver, registry = make(tmp_path, clock=clock, ended=ended)
     older = await wait_commit(saver)
     clock.now += 30.0
     server.set_slot(0, task=5, tokens=600)
     newer = await saver.save(
-        policy.Save(0, (5, 600), 600, policy.SaveReason.MANUAL), identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX
+        policy.Save(0, events.SlotContent(5, 600), 600, policy.SaveReason.MANUAL),
+        identity=memllama.IDENTITY,
+        slot_n_ctx=memllama.N_CTX,
     )
     assert isinstance(newer, snapshotter.SaveRecord)
     assert [(w, r.result) for w, r in ended] == [(older, R.OK)]
@@ -205,7 +210,7 @@ async def test_a_commit_waits_for_quiet_or_for_commit_wait_then_only_the_overdue
     first = await wait_commit(saver)
     clock.now += snapshotter.COMMIT_WAIT / 2
     server.set_slot(0, task=5, tokens=600)
-    second = await wait_commit(saver, policy.Save(0, (5, 600), 600, policy.SaveReason.IDLE))
+    second = await wait_commit(saver, policy.Save(0, events.SlotContent(5, 600), 600, policy.SaveReason.IDLE))
     assert saver.commit_due(quiet=True) == second.written_at  # no slot processing: all of them
     assert saver.commit_due(quiet=False) is None  # slots generate: none has waited long enough
     clock.now += snapshotter.COMMIT_WAIT / 2
@@ -217,9 +222,8 @@ async def test_a_commit_waits_for_quiet_or_for_commit_wait_then_only_the_overdue
 
 
 async def test_a_waiting_commit_that_fails_is_reported_to_the_caller(tmp_path: Path) -> None:
-    _, saver, registry = make(tmp_path)
     ended: list[tuple[snapshotter.Written, snapshotter.SaveRecord]] = []
-    saver.on_deferred_commit = lambda written, record: ended.append((written, record))
+    _, saver, registry = make(tmp_path, ended=ended)
     written = await wait_commit(saver)
     with (tmp_path / written.temp).open("ab") as f:
         f.write(b"x")  # the file changed since the server wrote it

@@ -7,14 +7,16 @@ import errno
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
 import xxhash
 
 from sidecar.act import policy
-from sidecar.core import errors, events, hashing, safeio
+from sidecar.core import errors, events, hashing, outcomes, safeio
 from sidecar.snapshots import manifest, store
+from support.told import Told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
 
@@ -25,22 +27,22 @@ class StepClock:
     def __init__(self, start: float = 1_764_400_000.0) -> None:
         self.now = start
 
-    def __call__(self) -> float:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
         self.now += 1.0
         return self.now
 
 
-class Quarantined:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, str]] = []
-
-    def __call__(self, name: str, reason: str, detail: str) -> None:
-        self.calls.append((name, reason, detail))
+@pytest.fixture
+def told() -> Told:
+    return Told()
 
 
 @pytest.fixture
-def snaps(tmp_path: Path) -> store.SnapshotStore:
-    return store.SnapshotStore(tmp_path, clock=StepClock())
+def snaps(tmp_path: Path, told: Told) -> store.SnapshotStore:
+    return store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
 
 
 def server_writes(snaps: store.SnapshotStore, slot: int, data: bytes) -> str:
@@ -163,9 +165,9 @@ def test_scan_quarantines_a_truncated_snapshot(tmp_path: Path) -> None:
     bad = commit(store.SnapshotStore(tmp_path, clock=StepClock(2e9)), slot=1)
     with (tmp_path / bad.file).open("r+b") as fh:
         fh.truncate(10)
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
-    seen = Quarantined()
-    fresh.on_quarantine = seen
+    told = Told()
+    fresh = store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
+    seen = told.bad
     fresh.scan(clean=True)
     assert fresh.snapshots() == [keep]
     assert [(name, reason) for name, reason, _ in seen.calls] == [(bad.file, "size")]
@@ -179,9 +181,9 @@ def test_scan_quarantines_a_corrupt_manifest(tmp_path: Path) -> None:
     bad = commit(store.SnapshotStore(tmp_path, clock=StepClock()), slot=0)
     stem = bad.file.removesuffix(".bin")
     (tmp_path / (stem + ".json")).write_text('{"format": 1, "slot": ')
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
-    seen = Quarantined()
-    fresh.on_quarantine = seen
+    told = Told()
+    fresh = store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
+    seen = told.bad
     fresh.scan(clean=True)
     assert fresh.snapshots() == []
     assert [(name, reason) for name, reason, _ in seen.calls] == [(bad.file, "manifest")]
@@ -199,7 +201,7 @@ def test_refresh_drops_a_snapshot_whose_file_vanished(snaps: store.SnapshotStore
 
 
 def test_verify_passes_an_intact_file(snaps: store.SnapshotStore) -> None:
-    snaps.verify(commit(snaps))
+    snaps.check(commit(snaps))
 
 
 def test_verify_catches_a_flipped_byte(snaps: store.SnapshotStore) -> None:
@@ -209,7 +211,7 @@ def test_verify_catches_a_flipped_byte(snaps: store.SnapshotStore) -> None:
     data[1000] ^= 0x01
     path.write_bytes(bytes(data))
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.verify(record)
+        snaps.check(record)
     assert info.value.reason == "checksum"
 
 
@@ -222,14 +224,13 @@ def test_verify_catches_a_size_change(snaps: store.SnapshotStore, damage: str) -
     else:
         path.unlink()
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.verify(record)
+        snaps.check(record)
     assert info.value.reason == "size"
 
 
-def test_quarantine_renames_both_files_and_unindexes(snaps: store.SnapshotStore) -> None:
+def test_quarantine_renames_both_files_and_unindexes(snaps: store.SnapshotStore, told: Told) -> None:
     record = commit(snaps)
-    seen = Quarantined()
-    snaps.on_quarantine = seen
+    seen = told.bad
     snaps.quarantine(record.file, "checksum", detail="flipped byte")
     stem = record.file.removesuffix(".bin")
     assert names(snaps.dir) == {stem + ".bin.quarantined", stem + ".json.quarantined"}
@@ -261,11 +262,10 @@ def test_delete_removes_manifest_and_file(snaps: store.SnapshotStore) -> None:
     assert snaps.snapshots() == [keep]
 
 
-def test_delete_unpublishes_the_manifest_before_the_file(snaps: store.SnapshotStore) -> None:
+def test_delete_unpublishes_the_manifest_before_the_file(snaps: store.SnapshotStore, told: Told) -> None:
     record = commit(snaps)
     json_name = record.file.removesuffix(".bin") + ".json"
-    errors_seen = Quarantined()
-    snaps.on_io_error = errors_seen
+    errors_seen = told.io
     # Make the .bin impossible to unlink (a directory in its place): the manifest must already be gone.
     (snaps.dir / record.file).unlink()
     (snaps.dir / record.file).mkdir()
@@ -322,9 +322,9 @@ def test_read_only_store_reports_but_renames_nothing(tmp_path: Path) -> None:
     record = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
     (tmp_path / record.file).write_bytes(b"short")
     before = names(tmp_path)
-    seen = Quarantined()
-    ro = store.SnapshotStore(tmp_path, clock=StepClock(), read_only=True)
-    ro.on_quarantine = seen
+    told = Told()
+    seen = told.bad
+    ro = store.SnapshotStore(tmp_path, clock=StepClock(), read_only=True, events=told)
     ro.scan(clean=False)
     assert [(name, reason) for name, reason, _ in seen.calls] == [(record.file, "size")]
     assert names(tmp_path) == before
@@ -339,7 +339,10 @@ class SetClock:
     def __init__(self, now: float) -> None:
         self.now = now
 
-    def __call__(self) -> float:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
         return self.now
 
 
@@ -354,7 +357,7 @@ def test_a_clock_stepped_back_neither_deletes_nor_hides_the_new_snapshot(tmp_pat
     assert snaps.snapshots(0) == [after, before]
     # Retention keeps the one just committed, and a restore plan tries it first.
     doomed = policy.select_for_deletion(snaps.snapshots(), keep_per_slot=1, max_bytes=0, max_age=0, now=clock.now)
-    assert [(m.file, reason) for m, reason in doomed] == [(before.file, policy.GcReason.KEEP)]
+    assert [(m.file, reason) for m, reason in doomed] == [(before.file, outcomes.GcReason.KEEP)]
     view = events.SlotView(id=0, n_ctx=4096, processing=False, task=None, tokens=0)
     identity = events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10)
     assert policy.plan_restore(view, snaps.snapshots(0), identity).candidates == (after, before)
@@ -437,14 +440,14 @@ def test_format_1_snapshots_stay_restorable_and_untouched_and_new_ones_sort_abov
     assert snaps.scan(clean=True) == []
     (loaded,) = snaps.snapshots()
     assert (loaded.generation, loaded.checksum.algorithm) == (0, hashing.Algorithm.SHA256)
-    snaps.verify(loaded)  # checked with its own sha256
+    snaps.check(loaded)  # checked with its own sha256
     new = commit(snaps, 0)
     assert snaps.snapshots(0) == [new, loaded]  # generation 1 beats generation 0 whatever the clocks said
     assert (tmp_path / old.replace(".bin", ".json")).read_text() == text_before  # never rewritten
     with (tmp_path / old).open("r+b") as fh:
         fh.write(bytes([data[0] ^ 0xFF]))
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.verify(loaded)
+        snaps.check(loaded)
     assert info.value.reason == "checksum"
     assert "sha256" in str(info.value)
 
@@ -480,9 +483,9 @@ def test_an_unreadable_manifest_is_reported_and_kept_not_quarantined(
     json_name = record.file.replace(".bin", ".json")
     before = names(tmp_path)
     flaky = FlakyReads(monkeypatch, json_name, code, times=None)
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
-    bad, io = Quarantined(), Quarantined()
-    fresh.on_quarantine, fresh.on_io_error = bad, io
+    told = Told()
+    fresh = store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
+    bad, io = told.bad, told.io
     fresh.scan(clean=True)
     assert bad.calls == []
     assert names(tmp_path) == before  # nothing renamed, nothing deleted
@@ -500,9 +503,9 @@ def test_a_read_error_that_clears_on_retry_is_not_even_reported(
 ) -> None:
     record = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
     FlakyReads(monkeypatch, record.file.replace(".bin", ".json"), errno.EIO, times=1)
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
-    io = Quarantined()
-    fresh.on_io_error = io
+    told = Told()
+    fresh = store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
+    io = told.io
     fresh.scan(clean=True)
     assert fresh.snapshots() == [record]
     assert io.calls == []
@@ -518,7 +521,9 @@ def test_a_snapshot_known_before_stays_indexed_while_its_manifest_is_unreadable(
     assert snaps.snapshots() == [record]
 
 
-def test_an_io_error_while_verifying_is_not_proof(snaps: store.SnapshotStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_io_error_while_verifying_is_not_proof(
+    snaps: store.SnapshotStore, told: Told, monkeypatch: pytest.MonkeyPatch
+) -> None:
     record = commit(snaps)
     before = names(snaps.dir)
 
@@ -526,12 +531,11 @@ def test_an_io_error_while_verifying_is_not_proof(snaps: store.SnapshotStore, mo
         raise OSError(errno.EIO, "Input/output error", record.file)
 
     monkeypatch.setattr(hashing, "fd_digest", broken)
-    io, bad = Quarantined(), Quarantined()
-    snaps.on_io_error, snaps.on_quarantine = io, bad
+    io, bad = told.io, told.bad
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.verify(record)
+        snaps.check(record)
     assert info.value.reason == "io"
-    assert info.value.reason not in store.BAD_CONTENT
+    assert info.value.reason not in outcomes.BAD_CONTENT
     snaps.quarantine(record.file, info.value.reason, detail=str(info.value))  # a careless caller
     assert bad.calls == []
     assert names(snaps.dir) == before
@@ -539,7 +543,7 @@ def test_an_io_error_while_verifying_is_not_proof(snaps: store.SnapshotStore, mo
 
 
 def test_files_vanishing_during_a_scan_are_a_race_not_damage(
-    snaps: store.SnapshotStore, monkeypatch: pytest.MonkeyPatch
+    snaps: store.SnapshotStore, told: Told, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     record = commit(snaps)
     real = safeio.read_bounded
@@ -552,8 +556,7 @@ def test_files_vanishing_during_a_scan_are_a_race_not_damage(
         return raw
 
     monkeypatch.setattr(safeio, "read_bounded", read_then_lose)
-    bad = Quarantined()
-    snaps.on_quarantine = bad
+    bad = told.bad
     snaps.scan(clean=False)
     assert bad.calls == []
     assert snaps.snapshots() == []
@@ -568,10 +571,9 @@ def test_a_manifest_of_a_newer_format_is_left_alone_with_one_warning(tmp_path: P
     body["checksum"] = {"algorithm": "some-future-hash", "digest": "?"}
     json_path.write_text(json.dumps(body))
     before = names(tmp_path)
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
-    newer, bad = [], Quarantined()
-    fresh.on_newer = lambda name, found: newer.append((name, found))
-    fresh.on_quarantine = bad
+    told = Told()
+    fresh = store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
+    newer, bad = told.newer, told.bad
     for _ in range(3):
         fresh.scan(clean=True)
     fresh.refresh(json_path.name)
@@ -604,10 +606,10 @@ def test_quarantine_trimming_never_touches_files_kept_for_io_errors(
 def test_a_removed_slot_dir_is_reported_not_raised_and_recovers(tmp_path: Path) -> None:
     slot_dir = tmp_path / "slots"
     slot_dir.mkdir()
-    snaps = store.SnapshotStore(slot_dir, clock=StepClock())
+    told = Told()
+    snaps = store.SnapshotStore(slot_dir, clock=StepClock(), events=told)
     record = commit(snaps)
-    io = Quarantined()
-    snaps.on_io_error = io
+    io = told.io
     slot_dir.rename(tmp_path / "moved")
     usage = snaps.usage()  # statvfs of a missing dir: reported in the result, not raised
     assert "No such file or directory" in usage.problem
@@ -637,13 +639,12 @@ def test_a_blocked_store_lists_and_commits_nothing(snaps: store.SnapshotStore) -
     assert snaps.snapshots() == [record]
 
 
-def test_other_json_files_in_the_slot_dir_are_not_manifests(snaps: store.SnapshotStore) -> None:
+def test_other_json_files_in_the_slot_dir_are_not_manifests(snaps: store.SnapshotStore, told: Told) -> None:
     record = commit(snaps)
     (snaps.dir / ".llama-kv-sidecar.weights.json").write_text('{"/models/m.gguf": {}}')  # the weights cache
     (snaps.dir / "notes.json").write_text("[]")
     before = names(snaps.dir)
-    bad = Quarantined()
-    snaps.on_quarantine = bad
+    bad = told.bad
     snaps.scan(clean=True)
     snaps.refresh(".llama-kv-sidecar.weights.json")
     assert bad.calls == []

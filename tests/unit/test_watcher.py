@@ -13,8 +13,8 @@ import xxhash
 from prometheus_client import CollectorRegistry
 from watchdog.observers import Observer
 
-from sidecar.act import policy
-from sidecar.core import events, hashing, metrics, outcomes
+from sidecar.app import reports
+from sidecar.core import events, hashing, metrics, outcomes, protocols
 from sidecar.snapshots import dirlock, manifest, store, watcher
 from support.wait import until
 
@@ -25,8 +25,7 @@ FP = manifest.Fingerprint("b1", "/m.gguf", 10, 20, 4096, 1)
 async def watched(tmp_path: Path) -> AsyncIterator[tuple[store.SnapshotStore, CollectorRegistry]]:
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version="test")
-    snaps = store.SnapshotStore(tmp_path, clock=time.time)
-    snaps.on_quarantine = lambda file, reason, detail: stats.quarantined.labels(reason).inc()
+    snaps = store.SnapshotStore(tmp_path, clock=protocols.SystemClock(), events=reports.StoreLog(stats))
     watch = watcher.Watcher(snaps, stats)
     watch.start()
     task = asyncio.create_task(watch.run(), name="watcher")
@@ -130,7 +129,7 @@ async def test_a_file_written_in_many_writes_wakes_the_watcher_twice_and_a_save_
 
 def test_result_words_match_the_policy_vocabulary() -> None:
     assert tuple(o.value for o in outcomes.RestoreOutcome) == metrics.RESTORE_RESULTS
-    assert tuple(r.value for r in policy.GcReason) == metrics.GC_REASONS
+    assert tuple(r.value for r in outcomes.GcReason) == metrics.GC_REASONS
     assert events.Health.OK.value == "ok"
 
 
@@ -143,7 +142,7 @@ async def watched_subdir(
     slot_dir = tmp_path / "slots"
     slot_dir.mkdir()
     stats = metrics.Metrics(CollectorRegistry(), version="test")
-    snaps = store.SnapshotStore(slot_dir, clock=time.time)
+    snaps = store.SnapshotStore(slot_dir, clock=protocols.SystemClock())
     lock = dirlock.DirLock(slot_dir)
     lock.acquire()
     watch = watcher.Watcher(snaps, stats, lock)

@@ -1,0 +1,87 @@
+"""The checks and names of a commit: what :meth:`SnapshotStore.commit` does before a file is visible.
+
+Pure of state: each function works on the slot dir it is given and raises
+``errors.SnapshotError`` (with a :class:`outcomes.SnapshotProblem` reason) when a
+check fails, removing the file it was checking. The order of the steps is in
+:mod:`sidecar.snapshots.store`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+
+from sidecar.core import errors, hashing, outcomes, safeio
+from sidecar.snapshots import manifest, reporting, slotdir, slotfile
+
+
+@contextlib.contextmanager
+def removed_if_failed(fs: slotdir.SlotDir, name: str, doing: str) -> Iterator[None]:
+    """Remove ``name`` if the block raises; an OSError becomes a SnapshotError (``io``) saying what failed."""
+    try:
+        yield
+    except safeio.Refused as exc:
+        fs.unlink(name)
+        raise errors.SnapshotError(f"{doing} refused: {exc}", reason=outcomes.SnapshotProblem.NOT_REGULAR) from exc
+    except hashing.Overdue as exc:
+        fs.unlink(name)
+        raise errors.SnapshotError(f"{doing}: {exc}", reason=outcomes.SnapshotProblem.IO) from exc
+    except OSError as exc:
+        fs.unlink(name)
+        raise errors.SnapshotError(
+            f"{doing} failed: {slotdir.describe(exc)}", reason=outcomes.SnapshotProblem.IO
+        ) from exc
+    except BaseException:
+        fs.unlink(name)
+        raise
+
+
+def check_written(fs: slotdir.SlotDir, temp: str, *, tokens: int, written: int, blocked: str) -> int:
+    """The size of the server's file ``temp`` once it passed the checks that need no read."""
+    if blocked:
+        raise errors.SnapshotError(blocked, reason=outcomes.SnapshotProblem.IO)
+    try:
+        size = safeio.lstat_regular(fs.path / temp).st_size
+    except FileNotFoundError as exc:
+        raise errors.SnapshotError(
+            f"the server reported writing {temp} but it is not in {fs.path}: "
+            "--slot-dir must be the same directory as llama-server's --slot-save-path",
+            reason=outcomes.SnapshotProblem.MISSING,
+        ) from exc
+    if tokens <= 0:
+        raise errors.SnapshotError(
+            "the server saved 0 tokens: the slot is empty", reason=outcomes.SnapshotProblem.EMPTY
+        )
+    if size != written:
+        raise errors.SnapshotError(
+            f"{temp} has {size} bytes but the server reported writing {written}", reason=outcomes.SnapshotProblem.SIZE
+        )
+    return size
+
+
+def read_index(path: Path, events: reporting.StoreEvents) -> manifest.Index | None:
+    """The content index of a checked file; None (reported) when its token header cannot be read."""
+    try:
+        held = slotfile.read_tokens(path)
+    except slotfile.SlotFileError as exc:
+        events.unindexed(path.name, exc.reason)
+        return None
+    except safeio.Refused as exc:
+        events.unindexed(path.name, exc.reason)
+        return None
+    except OSError as exc:
+        events.unindexed(path.name, slotdir.describe(exc))
+        return None
+    return manifest.Index(held.count, slotfile.BLOCK_TOKENS, slotfile.prefix_hashes(held.data))
+
+
+def free_name(directory: Path, prefix: str, slot: int, now: float) -> str:
+    """``<prefix>slot<id>-<stamp>.bin`` for ``now``, moved on by microseconds if a file has that name."""
+    stamp = datetime.datetime.fromtimestamp(now, datetime.UTC)
+    while True:
+        final = f"{prefix}slot{slot}-{stamp.strftime('%Y%m%dT%H%M%S%fZ')}.bin"
+        if not (directory / final).exists() and not (directory / (Path(final).stem + ".json")).exists():
+            return final
+        stamp += datetime.timedelta(microseconds=1)
