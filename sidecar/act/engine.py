@@ -160,6 +160,13 @@ class Engine:
             self._policy.settle(slot, after.signature)
         return result
 
+    def answered(self, slot: int, reused: int) -> None:
+        """A routed request's own answer says the server reused ``reused`` prompt tokens in ``slot``.
+
+        That is the slot's next task: it judges the restore or swap that put tokens there, if one waits.
+        """
+        self._restorer.answered(slot, reused)
+
     def follow(self, listener: SlotContent) -> None:
         """Tell ``listener`` each time the engine changes what the slots hold (a restart, a restore round)."""
         self._listeners.append(listener)

@@ -22,11 +22,16 @@ restore call is kept as small as the server allows:
   ``raced``, never as ``ok``.
 
 Verification: a restore only counts as effective once the server reuses the
-tokens. When a task that started after the restore (``id_task`` past the
-one read right after it) has run on the slot, the growth of
-``llamacpp:prompt_tokens_cached_total`` read after that task is compared
-with the restored token count. The tokens an effective restore spared the
-server are priced in prefill seconds (:mod:`sidecar.act.savings`).
+tokens, judged per slot from that slot's next task. Through the proxy that
+task's own answer says how many prompt tokens the server reused
+(``timings.cache_n``, the ``usage`` cached tokens): the library hands it over
+(:meth:`Restorer.answered`). Otherwise, when a task that started after the
+restore (``id_task`` past the one read right after it) has run on the slot,
+the growth of ``llamacpp:prompt_tokens_cached_total`` stands for it only if
+no other slot ran a task meanwhile; else the growth mixes several slots'
+reuse and the restore is counted ``unverified``. The tokens an effective
+restore spared the server are priced in prefill seconds
+(:mod:`sidecar.act.savings`).
 """
 
 from __future__ import annotations
@@ -101,6 +106,9 @@ class Unverified:
     """What put the tokens back: a restore round or a library swap."""
     serial: int = 0
     """The :class:`Done` entry the verdict goes to."""
+    others: tuple[tuple[int, int | None], ...] | None = None
+    """The other slots' ``id_task`` at the first poll after the restore: if one moves, the counter is not
+    this slot's alone."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -416,14 +424,24 @@ class Restorer:
         self._stats.prefill_saved_seconds.labels(priced.by.value).inc(priced.seconds)
         self._stats.prefill_saved_tokens.labels(priced.by.value).inc(priced.tokens)
 
+    def answered(self, slot: int, reused: int) -> None:
+        """The slot's next task reused ``reused`` prompt tokens, as its own answer says: judge its restore."""
+        pending = self.unverified.pop(slot, None)
+        if pending is not None:
+            self._verdict(slot, pending, reused)
+
     def judge(self, obs: events.Observation) -> None:
         """Judge the unverified restores whose slot has run a task that started after the restore."""
+        tasks = {view.id: view.task for view in obs.slots or ()}
         for view in obs.slots or ():
             pending = self.unverified.get(view.id)
-            if pending is None or view.task is None or view.processing:
+            if pending is None or view.task is None or view.processing or obs.at <= pending.at:
                 continue
-            if (pending.task is not None and view.task <= pending.task) or obs.at <= pending.at:
-                continue  # no task since the restore, or this observation was taken before it ended
+            others = tuple(sorted((slot, task) for slot, task in tasks.items() if slot != view.id))
+            if pending.others is None:
+                pending = self.unverified[view.id] = dataclasses.replace(pending, others=others)
+            if pending.task is not None and view.task <= pending.task:
+                continue  # no task since the restore
             counters = obs.counters if obs.counters_fresh else None
             if counters is None and obs.counters is not None:
                 continue  # counters carried over from an earlier poll: wait for fresh ones
@@ -437,31 +455,44 @@ class Restorer:
                     )
                     self._verification_off_said = True
                 continue
-            reused = counters.cached_tokens - pending.cached_before
-            effective = reused >= EFFECTIVE_SHARE * pending.tokens
-            priced = self._judged(pending, reused) if effective else None
-            self._note(pending.serial, effective, reused, priced)
-            if effective:
-                self._stats.restore_verifications.labels(outcomes.Verification.EFFECTIVE.value).inc()
+            if pending.others != others:
+                self._stats.restore_verifications.labels(outcomes.Verification.UNVERIFIED.value).inc()
                 log.info(
-                    "restore_effective",
-                    slot=view.id,
-                    by=pending.by.value,
-                    restored_tokens=pending.tokens,
-                    reused_tokens=reused,
-                    saved_seconds=round(priced.seconds, 3) if priced is not None else None,
-                )
-            else:
-                self._stats.restore_verifications.labels(outcomes.Verification.INEFFECTIVE.value).inc()
-                log.warning(
-                    "restore_ineffective",
+                    "restore_unverified",
                     slot=view.id,
                     restored_tokens=pending.tokens,
-                    reused_tokens=reused,
-                    hint="the server re-prefilled instead of reusing the restored KV. For sliding-window "
-                    "models (Gemma 3, gpt-oss, ...) start llama-server with --swa-full; otherwise the "
-                    "next request may have been a different conversation",
+                    reason="other slots ran tasks too: the server-wide reuse counter mixes their reuse with this "
+                    "slot's",
+                    hint="send requests through the proxy (--proxy-listen): each answer's own reuse figure judges it",
                 )
+                continue
+            self._verdict(view.id, pending, counters.cached_tokens - pending.cached_before)
+
+    def _verdict(self, slot: int, pending: Unverified, reused: float) -> None:
+        effective = reused >= EFFECTIVE_SHARE * pending.tokens
+        priced = self._judged(pending, reused) if effective else None
+        self._note(pending.serial, effective, reused, priced)
+        if effective:
+            self._stats.restore_verifications.labels(outcomes.Verification.EFFECTIVE.value).inc()
+            log.info(
+                "restore_effective",
+                slot=slot,
+                by=pending.by.value,
+                restored_tokens=pending.tokens,
+                reused_tokens=reused,
+                saved_seconds=round(priced.seconds, 3) if priced is not None else None,
+            )
+            return
+        self._stats.restore_verifications.labels(outcomes.Verification.INEFFECTIVE.value).inc()
+        log.warning(
+            "restore_ineffective",
+            slot=slot,
+            restored_tokens=pending.tokens,
+            reused_tokens=reused,
+            hint="the server re-prefilled instead of reusing the restored KV. For sliding-window "
+            "models (Gemma 3, gpt-oss, ...) start llama-server with --swa-full; otherwise the "
+            "next request may have been a different conversation",
+        )
 
     def _judged(self, pending: Unverified, reused: float) -> savings.Priced | None:
         """Count the prefill an effective restore spared; None while no rate prices it."""

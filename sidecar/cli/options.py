@@ -273,6 +273,16 @@ OPTIONS: tuple[Option, ...] = (
         "N",
         parse.number(int),
     ),
+    Option(
+        "--no-proxy-prefix-header",
+        "LLAMA_SIDECAR_NO_PROXY_PREFIX_HEADER",
+        ("proxy.prefix_header",),
+        "leave out the X-Llama-Sidecar-Prefix response header the proxy adds to each routed completion "
+        "(where its prompt's prefix came from: slot, library, shared or cold, and the tokens restored for it)",
+        convert=parse.switch,
+        check=lambda off: not off,
+        switch=True,
+    ),
     SHARED_STORE,
     Option(
         "--log-format",

@@ -101,6 +101,8 @@ class ProxySettings:
     headers sent slowly) before the proxy closes it."""
     retry_after: int = 10
     """Seconds suggested in Retry-After when a held request times out."""
+    prefix_header: bool = True
+    """Tell each routed completion's client where its prompt's prefix came from, in a response header."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

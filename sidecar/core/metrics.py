@@ -20,6 +20,7 @@ VERIFY_OUTCOMES = tuple(v.value for v in outcomes.Verification)
 GC_REASONS = tuple(r.value for r in outcomes.GcReason)
 CONVERSATION_SOURCES = tuple(s.value for s in outcomes.Source)
 UNROUTED_REASONS = tuple(r.value for r in outcomes.Unrouted)
+UNSERVED_REASONS = tuple(r.value for r in outcomes.Unserved)
 QUARANTINE_REASONS = tuple(p.value for p in outcomes.SnapshotProblem if p in outcomes.BAD_CONTENT)
 SLOT_DIR_OPERATIONS = tuple(o.value for o in outcomes.SlotDirOperation)
 SHARED_DIRECTIONS = tuple(d.value for d in outcomes.Direction)
@@ -127,8 +128,11 @@ class Metrics:
         )
         self.restore_verifications = Counter(
             "restore_verifications",
-            "Restores checked against the next prompt: effective (the server reused the restored "
-            "tokens, llamacpp:prompt_tokens_cached_total grew) or ineffective (it re-prefilled).",
+            "Restores checked against the slot's next task: effective (the server reused at least half the "
+            "restored tokens, as that request's own answer says through the proxy, or as "
+            "llamacpp:prompt_tokens_cached_total grew while no other slot ran a task), ineffective (it "
+            "re-prefilled), unverified (no figure of that slot's own: other slots ran tasks meanwhile, "
+            "outside the proxy).",
             ["outcome"],
             namespace=NAMESPACE,
             registry=registry,
@@ -269,9 +273,11 @@ class Metrics:
         """The conversation library: routing, swaps, its size."""
         self.conversation_requests = Counter(
             "conversation_requests",
-            "Completion requests routed by the proxy, by where their prompt's prefix was found: slot "
-            "(already in a slot), library (swapped in from a snapshot), shared (from the shared store), "
-            "cold (nowhere: prefilled from scratch).",
+            "Completion requests routed by the proxy and answered, by where their prompt's prefix came from, "
+            "as the answer's own reuse figure (timings.cache_n, usage cached tokens) shows: slot (already in "
+            "a slot), library (swapped in from a snapshot), shared (from the shared store), cold (prefilled "
+            "from scratch: nothing held it, or the server re-prefilled what was put there). Rejected, cut "
+            "and cancelled requests are in conversation_unserved_total instead.",
             ["source"],
             namespace=NAMESPACE,
             registry=registry,
@@ -280,14 +286,27 @@ class Metrics:
             "conversation_unrouted",
             "Completion requests forwarded without routing, by reason: tokenize (llama-server could "
             "not tokenize the prompt), swap (the swap into a slot failed), error (any other routing "
-            "error). The request itself is forwarded as it came; llama-server picks its slot.",
+            "error), own_slot (the request names its id_slot), body (not JSON, several prompts, or a body "
+            "llama-server refuses), media (images or audio), infill (/infill), embedding (embeddings, "
+            "reranking), audio (transcriptions). The request itself is forwarded as it came; llama-server "
+            "picks its slot.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.conversation_unserved = Counter(
+            "conversation_unserved",
+            "Routed completion requests that were no serve, by reason: rejected (llama-server answered an "
+            "error status: a bad request, a prompt over the context), cut (llama-server went away mid-answer), "
+            "cancelled (the client went away first).",
             ["reason"],
             namespace=NAMESPACE,
             registry=registry,
         )
         self.library_tokens = Counter(
             "library_tokens",
-            "Prompt tokens served from the library: the prefix a swap put into a slot ahead of its request.",
+            "Prompt tokens served from the library: of the prefix a swap put into a slot ahead of its request, "
+            "those the request's answer shows the server reused.",
             namespace=NAMESPACE,
             registry=registry,
         )
@@ -316,6 +335,8 @@ class Metrics:
             self.conversation_requests.labels(source)
         for reason in UNROUTED_REASONS:
             self.conversation_unrouted.labels(reason)
+        for reason in UNSERVED_REASONS:
+            self.conversation_unserved.labels(reason)
 
     def _shared_families(self, registry: CollectorRegistry) -> None:
         """The shared store: transfers, errors, uploads waiting."""

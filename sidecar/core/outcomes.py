@@ -64,6 +64,8 @@ class Verification(enum.StrEnum):
 
     EFFECTIVE = "effective"
     INEFFECTIVE = "ineffective"
+    UNVERIFIED = "unverified"
+    """No per-slot figure: the slot's next task ran beside other slots' tasks, outside the proxy."""
 
 
 class SharedRefusal(enum.StrEnum):
@@ -97,6 +99,29 @@ class Unrouted(enum.StrEnum):
     """Saving the slot's own content, or restoring the library snapshot into it, failed."""
     ERROR = "error"
     """Anything else: the sidecar had not read the slots yet, an unexpected failure."""
+    OWN_SLOT = "own_slot"
+    """The request picks its own slot (``id_slot``)."""
+    BODY = "body"
+    """Not one prompt the library can read: not JSON, several prompts, or a body llama-server refuses (400)."""
+    MEDIA = "media"
+    """Images or audio: the library indexes token ids, and a prompt with media has pieces that are not ids."""
+    INFILL = "infill"
+    """``/infill``: llama-server builds the prompt from fill-in-the-middle pieces the proxy does not render."""
+    EMBEDDING = "embedding"
+    """Embeddings and reranking: no conversation to continue."""
+    AUDIO = "audio"
+    """Audio transcriptions: the prompt is an uploaded file."""
+
+
+class Unserved(enum.StrEnum):
+    """Routed completions that were no serve (``conversation_unserved_total{reason}``): not counted by source."""
+
+    REJECTED = "rejected"
+    """llama-server answered with an error status (400: a bad request, a prompt over the context; 5xx)."""
+    CUT = "cut"
+    """llama-server went away after the answer had begun: the client got part of it."""
+    CANCELLED = "cancelled"
+    """The client went away before the answer ended."""
 
 
 class Route(enum.StrEnum):

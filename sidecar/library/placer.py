@@ -49,7 +49,8 @@ import structlog
 
 from sidecar.act import engine, policy, restorer, savings
 from sidecar.core import errors, events, metrics, outcomes, protocols
-from sidecar.library import prompt, routing
+from sidecar.library import prompt, routing, verdict
+from sidecar.proxy import answer
 from sidecar.shared import catalog, decide, records
 from sidecar.snapshots import manifest, slotfile, store
 
@@ -99,6 +100,9 @@ class Slots(Protocol):
         """Restore ``record`` into the slot for a request (its own content saved first)."""
         ...
 
+    def answered(self, slot: int, reused: int) -> None:
+        """A routed request's own answer says the server reused ``reused`` prompt tokens in ``slot``."""
+
     def follow(self, listener: engine.SlotContent) -> None:
         """Tell ``listener`` when the engine changes what the slots hold."""
         ...
@@ -132,9 +136,24 @@ class _Slot:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Plan:
-    slot: int
+    planned: verdict.Planned
     chain: tuple[str, ...]
     body: bytes
+    """The body to forward; b"": as it came (every slot busy, or a route that drops ``id_slot``)."""
+
+
+@dataclasses.dataclass(slots=True)
+class Placed:
+    """One request's placement (``relay.Placement``): the body to forward, and its answer's verdict."""
+
+    body: bytes
+    header: str
+    plan: _Plan | None
+    ended: answer.Ended | None = None
+    """How its answer ended, once the relay said."""
+
+    def answered(self, ended: answer.Ended) -> None:
+        self.ended = ended
 
 
 class Placer:
@@ -190,56 +209,86 @@ class Placer:
     # ---- the proxy's hook -----------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[bytes]:
-        """The body to forward (pinned with ``id_slot``, or as it came); the slot counts busy inside."""
+    async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[Placed]:
+        """The placement (pinned with ``id_slot``, or as it came); the slot counts busy inside."""
         plan = await self._plan(raw_path, body)
-        if plan is None:
-            yield body
+        if not isinstance(plan, _Plan):
+            yield Placed(body, verdict.header(None, plan), None)
             return
+        placed = Placed(plan.body or body, verdict.header(plan.planned), plan)
         try:
-            yield plan.body
+            yield placed
+        except asyncio.CancelledError:
+            if placed.ended is None:
+                placed.ended = answer.Ended(0, outcomes.ProxyOutcome.CANCELLED, None)
+            raise
         finally:
-            state = self._slot(plan.slot)
-            state.pinned -= 1
-            state.routed_since = True
+            self._ended(plan, placed.ended)
+
+    def _ended(self, plan: _Plan, ended: answer.Ended | None) -> None:
+        """Count the request by its own answer, and record what its slot holds now."""
+        slot = plan.planned.slot
+        if ended is not None:
+            found = verdict.judge(plan.planned, status=ended.status, outcome=ended.outcome, cached=ended.cached)
+            if found.source is not None:
+                self._stats.conversation_requests.labels(found.source.value).inc()
+            if found.unserved is not None:
+                self._stats.conversation_unserved.labels(found.unserved.value).inc()
+            if found.library_tokens:
+                self._stats.library_tokens.inc(found.library_tokens)
+            if slot is not None and found.reused is not None:
+                self._core.answered(slot, found.reused)
+        if slot is None:
+            return
+        state = self._slot(slot)
+        state.pinned -= 1
+        state.used = self._clock.monotonic()
+        state.routed_since = True  # its content changed by a routed request: see _fresh
+        if ended is not None and ended.outcome is outcomes.ProxyOutcome.OK and ended.status < 400:
             state.chain = plan.chain
-            state.used = self._clock.monotonic()
+            state.ended = self._clock.wall()
+        elif ended is None or ended.outcome is not outcomes.ProxyOutcome.OK:
+            state.chain = ()  # cut, cancelled or sent again elsewhere: what the slot holds is unknown
             state.ended = self._clock.wall()
 
-    async def _plan(self, raw_path: str, body: bytes) -> _Plan | None:
+    async def _plan(self, raw_path: str, body: bytes) -> _Plan | outcomes.Unrouted | None:
         try:
             request = prompt.of(raw_path, body)
-            if request is None or prompt.shorter_than(request, slotfile.BLOCK_TOKENS):
-                return None  # not routed, or too short to fill a block: no call to the server
+            if not isinstance(request, prompt.Prompt):
+                self._unrouted(request, "")
+                return request
+            if prompt.shorter_than(request, slotfile.BLOCK_TOKENS):
+                return None  # too short to fill a block: no call to the server
             try:
                 ids = await self._ids(request)
             except errors.UpstreamError as exc:
                 self._unrouted(outcomes.Unrouted.TOKENIZE, str(exc))
-                return None
+                return outcomes.Unrouted.TOKENIZE
             chain = slotfile.prefix_hashes(slotfile.pack_ids(ids))
             if not chain:
                 return None  # shorter than one block: nothing worth routing, llama-server picks
             return await self._place(request, chain)
         except Exception as exc:  # routing must never fail the request: it goes as it came
             self._unrouted(outcomes.Unrouted.ERROR, f"{exc.__class__.__name__}: {exc}")
-            return None
+            return outcomes.Unrouted.ERROR
 
     async def _ids(self, request: prompt.Prompt) -> list[int]:
         if request.kind is prompt.Kind.IDS:
             return list(request.ids)
         text = request.text
         if request.kind is prompt.Kind.CHAT:
-            text = await self._tokenizer.apply_template(request.body)
+            assert request.chat is not None
+            text = await self._tokenizer.apply_template(request.chat)
         return await self._tokenizer.tokenize(text)
 
-    async def _place(self, request: prompt.Prompt, chain: tuple[str, ...]) -> _Plan | None:
+    async def _place(self, request: prompt.Prompt, chain: tuple[str, ...]) -> _Plan | outcomes.Unrouted:
         polled, identity = self._core.seen()
         if polled is None or polled.slots is None or identity is None:
             self._unrouted(outcomes.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
-            return None
+            return outcomes.Unrouted.ERROR
         obs = await self._fresh(polled)
         if obs is None or obs.slots is None:
-            return None
+            return outcomes.Unrouted.ERROR  # counted by _fresh
         library = self._library(identity, obs.slots)
         entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
         decision = routing.route(chain, [self._held(v) for v in obs.slots], entries)
@@ -248,21 +297,20 @@ class Placer:
             obs = await self._fresh(obs) or obs
             decision = routing.route(chain, [self._held(v) for v in obs.slots or ()], entries, shared=found[0])
         views = {v.id: v for v in obs.slots or ()}
-        if decision.slot is None:
-            self._stats.conversation_requests.labels(decision.source.value).inc()
-            return None  # every slot busy: llama-server queues it as it would without the sidecar
+        if decision.slot is None:  # every slot busy: llama-server queues it as it would without the sidecar
+            return _Plan(verdict.Planned(decision.source, None), chain, b"")  # b"": forwarded as it came
         state = self._slot(decision.slot)
         state.pinned += 1
         state.used = self._clock.monotonic()
         source = decision.source
-        ok = False
+        restored: int | None = None
         try:
             if source is outcomes.Source.SHARED:
                 assert decision.entry is not None
                 assert found is not None
                 state.chain = decision.entry.prefix  # requests of this conversation wait at the lock below
                 async with state.lock:
-                    ok, source = await self._fetch_in(decision, found[1], views[decision.slot], obs.counters)
+                    restored, source = await self._fetch_in(decision, found[1], views[decision.slot], obs.counters)
                 if source is outcomes.Source.COLD:
                     state.chain = ()
             elif source is outcomes.Source.LIBRARY:
@@ -270,23 +318,45 @@ class Placer:
                 record = library[decision.entry.file][0]
                 state.chain = decision.entry.prefix  # requests of this conversation wait at the lock below
                 async with state.lock:
-                    ok = await self._swap(decision, record, views[decision.slot], obs.counters)
+                    restored = await self._swap(decision, record, views[decision.slot], obs.counters)
             else:
                 async with state.lock:  # a swap into this slot in flight ends first
-                    ok = not decision.save_first or await self._save(views[decision.slot])
+                    restored = 0 if await self._save_for(request, decision, views) else None
         finally:
-            if not ok:
+            if restored is None:
                 state.pinned -= 1
                 if decision.source is not outcomes.Source.COLD:
                     state.chain = ()  # unknown now: the restore may or may not have run
-        if not ok:
+        if restored is None:
             self._unrouted(
                 outcomes.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
             )
-            return None
-        self._stats.conversation_requests.labels(source.value).inc()
+            return outcomes.Unrouted.SWAP
         log.debug("request_routed", source=source.value, slot=decision.slot, blocks=decision.blocks)
-        return _Plan(decision.slot, chain, prompt.pinned(request, decision.slot))
+        planned = verdict.Planned(source, decision.slot, decision.blocks * slotfile.BLOCK_TOKENS, restored)
+        if source is outcomes.Source.COLD:
+            planned = dataclasses.replace(planned, prefix_tokens=0)
+        return _Plan(planned, chain, prompt.pinned(request, decision.slot) or b"")
+
+    async def _save_for(
+        self, request: prompt.Prompt, decision: routing.Decision, views: dict[int, events.SlotView]
+    ) -> bool:
+        """Save what the slot a request goes to holds, if it changed; True if nothing is lost.
+
+        A request the route cannot pin (``Pin.PLACED``) that starts a new
+        conversation may be given any idle slot by the server (its least
+        recently used), so every idle slot's changed content is saved first.
+        """
+        assert decision.slot is not None
+        if decision.save_first and not await self._save(views[decision.slot]):
+            return False
+        if request.pin is not prompt.Pin.PLACED or decision.source is not outcomes.Source.COLD:
+            return True
+        others = [self._held(v) for v in views.values() if v.id != decision.slot]
+        for held in others:
+            if not held.busy and held.dirty and not await self._save(views[held.slot]):
+                return False
+        return True
 
     async def _fresh(self, obs: events.Observation) -> events.Observation | None:
         """``obs`` with the slots as llama-server shows them now; None (request unrouted) if it cannot say.
@@ -355,12 +425,13 @@ class Placer:
         shared: records.SharedRecord,
         view: events.SlotView,
         counters: events.Counters | None,
-    ) -> tuple[bool, outcomes.Source]:
-        """Fetch ``shared`` and swap it into the decision's slot: (nothing lost, where the prefix came from)."""
+    ) -> tuple[int | None, outcomes.Source]:
+        """Fetch ``shared`` and swap it into the decision's slot: (tokens restored, None if something would be
+        lost; where the prefix came from)."""
         assert decision.slot is not None
         assert self._shared is not None
         if decision.save_first and not await self._save(view):
-            return False, outcomes.Source.SHARED
+            return None, outcomes.Source.SHARED
         record: manifest.Manifest | None = None
         try:
             async with asyncio.timeout(self._hold):
@@ -368,9 +439,9 @@ class Placer:
         except TimeoutError:
             self._slow(outcomes.SharedOperation.GET, self._hold, "downloading the request's prefix")
         if record is None:
-            return True, outcomes.Source.COLD  # the slot's own content is saved: it runs cold there
-        ok = await self._swap(dataclasses.replace(decision, save_first=False), record, view, counters)
-        return ok, outcomes.Source.SHARED
+            return 0, outcomes.Source.COLD  # the slot's own content is saved: it runs cold there
+        restored = await self._swap(dataclasses.replace(decision, save_first=False), record, view, counters)
+        return restored, outcomes.Source.SHARED
 
     def _slow(self, operation: outcomes.SharedOperation, seconds: float, doing: str) -> None:
         self._stats.shared_errors.labels(operation).inc()
@@ -388,22 +459,20 @@ class Placer:
         record: manifest.Manifest,
         view: events.SlotView,
         counters: events.Counters | None,
-    ) -> bool:
-        """Save the slot's own content if it changed, then restore ``record`` into it."""
+    ) -> int | None:
+        """Save the slot's own content if it changed, then restore ``record`` into it: the tokens restored, or None."""
         assert decision.slot is not None
         started = time.perf_counter()
         with self._snapshots.using(record.file):
             if decision.save_first and not await self._save(view):
-                return False
+                return None
             result = await self._core.swap_in(decision.slot, record, counters=counters)
         if result.result is not outcomes.RestoreOutcome.OK:
-            return False
+            return None
         seconds = time.perf_counter() - started
         self._slot(decision.slot).seen = None  # restored: its (task, tokens) are read afresh next time
         self._snapshots.touch(record.file)
-        served = min(result.tokens, decision.blocks * slotfile.BLOCK_TOKENS)
-        self._stats.swap_duration.observe(seconds)
-        self._stats.library_tokens.inc(served)
+        self._stats.swap_duration.observe(seconds)  # its tokens count as served once the answer shows them reused
         log.info(
             "conversation_swapped_in",
             slot=decision.slot,
@@ -413,7 +482,7 @@ class Placer:
             saved_first=decision.save_first,
             seconds=round(seconds, 4),
         )
-        return True
+        return result.tokens
 
     async def _save(self, view: events.SlotView) -> bool:
         """Save what ``view``'s slot holds before it is given another conversation; True if nothing is lost."""

@@ -1,13 +1,23 @@
 """What a completion request's prompt is, for the library's routing. Pure code.
 
-The proxy routes a request by the token ids its prompt becomes. This module
-only reads the request: :func:`of` says how to get those ids from
-llama-server (a chat request through ``/apply-template`` then ``/tokenize``,
-a text prompt through ``/tokenize``, or ids given as they are), and
-:func:`pinned` writes ``id_slot`` into the body. Requests the library does
-not route (several prompts, infill, embeddings, the Anthropic and Responses
-APIs, a body that is not a JSON object, a request that picks its own slot)
-give None and are forwarded as they came.
+The proxy routes a request by the token ids its prompt becomes, made the way
+llama-server will make them (``tools/server/server-context.cpp``, build 11434):
+
+* Chat Completions (``/v1/chat/completions``, ``/chat/completions``): the
+  server's chat template over the body (``/apply-template`` takes it as is);
+* Anthropic Messages (``/v1/messages``) and OpenAI Responses
+  (``/v1/responses``, ``/responses``): the server converts the body into a
+  Chat Completions one first (:mod:`.convert` does the same), then renders it;
+* ``/completion``, ``/completions``, ``/v1/completions``: the prompt text
+  through ``/tokenize``, or token ids given as they are.
+
+:func:`of` says how to get those ids, and how the route takes a slot pin
+(:class:`Pin`): every route but the Anthropic one passes ``id_slot`` from the
+body to the task; the Anthropic converter drops it, so an Anthropic request
+is *placed*: its KV is put in an idle slot and the server's own choice (the
+idle slot with the longest common prefix, ``--slot-prompt-similarity``)
+runs it there. Requests the library cannot route give an
+``outcomes.Unrouted`` reason and are forwarded as they came.
 """
 
 from __future__ import annotations
@@ -17,7 +27,11 @@ import enum
 import json
 from typing import Any
 
+from sidecar.core import outcomes
+from sidecar.library import convert
 from sidecar.proxy import routes
+
+Unrouted = outcomes.Unrouted
 
 
 class Kind(enum.StrEnum):
@@ -29,41 +43,86 @@ class Kind(enum.StrEnum):
     """A prompt given as token ids."""
 
 
+class Pin(enum.StrEnum):
+    BODY = "body"
+    """``id_slot`` in the JSON body reaches the task."""
+    PLACED = "placed"
+    """The route drops ``id_slot`` (Anthropic Messages): the KV is put in an idle slot the server then picks."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Prompt:
     kind: Kind
     body: dict[str, Any]
-    """The request body, parsed."""
+    """The request body, parsed (forwarded as it came, plus the pin)."""
     text: str = ""
     ids: tuple[int, ...] = ()
+    chat: dict[str, Any] | None = None
+    """With ``Kind.CHAT``: the Chat Completions body the server renders with its template."""
+    pin: Pin = Pin.BODY
 
 
-_CHAT_ENDINGS = ("/chat/completions",)
-_TEXT_ENDINGS = ("/completion", "/completions")
+_CHAT = ("/chat/completions",)
+_TEXT = ("/completion", "/completions")
+_ANTHROPIC = ("/messages",)
+_RESPONSES = ("/responses",)
+_NOT_ROUTED = {
+    "/infill": Unrouted.INFILL,
+    "/embedding": Unrouted.EMBEDDING,
+    "/embeddings": Unrouted.EMBEDDING,
+    "/rerank": Unrouted.EMBEDDING,
+    "/reranking": Unrouted.EMBEDDING,
+    "/transcriptions": Unrouted.AUDIO,
+}
 
 
-def of(raw_path: str, body: bytes) -> Prompt | None:
-    """How to get the token ids of the request ``POST raw_path`` with ``body``; None: not routed."""
+def of(raw_path: str, body: bytes) -> Prompt | Unrouted:
+    """How to get the token ids of the request ``POST raw_path`` with ``body``; else why it is not routed."""
     path = routes.decoded_path(raw_path).rstrip("/").lower()
-    chat = path.endswith(_CHAT_ENDINGS)
-    if not chat and not path.endswith(_TEXT_ENDINGS):
-        return None
+    for ending, reason in _NOT_ROUTED.items():
+        if path.endswith(ending):
+            return reason
     try:
         parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(parsed, dict) or parsed.get("id_slot", -1) != -1:
-        return None
-    if chat:
-        return Prompt(Kind.CHAT, parsed) if isinstance(parsed.get("messages"), list) else None
-    prompt = parsed.get("prompt")
+        return Unrouted.BODY
+    if not isinstance(parsed, dict):
+        return Unrouted.BODY
+    if parsed.get("id_slot", -1) != -1:
+        return Unrouted.OWN_SLOT
+    try:
+        if path.endswith(_CHAT):
+            return _chat(parsed, parsed, Pin.BODY)
+        if path.endswith(_ANTHROPIC):
+            return _chat(parsed, convert.anthropic(parsed), Pin.PLACED)
+        if path.endswith(_RESPONSES):
+            return _chat(parsed, convert.responses(parsed), Pin.BODY)
+    except convert.Refused:
+        return Unrouted.BODY  # the server answers it with its own 400
+    if path.endswith(_TEXT):
+        return _text(parsed)
+    return Unrouted.BODY
+
+
+def _chat(body: dict[str, Any], chat: dict[str, Any], pin: Pin) -> Prompt | Unrouted:
+    if not isinstance(chat.get("messages"), list):
+        return Unrouted.BODY
+    if convert.has_media(chat):
+        return Unrouted.MEDIA
+    return Prompt(Kind.CHAT, body, chat=chat, pin=pin)
+
+
+def _text(body: dict[str, Any]) -> Prompt | Unrouted:
+    if body.get("multimodal_data"):
+        return Unrouted.MEDIA
+    prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # one prompt in a list
     if isinstance(prompt, str):
-        return Prompt(Kind.TEXT, parsed, text=prompt)
+        return Prompt(Kind.TEXT, body, text=prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
-        return Prompt(Kind.IDS, parsed, ids=tuple(prompt))
-    return None
+        return Prompt(Kind.IDS, body, ids=tuple(prompt))
+    return Unrouted.BODY  # several prompts, or mixed pieces: no single prefix to route
 
 
 SPECIAL_TOKENS = 8
@@ -84,6 +143,8 @@ def shorter_than(prompt: Prompt, tokens: int) -> bool:
     return False
 
 
-def pinned(prompt: Prompt, slot: int) -> bytes:
-    """The request body with ``id_slot`` set to ``slot``."""
+def pinned(prompt: Prompt, slot: int) -> bytes | None:
+    """The request body with ``id_slot`` set to ``slot``; None where the route drops it (forward as it came)."""
+    if prompt.pin is Pin.PLACED:
+        return None
     return json.dumps({**prompt.body, "id_slot": slot}, ensure_ascii=False, separators=(",", ":")).encode()

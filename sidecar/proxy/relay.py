@@ -1,12 +1,17 @@
 """Forward one request to llama-server and relay its answer as it arrives.
 
 Bodies are read whole (capped) before forwarding, so that a completion that
-never got an answer byte can be sent once more after a restart. Answers are
-never buffered: every chunk llama-server writes (an SSE token, say) is
-written to the client as soon as it is read. Once the first answer byte has
-been relayed nothing is retried; if llama-server dies mid-answer the
-client's connection is closed without the final chunk, so the client sees a
-cut answer, not a complete one.
+never got an answer byte can be sent once more after a restart. The client's
+response (status and headers) is held until llama-server's first body event
+(``answer.first_part``): llama-server sends a stream's headers when prompt
+processing starts, so a crash during a long prefill leaves the client with
+nothing sent, and the request is sent again like a non-streamed one. A
+routed completion (``Pinner``) is placed afresh for each such replay after
+the restore gate opens, so it lands on its own conversation's KV, not on the
+slot it was pinned to before the restart. From the first event on, every
+chunk is written to the client as soon as it is read; nothing is retried,
+and a stream llama-server cuts ends with an error event of its API's format
+(see :mod:`sidecar.proxy.answer`).
 
 A client that goes away cancels this handler (the listener runs with
 ``handler_cancellation``), which closes the upstream connection:
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hmac
 from collections.abc import Awaitable, Callable, Iterable
@@ -29,7 +35,7 @@ from aiohttp import web
 
 from sidecar.act import gate
 from sidecar.core import config, metrics, outcomes, protocols
-from sidecar.proxy import routes
+from sidecar.proxy import answer, routes
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -37,20 +43,50 @@ _DROP_REQUEST = frozenset({"host", "content-length", "expect"})
 _DROP_RESPONSE = frozenset({"content-length"})
 _SKIP_REQUEST = routes.HOP_BY_HOP | _DROP_REQUEST
 _SKIP_RESPONSE = routes.HOP_BY_HOP | _DROP_RESPONSE
-WHOLE_ANSWER_BYTES = 1 << 20
-"""Answers with a Content-Length up to this size are relayed in one write; others chunk by chunk."""
+WHOLE_ANSWER_BYTES = answer.WHOLE_ANSWER_BYTES
 _LOADING = b"Loading model"
 """llama-server's 503 message while it loads: the new process cannot serve yet."""
+PREFIX_HEADER = "X-Llama-Sidecar-Prefix"
+"""The response header that tells the client where its prompt's prefix came from (``--proxy-prefix-header``)."""
 Refusal = tuple[web.StreamResponse, outcomes.ProxyOutcome]
 Admit = Callable[[outcomes.Route, bytes], Awaitable[Refusal | None]]
 """Router mode: waits until a request may be forwarded (its model loaded and restored); or the answer instead."""
 
 
-class Pinner(Protocol):
-    """Rewrites a completion's body before it is forwarded (the library pins it to a slot with ``id_slot``)."""
+class Placement(Protocol):
+    """A completion placed by the library: the body to forward, and what its answer came to."""
 
-    def pin(self, raw_path: str, body: bytes) -> contextlib.AbstractAsyncContextManager[bytes]:
-        """The body to forward, valid until the request ends; never raises for a bad request."""
+    @property
+    def body(self) -> bytes:
+        """The body to forward (pinned with ``id_slot`` where the route takes it, or as it came)."""
+
+    @property
+    def header(self) -> str:
+        """The value of :data:`PREFIX_HEADER` for the client; "" for none."""
+
+    def answered(self, ended: answer.Ended) -> None:
+        """llama-server's answer was relayed (to its end, or cut): count it from its own figures."""
+
+
+class Pinner(Protocol):
+    """Places a completion before it is forwarded (the library pins it to the slot that holds its KV)."""
+
+    def pin(self, raw_path: str, body: bytes) -> contextlib.AbstractAsyncContextManager[Placement]:
+        """The placement, valid until the request ends; never raises for a bad request."""
+
+
+class _Repin(Exception):
+    """The gate closed before the request got an answer: place it again once the gate opens."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Attempts:
+    """One request's sends to llama-server, across the replays and placements."""
+
+    deadline: float
+    hold: gate.Hold
+    """Its waits at the gate, observed in ``proxy_hold_seconds`` when the request ends."""
+    replays: int = 0
 
 
 _classify = functools.lru_cache(maxsize=256)(routes.classify)
@@ -156,12 +192,24 @@ class Relay:
     async def _pinned(
         self, request: web.BaseRequest, headers: list[tuple[str, str]], body: bytes, pinner: Pinner
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
-        """A completion routed by ``pinner`` once the gate is open: a slot is only chosen on a server that can serve."""
+        """A completion placed by ``pinner`` once the gate is open: a slot is only chosen on a server that can serve.
+
+        If the gate closes before the answer's first event (a crash), the
+        placement ends there and the request is placed again once the gate
+        opens: the restore round may have put another conversation in its slot.
+        """
         with self._gate.hold(self._metrics) as hold:
-            if not self._gate.is_open and not await hold.wait(self._settings.hold_seconds):
-                return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
-        async with pinner.pin(request.raw_path, body) as forwarded:
-            return await self._forward(request, outcomes.Route.COMPLETION, headers, forwarded)
+            attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
+            while True:
+                if not self._gate.is_open and not await self._wait(attempts):
+                    return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
+                async with pinner.pin(request.raw_path, body) as placement:
+                    try:
+                        return await self._send(
+                            request, outcomes.Route.COMPLETION, headers, placement.body, attempts, placement=placement
+                        )
+                    except _Repin:
+                        continue
 
     def _is_admin(self, request: web.BaseRequest) -> bool:
         if not self._admin_token:
@@ -184,62 +232,94 @@ class Relay:
     async def _forward(
         self, request: web.BaseRequest, route: outcomes.Route, headers: list[tuple[str, str]], body: bytes
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
-        gated = route is outcomes.Route.COMPLETION
-        deadline = self._clock.monotonic() + self._settings.hold_seconds
-        url = yarl.URL(self._base + request.raw_path, encoded=True)
-        replays = 0
         with self._gate.hold(self._metrics) as hold:
-            while True:
-                if gated and not self._gate.is_open:
-                    if not await hold.wait(deadline - self._clock.monotonic()):
-                        return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
-                    if self._admit is not None and (refused := await self._admit(route, body)) is not None:
-                        # Router mode: the router is back, but the model it ran may not be (a kill -9 takes
-                        # its child servers). A request let through now would have the router load the
-                        # model for it and take the slot before the restore: it goes through the load
-                        # and the model's gate, as a new request does.
-                        return refused
-                try:
-                    up = await self._session.request(
-                        request.method,
-                        url,
-                        headers=headers,
-                        data=body or None,
-                        allow_redirects=False,
-                    )
-                except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                    # Nothing listens: a crash the poller may not have seen yet. The request never
-                    # reached llama-server, so a completion can wait and be sent when it is back.
-                    self._gate.suspect(f"the proxy could not connect to llama-server ({exc.__class__.__name__})")
-                    if not gated:
-                        return self._unreachable(exc), outcomes.ProxyOutcome.ERROR
-                    continue
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    # Sent, and the connection closed before the first answer byte: a crash, or a
-                    # kept-alive connection llama-server closed just then. Sent once more at once: after
-                    # a crash that attempt finds nothing listening, and waits above like any other. A
-                    # second such failure (the dying process still held the listening socket) closes
-                    # the gate: a completion is then sent a last time after the restart and restore.
-                    replays += 1
-                    if replays > (2 if gated else 1):
-                        return self._unreachable(exc), outcomes.ProxyOutcome.ERROR
-                    if replays == 2:
-                        self._gate.suspect(f"llama-server closed the connection twice ({exc.__class__.__name__})")
-                    log.info(
-                        "proxy_request_replayed",
-                        route=route.value,
-                        error=exc.__class__.__name__,
-                        effect="llama-server closed the connection before answering; the request is sent "
-                        "once more (after the restart and restore, if llama-server is gone)",
-                    )
-                    continue
-                if gated and up.status == 503:
-                    answer, text = await _read_all(up)
-                    if _LOADING not in text:
-                        return answer, outcomes.ProxyOutcome.OK
-                    self._gate.suspect("llama-server answered 503 'Loading model': a new process")
-                    continue
-                return await self._relay(request, up)
+            attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
+            return await self._send(request, route, headers, body, attempts)
+
+    async def _wait(self, attempts: _Attempts) -> bool:
+        """Wait at the gate until the request's deadline; False if it stayed closed."""
+        return await attempts.hold.wait(attempts.deadline - self._clock.monotonic())
+
+    async def _send(
+        self,
+        request: web.BaseRequest,
+        route: outcomes.Route,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        attempts: _Attempts,
+        *,
+        placement: Placement | None = None,
+    ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
+        """Send until an answer's first event arrives, then relay it; raises ``_Repin`` for a placement to redo."""
+        gated = route is outcomes.Route.COMPLETION
+        url = yarl.URL(self._base + request.raw_path, encoded=True)
+        while True:
+            if gated and not self._gate.is_open:
+                if placement is not None:
+                    raise _Repin  # placed again once the gate opens: the restore round changed the slots
+                if not await self._wait(attempts):
+                    return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
+                if self._admit is not None and (refused := await self._admit(route, body)) is not None:
+                    # Router mode: the router is back, but the model it ran may not be (a kill -9 takes
+                    # its child servers). A request let through now would have the router load the
+                    # model for it and take the slot before the restore: it goes through the load
+                    # and the model's gate, as a new request does.
+                    return refused
+            try:
+                up = await self._session.request(
+                    request.method,
+                    url,
+                    headers=headers,
+                    data=body or None,
+                    allow_redirects=False,
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                # Nothing listens: a crash the poller may not have seen yet. The request never
+                # reached llama-server, so a completion can wait and be sent when it is back.
+                self._gate.suspect(f"the proxy could not connect to llama-server ({exc.__class__.__name__})")
+                if not gated:
+                    return self._unreachable(exc), outcomes.ProxyOutcome.ERROR
+                continue
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                if (refused := self._lost(exc, attempts, gated)) is not None:
+                    return refused
+                continue
+            if gated and up.status == 503:
+                whole, text = await _read_all(up)
+                if _LOADING not in text:
+                    return whole, outcomes.ProxyOutcome.OK
+                self._gate.suspect("llama-server answered 503 'Loading model': a new process")
+                continue
+            try:
+                first = await answer.first_part(up)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                up.close()
+                if (refused := self._lost(exc, attempts, gated)) is not None:
+                    return refused
+                continue
+            return await self._relay(request, up, first, placement)
+
+    def _lost(self, exc: BaseException, attempts: _Attempts, gated: bool) -> Refusal | None:
+        """The connection closed before the answer's first event: None to send again, else the answer to give.
+
+        A crash, or a kept-alive connection llama-server closed just then. Sent
+        once more at once: after a crash that attempt finds nothing listening,
+        and waits at the gate like any other. A second such failure (the dying
+        process still held the listening socket) closes the gate: a completion
+        is then sent a last time after the restart and restore.
+        """
+        attempts.replays += 1
+        if attempts.replays > (2 if gated else 1):
+            return self._unreachable(exc), outcomes.ProxyOutcome.ERROR
+        if attempts.replays == 2:
+            self._gate.suspect(f"llama-server closed the connection twice ({exc.__class__.__name__})")
+        log.info(
+            "proxy_request_replayed",
+            error=exc.__class__.__name__,
+            effect="llama-server closed the connection before the answer's first event; the request is sent "
+            "once more (after the restart and restore, if llama-server is gone), and nothing was sent to the client",
+        )
+        return None
 
     def _held_too_long(self) -> web.Response:
         seconds = self._settings.hold_seconds
@@ -262,50 +342,18 @@ class Relay:
         return error(502, f"the proxy could not get an answer from llama-server: {exc}", "server_error")
 
     async def _relay(
-        self, request: web.BaseRequest, up: aiohttp.ClientResponse
+        self, request: web.BaseRequest, up: aiohttp.ClientResponse, first: answer.First, placement: Placement | None
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         clean = False
         try:
             headers = _pass_on(up.headers.items(), _SKIP_RESPONSE, _DROP_RESPONSE)
-            length = up.content_length if "Transfer-Encoding" not in up.headers else None
-            if length is not None and length <= WHOLE_ANSWER_BYTES:
-                # A short answer of known length (a non-streamed JSON reply): read whole and sent in
-                # one write. Nothing is held back, since llama-server writes such a reply at once.
-                try:
-                    body = await up.read()
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    return self._unreachable(exc), outcomes.ProxyOutcome.ERROR
-                clean = True
-                return web.Response(status=up.status, reason=up.reason, body=body, headers=headers), (
-                    outcomes.ProxyOutcome.OK
-                )
-            response = web.StreamResponse(status=up.status, reason=up.reason)
-            response.headers.extend(headers)
-            if length is not None:
-                response.content_length = length
-            await response.prepare(request)
-            while True:
-                try:
-                    chunk = await up.content.readany()
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    log.warning(
-                        "proxy_answer_cut",
-                        error=exc.__class__.__name__,
-                        effect="llama-server went away mid-answer; the client's connection was closed "
-                        "before the end of the answer, so it sees a cut answer",
-                    )
-                    if request.transport is not None:
-                        request.transport.close()
-                    return response, outcomes.ProxyOutcome.ERROR
-                if not chunk:
-                    break
-                try:
-                    await response.write(chunk)
-                except ConnectionError:
-                    return response, outcomes.ProxyOutcome.CANCELLED
-            await response.write_eof()
-            clean = True
-            return response, outcomes.ProxyOutcome.OK
+            if placement is not None and placement.header and self._settings.prefix_header:
+                headers.append((PREFIX_HEADER, placement.header))
+            response, ended = await answer.relay(request, up, first, headers)
+            clean = ended.outcome is outcomes.ProxyOutcome.OK
+            if placement is not None:
+                placement.answered(ended)
+            return response, ended.outcome
         finally:
             if clean:
                 up.release()

@@ -8,9 +8,11 @@ of the engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -245,15 +247,42 @@ async def test_events_are_relayed_one_by_one_not_buffered(upstream: tuple[Upstre
 
 
 @pytest.mark.timeout(20)
-async def test_answer_cut_mid_stream_is_cut_for_the_client_too(upstream: tuple[Upstream, str]) -> None:
+@pytest.mark.parametrize(
+    ("path", "event"),
+    [
+        ("/cut", b'data: {"error":{"code":502,"message":"llama-server went away'),
+        ("/v1/messages/cut", b'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"llama-'),
+        ("/v1/responses/cut", b'event: error\ndata: {"type":"error","code":"server_error","message":"llama-'),
+    ],
+)
+async def test_stream_cut_after_its_first_events_ends_with_an_error_event_of_its_api(
+    upstream: tuple[Upstream, str], path: str, event: bytes
+) -> None:
     _, url = upstream
     async with run_proxy(url) as proxy, aiohttp.ClientSession() as session:
-        async with session.post(proxy.url + "/cut", json={"stream": True}) as resp:
-            first = await resp.content.readline()
-            assert first.startswith(b"data: ")
-            with pytest.raises(aiohttp.ClientPayloadError):
-                await resp.content.read()
+        async with session.post(proxy.url + path, json={"stream": True}) as resp:
+            assert resp.status == 200
+            rest = await resp.content.read()  # a complete chunked body: no ClientPayloadError
+        assert rest.startswith(b'data: {"n": 0}\n\ndata: {"n": 1}\n\n'), rest
+        tail = rest.split(b'data: {"n": 1}\n\n', 1)[1]
+        assert tail.startswith(event), tail
+        assert tail.endswith(b"\n\n")
         await until(lambda: proxy.count("other", "error") == 1, what="the cut counted as an error")
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("path", ["/prefill-crash-once/v1/chat/completions", "/prefill-crash-once/v1/messages"])
+async def test_a_stream_whose_server_dies_before_its_first_event_is_sent_again_unseen(
+    upstream: tuple[Upstream, str], path: str
+) -> None:
+    fake, url = upstream
+    async with run_proxy(url) as proxy, aiohttp.ClientSession() as session:
+        async with session.post(proxy.url + path, json={"stream": True}) as resp:
+            assert resp.status == 200
+            body = await resp.content.read()
+        assert body == b'data: {"timings": {"cache_n": 7}}\n\n', "one answer, the first attempt's ping never relayed"
+        assert fake.paths() == [path, path]
+        assert proxy.count("completion", "ok") == 1
 
 
 @pytest.mark.timeout(20)
@@ -329,6 +358,46 @@ async def test_completion_dropped_twice_waits_at_the_gate_and_is_sent_after_the_
         status, _, _ = await _post(proxy.url, "/drop-twice/tokenize", json={"content": "x"})
         assert status == 502, "a route that never waits is sent at most twice"
     assert fake.paths() == ["/drop-twice/completion"] * 3 + ["/drop-twice/tokenize"] * 2
+
+
+class Placing:
+    """A pinner that numbers its placements (``id_slot`` 0, 1, ...) and keeps each one's answer."""
+
+    def __init__(self) -> None:
+        self.placed: list[Any] = []
+
+    @contextlib.asynccontextmanager
+    async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[Any]:
+        placement = _Placement(b'{"id_slot": %d}' % len(self.placed), f"slot={len(self.placed)}")
+        self.placed.append(placement)
+        yield placement
+
+
+@dataclasses.dataclass
+class _Placement:
+    body: bytes
+    header: str
+    ended: Any = None
+
+    def answered(self, ended: Any) -> None:
+        self.ended = ended
+
+
+@pytest.mark.timeout(20)
+async def test_a_completion_sent_again_after_the_restore_is_placed_afresh(upstream: tuple[Upstream, str]) -> None:
+    fake, url = upstream
+    placing = Placing()
+    async with run_proxy(url, pinner=placing) as proxy:
+        request = asyncio.create_task(_post(proxy.url, "/drop-twice/completion", json={"prompt": "x"}))
+        await until(lambda: proxy.gauge("proxy_held_requests") == 1, what="the request held at the gate")
+        assert len(placing.placed) == 1, "held before its second placement"
+        proxy.gate.open(seen_at=time.monotonic())
+        status, headers, _ = await request
+    assert status == 200
+    assert [a.body for a in fake.arrived] == [b'{"id_slot": 0}'] * 2 + [b'{"id_slot": 1}']
+    assert headers["X-Llama-Sidecar-Prefix"] == "slot=1"
+    assert placing.placed[0].ended is None
+    assert placing.placed[1].ended.status == 200
 
 
 @pytest.mark.timeout(20)

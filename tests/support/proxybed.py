@@ -5,7 +5,10 @@ it gets (method, raw path, headers, body) and answers by path:
 
 * ``/hang``: never answers; sets ``hung_up`` when the proxy drops the connection;
 * ``/sse``: an event stream whose events are released one at a time by ``step``;
-* ``/cut``: two events, then the connection is closed mid-answer (a crash);
+* ``/cut`` (or any path ending so: ``/v1/messages/cut``): two events, then the connection is closed
+  mid-answer (a crash);
+* ``/prefill-crash-once...``: the first request gets a stream's status, headers and a ``:`` ping, then
+  the connection is closed before any event (a crash during the prefill); the next gets one event;
 * ``/short``: a JSON answer that declares 100 bytes and stops after 10 (a crash);
 * ``/drop-once...``: the first request is dropped before any answer byte, the next answered;
 * ``/drop-twice...``: the first two requests are dropped so, the next answered;
@@ -51,6 +54,7 @@ class Upstream:
         self.step = asyncio.Event()
         self.dropped = 0
         self.loading_sent = 0
+        self.prefill_crashes = 0
 
     def paths(self) -> list[str]:
         return [a.raw_path for a in self.arrived]
@@ -83,8 +87,10 @@ class Upstream:
             assert request.transport is not None
             request.transport.close()
             return response
-        if path in ("/sse", "/cut"):
-            return await self._events(request, cut=path == "/cut")
+        if path.startswith("/prefill-crash-once"):
+            return await self._prefill_crash_once(request)
+        if path == "/sse" or path.endswith("/cut"):
+            return await self._events(request, cut=path.endswith("/cut"))
         echo = {
             "method": request.method,
             "raw_path": request.raw_path,
@@ -93,6 +99,19 @@ class Upstream:
             "body_sha256": hashlib.sha256(body).hexdigest(),
         }
         return web.json_response(echo, headers={"X-Upstream": "yes", "Connection": "keep-alive, X-Private"})
+
+    async def _prefill_crash_once(self, request: web.BaseRequest) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if not self.prefill_crashes:
+            self.prefill_crashes += 1
+            await response.write(b": ping\n\n")  # what llama-server sends while it prefills (no event)
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        await response.write(b'data: {"timings": {"cache_n": 7}}\n\n')
+        await response.write_eof()
+        return response
 
     async def _events(self, request: web.BaseRequest, *, cut: bool) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -142,6 +161,7 @@ async def run_proxy(
     admin_token: str | None = None,
     api_key: str | None = None,
     gate_open: bool = True,
+    pinner: relay.Pinner | None = None,
 ) -> AsyncIterator[Proxy]:
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version="test")
@@ -164,6 +184,7 @@ async def run_proxy(
         upstream=upstream,
         settings=settings,
         admin_token=admin_token,
+        pinner=pinner,
     )
     proxy = await listener.start(handler, client, settings)
     try:

@@ -136,29 +136,85 @@ def test_a_conversation_in_use_is_never_evicted_and_the_least_recently_used_goes
         ("/completion", {"prompt": "text"}, prompt.Kind.TEXT),
         ("/v1/completions", {"prompt": ["text"]}, prompt.Kind.TEXT),
         ("/completion", {"prompt": [1, 2, 3]}, prompt.Kind.IDS),
+        ("/v1/responses", {"input": "hi", "store": False}, prompt.Kind.CHAT),
+        ("/responses", {"input": [{"type": "message", "role": "user", "content": "hi"}]}, prompt.Kind.CHAT),
     ],
 )
 def test_routed_requests_say_how_to_get_their_ids(path: str, body: dict[str, object], kind: prompt.Kind) -> None:
     got = prompt.of(path, json.dumps(body).encode())
-    assert got is not None
+    assert isinstance(got, prompt.Prompt)
     assert got.kind is kind
-    assert json.loads(prompt.pinned(got, 1)) == {**body, "id_slot": 1}
+    assert got.pin is prompt.Pin.BODY
+    pinned = prompt.pinned(got, 1)
+    assert pinned is not None
+    assert json.loads(pinned) == {**body, "id_slot": 1}
+
+
+def test_an_anthropic_request_is_rendered_as_the_server_converts_it_and_placed_not_pinned() -> None:
+    body = {
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc=1; cch=a5145;You help."}],
+        "max_tokens": 8,
+        "tools": [{"name": "ls", "description": "list", "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": "list"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "t1", "name": "ls", "input": {"b": 1, "a": 2}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "f"}]}]},
+        ],
+    }  # fmt: skip
+    got = prompt.of("/v1/messages", json.dumps(body).encode())
+    assert isinstance(got, prompt.Prompt)
+    assert got.pin is prompt.Pin.PLACED
+    assert prompt.pinned(got, 1) is None  # the converter drops id_slot: the body goes as it came
+    assert got.chat is not None
+    assert got.chat["messages"] == [
+        {"role": "system", "content": "x-anthropic-billing-header: cc=1; cch=fffff;You help."},
+        {"role": "user", "content": "list"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "ls", "arguments": '{"a":2,"b":1}'}}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "f"},
+    ]  # fmt: skip
+    assert got.chat["tools"][0]["function"]["parameters"] == {"type": "object"}
+    assert got.chat["max_tokens"] == 8
 
 
 @pytest.mark.parametrize(
-    ("path", "body"),
+    ("path", "body", "reason"),
     [
-        ("/v1/embeddings", b'{"input": "x"}'),
-        ("/infill", b'{"input_prefix": "x"}'),
-        ("/completion", b'{"prompt": ["a", "b"]}'),
-        ("/completion", b'{"prompt": "x", "id_slot": 1}'),
-        ("/completion", b"[1, 2]"),
-        ("/completion", b"not json"),
-        ("/v1/chat/completions", b'{"messages": "x"}'),
+        ("/v1/embeddings", b'{"input": "x"}', "embedding"),
+        ("/v1/rerank", b'{"query": "x"}', "embedding"),
+        ("/v1/audio/transcriptions", b"", "audio"),
+        ("/infill", b'{"input_prefix": "x"}', "infill"),
+        ("/completion", b'{"prompt": ["a", "b"]}', "body"),
+        ("/completion", b'{"prompt": "x", "id_slot": 1}', "own_slot"),
+        ("/v1/messages", b'{"messages": [], "id_slot": 0}', "own_slot"),
+        ("/completion", b"[1, 2]", "body"),
+        ("/completion", b"not json", "body"),
+        ("/v1/chat/completions", b'{"messages": "x"}', "body"),
+        ("/v1/responses", b'{"input": [{"role": "user"}]}', "body"),
+        ("/v1/responses", b'{"model": "m"}', "body"),
+        ("/v1/messages", b'{"model": "m"}', "body"),
+        ("/completion", b'{"prompt": "x", "multimodal_data": ["aGk="]}', "media"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}',
+            "media",
+        ),
+        (
+            "/v1/messages",
+            b'{"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]}',
+            "media",
+        ),
+        (
+            "/v1/responses",
+            b'{"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}',
+            "media",
+        ),
     ],
 )
-def test_requests_the_library_does_not_route_are_left_alone(path: str, body: bytes) -> None:
-    assert prompt.of(path, body) is None
+def test_requests_the_library_does_not_route_are_counted_by_reason(path: str, body: bytes, reason: str) -> None:
+    assert prompt.of(path, body) == reason
 
 
 def test_a_new_conversation_saves_a_changed_victim_first() -> None:
@@ -182,9 +238,9 @@ def test_a_text_too_short_to_fill_a_block_is_known_without_asking_the_server() -
     short = prompt.of("/completion", json.dumps({"prompt": "é" * 50}).encode())
     long = prompt.of("/completion", json.dumps({"prompt": "x" * 200}).encode())
     chat = prompt.of("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}]}')
-    assert short is not None
-    assert long is not None
-    assert chat is not None
+    assert isinstance(short, prompt.Prompt)
+    assert isinstance(long, prompt.Prompt)
+    assert isinstance(chat, prompt.Prompt)
     assert prompt.shorter_than(short, BLOCK)  # 100 bytes: at most 100 tokens and a few specials
     assert not prompt.shorter_than(long, BLOCK)
     assert not prompt.shorter_than(chat, BLOCK)  # the template adds text: only the server knows

@@ -17,9 +17,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import engine
-from sidecar.core import config, events, metrics, protocols
+from sidecar.core import config, events, metrics, outcomes, protocols
 from sidecar.library import placer
 from sidecar.observe import poller
+from sidecar.proxy import answer
 from sidecar.shared import catalog, decide, records
 from sidecar.snapshots import manifest, slotfile, store
 from support import clocks
@@ -68,6 +69,10 @@ class TokenLlama(memllama.MemLlama):
         return protocols.ActionResult(slot_id, filename, held.count, (self.dir / filename).stat().st_size, 1.0)
 
 
+OK = answer.Ended(200, outcomes.ProxyOutcome.OK, None)
+"""An answer relayed to its end that gives no reuse figure: the planned source counts."""
+
+
 class Tokenizer:
     async def apply_template(self, body: dict[str, Any]) -> str:
         return str(body["messages"][0]["content"])
@@ -91,15 +96,16 @@ class Bed:
         await self.core.handle(obs, evts)
 
     @contextlib.asynccontextmanager
-    async def request(self, conversation: str) -> AsyncIterator[int | None]:
+    async def request(self, conversation: str, ended: answer.Ended | None = None) -> AsyncIterator[int | None]:
         """A chat request of ``conversation`` through the placer; yields the slot it was pinned to."""
         self.clock.now += 1.0
         body = json.dumps({"messages": [{"role": "user", "content": conversation}]}).encode()
         async with self.library.pin("/v1/chat/completions", body) as forwarded:
-            slot = json.loads(forwarded).get("id_slot")
+            slot = json.loads(forwarded.body).get("id_slot")
             yield slot
             if slot is not None:
                 self.server.serve(slot, ids_of(conversation))
+            forwarded.answered(ended or OK)
         await self.poll()
 
     def value(self, name: str, **labels: str) -> float:
@@ -370,8 +376,9 @@ async def test_a_slot_filled_since_the_last_poll_is_saved_before_it_is_given_awa
         bed.clock.now += 1.0
         body = json.dumps({"messages": [{"role": "user", "content": conversation}]}).encode()
         async with bed.library.pin("/v1/chat/completions", body) as forwarded:
-            slot: int = json.loads(forwarded)["id_slot"]
+            slot: int = json.loads(forwarded.body)["id_slot"]
             bed.server.serve(slot, ids_of(conversation))
+            forwarded.answered(OK)
         return slot
 
     first = await unpolled("A")
@@ -433,3 +440,63 @@ async def test_a_server_that_measured_nothing_yet_takes_the_prefill_rate_the_sha
         assert slot is not None
     assert shared.rates == [400.0]
     assert bed.value("llama_sidecar_conversation_requests_total", source="shared") == 1
+
+
+def _sources(bed: Bed) -> dict[str, float]:
+    return {s: bed.value("llama_sidecar_conversation_requests_total", source=s) for s in ("slot", "library", "cold")}
+
+
+async def test_each_request_counts_by_its_own_answer_not_by_where_it_was_placed(bed: Bed) -> None:
+    for name in ("A", "B", "C"):
+        async with bed.request(name):
+            pass
+    reprefilled = answer.Ended(200, outcomes.ProxyOutcome.OK, 0)  # the server reused nothing of the swap
+    async with bed.request("A", reprefilled) as slot:
+        assert slot == 1
+    assert bed.actions()[-1] == ("restore", 1)
+    assert _sources(bed) == {"slot": 0, "library": 0, "cold": 4}
+    assert bed.value("llama_sidecar_library_tokens_total") == 0
+    assert bed.value("llama_sidecar_restore_verifications_total", outcome="ineffective") == 1
+    reused = answer.Ended(200, outcomes.ProxyOutcome.OK, 3 * BLOCK)
+    async with bed.request("B", reused) as slot:
+        assert slot == 0
+    assert _sources(bed)["library"] == 1
+    assert bed.value("llama_sidecar_library_tokens_total") == 3 * BLOCK
+    assert bed.value("llama_sidecar_restore_verifications_total", outcome="effective") == 1
+
+
+@pytest.mark.parametrize(
+    ("ended", "reason"),
+    [
+        (answer.Ended(400, outcomes.ProxyOutcome.OK, None), "rejected"),
+        (answer.Ended(200, outcomes.ProxyOutcome.ERROR, None), "cut"),
+        (answer.Ended(200, outcomes.ProxyOutcome.CANCELLED, None), "cancelled"),
+    ],
+)
+async def test_a_rejected_or_cut_request_is_no_serve(bed: Bed, ended: answer.Ended, reason: str) -> None:
+    async with bed.request("A", ended) as slot:
+        assert slot == 0
+    assert _sources(bed) == {"slot": 0, "library": 0, "cold": 0}
+    assert bed.value("llama_sidecar_conversation_unserved_total", reason=reason) == 1
+    async with bed.request("A"):
+        pass
+    assert _sources(bed) == {"slot": 0, "library": 0, "cold": 1}, "nothing is known to hold A after such an answer"
+
+
+async def test_an_anthropic_request_is_placed_without_id_slot_and_a_new_one_saves_every_changed_idle_slot(
+    bed: Bed,
+) -> None:
+    for name in ("A", "B"):
+        async with bed.request(name):
+            pass
+    body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "C"}]}).encode()
+    async with bed.library.pin("/v1/messages", body) as placed:
+        assert placed.body == body, "the Anthropic converter drops id_slot: the body goes as it came"
+        assert placed.header.startswith("source=cold; slot=0;")
+        bed.server.serve(1, ids_of("C"))  # the server may pick another idle slot than the placer's
+        placed.answered(OK)
+    assert sorted(bed.actions()) == [("save", 0), ("save", 1)], "whichever slot the server takes, nothing is lost"
+    await bed.poll()
+    async with bed.request("A") as slot:
+        assert slot is not None
+    assert bed.server.held[slot] == ids_of("A"), "A came back from the library"

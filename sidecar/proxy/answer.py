@@ -1,0 +1,146 @@
+"""Relaying llama-server's answer to the client, once its first event has arrived.
+
+The relay reads an answer's first part before the client's response is
+prepared (:func:`first_part`): for a stream that is its first event, not the
+status and headers llama-server sends when prompt processing starts, so a
+crash during the prefill leaves the client with nothing sent, and the relay
+can send the request again. From then on every chunk llama-server writes is
+written to the client as soon as it is read (:func:`relay`).
+
+If llama-server goes away after the client got bytes, a stream (SSE) ends
+with an error event in its API's format and a proper end of the chunked
+body, so SDKs raise an API error with a message rather than a broken
+connection; any other answer is cut (its connection closed before the end).
+
+Every answer's own prompt-reuse figure is read as it passes
+(``sse.cached_tokens``), for the library's per-request counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterable
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from sidecar.core import outcomes
+from sidecar.proxy import sse
+
+log = structlog.get_logger("sidecar.proxy")
+
+WHOLE_ANSWER_BYTES = 1 << 20
+"""Answers with a Content-Length up to this size are read whole and relayed in one write; others chunk by chunk."""
+CUT_MESSAGE = (
+    "llama-server went away in the middle of this answer (it crashed or was restarted); the part already "
+    "sent is all there is: send the request again"
+)
+
+
+@dataclasses.dataclass(slots=True)
+class First:
+    """What arrived of an answer before anything was sent to the client."""
+
+    whole: bytes | None
+    """The whole body of a short answer of known length; None for a streamed answer."""
+    head: bytes = b""
+    """A streamed answer's first bytes: its first event (and the pings before it)."""
+    done: bool = False
+    """The streamed answer ended within ``head``."""
+
+
+@dataclasses.dataclass(slots=True)
+class Ended:
+    """How an answer's relay ended, for the counts."""
+
+    status: int
+    outcome: outcomes.ProxyOutcome
+    cached: int | None
+    """The prompt tokens the server reused for this request, as its answer says; None if it says nothing."""
+
+
+async def first_part(up: aiohttp.ClientResponse) -> First:
+    """Read until the answer's first event (or its whole body); raises ``aiohttp.ClientError`` if it is cut first.
+
+    SSE comments (llama-server's ``:`` pings every 30 s) are no event: a
+    stream still in its prefill keeps the client waiting for its headers.
+    """
+    length = _length(up)
+    if length is not None and length <= WHOLE_ANSWER_BYTES:
+        return First(await up.read())
+    head = b""
+    while True:
+        chunk = await up.content.readany()
+        if not chunk:
+            return First(None, head, done=True)
+        head += chunk
+        if not sse.only_comments(head):
+            return First(None, head)
+
+
+def _length(up: aiohttp.ClientResponse) -> int | None:
+    return up.content_length if "Transfer-Encoding" not in up.headers else None
+
+
+async def relay(
+    request: web.BaseRequest,
+    up: aiohttp.ClientResponse,
+    first: First,
+    headers: Iterable[tuple[str, str]],
+) -> tuple[web.StreamResponse, Ended]:
+    """Send ``up``'s answer (its ``first`` part already read) to the client; the caller releases ``up``."""
+    if first.whole is not None:
+        whole = web.Response(status=up.status, reason=up.reason, body=first.whole, headers=list(headers))
+        return whole, Ended(up.status, outcomes.ProxyOutcome.OK, sse.cached_tokens(first.whole))
+    response = web.StreamResponse(status=up.status, reason=up.reason)
+    response.headers.extend(headers)
+    length = _length(up)
+    if length is not None:
+        response.content_length = length
+    cached = sse.cached_tokens(first.head)
+    ended = Ended(up.status, outcomes.ProxyOutcome.OK, cached)
+    await response.prepare(request)
+    try:
+        await response.write(first.head)
+        while not first.done:
+            try:
+                chunk = await up.content.readany()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                await _cut(request, response, up, exc)
+                ended.outcome = outcomes.ProxyOutcome.ERROR
+                return response, ended
+            if not chunk:
+                break
+            if (found := sse.cached_tokens(chunk)) is not None:
+                ended.cached = found
+            await response.write(chunk)
+        await response.write_eof()
+    except ConnectionError:
+        ended.outcome = outcomes.ProxyOutcome.CANCELLED
+    return response, ended
+
+
+async def _cut(
+    request: web.BaseRequest, response: web.StreamResponse, up: aiohttp.ClientResponse, exc: Exception
+) -> None:
+    """llama-server went away mid-answer: end a stream with an error event, cut anything else."""
+    stream = sse.is_event_stream(up.headers.get("Content-Type", ""))
+    log.warning(
+        "proxy_answer_cut",
+        error=exc.__class__.__name__,
+        effect="llama-server went away mid-answer; "
+        + (
+            "the stream was ended with an error event in its API's format (the client sees an API error)"
+            if stream
+            else "the client's connection was closed before the end of the answer, so it sees a cut answer"
+        ),
+    )
+    if stream and response.content_length is None:
+        with contextlib.suppress(ConnectionError):
+            await response.write(sse.error_event(sse.api_of(request.raw_path), CUT_MESSAGE))
+            await response.write_eof()
+        return
+    if request.transport is not None:
+        request.transport.close()

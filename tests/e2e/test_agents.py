@@ -1,0 +1,126 @@
+"""Coding agents as they really talk, through the proxy to the real server, with the official SDKs.
+
+Four conversations per API (Chat Completions streamed and not, Anthropic
+Messages streamed and not, Responses streamed), each a system prompt, a
+~400-token first message, a tool call with its result and a follow-up, on 2
+slots with ``--cache-ram 0`` (llama-server keeps nothing outside its slots,
+standing for conversations too big for its RAM cache, or for a restart).
+They take turns, so every return comes after the others took both slots, and
+once more after a ``kill -9``: each return must reuse at least 90% of its
+earlier prompt. Then a ``kill -9`` lands during the prefill of a streamed
+request of each streamed API: its client must get a whole answer, no error,
+reusing its own conversation's KV.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from support import agents
+from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt, slots
+from support.net import free_port
+from support.sidecarbed import MakeSidecar, SidecarProcess
+
+PER_API = 4
+PROMPT_TOKENS = 400
+LONG_TURN_TOKENS = 2500
+"""A new turn long enough that its prefill lasts a few seconds: the kill -9 lands in it."""
+WARM = 0.9
+
+
+def _proxy(sidecar: MakeSidecar, server: LlamaServer, slot_dir: Path) -> tuple[SidecarProcess, str]:
+    port = free_port()
+    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}"})
+    side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
+    return side, f"http://127.0.0.1:{port}"
+
+
+def _saved(server: LlamaServer, slot_dir: Path) -> bool:
+    """Whether each slot's content (as llama-server lists it now) is in an indexed snapshot."""
+    kept = set()
+    for path in slot_dir.glob("slot*.json"):
+        record = json.loads(path.read_text())
+        if record.get("index"):
+            kept.add((int(record["slot"]), int(record["index"]["tokens"])))
+    return all((int(s["id"]), int(s["n_prompt_tokens"])) in kept for s in slots(server.url) if s.get("n_prompt_tokens"))
+
+
+def _send(api: agents.Api, chat: agents.Conversation, replies: list[agents.Reply | BaseException]) -> None:
+    """One turn in a thread of its own; the reply, or what the client raised (the failure is the finding)."""
+    try:
+        replies.append(api.send(chat))
+    except BaseException as exc:
+        replies.append(exc)
+
+
+def _round(pairs: list[tuple[agents.Api, agents.Conversation]], label: str, *, warm: bool) -> None:
+    started = time.monotonic()
+    figures: dict[str, list[str]] = {}
+    for api, chat in pairs:
+        earlier = chat.prompt
+        reply = api.send(chat)
+        assert reply.complete, f"{label}: {api.name} conversation {chat.n} got no whole answer"
+        figures.setdefault(api.name, []).append(f"{reply.cached}/{earlier}")
+        if warm:
+            assert reply.cached >= WARM * earlier, (
+                f"{label}: {api.name} conversation {chat.n} reused {reply.cached} of its earlier {earlier} "
+                f"tokens (header {reply.header!r})"
+            )
+        chat.answered(reply, f"And what does record {chat.n} say after turn {chat.turns + 1}?")
+    print(f"{label} ({time.monotonic() - started:.1f} s): reused/earlier prompt: {figures}")
+
+
+@pytest.mark.timeout(900)
+def test_agents_of_every_api_come_back_warm_on_two_slots_and_through_a_kill9_during_a_streamed_prefill(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192, extra_args=["--cache-ram", "0"])
+    side, url = _proxy(sidecar, server, slot_dir)
+    apis = agents.every_api(url)
+    pairs = [
+        (api, agents.Conversation.start(10 * a + n, make_prompt(server.url, PROMPT_TOKENS, seed=500 + 10 * a + n)))
+        for a, api in enumerate(apis)
+        for n in range(PER_API)
+    ]
+    _round(pairs, "first turns (cold)", warm=False)
+    for turn in (2, 3):
+        _round(pairs, f"turn {turn}", warm=True)
+    assert side.metric("llama_sidecar_conversation_unrouted_total") == 0
+    assert side.metric("llama_sidecar_conversation_requests_total", source="library") >= 2 * (len(pairs) - 2)
+
+    side.wait_for(lambda: _saved(server, slot_dir), timeout=60, what="both slots' content saved")
+    server.kill()
+    server.start()
+    server.wait_healthy()
+    _round(pairs, "after kill -9", warm=True)
+
+    for api, chat in [(api, chat) for api, chat in pairs if api.stream][::PER_API]:
+        side.wait_for(lambda: _saved(server, slot_dir), timeout=60, what="both slots' content saved")
+        earlier = chat.prompt
+        chat.history[-1]["text"] += " " + make_prompt(server.url, LONG_TURN_TOKENS, seed=900 + chat.n)
+        replies: list[agents.Reply | BaseException] = []
+        client = threading.Thread(target=_send, args=(api, chat, replies))
+        client.start()
+        side.wait_for(lambda: any(s["is_processing"] for s in slots(server.url)), timeout=30, what="the prefill")
+        time.sleep(0.5)  # well inside a prefill of thousands of tokens, long before its first token
+        assert any(s["is_processing"] for s in slots(server.url)), "the prefill ended before the kill"
+        server.kill()
+        server.start()
+        server.wait_healthy()
+        client.join(timeout=300)
+        assert replies, f"{api.name}: no answer"
+        reply = replies[0]
+        assert not isinstance(reply, BaseException), f"{api.name}: the client saw {reply!r}"
+        print(f"kill -9 in the prefill, {api.name}: reused {reply.cached} of its earlier {earlier} ({reply.header})")
+        assert reply.complete
+        assert reply.cached >= WARM * earlier, f"{api.name}: the replay did not reuse its own conversation's KV"
+        chat.answered(reply, "Thanks.")
+    replayed = side.log_events("proxy_request_replayed")
+    assert len(replayed) >= 3
+    status, _ = http_json("GET", url + "/health")
+    assert status == 200
