@@ -1,9 +1,8 @@
 """`python -m bench`: run the benchmarks, print tables, write a PNG and a JSON.
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
-footprint, scaling, proxy, restore, hashing, library, shared. Progress goes to stderr, results to stdout,
-ending
-with one verdict line per goal (MET, MISSED or NO VERDICT, with the figures).
+footprint, scaling, proxy, restore, hashing, library, shared, agents. Progress goes to stderr, results to
+stdout, ending with one verdict line per goal (MET, MISSED or NO VERDICT, with the figures).
 The exit status is 1 when a goal was missed.
 """
 
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT, goals, machine, plot, rig, scaling
+from bench import agents as agents_mod
 from bench import footprint as footprint_mod
 from bench import hashing as hashing_mod
 from bench import library as library_mod
@@ -29,7 +29,9 @@ from bench import shared_store as shared_mod
 from bench import stall as stall_mod
 from bench import ttft as ttft_mod
 
-SECTIONS = ("ttft", "restart", "stall", "footprint", "scaling", "proxy", "restore", "hashing", "library", "shared")
+SECTIONS = (
+    "ttft", "restart", "stall", "footprint", "scaling", "proxy", "restore", "hashing", "library", "shared", "agents"
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -189,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             "shared",
             "10. Shared store: S3 clients on an object up and down (python -m bench.shared_store)",
             lambda: shared_mod.measure(mib=64 if ns.quick else 200, reps=1 if ns.quick else 2, say=say),
+        )
+        results.agents = section(
+            "agents",
+            "11. Agents: time to the first streamed byte through the proxy, per API, vs direct",
+            lambda: agents_mod.measure(bed, quick=bool(ns.quick), say=say),
         )
     finally:
         bed.close()

@@ -30,6 +30,9 @@ to a request (its latency minus the direct one's, under 1 ms).
   bottleneck of a restore.
 * Proxy: the targets of ``bench.proxy`` (under 1 ms added at p50 for a
   non-streamed request; the p99 token gap within noise of the direct one).
+* Agents: the time to the first streamed byte of a warm agent turn through
+  the proxy (routed: converted, templated, tokenized) at most 1.25x the
+  direct one at p50, for Chat Completions, Anthropic Messages and Responses.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import dataclasses
 import math
 from typing import Any
 
+from bench import agents as agents_mod
 from bench import footprint, hashing, restart, restore, rig, scaling, stall, ttft
 from bench import proxy as proxy_mod
 
@@ -72,6 +76,7 @@ class Results:
     restores: list[restore.Measure] | None = None
     checksums: hashing.Checksums | None = None
     proxy: proxy_mod.Result | None = None
+    agents: list[agents_mod.Api] | None = None
 
     def as_json(self) -> dict[str, Any]:
         def dump(value: Any) -> Any:
@@ -90,6 +95,7 @@ class Results:
             "restore": dump(self.restores),
             "checksums": dump(self.checksums),
             "proxy": dump(self.proxy),
+            "agents": dump(self.agents),
         }
 
 
@@ -120,6 +126,7 @@ def results_from_json(raw: dict[str, Any]) -> Results:
         )
         if raw.get("proxy")
         else None,
+        agents=[agents_mod.Api(**d) for d in raw["agents"]] if raw.get("agents") else None,
     )
 
 
@@ -158,6 +165,8 @@ def judge(r: Results, *, quick: bool) -> list[Verdict]:
         out.append(_checksum(r.checksums))
     if r.proxy:
         out += [Verdict(goal, measured, met) for goal, measured, met in proxy_mod.judged(r.proxy)]
+    if r.agents:
+        out += [Verdict(goal, measured, met) for goal, measured, met in agents_mod.judged(r.agents)]
     return out
 
 

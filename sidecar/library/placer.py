@@ -140,6 +140,8 @@ class _Plan:
     chain: tuple[str, ...]
     body: bytes
     """The body to forward; b"": as it came (every slot busy, or a route that drops ``id_slot``)."""
+    placed: bool = False
+    """Not pinned (``prompt.Pin.PLACED``): the server chose the slot, which is read back after the answer."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -223,11 +225,34 @@ class Placer:
                 placed.ended = answer.Ended(0, outcomes.ProxyOutcome.CANCELLED, None)
             raise
         finally:
-            self._ended(plan, placed.ended)
+            ran_on = plan.planned.slot
+            ended = placed.ended
+            if plan.placed and ran_on is not None and ended is not None and ended.outcome is outcomes.ProxyOutcome.OK:
+                ran_on = await self._ran_on(ran_on)
+            self._ended(plan, placed.ended, ran_on)
 
-    def _ended(self, plan: _Plan, ended: answer.Ended | None) -> None:
-        """Count the request by its own answer, and record what its slot holds now."""
+    async def _ran_on(self, planned: int) -> int:
+        """The slot the server ran a placed request in: the idle one with the newest task (``planned`` if unknown).
+
+        llama-server gives an unpinned request the idle slot with the longest
+        common prefix, else its least recently used one, whose clock the sidecar
+        cannot read: a new conversation may land beside the slot it was placed in.
+        """
+        try:
+            views = await self._core.actions.slots()
+        except errors.UpstreamError:
+            return planned
+        done = [v for v in views if v.task is not None and not v.processing]
+        return max(done, key=lambda v: v.task or 0).id if done else planned
+
+    def _ended(self, plan: _Plan, ended: answer.Ended | None, ran_on: int | None) -> None:
+        """Count the request by its own answer, and record what the slot it ran in holds now."""
         slot = plan.planned.slot
+        if slot is not None:
+            state = self._slot(slot)
+            state.pinned -= 1
+            state.used = self._clock.monotonic()
+            slot = ran_on
         if ended is not None:
             found = verdict.judge(plan.planned, status=ended.status, outcome=ended.outcome, cached=ended.cached)
             if found.source is not None:
@@ -241,7 +266,6 @@ class Placer:
         if slot is None:
             return
         state = self._slot(slot)
-        state.pinned -= 1
         state.used = self._clock.monotonic()
         state.routed_since = True  # its content changed by a routed request: see _fresh
         if ended is not None and ended.outcome is outcomes.ProxyOutcome.OK and ended.status < 400:
@@ -336,7 +360,8 @@ class Placer:
         planned = verdict.Planned(source, decision.slot, decision.blocks * slotfile.BLOCK_TOKENS, restored)
         if source is outcomes.Source.COLD:
             planned = dataclasses.replace(planned, prefix_tokens=0)
-        return _Plan(planned, chain, prompt.pinned(request, decision.slot) or b"")
+        placed = request.pin is prompt.Pin.PLACED
+        return _Plan(planned, chain, prompt.pinned(request, decision.slot) or b"", placed)
 
     async def _save_for(
         self, request: prompt.Prompt, decision: routing.Decision, views: dict[int, events.SlotView]

@@ -124,3 +124,55 @@ def test_agents_of_every_api_come_back_warm_on_two_slots_and_through_a_kill9_dur
     assert len(replayed) >= 3
     status, _ = http_json("GET", url + "/health")
     assert status == 200
+
+
+def _header(reply: agents.Reply) -> dict[str, str]:
+    return dict(part.strip().split("=", 1) for part in reply.header.split(";"))
+
+
+@pytest.mark.timeout(600)
+def test_metrics_and_status_agree_with_each_answers_own_reuse_in_a_mixed_run(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=4096, extra_args=["--cache-ram", "0"])
+    side, url = _proxy(sidecar, server, slot_dir)
+    apis = [agents.Chat(url, stream=False), agents.Messages(url, stream=False)]
+    pairs = [
+        (api, agents.Conversation.start(n, make_prompt(server.url, PROMPT_TOKENS, seed=700 + n)))
+        for n, api in enumerate(apis * 2)
+    ]
+    seen: list[tuple[agents.Reply, int]] = []
+    for turn in range(3):
+        for api, chat in pairs:
+            earlier = chat.prompt
+            reply = api.send(chat)
+            seen.append((reply, earlier))
+            chat.answered(reply, f"And then, after turn {turn + 1}?")
+            # A client straight to llama-server, beside the proxy: it takes whichever slot llama-server gives it.
+            status, _ = http_json(
+                "POST", server.url + "/completion", {"prompt": make_prompt(server.url, 300, seed=800 + turn),
+                                                     "n_predict": 2}, timeout=300,
+            )  # fmt: skip
+            assert status == 200
+    by_source: dict[str, int] = {"slot": 0, "library": 0, "shared": 0, "cold": 0}
+    library_tokens = 0
+    saved_tokens = 0
+    for reply, earlier in seen:
+        head = _header(reply)
+        source, restored = head["source"], int(head["restored_tokens"])
+        if source != "cold" and reply.cached < 0.5 * earlier:
+            source = "cold"  # placed on a prefix the server then re-prefilled
+        by_source[source] += 1
+        if source == "library":
+            library_tokens += min(restored, reply.cached)
+        if restored and reply.cached >= 0.5 * restored:
+            saved_tokens += min(restored, reply.cached)
+    print(f"per request: {by_source}, library tokens {library_tokens}; figures {[(r.cached, e) for r, e in seen]}")
+    assert by_source["library"] >= 4, "the run swapped conversations in"
+    for source, count in by_source.items():
+        assert side.metric("llama_sidecar_conversation_requests_total", source=source) == count, source
+    assert side.metric("llama_sidecar_library_tokens_total") == library_tokens
+    assert side.metric("llama_sidecar_conversation_unserved_total") == 0
+    saved = side.status()["time_saved"]
+    assert saved["tokens"] + saved["unpriced_tokens"] == saved_tokens
+    assert side.metric("llama_sidecar_prefill_saved_tokens_total") == saved["tokens"]

@@ -497,6 +497,9 @@ async def test_an_anthropic_request_is_placed_without_id_slot_and_a_new_one_save
         placed.answered(OK)
     assert sorted(bed.actions()) == [("save", 0), ("save", 1)], "whichever slot the server takes, nothing is lost"
     await bed.poll()
+    async with bed.library.pin("/v1/messages", body) as placed:
+        assert placed.header.startswith("source=slot; slot=1;"), "the slot the server ran it in was read back"
+        placed.answered(OK)
     async with bed.request("A") as slot:
         assert slot is not None
     assert bed.server.held[slot] == ids_of("A"), "A came back from the library"
