@@ -239,7 +239,7 @@ class Placer:
         cannot read: a new conversation may land beside the slot it was placed in.
         """
         try:
-            views = await self._core.actions.slots()
+            views = await self._core.fresh_slots()
         except errors.UpstreamError:
             return planned
         done = [v for v in views if v.task is not None and not v.processing]
