@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.snapshots import slotfile
 from support import tinymodels
 from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt
 from support.net import free_port
@@ -90,8 +91,14 @@ def test_beside_the_server_the_next_chat_turn_after_a_kill9_is_warm(
     assert side.metric("llama_sidecar_model_memory_info", memory="hybrid") == 1
 
 
-def _saved_tokens(slot_dir: Path) -> set[int]:
-    return {int(json.loads((slot_dir / name).read_text())["tokens"]) for name in manifests(slot_dir)}
+def _saved_at_boundary(chat: Chat, server: str, slot_dir: Path) -> bool:
+    """Whether a snapshot holds exactly the chat's last prompt less its last 3 tokens."""
+    _, templated = http_json("POST", server + "/apply-template", {"messages": chat.messages[:-1]})
+    body = {"content": templated["prompt"], "add_special": True, "parse_special": True}
+    _, ids = http_json("POST", server + "/tokenize", body)
+    want = slotfile.whole_hash(slotfile.pack_ids(ids["tokens"][: chat.prompt_tokens - 3]))
+    indexes = [json.loads((slot_dir / name).read_text()).get("index") or {} for name in manifests(slot_dir)]
+    return any(index.get("whole") == want for index in indexes)
 
 
 def _verdicts(side: SidecarProcess) -> tuple[float, float]:
@@ -122,7 +129,7 @@ def test_through_the_proxy_two_chats_taking_turns_on_one_slot_stay_warm_and_come
             if turn:
                 assert reused >= WARM * earlier, (turn, chat.n, reused, earlier)
     side.wait_for(
-        lambda: all(chat.prompt_tokens - 3 in _saved_tokens(slot_dir) for chat in chats),
+        lambda: all(_saved_at_boundary(chat, server.url, slot_dir) for chat in chats),
         what="both conversations saved at their last prompt's boundary",
     )
     server.restart()

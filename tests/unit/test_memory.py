@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.act import boundary
+from sidecar.act import boundary, restorer
 from sidecar.core import events
 from sidecar.observe import memory
 
@@ -97,3 +97,10 @@ def test_the_marker_is_what_the_template_puts_after_the_user_message() -> None:
     assert boundary.marker_text(rendered) == "<|im_end|>\n<|im_start|>assistant\n"
     assert boundary.marker_text("no sentinel here") is None
     assert boundary.marker_text(f"x{boundary.SENTINEL}") is None
+
+
+def test_a_hybrid_is_never_told_to_use_swa_full() -> None:
+    for kind in (events.Memory.HYBRID, events.Memory.RECURRENT):
+        assert "start llama-server with --swa-full" not in restorer.ineffective_hint(kind)
+        assert "cannot be cut back" in restorer.ineffective_hint(kind)
+    assert "--swa-full" in restorer.ineffective_hint(events.Memory.SWA)
