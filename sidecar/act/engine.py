@@ -18,15 +18,17 @@ that a slot action never stops the sidecar from watching:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import structlog
 
-from sidecar.act import actions, gate, memory, policy, probe, report, restorer, savings, snapshotter
+from sidecar.act import actions, boundary, gate, memory, policy, probe, report, restorer, savings, snapshotter
 from sidecar.core import config, errors, events, hashing, metrics, outcomes, protocols
-from sidecar.snapshots import manifest, store
+from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.engine")
 AGE_CHECK_EVERY = 30.0
@@ -62,10 +64,15 @@ class Engine:
         clock: protocols.Clock | None = None,
         restore_gate: gate.Gate | None = None,
         before_restore: BeforeRestore | None = None,
+        prompts: boundary.Prompts | None = None,
     ) -> None:
         """``before_restore`` is awaited at the start of each restore round (the shared store fetches
         snapshots for the empty slots then)."""
         s = settings.snapshots
+        self._prompts = prompts
+        """How the engine brings a slot back to its prompt's boundary (None: it saves slots as they are)."""
+        self._marker: list[int] | None = None
+        self._marker_read = False
         self._client = client
         self._snapshots = snapshots
         self._stats = stats
@@ -218,6 +225,9 @@ class Engine:
             self._on_event(event)
         self._latest = obs
         if obs.identity is not None:
+            kind = obs.identity.memory
+            if kind is not None and (self._identity is None or self._identity.memory != kind):
+                self._stats.memory_is(kind)
             self._identity = obs.identity
         if not self._ready(obs):
             if (obs.health is not events.Health.OK and not self._server.prechecked) or self._saver.pending:
@@ -504,6 +514,10 @@ class Engine:
                 return True  # saved already (an earlier save found this content): nothing to lose
             if view.signature != action.signature:  # it ran a turn since: save what it holds now
                 action = dataclasses.replace(action, signature=view.signature, tokens=view.tokens)
+            if self._identity.memory in (events.Memory.RECURRENT, events.Memory.HYBRID):
+                rewound = await self._to_boundary(view)  # the state the next turn can use
+                if rewound.signature is not None and rewound.signature != action.signature:
+                    action = dataclasses.replace(action, signature=rewound.signature, tokens=rewound.tokens)
             others_busy = self._processing(fresh, None, besides=action.slot)
             counters = self._latest.counters if self._latest is not None else None
             record = await self._saver.save(
@@ -521,6 +535,78 @@ class Engine:
         self._saved(action, record)
         self._export_unsaved()
         return record.result is outcomes.SaveResult.OK
+
+    async def _to_boundary(self, view: events.SlotView) -> events.SlotView:
+        """Bring ``view``'s slot back to its prompt's boundary (see :mod:`.boundary`); the slot as it is then.
+
+        Holds the action lock. Anything that goes wrong leaves the slot as it was, saved as it is.
+        """
+        if self._prompts is None or view.signature is None:
+            return view
+        started = time.perf_counter()
+        temp = self._snapshots.temp_name(view.id)
+        try:
+            marker = await self._generation_marker()
+            if not marker:
+                return view
+            await self._actions.save(view.id, temp)
+            held = await asyncio.to_thread(slotfile.read_tokens, self._snapshots.dir / temp)
+        except (errors.UpstreamError, slotfile.SlotFileError, OSError) as exc:
+            log.warning(
+                "boundary_not_found",
+                slot=view.id,
+                error=str(exc),
+                effect="the slot is saved as it is, reply included: on this model the next turn of its "
+                "conversation may not reuse that snapshot",
+            )
+            return view
+        finally:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(self._snapshots.remove, temp)
+        ids = slotfile.unpack_ids(held.data)
+        keep = boundary.target(boundary.prompt_end(ids, marker), len(ids))
+        if keep is None:
+            return view
+        try:
+            processed, reused = await self._prompts.complete_ids(view.id, ids[:keep])
+            after = await self._actions.view(view.id)
+        except errors.UpstreamError as exc:
+            log.warning("boundary_rewind_failed", slot=view.id, error=str(exc), effect="the slot is saved as it is")
+            return view
+        if after is None or after.processing or after.tokens != keep:
+            log.warning(
+                "boundary_rewind_raced",
+                slot=view.id,
+                effect="a request ran on the slot meanwhile: it is saved as it holds it now",
+            )
+            return after if after is not None and not after.processing else view
+        log.info(
+            "slot_rewound_to_boundary",
+            slot=view.id,
+            held_tokens=len(ids),
+            boundary_tokens=keep,
+            processed_tokens=processed,
+            reused_tokens=reused,
+            seconds=round(time.perf_counter() - started, 4),
+            effect="the snapshot ends where the next request of this conversation still agrees",
+        )
+        return after
+
+    async def _generation_marker(self) -> list[int] | None:
+        """The token ids of the chat template's generation prompt (read once; None: no chat template)."""
+        if self._marker_read or self._prompts is None:
+            return self._marker
+        rendered = await self._prompts.apply_template({"messages": [{"role": "user", "content": boundary.SENTINEL}]})
+        text = boundary.marker_text(rendered)
+        self._marker = await self._prompts.tokenize(text, add_special=False) if text else None
+        self._marker_read = True
+        if not self._marker:
+            log.warning(
+                "boundary_marker_missing",
+                effect="llama-server's chat template shows no generation prompt: slots of this recurrent or "
+                "hybrid model are saved as they are, reply included",
+            )
+        return self._marker
 
     @staticmethod
     def _processing(

@@ -190,6 +190,10 @@ def plan_restore(
     return RestorePlan(view.id, tuple(good), outcome, tuple(refusals))
 
 
+EXACT_MEMORY = frozenset({events.Memory.RECURRENT.value, events.Memory.HYBRID.value})
+"""Memory kinds (``Fingerprint.memory``) whose snapshots serve only requests that contain all their tokens."""
+
+
 def select_for_deletion(
     snapshots: Sequence[manifest.Manifest],
     *,
@@ -199,6 +203,7 @@ def select_for_deletion(
     now: float,
     in_use: Collection[str] = (),
     last_used: Callable[[str], float] | None = None,
+    covers: Callable[[manifest.Manifest, manifest.Manifest], bool] | None = None,
 ) -> list[tuple[manifest.Manifest, outcomes.GcReason]]:
     """Snapshots to delete under the retention rules.
 
@@ -207,7 +212,9 @@ def select_for_deletion(
     extend it, or, least recently used first, under ``max_bytes`` and
     ``max_age``. Snapshots without an index keep the per-slot rule: the
     newest ``keep_per_slot`` of a slot. Never selected: the newest snapshot
-    of each slot (a slot always keeps its last good snapshot) and ``in_use``.
+    of each slot (a slot always keeps its last good snapshot) and ``in_use``. Snapshots of a
+    model that cannot cut a state back are superseded to the token only (``covers``, see
+    ``retention.select``).
     """
     by_slot: dict[int, list[manifest.Manifest]] = {}
     for snap in manifest.newest_first(snapshots):
@@ -227,12 +234,26 @@ def select_for_deletion(
             bytes=s.bytes,
             generation=s.generation,
             last_used=used(s.file),
+            exact=s.fingerprint.memory in EXACT_MEMORY,
         )
         for s in snapshots
         if s.file not in doomed
     ]
+    exact_covers = None
+    if covers is not None:
+        cover = covers
+
+        def exact_covers(newer: retention.Kept, older: retention.Kept) -> bool:
+            return cover(by_file[newer.file], by_file[older.file])
+
     for k, why in retention.select(
-        kept, in_use=protected, keep=keep_per_slot, max_bytes=max_bytes, max_age=max_age, now=now
+        kept,
+        in_use=protected,
+        keep=keep_per_slot,
+        max_bytes=max_bytes,
+        max_age=max_age,
+        now=now,
+        covers=exact_covers,
     ):
         doomed[k.file] = (by_file[k.file], why)
     return list(doomed.values())

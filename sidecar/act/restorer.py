@@ -147,6 +147,8 @@ class Restorer:
         self._clock = clock
         self.last: list[RestoreRecord] = []
         self.unverified: dict[int, Unverified] = {}
+        self._memory: events.Memory | None = None
+        """The model's memory kind, as the newest judged observation's identity says (for the hints)."""
         """Restores waiting for their verification (the slot's next task), by slot."""
         self.savings = savings.Savings()
         """Prefill seconds the effective restores and swaps saved."""
@@ -433,6 +435,8 @@ class Restorer:
     def judge(self, obs: events.Observation) -> None:
         """Judge the unverified restores whose slot has run a task that started after the restore."""
         tasks = {view.id: view.task for view in obs.slots or ()}
+        if obs.identity is not None:
+            self._memory = obs.identity.memory
         for view in obs.slots or ():
             pending = self.unverified.get(view.id)
             if pending is None or view.task is None or view.processing or obs.at <= pending.at:
@@ -489,9 +493,8 @@ class Restorer:
             slot=slot,
             restored_tokens=pending.tokens,
             reused_tokens=reused,
-            hint="the server re-prefilled instead of reusing the restored KV. For sliding-window "
-            "models (Gemma 3, gpt-oss, ...) start llama-server with --swa-full; otherwise the "
-            "next request may have been a different conversation",
+            memory=self._memory.value if self._memory is not None else events.Memory.UNKNOWN.value,
+            hint=ineffective_hint(self._memory),
         )
 
     def _judged(self, pending: Unverified, reused: float) -> savings.Priced | None:
@@ -533,3 +536,24 @@ class Restorer:
                 reason=detail,
             )
         return RestoreRecord(slot, outcome, detail, self._clock.wall(), file, tokens, seconds, since)
+
+
+def ineffective_hint(kind: events.Memory | None) -> str:
+    """What to do about a restore the server did not reuse, by the model's memory kind. Pure."""
+    if kind in (events.Memory.RECURRENT, events.Memory.HYBRID):
+        return (
+            "the model's state cannot be cut back (recurrent or hybrid layers; --swa-full changes nothing on it): "
+            "a restored snapshot serves only a request that holds every one of its tokens, and the next request "
+            "diverged before the snapshot's end (a regenerate, an edited history, another conversation)"
+        )
+    if kind is events.Memory.SWA:
+        return (
+            "the server re-prefilled instead of reusing the restored KV: this sliding-window model needs "
+            "llama-server started with --swa-full for a restore to be reused (unless the next request was "
+            "a different conversation)"
+        )
+    return (
+        "the server re-prefilled instead of reusing the restored KV: the next request shared few tokens with "
+        "the snapshot (a different conversation); on a sliding-window model (Gemma 3, gpt-oss, ...) start "
+        "llama-server with --swa-full"
+    )

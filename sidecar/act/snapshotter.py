@@ -29,11 +29,13 @@ import structlog
 
 from sidecar.act import actions, policy
 from sidecar.core import config, errors, events, metrics, outcomes, protocols
-from sidecar.snapshots import manifest, store
+from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.snapshot")
 BACKGROUND = frozenset({policy.SaveReason.IDLE, policy.SaveReason.PERIODIC})
 """Saves nobody waits for: while other slots generate, their commit waits (see the module docstring)."""
+COVERED_KEEP = 4096
+"""Answers of ``_covers`` remembered (snapshots never change once committed)."""
 COMMIT_WAIT = 60.0
 """Longest a commit waits for a moment when no slot is processing, in seconds after the server's save."""
 
@@ -91,6 +93,7 @@ class Snapshotter:
         self._actions = slot_actions
         self._snapshots = snapshots
         self._stats = stats
+        self._covered: dict[tuple[str, str], bool] = {}
         self._settings = settings
         self._clock = clock
         self.last: SaveRecord | None = None
@@ -268,7 +271,8 @@ class Snapshotter:
         return self._fail(slot, cause, str(exc), seconds)
 
     async def collect_garbage(self) -> None:
-        doomed = policy.select_for_deletion(
+        doomed = await asyncio.to_thread(
+            policy.select_for_deletion,
             self._snapshots.snapshots(),
             keep_per_slot=self._settings.keep_per_slot,
             max_bytes=self._settings.max_bytes,
@@ -276,11 +280,29 @@ class Snapshotter:
             now=self._clock.wall(),
             in_use=self._snapshots.in_use(),
             last_used=self._snapshots.last_used,
+            covers=self._covers,
         )
         for record, reason in doomed:
             await asyncio.to_thread(self._snapshots.delete, record)
             self._stats.gc_deleted.labels(reason.value).inc()
             log.info("snapshot_deleted", file=record.file, slot=record.slot, reason=reason.value)
+
+    def _covers(self, newer: manifest.Manifest, older: manifest.Manifest) -> bool:
+        """Whether ``newer``'s file holds every token of ``older``, to the token (read from its head; cached)."""
+        if older.index is None or older.index.whole is None or newer.tokens < older.tokens:
+            return False
+        key = (newer.file, older.file)
+        known = self._covered.get(key)
+        if known is None:
+            try:
+                held = slotfile.read_tokens(self._snapshots.dir / newer.file)
+            except (OSError, slotfile.SlotFileError):
+                return False  # unreadable now: not proven, so the older one stays
+            known = slotfile.whole_hash(held.data[: older.tokens * 4]) == older.index.whole
+            if len(self._covered) > COVERED_KEEP:
+                self._covered.clear()
+            self._covered[key] = known
+        return known
 
     def skip(self, action: policy.Skip) -> SaveRecord:
         log.info("snapshot_skipped", slot=action.slot, reason=action.why)

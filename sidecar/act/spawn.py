@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Coroutine
 from typing import Any
 
-from sidecar.act import engine, gate
+from sidecar.act import boundary, engine, gate
 from sidecar.core import config, metrics, protocols
 from sidecar.observe import poller
 from sidecar.snapshots import store
@@ -42,11 +42,13 @@ def watch(
     weights: poller.Weights | None = None,
     before_restore: engine.BeforeRestore | None = None,
     detect_router: bool = False,
+    prompts: boundary.Prompts | None = None,
 ) -> Watch:
     """Wire a poller, a gate and an engine for the server ``client`` talks to.
 
     ``detect_router``: the poller raises ``errors.RouterDetected`` if the server says it is a router
-    (a plain server's watch when neither --router nor --no-router was given).
+    (a plain server's watch when neither --router nor --no-router was given). ``prompts``: how the
+    engine brings a slot of a recurrent or hybrid model back to its prompt's boundary (see ``boundary``).
     """
     poll = poller.Poller(client, settings.poll, clock=clock, weights=weights, detect_router=detect_router)
     restore_gate = gate.Gate(clock=clock, on_suspect=poll.poll_soon)
@@ -58,5 +60,6 @@ def watch(
         clock=clock,
         restore_gate=restore_gate,
         before_restore=before_restore,
+        prompts=prompts,
     )
     return Watch(core, poll, restore_gate)

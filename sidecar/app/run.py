@@ -228,6 +228,7 @@ def _plain(
         weights=weights.WeightsIdentifier(settings.snapshots.slot_dir).identify,
         before_restore=shared.warm if shared is not None else None,
         detect_router=settings.upstream.router is None,
+        prompts=client,
     )
     library = None
     if settings.proxy.host is not None:

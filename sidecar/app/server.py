@@ -123,6 +123,7 @@ async def _status(request: web.Request) -> web.Response:
             "problem": latest.problem if latest else "",
             "denied": list(latest.denied) if latest else [],
             "identity": dataclasses.asdict(st.identity) if st.identity else None,
+            "memory": st.identity.memory.value if st.identity and st.identity.memory else "unknown",
             "slot_dir_linked": st.link_ok,
         },
         "loop": {

@@ -85,6 +85,21 @@ class Adapter:
     scale: float
 
 
+class Memory(enum.StrEnum):
+    """What kind of memory the served model keeps (see ``sidecar.observe.memory``)."""
+
+    ATTENTION = "attention"
+    """Every layer attends: a restored state can be cut back to any shorter prefix."""
+    SWA = "swa"
+    """Sliding-window attention: like ``attention`` with ``--swa-full``, else the window cannot be cut back."""
+    RECURRENT = "recurrent"
+    """A recurrent state (Mamba, RWKV): it can be extended, not cut back."""
+    HYBRID = "hybrid"
+    """Recurrent or convolution layers beside attention layers (Qwen3.5, LFM2, ...): extended, not cut back."""
+    UNKNOWN = "unknown"
+    """The model file's header could not be read: handled as ``attention``."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Identity:
     """What a snapshot must match to be restored into this server."""
@@ -99,6 +114,8 @@ class Identity:
     """Checksum of the model file (``xxh3-128:<hex>``); None when the sidecar cannot read the file."""
     adapters: tuple[Adapter, ...] | None = None
     """LoRA adapters with their scales; None when the server does not say."""
+    memory: Memory | None = None
+    """The model's memory kind, from its file's GGUF header; None before it is read."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

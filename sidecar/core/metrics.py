@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from sidecar.core import outcomes
+from sidecar.core import events, outcomes
 
 NAMESPACE = "llama_sidecar"
 SNAPSHOT_RESULTS = tuple(r.value for r in outcomes.SaveResult)
@@ -66,6 +66,17 @@ class Metrics:
             registry=registry,
         )
         self.server_readable.set(1)
+        self.model_memory = Gauge(
+            "model_memory_info",
+            "1 for the memory kind of the model llama-server serves, read from its GGUF header: attention, "
+            "swa (sliding window), recurrent, hybrid (recurrent layers beside attention: snapshots end at "
+            "the prompt's boundary and match to the token), unknown (the file was not readable).",
+            ["memory"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        for kind in events.Memory:
+            self.model_memory.labels(kind.value)
         self.server_restarts = Counter(
             "server_restarts",
             "llama-server process restarts detected by the sidecar.",
@@ -449,6 +460,11 @@ class Metrics:
             self.model_snapshots.remove(model, result)
         for result in RESTORE_RESULTS:
             self.model_restores.remove(model, result)
+
+    def memory_is(self, kind: events.Memory) -> None:
+        """The served model's memory kind (``model_memory_info``)."""
+        for each in events.Memory:
+            self.model_memory.labels(each.value).set(1 if each is kind else 0)
 
     def count_model(self, counter: Counter, result: str) -> None:
         """Count one outcome in a ``model_*`` counter, in a :meth:`for_model` view only."""

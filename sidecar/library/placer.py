@@ -50,6 +50,7 @@ import structlog
 from sidecar.act import engine, policy, restorer, savings
 from sidecar.core import errors, events, metrics, outcomes, protocols
 from sidecar.library import prompt, routing, verdict
+from sidecar.observe import memory
 from sidecar.proxy import answer
 from sidecar.shared import catalog, decide, records
 from sidecar.snapshots import manifest, slotfile, store
@@ -132,6 +133,9 @@ class _Slot:
     """The slot's (task, tokens) at the last fresh read before a placement; None: not known."""
     routed_since: bool = False
     """A routed request ended there since ``seen`` was read (it explains a change of content)."""
+    restored: manifest.Index | None = None
+    """The snapshot a restore or a swap put there, while the slot holds only that: on a model that
+    cannot cut a state back the server has no checkpoints of it, so it serves only an exact prefix."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -187,26 +191,35 @@ class Placer:
 
     def emptied(self) -> None:
         for state in self._slots.values():
-            state.chain, state.ended, state.seen = (), 0.0, None
+            state.chain, state.ended, state.seen, state.restored = (), 0.0, None, None
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         state = self._slot(slot)
         state.chain = record.index.chain if record.index is not None else ()
         state.seen = None
+        state.restored = record.index
 
     def _committed(self, record: manifest.Manifest) -> None:
         """A save of a slot read idle: the slot holds what the snapshot holds (called from a worker thread)."""
         if record.index is not None:
-            self._loop.call_soon_threadsafe(self._holds, record.slot, record.index.chain)
+            seen = (record.task, record.tokens) if record.task is not None else None
+            self._loop.call_soon_threadsafe(self._holds, record.slot, record.index.chain, seen)
 
-    def _holds(self, slot: int, chain: tuple[str, ...]) -> None:
+    def _holds(self, slot: int, chain: tuple[str, ...], seen: tuple[int, int] | None = None) -> None:
         state = self._slot(slot)
-        if (
-            not state.pinned
-            and not state.lock.locked()
-            and slotfile.shared_blocks(chain, state.chain) == len(state.chain)
-        ):
+        if state.pinned or state.lock.locked():
+            return
+        shared = slotfile.shared_blocks(chain, state.chain)
+        if shared == len(state.chain):
             state.chain = chain  # the prompt routed there plus what the server generated after it
+        elif shared == len(chain) and seen is not None:
+            # Brought back to its prompt's boundary before the save (``act.boundary``): the engine's own
+            # turn on the slot, not another client's.
+            state.chain = chain
+        else:
+            return
+        if seen is not None and state.seen is not None:
+            state.seen = seen
 
     # ---- the proxy's hook -----------------------------------------------------------------
 
@@ -268,6 +281,7 @@ class Placer:
         state = self._slot(slot)
         state.used = self._clock.monotonic()
         state.routed_since = True  # its content changed by a routed request: see _fresh
+        state.restored = None  # the server ran a prompt there: it holds its own checkpoints of it
         if ended is not None and ended.outcome is outcomes.ProxyOutcome.OK and ended.status < 400:
             state.chain = plan.chain
             state.ended = self._clock.wall()
@@ -288,10 +302,11 @@ class Placer:
             except errors.UpstreamError as exc:
                 self._unrouted(outcomes.Unrouted.TOKENIZE, str(exc))
                 return outcomes.Unrouted.TOKENIZE
-            chain = slotfile.prefix_hashes(slotfile.pack_ids(ids))
+            packed = slotfile.pack_ids(ids)
+            chain = slotfile.prefix_hashes(packed)
             if not chain:
                 return None  # shorter than one block: nothing worth routing, llama-server picks
-            return await self._place(request, chain)
+            return await self._place(request, chain, packed)
         except Exception as exc:  # routing must never fail the request: it goes as it came
             self._unrouted(outcomes.Unrouted.ERROR, f"{exc.__class__.__name__}: {exc}")
             return outcomes.Unrouted.ERROR
@@ -305,7 +320,7 @@ class Placer:
             text = await self._tokenizer.apply_template(request.chat)
         return await self._tokenizer.tokenize(text)
 
-    async def _place(self, request: prompt.Prompt, chain: tuple[str, ...]) -> _Plan | outcomes.Unrouted:
+    async def _place(self, request: prompt.Prompt, chain: tuple[str, ...], packed: bytes) -> _Plan | outcomes.Unrouted:
         polled, identity = self._core.seen()
         if polled is None or polled.slots is None or identity is None:
             self._unrouted(outcomes.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
@@ -313,13 +328,18 @@ class Placer:
         obs = await self._fresh(polled)
         if obs is None or obs.slots is None:
             return outcomes.Unrouted.ERROR  # counted by _fresh
+        exact = not memory.cuts_back(identity.memory)
         library = self._library(identity, obs.slots)
+        if exact:  # a snapshot serves only a request that holds every one of its tokens
+            library = {f: v for f, v in library.items() if _exact_prefix(v[0].index, packed)}
         entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
-        decision = routing.route(chain, [self._held(v) for v in obs.slots], entries)
+        held = [self._held(v, packed if exact else None) for v in obs.slots]
+        decision = routing.route(chain, held, entries)
         found = await self._from_shared(identity, chain, decision, obs)
         if found is not None:  # the slots may have changed while the store answered
             obs = await self._fresh(obs) or obs
-            decision = routing.route(chain, [self._held(v) for v in obs.slots or ()], entries, shared=found[0])
+            held = [self._held(v, packed if exact else None) for v in obs.slots or ()]
+            decision = routing.route(chain, held, entries, shared=found[0])
         views = {v.id: v for v in obs.slots or ()}
         if decision.slot is None:  # every slot busy: llama-server queues it as it would without the sidecar
             return _Plan(verdict.Planned(decision.source, None), chain, b"")  # b"": forwarded as it came
@@ -343,6 +363,7 @@ class Placer:
                 state.chain = decision.entry.prefix  # requests of this conversation wait at the lock below
                 async with state.lock:
                     restored = await self._swap(decision, record, views[decision.slot], obs.counters)
+                state.restored = record.index if restored is not None else None
             else:
                 async with state.lock:  # a swap into this slot in flight ends first
                     restored = 0 if await self._save_for(request, decision, views) else None
@@ -520,11 +541,16 @@ class Placer:
         signature = view.signature if view.signature is not None else events.UNREAD
         return await self._core.save(policy.Save(view.id, signature, view.tokens, policy.SaveReason.SWAP))
 
-    def _held(self, view: events.SlotView) -> routing.Held:
+    def _held(self, view: events.SlotView, exact_for: bytes | None = None) -> routing.Held:
+        """What ``view``'s slot holds for routing; ``exact_for``: the request's ids, on a model that cannot
+        cut a state back (a slot holding only a restored snapshot then counts only if it is an exact prefix)."""
         state = self._slot(view.id)
+        prefix = state.chain
+        if exact_for is not None and state.restored is not None and not _exact_prefix(state.restored, exact_for):
+            prefix = ()
         return routing.Held(
             slot=view.id,
-            prefix=state.chain,
+            prefix=prefix,
             busy=view.processing or state.pinned > 0 or state.lock.locked(),
             last_used=state.used,
             dirty=self._dirty(view, state),
@@ -569,3 +595,14 @@ class Placer:
             effect="forwarded as it came: llama-server picks its slot (logged once per reason; counted in "
             "llama_sidecar_conversation_unrouted_total)",
         )
+
+
+def _exact_prefix(index: manifest.Index | None, packed: bytes) -> bool:
+    """Whether every token of the snapshot ``index`` describes is a prefix of the request's ids ``packed``.
+
+    Strictly shorter: the server needs at least one token of the request to process.
+    """
+    if index is None or index.whole is None:
+        return False
+    size = index.tokens * 4
+    return 0 < size < len(packed) and slotfile.whole_hash(packed[:size]) == index.whole

@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 
 from sidecar.core import config, errors, events, protocols
+from sidecar.observe import memory
 
 log = structlog.get_logger("sidecar.poller")
 
@@ -246,7 +247,8 @@ class Poller:
         size, params = await self._client.model_meta()
         self._adapters, self._adapters_due = None, True
         weights = await self._weights(model_path) if self._weights is not None else None
-        return {"model_size": size, "model_params": params, "weights": weights}
+        kind = await asyncio.to_thread(memory.of_file, model_path)
+        return {"model_size": size, "model_params": params, "weights": weights, "memory": kind}
 
     async def _read_adapters(self, fresh: bool) -> None:
         """LoRA adapters, once per server process, read only while the server is awake and idle.

@@ -235,9 +235,9 @@ class LlamaClient:
         return _field(_as_dict(await self._json("POST", "/apply-template", self._timeout, body), "/apply-template"),
                       "prompt", str, "/apply-template")  # fmt: skip
 
-    async def tokenize(self, text: str) -> list[int]:
+    async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         """The token ids a completion of ``text`` starts from (with BOS and special tokens, as completions do)."""
-        body = {"content": text, "add_special": True, "parse_special": True}
+        body = {"content": text, "add_special": add_special, "parse_special": True}
         answer = _as_dict(await self._json("POST", "/tokenize", self._timeout, body), "/tokenize")
         ids = _field(answer, "tokens", list, "/tokenize")
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
@@ -245,6 +245,21 @@ class LlamaClient:
                 "/tokenize answered something other than token ids", endpoint="/tokenize"
             )
         return ids
+
+    async def complete_ids(self, slot: int, ids: list[int]) -> tuple[int, int]:
+        """Run ``ids`` on ``slot`` and sample one token; returns the server's (processed, reused) prompt tokens.
+
+        The slot's state then ends at exactly ``ids`` (the sampled token is never evaluated).
+        """
+        payload: dict[str, Any] = {"prompt": ids, "n_predict": 1, "id_slot": slot, "cache_prompt": True}
+        if self.model is not None:
+            payload["model"] = self.model
+        body = _as_dict(await self._json("POST", "/completion", self._action_timeout, payload), "/completion")
+        timings = body.get("timings")
+        if not isinstance(timings, dict):
+            raise errors.UpstreamProtocolError("/completion answered without timings", endpoint="/completion")
+        processed, reused = timings.get("prompt_n"), timings.get("cache_n")
+        return (processed if isinstance(processed, int) else 0, reused if isinstance(reused, int) else 0)
 
     async def _json(self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None) -> Any:
         _, _, text = await self._request(method, path, timeout, payload)

@@ -74,7 +74,9 @@ def read_index(path: Path, events: reporting.StoreEvents) -> manifest.Index | No
     except OSError as exc:
         events.unindexed(path.name, slotdir.describe(exc))
         return None
-    return manifest.Index(held.count, slotfile.BLOCK_TOKENS, slotfile.prefix_hashes(held.data))
+    return manifest.Index(
+        held.count, slotfile.BLOCK_TOKENS, slotfile.prefix_hashes(held.data), slotfile.whole_hash(held.data)
+    )
 
 
 def free_name(directory: Path, prefix: str, slot: int, now: float) -> str:

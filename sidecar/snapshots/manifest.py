@@ -69,6 +69,8 @@ class Fingerprint:
     """Checksum of the model file, ``<algorithm>:<hex>``; None when it was not readable."""
     adapters: tuple[events.Adapter, ...] | None = None
     """LoRA adapters and scales; None when unknown."""
+    memory: str | None = None
+    """The model's memory kind (``events.Memory``) when saved; None when unknown. Shown, not compared."""
 
     @classmethod
     def of(cls, identity: events.Identity, *, n_ctx: int) -> Fingerprint:
@@ -81,6 +83,7 @@ class Fingerprint:
             total_slots=identity.total_slots,
             weights=identity.weights,
             adapters=identity.adapters,
+            memory=identity.memory.value if identity.memory is not None else None,
         )
 
 
@@ -96,6 +99,9 @@ class Index:
     tokens: int
     block: int
     chain: tuple[str, ...]
+    whole: str | None = None
+    """``slotfile.whole_hash`` of every token id, the partial last block included (None in older manifests):
+    on a model that cannot cut a state back, a snapshot serves a request only when this matches."""
 
     @property
     def key(self) -> str:
@@ -170,6 +176,7 @@ class Manifest:
                 total_slots=_int(fp, "total_slots"),
                 weights=None if fp.get("weights") is None else _str(fp, "weights"),
                 adapters=_adapters(fp),
+                memory=None if fp.get("memory") is None else _str(fp, "memory"),
             ),
             index=_index(raw),
             model=None if raw.get("model") is None else _str(raw, "model"),
@@ -266,7 +273,10 @@ def _index(raw: dict[str, Any]) -> Index | None:
     block = _int(value, "block")
     if block == 0:
         raise ValueError("manifest field 'index.block' is 0")
-    return Index(tokens=_int(value, "tokens"), block=block, chain=tuple(chain))
+    whole = value.get("whole")
+    if whole is not None and not (isinstance(whole, str) and _HASH_RE.fullmatch(whole)):
+        raise ValueError("manifest field 'index.whole' is not a hex hash")
+    return Index(tokens=_int(value, "tokens"), block=block, chain=tuple(chain), whole=whole)
 
 
 _HASH_RE = re.compile(r"[0-9a-f]{8,64}")

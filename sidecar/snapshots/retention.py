@@ -3,7 +3,12 @@
 Slots are not the unit of keeping: conversations are. A snapshot whose
 tokens are a prefix of ``keep`` newer snapshots' is superseded (the newer
 ones restore everything it would, and more; ``keep`` above 1 leaves older
-turns as a fallback should the newest file go bad). Of the rest, the least recently
+turns as a fallback should the newest file go bad). On a model whose state
+cannot be cut back (``exact``), a longer snapshot serves only requests that
+contain all of it, so a shorter one is the only one an edit of the last
+message or a regenerate can use: it is superseded only by ``keep + 1``
+newer snapshots that hold every one of its tokens (``covers`` says, to the
+token), so the previous turn always survives the next one. Of the rest, the least recently
 used go first while the library is over ``max_bytes``, and any older than
 ``max_age``. A conversation in use (restored into a slot, being swapped,
 being uploaded) is never selected.
@@ -12,7 +17,7 @@ being uploaded) is never selected.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from sidecar.core import outcomes
 
@@ -28,6 +33,8 @@ class Kept:
     """Commit order: higher is newer, whatever the wall clock did."""
     last_used: float
     """Unix time of the last save, restore or request that used it."""
+    exact: bool = False
+    """Saved from a model whose state cannot be cut back (recurrent or hybrid)."""
 
 
 def select(
@@ -38,14 +45,25 @@ def select(
     max_bytes: int,
     max_age: float,
     now: float,
+    covers: Callable[[Kept, Kept], bool] | None = None,
 ) -> list[tuple[Kept, outcomes.GcReason]]:
-    """Snapshots to delete, each with its reason; ``in_use`` names files never to select."""
+    """Snapshots to delete, each with its reason; ``in_use`` names files never to select.
+
+    ``covers(newer, older)``: whether ``newer`` holds every token of ``older``, the partial last
+    block included (for ``exact`` snapshots; without it they are never superseded).
+    """
     doomed: dict[str, tuple[Kept, outcomes.GcReason]] = {}
     newest_first = sorted(kept, key=lambda k: k.generation, reverse=True)
     for i, old in enumerate(newest_first):
         if old.file in in_use or not old.prefix:
             continue
-        if sum(_extends(newer.prefix, old.prefix) for newer in newest_first[:i]) >= max(1, keep):
+        if old.exact:
+            if covers is None:
+                continue
+            extenders = sum(_extends(newer.prefix, old.prefix) and covers(newer, old) for newer in newest_first[:i])
+            if extenders >= max(1, keep) + 1:
+                doomed[old.file] = (old, outcomes.GcReason.SUPERSEDED)
+        elif sum(_extends(newer.prefix, old.prefix) for newer in newest_first[:i]) >= max(1, keep):
             doomed[old.file] = (old, outcomes.GcReason.SUPERSEDED)
     if max_age > 0:
         for k in kept:

@@ -131,6 +131,16 @@ def pack_ids(ids: list[int]) -> bytes:
     return struct.pack(f"<{len(ids)}i", *ids)
 
 
+def unpack_ids(tokens: bytes) -> list[int]:
+    """The token ids in raw little-endian 32-bit words (the inverse of :func:`pack_ids`)."""
+    return list(struct.unpack(f"<{len(tokens) // _WORD}i", tokens[: len(tokens) // _WORD * _WORD]))
+
+
+def whole_hash(tokens: bytes) -> str:
+    """One hash of every id in ``tokens`` (the partial last block included): equal exactly when the ids are."""
+    return hashlib.blake2b(b"whole:" + tokens, digest_size=16).hexdigest()
+
+
 def shared_blocks(a: tuple[str, ...], b: tuple[str, ...]) -> int:
     """How many leading blocks two hash chains share."""
     n = 0

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from support import tinymodels
 from support.llamabed import LlamaServer, MakeServer, llama_server_binary, model_path
 from support.report import SUMMARY
 from support.sidecarbed import MakeSidecar, SidecarProcess
@@ -35,6 +36,12 @@ def model() -> Path:
     return model_path()
 
 
+@pytest.fixture(scope="session")
+def tiny_models(model: Path) -> dict[tinymodels.Arch, Path]:
+    """Tiny random-weight hybrid models, one per architecture (written once per machine, see tinymodels)."""
+    return {arch: tinymodels.model(arch, tokenizer_from=model) for arch in tinymodels.Arch}
+
+
 @pytest.fixture
 def llama(llama_binary: Path, model: Path, tmp_path: Path) -> Iterator[MakeServer]:
     """Factory: `make(slot_dir=..., n_slots=1, start=True, **kw)` -> a healthy server.
@@ -45,7 +52,8 @@ def llama(llama_binary: Path, model: Path, tmp_path: Path) -> Iterator[MakeServe
 
     def make(slot_dir: Path | None = None, n_slots: int = 1, start: bool = True, **kw: Any) -> LlamaServer:
         kw.setdefault("log_dir", tmp_path)
-        server = LlamaServer(llama_binary, model, slot_dir=slot_dir, n_slots=n_slots, **kw)
+        served = kw.pop("model", None) or model  # another model file (a tiny hybrid) instead of the test model
+        server = LlamaServer(llama_binary, served, slot_dir=slot_dir, n_slots=n_slots, **kw)
         made.append(server)
         if start:
             server.start()

@@ -57,7 +57,8 @@ def commit(snaps: store.SnapshotStore, data: bytes, slot: int = 0) -> manifest.M
 def test_commit_records_token_count_and_chain_and_nothing_of_the_ids(snaps: store.SnapshotStore) -> None:
     ids = conversation(1, 3)
     record = commit(snaps, slot_file(ids))
-    assert record.index == manifest.Index(len(ids), BLOCK, slotfile.prefix_hashes(slotfile.pack_ids(ids)))
+    packed = slotfile.pack_ids(ids)
+    assert record.index == manifest.Index(len(ids), BLOCK, slotfile.prefix_hashes(packed), slotfile.whole_hash(packed))
     text = (snaps.dir / record.file.replace(".bin", ".json")).read_text()
     assert json.loads(text)["index"]["chain"] == list(record.index.chain)
     assert str(ids[7]) not in text  # hashes only

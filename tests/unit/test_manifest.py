@@ -65,6 +65,7 @@ def test_json_records_format_and_fingerprint() -> None:
         "total_slots": 4,
         "weights": "xxh3-128:" + "0f" * 16,
         "adapters": [{"id": 0, "path": "/models/style.gguf", "scale": 0.5}],
+        "memory": None,
     }
 
 

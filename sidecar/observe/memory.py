@@ -1,0 +1,174 @@
+"""What kind of memory the served model keeps, read from its GGUF header.
+
+Whether a snapshot can serve a request depends on the model's memory:
+
+* ``attention``: the KV of every layer can be cut back to any shorter
+  prefix, so a snapshot serves any request that shares a prefix with it.
+* ``swa``: sliding-window attention (Gemma 2/3, gpt-oss, ...). With
+  ``--swa-full`` it behaves like ``attention``; without it the window cannot
+  be cut back. llama-server does not say over HTTP whether ``--swa-full`` is
+  on, so the sidecar treats the cache as full, as before, and a restore the
+  server does not reuse is reported with the ``--swa-full`` hint.
+* ``recurrent`` (Mamba, RWKV) and ``hybrid`` (Qwen3.5/3.6, LFM2, Granite 4
+  hybrid, Nemotron-H, Falcon-H1, Jamba, ...): a recurrent state can be
+  extended but not cut back. A snapshot serves a request only when all of
+  its tokens are a prefix of it, so snapshots are taken at the prompt's
+  boundary and matched to the token.
+
+The kind comes from ``general.architecture`` (the lists are those of the
+pinned llama.cpp's ``llm_arch_is_recurrent`` and ``llm_arch_is_hybrid`` in
+``src/llama-arch.cpp``) and ``<arch>.attention.sliding_window``. The header
+is read once per model file (:func:`read`, blocking: call it in a thread).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import BinaryIO
+
+import structlog
+
+from sidecar.core import events
+
+log = structlog.get_logger("sidecar.memory")
+
+Kind = events.Memory
+
+
+RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+HYBRID = frozenset(
+    {
+        "jamba",
+        "falcon-h1",
+        "plamo2",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "qwen3next",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "minimax-01",
+    }
+)
+
+
+def classify(architecture: str | None, *, sliding_window: int = 0) -> Kind:
+    """The memory kind of a model of ``architecture`` (None: unknown). Pure."""
+    if architecture is None:
+        return Kind.UNKNOWN
+    if architecture in RECURRENT:
+        return Kind.RECURRENT
+    if architecture in HYBRID:
+        return Kind.HYBRID
+    if sliding_window > 0:
+        return Kind.SWA
+    return Kind.ATTENTION
+
+
+def cuts_back(kind: Kind | None) -> bool:
+    """Whether a restored state serves a request that agrees with only part of it."""
+    return kind not in (Kind.RECURRENT, Kind.HYBRID)
+
+
+def read(path: Path) -> Kind:
+    """The memory kind of the model file at ``path``; raises OSError or ValueError if it is not readable GGUF."""
+    with path.open("rb") as fh:
+        architecture, window = _header(fh)
+    return classify(architecture, sliding_window=window)
+
+
+_GGUF = b"GGUF"
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def _header(fh: BinaryIO) -> tuple[str | None, int]:
+    """``general.architecture`` and ``<arch>.attention.sliding_window`` (0 when absent) of a GGUF file."""
+    if fh.read(4) != _GGUF:
+        raise ValueError("not a GGUF file (no 'GGUF' magic)")
+    (version,) = struct.unpack("<I", _exact(fh, 4))
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is too old to read")
+    _, n_kv = struct.unpack("<QQ", _exact(fh, 16))
+    architecture: str | None = None
+    window = 0
+    for _ in range(n_kv):
+        key = _string(fh)
+        (vtype,) = struct.unpack("<I", _exact(fh, 4))
+        if key == "general.architecture" and vtype == _STRING:
+            architecture = _string(fh)
+        elif architecture is not None and key == f"{architecture}.attention.sliding_window" and vtype in _SCALARS:
+            window = int(_scalar(fh, vtype))
+        else:
+            _skip(fh, vtype)
+    return architecture, window
+
+
+def _exact(fh: BinaryIO, n: int) -> bytes:
+    data = fh.read(n)
+    if len(data) != n:
+        raise ValueError("GGUF header ends early")
+    return data
+
+
+def _string(fh: BinaryIO) -> str:
+    (n,) = struct.unpack("<Q", _exact(fh, 8))
+    return _exact(fh, n).decode("utf-8", errors="replace")
+
+
+def _scalar(fh: BinaryIO, vtype: int) -> float | int | bool:
+    fmt = _SCALARS[vtype]
+    value: float | int | bool = struct.unpack(fmt, _exact(fh, struct.calcsize(fmt)))[0]
+    return value
+
+
+def _skip(fh: BinaryIO, vtype: int) -> None:
+    if vtype in _SCALARS:
+        fh.seek(struct.calcsize(_SCALARS[vtype]), 1)
+    elif vtype == _STRING:
+        (n,) = struct.unpack("<Q", _exact(fh, 8))
+        fh.seek(n, 1)
+    elif vtype == _ARRAY:
+        item, count = struct.unpack("<IQ", _exact(fh, 12))
+        if item in _SCALARS:
+            fh.seek(count * struct.calcsize(_SCALARS[item]), 1)
+        else:
+            for _ in range(count):
+                _skip(fh, item)
+    else:
+        raise ValueError(f"GGUF value type {vtype} is unknown")
+
+
+_said: set[str] = set()
+
+
+def of_file(model_path: str) -> Kind:
+    """:func:`read` for the model llama-server reports; ``unknown`` (said once per path) if unreadable."""
+    try:
+        kind = read(Path(model_path))
+    except (OSError, ValueError) as exc:
+        if model_path not in _said:
+            _said.add(model_path)
+            log.warning(
+                "model_memory_unknown",
+                model_path=model_path,
+                error=f"{type(exc).__name__}: {exc}",
+                effect="the model is handled as attention-only: on a hybrid or recurrent model (Qwen3.5, LFM2, "
+                "Mamba, ...) snapshots then end after the reply and restores may not be reused",
+                hint="let the sidecar read the model file at the path llama-server reports (mount the model "
+                "directory read-only into the sidecar at the same path)",
+            )
+        return Kind.UNKNOWN
+    if model_path not in _said:
+        _said.add(model_path)
+        log.info("model_memory", model_path=model_path, memory=kind.value, cuts_back=cuts_back(kind))
+    return kind

@@ -1,0 +1,152 @@
+"""Hybrid models (a recurrent state beside attention) against the real server, beside it and through the proxy.
+
+The models are tiny random-weight GGUFs of the `qwen35` (Gated DeltaNet) and
+`lfm2` (short convolutions) architectures (see support.tinymodels): their
+state can be extended but not cut back, as on Qwen3.5/3.6 and LFM2. Chat
+turns re-render the previous reply through the chat template, so a snapshot
+taken after the reply is useless to the next turn; a snapshot at the
+previous prompt's boundary serves it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.snapshots import slotfile
+from support import tinymodels
+from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt
+from support.net import free_port
+from support.sidecarbed import MakeSidecar, SidecarProcess, manifests
+
+PROMPT_TOKENS = 900
+WARM = 0.9
+"""Share of a conversation's previous prompt its next turn must find cached."""
+ARCHS = [tinymodels.Arch.QWEN35, tinymodels.Arch.LFM2]
+
+
+class Chat:
+    """One chat conversation: a long first message, short follow-ups, replies as the server wrote them."""
+
+    def __init__(self, n: int, text: str) -> None:
+        self.n = n
+        self.messages: list[dict[str, str]] = [{"role": "user", "content": text}]
+        self.prompt_tokens = 0
+        """Prompt tokens of the last turn."""
+
+    def send(self, url: str, messages: list[dict[str, str]] | None = None) -> dict[str, Any]:
+        body = {"messages": messages or self.messages, "max_tokens": 8, "temperature": 0}
+        status, answer = http_json("POST", url + "/v1/chat/completions", body, timeout=300)
+        assert status == 200, answer
+        result: dict[str, Any] = answer
+        return result
+
+    def turn(self, url: str) -> tuple[int, int]:
+        """Send the conversation and add the reply and a follow-up; returns (cache_n, the previous prompt's tokens)."""
+        answer = self.send(url)
+        earlier = self.prompt_tokens
+        self.prompt_tokens = answer["usage"]["prompt_tokens"]
+        self.messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+        self.messages.append({"role": "user", "content": f"And what does record {self.n} say next?"})
+        return int(answer["timings"]["cache_n"]), earlier
+
+
+def _server(llama: MakeServer, tiny_models: dict[tinymodels.Arch, Path], arch: tinymodels.Arch, slot_dir: Path,
+            **kw: Any) -> LlamaServer:  # fmt: skip
+    return llama(slot_dir=slot_dir, model=tiny_models[arch], ctx_size=4096, swa_full=False, **kw)
+
+
+def _newest_tokens(slot_dir: Path) -> int:
+    newest = max(manifests(slot_dir), key=lambda name: json.loads((slot_dir / name).read_text())["generation"])
+    return int(json.loads((slot_dir / newest).read_text())["tokens"])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_beside_the_server_the_next_chat_turn_after_a_kill9_is_warm(
+    llama: MakeServer,
+    sidecar: MakeSidecar,
+    tiny_models: dict[tinymodels.Arch, Path],
+    arch: tinymodels.Arch,
+    slot_dir: Path,
+) -> None:
+    server = _server(llama, tiny_models, arch, slot_dir)
+    side = sidecar(server, slot_dir)
+    chat = Chat(1, make_prompt(server.url, PROMPT_TOKENS, seed=11))
+    chat.turn(server.url)
+    side.wait_saved(1)
+    side.wait_for(lambda: side.status()["server"]["memory"] == "hybrid", what="the memory kind in /status")
+    # The snapshot ends 3 tokens before the prompt's end, not after the reply.
+    assert _newest_tokens(slot_dir) == chat.prompt_tokens - 3
+    server.restart()
+    side.wait_restored(1)
+    reused, earlier = chat.turn(server.url)
+    assert reused >= WARM * earlier, (reused, earlier)
+    side.wait_for(
+        lambda: side.metric("llama_sidecar_restore_verifications_total", outcome="effective") == 1,
+        what="the restore judged effective",
+    )
+    assert side.metric("llama_sidecar_model_memory_info", memory="hybrid") == 1
+
+
+def _saved_at_boundary(chat: Chat, server: str, slot_dir: Path) -> bool:
+    """Whether a snapshot holds exactly the chat's last prompt less its last 3 tokens."""
+    _, templated = http_json("POST", server + "/apply-template", {"messages": chat.messages[:-1]})
+    body = {"content": templated["prompt"], "add_special": True, "parse_special": True}
+    _, ids = http_json("POST", server + "/tokenize", body)
+    want = slotfile.whole_hash(slotfile.pack_ids(ids["tokens"][: chat.prompt_tokens - 3]))
+    indexes = [json.loads((slot_dir / name).read_text()).get("index") or {} for name in manifests(slot_dir)]
+    return any(index.get("whole") == want for index in indexes)
+
+
+def _verdicts(side: SidecarProcess) -> tuple[float, float]:
+    return (
+        side.metric("llama_sidecar_restore_verifications_total", outcome="effective"),
+        side.metric("llama_sidecar_restore_verifications_total", outcome="ineffective"),
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_through_the_proxy_two_chats_taking_turns_on_one_slot_stay_warm_and_come_back_after_kill9(
+    llama: MakeServer,
+    sidecar: MakeSidecar,
+    tiny_models: dict[tinymodels.Arch, Path],
+    arch: tinymodels.Arch,
+    slot_dir: Path,
+) -> None:
+    server = _server(llama, tiny_models, arch, slot_dir)
+    port = free_port()
+    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}"})
+    proxy = f"http://127.0.0.1:{port}"
+    side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
+    chats = [Chat(n, make_prompt(server.url, PROMPT_TOKENS, seed=40 + n)) for n in range(2)]
+    for turn in range(4):
+        for chat in chats:
+            reused, earlier = chat.turn(proxy)
+            print(f"turn {turn + 1}, chat {chat.n}: reused {reused} of the previous prompt's {earlier}")
+            if turn:
+                assert reused >= WARM * earlier, (turn, chat.n, reused, earlier)
+    side.wait_for(
+        lambda: all(_saved_at_boundary(chat, server.url, slot_dir) for chat in chats),
+        what="both conversations saved at their last prompt's boundary",
+    )
+    server.restart()
+    for chat in chats:
+        reused, earlier = chat.turn(proxy)
+        print(f"after kill -9, chat {chat.n}: reused {reused} of {earlier}")
+        assert reused >= WARM * earlier, (chat.n, reused, earlier)
+
+    # A regenerate (the last turn sent again) and an edited history (the last message changed):
+    # each is served by what the model can use, never by a snapshot it cannot.
+    last = chats[1].messages[:-2]
+    regenerate = chats[1].send(proxy, last)
+    assert regenerate["timings"]["cache_n"] >= WARM * chats[1].prompt_tokens
+    edited = [*chats[0].messages[:-3], {"role": "user", "content": chats[0].messages[-3]["content"] + " Briefly."}]
+    answer = chats[0].send(proxy, edited)
+    assert answer["timings"]["cache_n"] > 0
+    side.wait_for(lambda: not side.status()["slots"][0]["processing"], what="the slot idle")
+    assert side.metric("llama_sidecar_conversation_unrouted_total", reason="swap") == 0
+    side.wait_for(lambda: _verdicts(side)[0] >= 1, what="a restore judged")
+    assert _verdicts(side)[1] == 0

@@ -1,0 +1,106 @@
+"""The model's memory kind from its GGUF header, and the boundary a snapshot of such a model ends at."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from sidecar.act import boundary, restorer
+from sidecar.core import events
+from sidecar.observe import memory
+
+
+def _gguf(path: Path, kv: list[tuple[str, int, bytes]]) -> Path:
+    """A GGUF v3 header with ``kv`` (key, value type, packed value) and no tensors."""
+    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv))
+    for key, vtype, value in kv:
+        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + value
+    path.write_bytes(out)
+    return path
+
+
+def _str(text: str) -> bytes:
+    return struct.pack("<Q", len(text)) + text.encode()
+
+
+def _tokens(n: int) -> bytes:
+    """An array of ``n`` strings, like ``tokenizer.ggml.tokens``."""
+    return struct.pack("<IQ", 8, n) + b"".join(_str(f"t{i}") for i in range(n))
+
+
+@pytest.mark.parametrize(
+    ("arch", "window", "kind"),
+    [
+        ("qwen35", 0, events.Memory.HYBRID),
+        ("lfm2", 0, events.Memory.HYBRID),
+        ("granitehybrid", 0, events.Memory.HYBRID),
+        ("nemotron_h", 0, events.Memory.HYBRID),
+        ("mamba2", 0, events.Memory.RECURRENT),
+        ("gemma3", 512, events.Memory.SWA),
+        ("qwen3", 0, events.Memory.ATTENTION),
+        ("llama", 0, events.Memory.ATTENTION),
+    ],
+)
+def test_kind_from_the_header(tmp_path: Path, arch: str, window: int, kind: events.Memory) -> None:
+    kv = [
+        ("general.name", 8, _str("x")),
+        ("general.architecture", 8, _str(arch)),
+        ("tokenizer.ggml.tokens", 9, _tokens(50)),
+        (f"{arch}.block_count", 4, struct.pack("<I", 4)),
+    ]
+    if window:
+        kv.append((f"{arch}.attention.sliding_window", 4, struct.pack("<I", window)))
+    assert memory.read(_gguf(tmp_path / "m.gguf", kv)) is kind
+    assert memory.cuts_back(kind) is (kind not in (events.Memory.HYBRID, events.Memory.RECURRENT))
+
+
+def test_an_unreadable_file_is_unknown_and_handled_as_attention(tmp_path: Path) -> None:
+    (tmp_path / "bad.gguf").write_bytes(b"GGML....")
+    with pytest.raises(ValueError, match="magic"):
+        memory.read(tmp_path / "bad.gguf")
+    assert memory.of_file(str(tmp_path / "bad.gguf")) is events.Memory.UNKNOWN
+    assert memory.of_file(str(tmp_path / "absent.gguf")) is events.Memory.UNKNOWN
+    assert memory.cuts_back(events.Memory.UNKNOWN)
+
+
+def test_a_header_cut_short_is_an_error(tmp_path: Path) -> None:
+    path = _gguf(tmp_path / "m.gguf", [("general.architecture", 8, _str("qwen35"))])
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(ValueError, match="ends early"):
+        memory.read(path)
+
+
+MARKER = [7, 8, 9]
+
+
+def test_the_prompt_ends_after_the_last_generation_prompt() -> None:
+    ids = [1, 2, 7, 8, 9, 3, 4, 5, 7, 8, 9, 40, 41, 42, 43]  # two turns, then the reply 40..43
+    assert boundary.prompt_end(ids, MARKER) == 11
+    assert boundary.target(11, len(ids)) == 11 - boundary.MARGIN
+    assert boundary.prompt_end([1, 2, 3], MARKER) is None
+    assert boundary.prompt_end(ids, []) is None
+    merged = [1, 2, 70, 8, 9, 40]  # the message's last token took the marker's first
+    assert boundary.prompt_end(merged, MARKER) == 5
+
+
+def test_no_rewind_when_the_slot_holds_nothing_past_the_boundary() -> None:
+    assert boundary.target(None, 100) is None
+    assert boundary.target(50, 47) is None  # already at the boundary (saved before)
+    assert boundary.target(2, 10) is None  # no prompt to speak of
+    assert boundary.target(50, 60) == 47
+
+
+def test_the_marker_is_what_the_template_puts_after_the_user_message() -> None:
+    rendered = f"<|im_start|>user\n{boundary.SENTINEL}<|im_end|>\n<|im_start|>assistant\n"
+    assert boundary.marker_text(rendered) == "<|im_end|>\n<|im_start|>assistant\n"
+    assert boundary.marker_text("no sentinel here") is None
+    assert boundary.marker_text(f"x{boundary.SENTINEL}") is None
+
+
+def test_a_hybrid_is_never_told_to_use_swa_full() -> None:
+    for kind in (events.Memory.HYBRID, events.Memory.RECURRENT):
+        assert "start llama-server with --swa-full" not in restorer.ineffective_hint(kind)
+        assert "cannot be cut back" in restorer.ineffective_hint(kind)
+    assert "--swa-full" in restorer.ineffective_hint(events.Memory.SWA)
