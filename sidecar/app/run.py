@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -36,7 +37,7 @@ from prometheus_client import CollectorRegistry
 
 import sidecar
 from sidecar.act import engine, gate, report, spawn
-from sidecar.app import reports, server
+from sidecar.app import figures, history, reports, server
 from sidecar.core import config, errors, metrics, protocols
 from sidecar.library import placer
 from sidecar.observe import upstream, weights
@@ -160,12 +161,16 @@ async def _run(
         wire = _router if settings.upstream.router else _plain
         parts = wire(settings, client, snapshots, stats)
         watch = watcher.Watcher(snapshots, stats, lock)
+        samples = history.History()
         app = server.make_app(
             source=parts.core,
             snapshots=snapshots,
             registry=registry,
             settings=settings.server,
             liveness=report.Liveness.of(settings),
+            samples=samples,
+            caps=(settings.snapshots.max_bytes, settings.snapshots.min_free_bytes),
+            shared=parts.shared,
         )
         handle = await server.start(app, settings.server)
         log.info("listening", host=handle.host, port=handle.port)
@@ -178,7 +183,7 @@ async def _run(
         if ready is not None:
             ready.set()
         try:
-            await _tasks(parts, watch, stop)
+            await _tasks(parts, watch, stop, _sample(samples, registry, parts.core))
         except* Terminate:
             log.info("stopping", reason="signal")
         finally:
@@ -201,9 +206,12 @@ async def _load(settings: config.Settings, snapshots: store.SnapshotStore) -> No
     )
 
 
-async def _tasks(parts: _Parts, watch: watcher.Watcher, stop: asyncio.Event) -> None:
+async def _tasks(
+    parts: _Parts, watch: watcher.Watcher, stop: asyncio.Event, sampler: Coroutine[Any, Any, None]
+) -> None:
     """Run every task until one fails or the stop flag is set (then :class:`Terminate` is raised)."""
     async with asyncio.TaskGroup() as group:
+        group.create_task(sampler, name="history")
         for name, loop_ in parts.loops.items():
             group.create_task(loop_, name=name)
         group.create_task(watch.run(), name="watcher")
@@ -285,6 +293,13 @@ def _force_exit(budget: float) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(EXIT_STATUS_FORCED)
+
+
+async def _sample(samples: history.History, registry: CollectorRegistry, core: report.StatusSource) -> None:
+    """The ``history`` task: a sample of the page's figures every ``history.SAMPLE_SECONDS``, in memory only."""
+    while True:
+        samples.add(figures.sample(registry, core.status(), at=time.time()))
+        await asyncio.sleep(history.SAMPLE_SECONDS)
 
 
 def _shared_store(

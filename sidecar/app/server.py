@@ -5,7 +5,8 @@ loop makes progress: a kubelet liveness probe restarts a stuck sidecar),
 ``/readyz`` (llama-server healthy and readable with our key, the slot dir
 writable and linked, and no restore round owed or running: the restore
 gate open), ``/status`` (JSON for humans and scripts; optionally behind
-the admin token). ``POST /snapshot`` and ``POST /restore`` exist
+the admin token), ``/`` (the status page for people: HTML, the same
+access as ``/status``). ``POST /snapshot`` and ``POST /restore`` exist
 only with an admin token and answer 401 without it.
 
 Handlers read the engine through ``report.StatusSource`` only: one frozen
@@ -17,14 +18,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+import sidecar
 from sidecar.act import report
+from sidecar.app import figures, history, page, view
 from sidecar.core import config, events, protocols
 from sidecar.snapshots import store
+
+
+class SharedView(Protocol):
+    """What the page shows of the shared store (``shared.service.SharedStore``)."""
+
+    def describe(self) -> str: ...
+
+    def waiting(self) -> frozenset[str]:
+        """Files still waiting for their upload."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,6 +48,10 @@ class _Context:
     settings: config.ServerSettings
     liveness: report.Liveness
     clock: protocols.Clock
+    history: history.History
+    caps: tuple[int, int]
+    """--max-bytes and --min-free-bytes, for the page's disk figures."""
+    shared: SharedView | None
 
 
 CONTEXT_KEY: web.AppKey[_Context] = web.AppKey("context")
@@ -48,9 +65,23 @@ def make_app(
     settings: config.ServerSettings,
     liveness: report.Liveness,
     clock: protocols.Clock | None = None,
+    samples: history.History | None = None,
+    caps: tuple[int, int] = (0, 0),
+    shared: SharedView | None = None,
 ) -> web.Application:
     app = web.Application(client_max_size=64 << 10)
-    app[CONTEXT_KEY] = _Context(source, snapshots, registry, settings, liveness, clock or protocols.SystemClock())
+    app[CONTEXT_KEY] = _Context(
+        source,
+        snapshots,
+        registry,
+        settings,
+        liveness,
+        clock or protocols.SystemClock(),
+        samples or history.History(),
+        caps,
+        shared,
+    )
+    app.router.add_get("/", _page)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -146,6 +177,32 @@ async def _status(request: web.Request) -> web.Response:
         "ready": not _readiness(ctx, st),
     }
     return web.json_response(body)
+
+
+async def _page(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT_KEY]
+    if ctx.settings.status_requires_token and (denied := _authorized(request)) is not None:
+        return denied
+    st = ctx.source.status()
+    usage = await asyncio.to_thread(ctx.snapshots.usage)
+    inputs = view.Inputs(
+        status=st,
+        library=[(m, ctx.snapshots.last_used(m.file)) for m in ctx.snapshots.library()],
+        usage=usage,
+        max_bytes=ctx.caps[0],
+        min_free_bytes=ctx.caps[1],
+        figures=figures.read(ctx.registry, st),
+        samples=ctx.history.samples(),
+        now=ctx.clock.wall(),
+        shared=ctx.shared.describe() if ctx.shared is not None else None,
+        waiting=ctx.shared.waiting() if ctx.shared is not None else frozenset(),
+        version=sidecar.__version__,
+    )
+    return web.Response(
+        text=page.render(view.build(inputs)),
+        content_type="text/html",
+        headers={"Cache-Control": "no-store", "Content-Security-Policy": page.CSP, "X-Content-Type-Options": "nosniff"},
+    )
 
 
 def _authorized(request: web.Request) -> web.Response | None:

@@ -71,6 +71,14 @@ class SharedStore:
     def _count(self, exc: errors.SharedStoreError) -> None:
         self._stats.shared_errors.labels(exc.operation if exc.operation in metrics.SHARED_OPERATIONS else "get").inc()
 
+    def describe(self) -> str:
+        """Where the store is, without credentials."""
+        return self.where.describe()
+
+    def waiting(self) -> frozenset[str]:
+        """Local snapshots still waiting for their upload."""
+        return self.uploader.waiting()
+
     def offer(self, record: manifest.Manifest) -> None:
         """Queue a committed snapshot for upload (any thread)."""
         self.uploader.offer(record)

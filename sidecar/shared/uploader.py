@@ -95,6 +95,9 @@ class Uploader:
     def pending(self) -> int:
         return len(self._waiting)
 
+    def waiting(self) -> frozenset[str]:
+        return frozenset(self._waiting)
+
     async def run(self) -> None:
         """The ``uploader`` task: offer every local snapshot, then publish what is queued, for ever."""
         self._loop = asyncio.get_running_loop()

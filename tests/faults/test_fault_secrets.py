@@ -75,13 +75,17 @@ async def test_status_can_require_the_admin_token(fake: FakeLlama, slot_dir: Pat
     settings = dataclasses.replace(settings, server=dataclasses.replace(settings.server, status_requires_token=True))
     async with run_sidecar(settings) as car:
         await eventually(lambda: car.metric("snapshots_total", slot="0", result="ok"), what="a snapshot")
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {ADMIN}"}):
-            code, body = await car.request("GET", "/status", headers=headers)
-            assert code == 401, (headers, body)
-            assert "slot0-" not in body
+        for path in ("/status", "/"):  # the status page has the same access as /status
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {ADMIN}"}):
+                code, body = await car.request("GET", path, headers=headers)
+                assert code == 401, (path, headers, body)
+                assert "slot0-" not in body
         code, body = await car.request("GET", "/status", headers={"Authorization": f"bearer {ADMIN}"})
         assert code == 200, body
         assert json.loads(body)["snapshots"]["0"]
+        code, body = await car.request("GET", "/", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert code == 200, body
+        assert "<h2>Slots</h2>" in body
         for path in ("/healthz", "/readyz", "/metrics"):  # probes and scrapes need no token
             code, body = await car.get(path)
             assert code == 200, (path, body)
@@ -91,4 +95,6 @@ async def test_status_can_require_the_admin_token(fake: FakeLlama, slot_dir: Pat
 async def test_status_is_open_by_default(fake: FakeLlama, slot_dir: Path) -> None:
     async with run_sidecar(make_settings(fake.url, slot_dir, admin_token=ADMIN)) as car:
         code, body = await car.get("/status")
+        assert code == 200, body
+        code, body = await car.get("/")
         assert code == 200, body
