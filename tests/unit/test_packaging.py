@@ -40,3 +40,9 @@ def test_a_plain_install_names_no_s3_client_and_the_s3_extra_does() -> None:
     assert "aiohttp" in plain
     assert plain & S3_CLIENTS == set(), f"pip install . would pull {plain & S3_CLIENTS}"
     assert any(_name(r) == "aiobotocore" and 'extra == "s3"' in r for r in installed)
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    """pytest imports test files by their base name (no __init__.py in the folders): two of one name stop collection."""
+    names = [path.name for path in Path(__file__).parents[1].glob("*/test_*.py")]
+    assert sorted(name for name in set(names) if names.count(name) > 1) == []
