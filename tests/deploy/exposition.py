@@ -122,7 +122,13 @@ def sidecar_registry() -> CollectorRegistry:
     unrouted = Counter("conversation_unrouted", "Requests not routed", ["reason"], namespace=ns, registry=registry)
     for reason in UNROUTED_REASONS:
         unrouted.labels(reason=reason).inc(1)
+    unserved = Counter("conversation_unserved", "Routed, not served", ["reason"], namespace=ns, registry=registry)
+    for reason in ("rejected", "cut", "cancelled"):
+        unserved.labels(reason=reason).inc(1)
     Counter("library_tokens", "Tokens served from the library", namespace=ns, registry=registry).inc(52000)
+    memory = Gauge("model_memory_info", "The model's memory kind", ["memory"], namespace=ns, registry=registry)
+    for kind in ("attention", "swa", "recurrent", "hybrid", "unknown"):
+        memory.labels(memory=kind).set(1 if kind == "attention" else 0)
     swap = Histogram("swap_duration_seconds", "Swap time", namespace=ns, registry=registry)
     for seconds in (0.12, 0.3, 0.45, 1.1):
         swap.observe(seconds)
@@ -146,6 +152,9 @@ def sidecar_registry() -> CollectorRegistry:
     for operation in SHARED_OPERATIONS:
         shared_errors.labels(operation=operation).inc(1)
     Gauge("shared_store_pending_uploads", "Uploads waiting", namespace=ns, registry=registry).set(2)
+    refused = Counter("shared_store_refused", "Shared objects refused", ["reason"], namespace=ns, registry=registry)
+    for reason in ("incompatible", "corrupt", "oversized"):
+        refused.labels(reason=reason).inc(1)
     model_up = Gauge("model_up", "Router mode: model loaded", ["model"], namespace=ns, registry=registry)
     by_model = ["model", "result"]
     model_snapshots = Counter("model_snapshots", "Snapshots by model", by_model, namespace=ns, registry=registry)
