@@ -1,7 +1,7 @@
 """`python -m bench`: run the benchmarks, print tables, write a PNG and a JSON.
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
-footprint, scaling, proxy, restore, hashing, library, shared, agents. Progress goes to stderr, results to
+footprint, scaling, proxy, restore, hashing, library, shared, agents, hybrid. Progress goes to stderr, results to
 stdout, ending with one verdict line per goal (MET, MISSED or NO VERDICT, with the figures).
 The exit status is 1 when a goal was missed.
 """
@@ -21,6 +21,7 @@ from bench import REPO_ROOT, goals, machine, plot, rig, scaling
 from bench import agents as agents_mod
 from bench import footprint as footprint_mod
 from bench import hashing as hashing_mod
+from bench import hybrid as hybrid_mod
 from bench import library as library_mod
 from bench import proxy as proxy_mod
 from bench import restart as restart_mod
@@ -30,7 +31,8 @@ from bench import stall as stall_mod
 from bench import ttft as ttft_mod
 
 SECTIONS = (
-    "ttft", "restart", "stall", "footprint", "scaling", "proxy", "restore", "hashing", "library", "shared", "agents"
+    "ttft", "restart", "stall", "footprint", "scaling", "proxy", "restore", "hashing", "library", "shared", "agents",
+    "hybrid",
 )  # fmt: skip
 
 
@@ -196,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
             "agents",
             "11. Agents: time to the first streamed byte through the proxy, per API, vs direct",
             lambda: agents_mod.measure(bed, quick=bool(ns.quick), say=say),
+        )
+        results.hybrid = section(
+            "hybrid",
+            "12. Hybrid models: reuse and time to first token per chat turn, alone vs beside vs proxy, and kill -9",
+            lambda: hybrid_mod.measure(bed, quick=bool(ns.quick), say=say),
         )
     finally:
         bed.close()

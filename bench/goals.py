@@ -33,6 +33,11 @@ to a request (its latency minus the direct one's, under 1 ms).
 * Agents: the time to the first streamed byte of a warm agent turn through
   the proxy (routed: converted, templated, tokenized) at most 1.25x the
   direct one at p50, for Chat Completions, Anthropic Messages and Responses.
+* Hybrid: the targets of ``bench.hybrid`` (on qwen35, lfm2 and the dense
+  test model, two chats on one slot: >= 90% of the previous prompt reused on
+  every later turn through the proxy and after a kill -9, beside after a
+  kill -9 too; warm turns beside and through the proxy at most 1.25x
+  llama-server alone's time to first token).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any
 
 from bench import agents as agents_mod
 from bench import footprint, hashing, restart, restore, rig, scaling, stall, ttft
+from bench import hybrid as hybrid_mod
 from bench import proxy as proxy_mod
 
 SPEEDUP_GOAL = 100.0
@@ -77,6 +83,7 @@ class Results:
     checksums: hashing.Checksums | None = None
     proxy: proxy_mod.Result | None = None
     agents: list[agents_mod.Api] | None = None
+    hybrid: hybrid_mod.Result | None = None
 
     def as_json(self) -> dict[str, Any]:
         def dump(value: Any) -> Any:
@@ -96,6 +103,7 @@ class Results:
             "checksums": dump(self.checksums),
             "proxy": dump(self.proxy),
             "agents": dump(self.agents),
+            "hybrid": dump(self.hybrid),
         }
 
 
@@ -167,6 +175,8 @@ def judge(r: Results, *, quick: bool) -> list[Verdict]:
         out += [Verdict(goal, measured, met) for goal, measured, met in proxy_mod.judged(r.proxy)]
     if r.agents:
         out += [Verdict(goal, measured, met) for goal, measured, met in agents_mod.judged(r.agents)]
+    if r.hybrid:
+        out += [Verdict(goal, measured, met) for goal, measured, met in hybrid_mod.judged(r.hybrid)]
     return out
 
 

@@ -57,14 +57,25 @@ class Rig:
         return path
 
     def server(
-        self, *, slot_dir: Path, n_slots: int, ctx_size: int, extra_args: Sequence[str] = ()
+        self,
+        *,
+        slot_dir: Path,
+        n_slots: int,
+        ctx_size: int,
+        extra_args: Sequence[str] = (),
+        model: Path | None = None,
+        swa_full: bool = True,
     ) -> llamabed.LlamaServer:
-        """Start a llama-server (killing any earlier one) and wait until it is healthy."""
+        """Start a llama-server (killing any earlier one) and wait until it is healthy.
+
+        ``model``: another model file than the test model (``swa_full`` False for one without sliding windows).
+        """
         for old in self._servers:
             old.kill()
         server = llamabed.LlamaServer(
             self.binary,
-            self.model,
+            model or self.model,
+            swa_full=swa_full,
             slot_dir=slot_dir,
             n_slots=n_slots,
             ctx_size=ctx_size,

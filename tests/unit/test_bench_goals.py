@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 
-from bench import footprint, goals, hashing, proxy, restore, stall
+from bench import footprint, goals, hashing, hybrid, proxy, restore, stall
 
 MIB = 1 << 20
 
@@ -132,3 +132,35 @@ def test_the_proxy_results_come_back_from_results_json() -> None:
     raw = json.loads(json.dumps(goals.Results(proxy=_proxy(2.0)).as_json()))
     again = goals.results_from_json(raw)
     assert again.proxy == _proxy(2.0)
+
+
+def _hybrid(*, proxy_reuse: int, proxy_ms: float) -> hybrid.Result:
+    """Two chats, two turns each and one after the kill -9, on one model in the three modes."""
+
+    def run(mode: str, reuse: int, ms: float) -> hybrid.Run:
+        turns = [hybrid.Turn(c, t, ms if t > 1 else 500.0, reuse if t > 1 else 0, 1000 * t, 1000 * (t - 1))
+                 for t in (1, 2) for c in (0, 1)]  # fmt: skip
+        after = [hybrid.Turn(1, 3, ms, reuse * 2, 3000, 2000), hybrid.Turn(0, 3, ms, reuse * 2, 3000, 2000)]
+        return hybrid.Run("qwen35", mode, turns, after)
+
+    return hybrid.Result(1000, [run(hybrid.ALONE, 995, 40.0), run(hybrid.BESIDE, 995, 41.0),
+                                run(hybrid.PROXY, proxy_reuse, proxy_ms)])  # fmt: skip
+
+
+def test_hybrid_turns_that_reuse_nothing_through_the_proxy_are_missed_and_fail_the_run() -> None:
+    good = goals.judge(goals.Results(hybrid=_hybrid(proxy_reuse=990, proxy_ms=45.0)), quick=True)
+    assert [v.met for v in good] == [True] * 5, good
+    assert goals.exit_code(good) == 0
+    cold = goals.judge(goals.Results(hybrid=_hybrid(proxy_reuse=0, proxy_ms=45.0)), quick=True)
+    missed = [v.goal for v in cold if v.met is False]
+    assert len(missed) == 2, missed
+    assert all("through the proxy" in g for g in missed), missed
+    assert goals.exit_code(cold) == 1
+
+
+def test_hybrid_turns_slower_than_llama_server_alone_are_missed() -> None:
+    slow = goals.judge(goals.Results(hybrid=_hybrid(proxy_reuse=990, proxy_ms=60.0)), quick=True)
+    missed = [v for v in slow if v.met is False]
+    assert len(missed) == 1, missed
+    assert "time to first token proxy" in missed[0].goal
+    assert "1.50x" in missed[0].measured

@@ -1,0 +1,404 @@
+"""Hybrid models: per-turn reuse and time to first token, llama-server alone vs beside vs through the proxy.
+
+On a model whose state cannot be cut back (a tiny random-weight ``qwen35``,
+Gated DeltaNet + attention, and ``lfm2``, short convolutions + attention:
+``support.tinymodels``) and, next to it, the dense test model (gemma3-270m,
+``--swa-full``): two chat conversations (a first message of ``tokens``
+tokens, then one-line follow-ups; each 8-token reply sent back as the
+server wrote it, so the chat template re-renders it) take turns on one slot
+(``-np 1``, the server's default RAM cache), on three fresh servers:
+llama-server alone, with the sidecar beside it (clients talk to the server),
+and through the sidecar's proxy. Each turn is streamed; timed is the wait
+for the first byte of the answer's body (llama-server sends it with the
+first token), and the server's ``timings.cache_n`` over the conversation's
+previous prompt is its reuse. With the sidecar, the next turn is sent once
+the slot's snapshot is committed (the boundary step ran while the slot was
+idle, as between a user's turns). Then llama-server is killed with SIGKILL
+and started again, and (once the sidecar restored the slot) each
+conversation sends one more turn, the one the slot held last first.
+
+Goals (from issue 20), per model: through the proxy every turn after the
+first reuses >= 90% of its conversation's previous prompt, and so do both
+conversations' first turns after the kill -9; beside the server, the first
+turn after the kill -9 reuses >= 90%; the median warm-turn time to first
+token beside and through the proxy at most ``TTFT_GOAL`` x llama-server
+alone's (never worse than no sidecar, within the bar the agents section
+allows the proxy's routing).
+
+The boundary step's own cost: beside the server, on each model, the next
+turn is sent the moment the sidecar's idle-time save of the slot starts (a
+scratch file appears in the slot dir: on a hybrid the step's save of the
+slot's token ids) and timed against a turn sent once that snapshot is
+committed, alternately. The difference is what the step adds to the time
+to first token of a request that arrives while it runs (no goal: a figure).
+
+Run alone with ``python -m bench.hybrid [--quick]``, or as the ``hybrid``
+section of ``python -m bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import http.client
+import json
+import math
+import os
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from bench import REPO_ROOT, rig
+from bench.beds import llamabed, net, sidecarbed, tinymodels
+
+ALONE, BESIDE, PROXY = "alone", "beside", "proxy"
+MODES = (ALONE, BESIDE, PROXY)
+WARM = 0.9
+"""Share of a conversation's previous prompt a turn must find cached."""
+TTFT_GOAL = 1.25
+"""Median warm-turn time to first token beside or through the proxy over llama-server alone's."""
+REPLY_TOKENS = 8
+CTX = 8192
+SCRATCH = ".tmp-"
+"""How the sidecar's scratch and in-flight files in the slot dir begin (``snapshots.slotdir.TEMP_PREFIX``)."""
+MARGIN = 3
+"""A boundary snapshot ends this many tokens before its prompt's end (``act.boundary.MARGIN``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Model:
+    name: str
+    path: Path
+    swa_full: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Turn:
+    chat: int
+    turn: int
+    ttft_ms: float
+    cache_n: int
+    prompt_tokens: int
+    previous: int
+    """The conversation's previous prompt, in tokens; 0 on its first turn."""
+
+    @property
+    def reuse(self) -> float:
+        return self.cache_n / self.previous if self.previous else math.nan
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Run:
+    model: str
+    mode: str
+    turns: list[Turn]
+    after_kill: list[Turn]
+    """The first turn of each conversation after the kill -9: the one the slot held last first."""
+    collided: list[Turn] = dataclasses.field(default_factory=list)
+    """Beside: turns sent as the sidecar's idle-time save (the boundary step first, on a hybrid) started."""
+    quiet: list[Turn] = dataclasses.field(default_factory=list)
+    """Beside: turns sent once that snapshot was committed."""
+    step_s: list[float] = dataclasses.field(default_factory=list)
+    """With the sidecar: the boundary steps' durations (``slot_rewound_to_boundary``), on a hybrid."""
+
+    @property
+    def warm(self) -> list[Turn]:
+        return [t for t in self.turns if t.previous]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Result:
+    tokens: int
+    runs: list[Run]
+
+    def run(self, model: str, mode: str) -> Run:
+        return next(r for r in self.runs if r.model == model and r.mode == mode)
+
+    @property
+    def models(self) -> list[str]:
+        return list(dict.fromkeys(r.model for r in self.runs))
+
+
+class Chat:
+    """One chat conversation: a long first message, short follow-ups, replies as the server wrote them."""
+
+    def __init__(self, n: int, text: str) -> None:
+        self.n = n
+        self.messages: list[dict[str, str]] = [{"role": "user", "content": text}]
+        self.prompt_tokens = 0
+        self.turns = 0
+
+    def turn(self, url: str) -> Turn:
+        ttft_ms, reply, timings = stream(url, self.messages)
+        earlier, self.prompt_tokens = self.prompt_tokens, int(timings["prompt_n"]) + int(timings["cache_n"])
+        self.messages.append({"role": "assistant", "content": reply})
+        self.messages.append({"role": "user", "content": f"And what does record {self.n} say next?"})
+        self.turns += 1
+        return Turn(self.n, self.turns, ttft_ms, int(timings["cache_n"]), self.prompt_tokens, earlier)
+
+
+def stream(url: str, messages: list[dict[str, str]]) -> tuple[float, str, dict[str, Any]]:
+    """A streamed chat completion: (ms to the first byte of its body, the reply, the server's timings)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=600)
+    body = {"messages": messages, "max_tokens": REPLY_TOKENS, "temperature": 0, "stream": True}
+    try:
+        started = time.perf_counter()
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        first = resp.readline()
+        ttft_ms = (time.perf_counter() - started) * 1000
+        lines = [first, *resp.read().splitlines()]
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise rig.BenchError(f"chat turn answered HTTP {resp.status}: {b''.join(lines)[:300]!r}")
+    reply: list[str] = []
+    timings: dict[str, Any] | None = None
+    for raw in lines:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[len("data: ") :])
+        for choice in event.get("choices") or []:
+            reply.append((choice.get("delta") or {}).get("content") or "")
+        timings = event.get("timings", timings)
+    if timings is None:
+        raise rig.BenchError("the streamed answer carried no timings")
+    return ttft_ms, "".join(reply), timings
+
+
+def models(bed: rig.Rig, *, quick: bool) -> list[Model]:
+    archs = [tinymodels.Arch.QWEN35] if quick else [tinymodels.Arch.QWEN35, tinymodels.Arch.LFM2]
+    tiny = [Model(a.value, tinymodels.model(a, tokenizer_from=bed.model), swa_full=False) for a in archs]
+    return [Model("dense (gemma3-270m)", bed.model, swa_full=True), *tiny]
+
+
+def _commits(side: sidecarbed.SidecarProcess) -> int:
+    return len(side.log_events("snapshot_committed"))
+
+
+def _wait_committed(side: sidecarbed.SidecarProcess, mark: int, tokens: int) -> None:
+    """Wait for a snapshot committed after the ``mark``-th of at least ``tokens`` tokens (the turn just sent)."""
+    side.wait_for(
+        lambda: any(int(e.get("tokens", 0)) >= tokens for e in side.log_events("snapshot_committed")[mark:]),
+        timeout=120,
+        what=f"a snapshot of the slot's last turn ({tokens:,} tokens or more)",
+    )
+
+
+def _scratch(slot_dir: Path) -> bool:
+    return any(name.startswith(SCRATCH) for name in os.listdir(slot_dir))
+
+
+def _save_starts(side: sidecarbed.SidecarProcess, slot_dir: Path, mark: int, *, timeout: float = 60.0) -> bool:
+    """Wait for the sidecar's next save of the slot to start (a scratch file appears); False: it was missed."""
+    deadline = time.monotonic() + timeout
+    n = 0
+    while time.monotonic() < deadline:
+        if _scratch(slot_dir):
+            return True
+        n += 1
+        if n % 200 == 0 and _commits(side) > mark:
+            return False  # committed between two looks at the slot dir
+        time.sleep(0.0005)
+    raise rig.BenchError(f"no save of the slot started within {timeout:.0f} s")
+
+
+def _collide(
+    side: sidecarbed.SidecarProcess, url: str, slot_dir: Path, chat: Chat, trials: int
+) -> tuple[list[Turn], list[Turn]]:
+    """Alternately: a turn sent the moment the idle-time save starts, and one sent once it is committed."""
+    collided: list[Turn] = []
+    quiet: list[Turn] = []
+    chat.turn(url)  # the turn whose idle-time save the first collided turn meets
+    mark = _commits(side)
+    while len(collided) < trials:
+        if not _save_starts(side, slot_dir, mark):
+            chat.turn(url)  # missed: try again on the next turn's save
+            mark = _commits(side)
+            continue
+        collided.append(chat.turn(url))
+        mark = _commits(side)
+        _wait_committed(side, mark, chat.prompt_tokens - MARGIN)
+        quiet.append(chat.turn(url))
+        mark = _commits(side)
+    _wait_committed(side, mark, chat.prompt_tokens - MARGIN)
+    return collided, quiet
+
+
+def _run(bed: rig.Rig, model: Model, mode: str, *, tokens: int, turns: int, trials: int, say: rig.Say) -> Run:
+    slot_dir = bed.slot_dir(f"hybrid-{mode}")
+    server = bed.server(slot_dir=slot_dir, n_slots=1, ctx_size=CTX, model=model.path, swa_full=model.swa_full)
+    side, url = None, server.url
+    if mode != ALONE:
+        port = net.free_port()
+        options = {"--proxy-listen": f"127.0.0.1:{port}"} if mode == PROXY else {}
+        side = bed.sidecar(server, slot_dir, **options)
+        side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=60, what="the sidecar ready")
+        if mode == PROXY:
+            url = f"http://127.0.0.1:{port}"
+    chats = [Chat(n, llamabed.make_prompt(server.url, tokens + 40 * n, seed=900 + n)) for n in range(2)]
+    done: list[Turn] = []
+
+    def turn(chat: Chat) -> Turn:
+        sent = chat.turn(url)
+        if side is not None:  # the user's pause: the slot's snapshot is made while it is idle
+            _wait_committed(side, _commits(side), chat.prompt_tokens - MARGIN)
+        return sent
+
+    for _ in range(turns):
+        done += [turn(chat) for chat in chats]
+        say(f"  {model.name} {mode}: turn {done[-1].turn}, reuse {[_pct(t.reuse) for t in done[-2:]]}")
+    restored = side.metric("llama_sidecar_restores_total", slot="0", result="ok") if side is not None else 0.0
+    server.restart()
+    if side is not None:
+        side.wait_restored(int(restored) + 1)
+    after = [turn(chat) for chat in reversed(chats)]
+    say(f"  {model.name} {mode}: after kill -9, reuse {[_pct(t.reuse) for t in after]}")
+    collided: tuple[list[Turn], list[Turn]] = ([], [])
+    if side is not None and mode == BESIDE and trials:
+        collided = _collide(side, url, slot_dir, chats[0], trials)
+        say(f"  {model.name} {mode}: {trials} turns met the idle-time save, {trials} came after it")
+    steps = [float(e["seconds"]) for e in side.log_events("slot_rewound_to_boundary")] if side is not None else []
+    if side is not None:
+        side.kill()
+    server.kill()
+    return Run(model.name, mode, done, after, collided[0], collided[1], steps)
+
+
+def run(bed: rig.Rig, *, quick: bool, say: rig.Say) -> Result:
+    tokens = 1000 if quick else 3000
+    runs = []
+    for model in models(bed, quick=quick):
+        for mode in MODES:
+            runs.append(
+                _run(bed, model, mode, tokens=tokens, turns=3 if quick else 4, trials=3 if quick else 6, say=say)
+            )
+    return Result(tokens, runs)
+
+
+def _pct(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0%}"
+
+
+def _median_ms(turns: list[Turn]) -> float:
+    return rig.median([t.ttft_ms for t in turns])
+
+
+def ttft_ratio(result: Result, model: str, mode: str) -> float:
+    """Median warm-turn time to first token in ``mode`` over llama-server alone's."""
+    return _median_ms(result.run(model, mode).warm) / _median_ms(result.run(model, ALONE).warm)
+
+
+def table(result: Result) -> str:
+    parts = []
+    for model in result.models:
+        runs = [result.run(model, mode) for mode in MODES]
+        rows: list[list[object]] = []
+        for i, first in enumerate(runs[0].turns):
+            rows.append(
+                [str(first.turn), str(first.chat), first.previous or "-", *(_pct(r.turns[i].reuse) for r in runs),
+                 *(r.turns[i].ttft_ms for r in runs)]
+            )  # fmt: skip
+        for i, first in enumerate(runs[0].after_kill):
+            rows.append(
+                ["kill -9", str(first.chat), first.previous, *(_pct(r.after_kill[i].reuse) for r in runs),
+                 *(r.after_kill[i].ttft_ms for r in runs)]
+            )  # fmt: skip
+        rows.append(
+            ["warm median", "", "", *(_pct(rig.median([t.reuse for t in r.warm])) for r in runs),
+             *(_median_ms(r.warm) for r in runs)]
+        )  # fmt: skip
+        ratios = [ttft_ratio(result, model, mode) for mode in MODES]
+        rows.append(["warm x alone", "", "", "", "", "", *ratios])
+        head = ["turn", "chat", "previous prompt", *(f"{m} reuse" for m in MODES), *(f"{m} ms" for m in MODES)]
+        parts.append(f"### {model}\n\n" + rig.table(head, rows, digits=1) + "\n\n" + collision(runs[1]))
+    note = (
+        f"-np 1, two chats (first messages of ~{result.tokens:,} tokens) taking turns, {REPLY_TOKENS}-token replies "
+        "re-rendered; reuse = timings.cache_n / the conversation's previous prompt; ms = streamed, to the first "
+        "byte of the body\n\n"
+    )
+    return note + "\n\n".join(parts) + "\n\n" + "\n".join(verdicts(result))
+
+
+def collision(beside: Run) -> str:
+    """What the idle-time save (with the boundary step on a hybrid) adds to a turn that arrives while it runs."""
+    if not beside.collided:
+        return ""
+    added = _median_ms(beside.collided) - _median_ms(beside.quiet)
+    steps = f"; boundary step median {rig.median(beside.step_s) * 1000:.1f} ms" if beside.step_s else " (no step)"
+    return (
+        f"beside, a turn sent as the idle-time save starts: median {_median_ms(beside.collided):.1f} ms vs "
+        f"{_median_ms(beside.quiet):.1f} ms after it ({added:+.1f} ms, {len(beside.collided)} of each; reuse "
+        f"at least {_pct(min(t.reuse for t in beside.collided))} and {_pct(min(t.reuse for t in beside.quiet))})"
+        + steps
+    )
+
+
+def judged(result: Result) -> list[tuple[str, str, bool | None]]:
+    """(goal, measured, met) per model."""
+    out: list[tuple[str, str, bool | None]] = []
+    for model in result.models:
+        alone, beside, proxy = (result.run(model, mode) for mode in MODES)
+        worst = min(proxy.warm, key=lambda t: t.reuse)
+        out.append((
+            f"hybrid: {model}, through the proxy every later turn reuses >= {WARM:.0%} of its previous prompt",
+            f"at least {worst.reuse:.1%} (turn {worst.turn} of chat {worst.chat}: {worst.cache_n:,} of "
+            f"{worst.previous:,}; llama-server alone at least {_pct(min(t.reuse for t in alone.warm))})",
+            worst.reuse >= WARM,
+        ))  # fmt: skip
+        back = min(t.reuse for t in proxy.after_kill)
+        out.append((
+            f"hybrid: {model}, through the proxy both conversations' first turns after kill -9 reuse >= {WARM:.0%}",
+            " and ".join(f"{t.cache_n:,} of {t.previous:,}" for t in proxy.after_kill) + f" (at least {back:.1%})",
+            back >= WARM,
+        ))  # fmt: skip
+        first = beside.after_kill[0]
+        out.append((
+            f"hybrid: {model}, beside the server the first turn after kill -9 reuses >= {WARM:.0%}",
+            f"{first.reuse:.1%} ({first.cache_n:,} of {first.previous:,}; the other conversation "
+            f"{_pct(beside.after_kill[1].reuse)}: beside a 1-slot server nothing restores it)",
+            first.reuse >= WARM,
+        ))  # fmt: skip
+        for mode in (BESIDE, PROXY):
+            ratio = ttft_ratio(result, model, mode)
+            out.append((
+                f"hybrid: {model}, warm-turn time to first token {mode} <= {TTFT_GOAL:g}x llama-server alone",
+                f"{ratio:.2f}x (median {_median_ms(result.run(model, mode).warm):.1f} ms vs "
+                f"{_median_ms(alone.warm):.1f} ms alone)",
+                ratio <= TTFT_GOAL,
+            ))  # fmt: skip
+    return out
+
+
+def verdicts(result: Result) -> list[str]:
+    return [f"{'MET' if met else 'MISSED':6}  {goal}: {measured}" for goal, measured, met in judged(result)]
+
+
+def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[Result, str]:
+    result = run(bed, quick=quick, say=say)
+    return result, table(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.hybrid", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the dense model and qwen35, 3 turns, ~1,000 tokens")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="logs go here")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
+    ns = parser.parse_args(argv)
+    bed = rig.Rig(log_dir=ns.out / f"logs-hybrid-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
+    try:
+        before = rig.busy()
+        result, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
+        print(f"## Hybrid models: reuse and time to first token per turn\n({before} at start, {rig.busy()} at end)\n")
+        print(body)
+    finally:
+        bed.close()
+    return 1 if any(met is False for _, _, met in judged(result)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
