@@ -150,3 +150,58 @@ def test_through_the_proxy_two_chats_taking_turns_on_one_slot_stay_warm_and_come
     assert side.metric("llama_sidecar_conversation_unrouted_total", reason="swap") == 0
     side.wait_for(lambda: _verdicts(side)[0] >= 1, what="a restore judged")
     assert _verdicts(side)[1] == 0
+
+
+def test_through_the_proxy_a_request_no_snapshot_serves_gets_the_servers_own_cache(
+    llama: MakeServer,
+    sidecar: MakeSidecar,
+    tiny_models: dict[tinymodels.Arch, Path],
+    slot_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """Two conversations on two slots of a qwen35 server; the first one's only message is then edited.
+
+    No snapshot is an exact prefix of the edited request (each holds the whole first message), so none may
+    be swapped in: it must run where llama-server alone would run it, in the slot that holds the conversation,
+    whose context checkpoints serve part of it, and leave the other conversation in its own slot. Pinned to
+    the other slot (tried: routing that ignores the slots' prefixes and gives the most recently used slot),
+    the server still found the prefix in its RAM cache but the other conversation was evicted, and its next
+    turn needed a swap. The figure to match is llama-server alone's, on the same requests in the same test.
+    """
+    alone_dir = tmp_path / "alone"
+    alone_dir.mkdir()
+    alone = _server(llama, tiny_models, tinymodels.Arch.QWEN35, alone_dir, n_slots=2)
+    texts = [make_prompt(alone.url, PROMPT_TOKENS, seed=70 + n) for n in range(2)]
+    edited = [{"role": "user", "content": texts[0] + " Briefly, please."}]
+
+    def first_turns(url: str) -> list[Chat]:
+        chats = [Chat(n, text) for n, text in enumerate(texts)]
+        for chat in chats:
+            chat.turn(url)
+        return chats
+
+    first_turns(alone.url)
+    expected = int(Chat(0, "").send(alone.url, edited)["timings"]["cache_n"])
+    alone.kill()
+    assert expected > 0, "llama-server alone reuses part of the edited request from its checkpoints"
+
+    server = _server(llama, tiny_models, tinymodels.Arch.QWEN35, slot_dir, n_slots=2)
+    port = free_port()
+    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}"})
+    proxy = f"http://127.0.0.1:{port}"
+    side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
+    chats = first_turns(proxy)
+    side.wait_for(
+        lambda: all(_saved_at_boundary(chat, server.url, slot_dir) for chat in chats),
+        what="both conversations saved at their prompt's boundary",
+    )
+    swaps = side.metric("llama_sidecar_swap_duration_seconds_count")
+    answer = chats[0].send(proxy, edited)
+    reused = int(answer["timings"]["cache_n"])
+    print(f"edited request: reused {reused} through the proxy, {expected} with llama-server alone")
+    assert reused >= expected, (reused, expected)
+    # The other conversation kept its slot: its next turn is warm without a swap.
+    again, earlier = chats[1].turn(proxy)
+    assert again >= WARM * earlier, (again, earlier)
+    assert side.metric("llama_sidecar_swap_duration_seconds_count") == swaps
+    assert _verdicts(side)[1] == 0
