@@ -2,8 +2,8 @@
 
 On a model whose state cannot be cut back (a tiny random-weight ``qwen35``,
 Gated DeltaNet + attention, and ``lfm2``, short convolutions + attention:
-``support.tinymodels``) and, next to it, the dense test model (gemma3-270m,
-``--swa-full``): two chat conversations (a first message of ``tokens``
+``support.tinymodels``; both with ``--quick`` too) and, next to it, the
+dense test model (gemma3-270m, ``--swa-full``): two chat conversations (a first message of ``tokens``
 tokens, then one-line follow-ups; each 8-token reply sent back as the
 server wrote it, so the chat template re-renders it) take turns on one slot
 (``-np 1``, the server's default RAM cache), on three fresh servers:
@@ -13,7 +13,8 @@ for the first byte of the answer's body (llama-server sends it with the
 first token), and the server's ``timings.cache_n`` over the conversation's
 previous prompt is its reuse. With the sidecar, the next turn is sent once
 the slot's snapshot is committed (the boundary step ran while the slot was
-idle, as between a user's turns). Then llama-server is killed with SIGKILL
+idle, as between a user's turns; ``--idle-seconds 0.5`` to keep the pauses
+short). Then llama-server is killed with SIGKILL
 and started again, and (once the sidecar restored the slot) each
 conversation sends one more turn, the one the slot held last first.
 
@@ -63,6 +64,9 @@ REPLY_TOKENS = 8
 CTX = 8192
 SCRATCH = ".tmp-"
 """How the sidecar's scratch and in-flight files in the slot dir begin (``snapshots.slotdir.TEMP_PREFIX``)."""
+IDLE_SECONDS = "0.5"
+"""The sidecar's ``--idle-seconds`` here (default 2.0): the user's pause between two turns, which waits for the
+slot's snapshot, is shorter; nothing timed depends on it."""
 MARGIN = 3
 """A boundary snapshot ends this many tokens before its prompt's end (``act.boundary.MARGIN``)."""
 
@@ -170,9 +174,8 @@ def stream(url: str, messages: list[dict[str, str]]) -> tuple[float, str, dict[s
     return ttft_ms, "".join(reply), timings
 
 
-def models(bed: rig.Rig, *, quick: bool) -> list[Model]:
-    archs = [tinymodels.Arch.QWEN35] if quick else [tinymodels.Arch.QWEN35, tinymodels.Arch.LFM2]
-    tiny = [Model(a.value, tinymodels.model(a, tokenizer_from=bed.model), swa_full=False) for a in archs]
+def models(bed: rig.Rig) -> list[Model]:
+    tiny = [Model(a.value, tinymodels.model(a, tokenizer_from=bed.model), swa_full=False) for a in tinymodels.Arch]
     return [Model("dense (gemma3-270m)", bed.model, swa_full=True), *tiny]
 
 
@@ -235,7 +238,9 @@ def _run(bed: rig.Rig, model: Model, mode: str, *, tokens: int, turns: int, tria
     side, url = None, server.url
     if mode != ALONE:
         port = net.free_port()
-        options = {"--proxy-listen": f"127.0.0.1:{port}"} if mode == PROXY else {}
+        options = {"--idle-seconds": IDLE_SECONDS}
+        if mode == PROXY:
+            options["--proxy-listen"] = f"127.0.0.1:{port}"
         side = bed.sidecar(server, slot_dir, **options)
         side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=60, what="the sidecar ready")
         if mode == PROXY:
@@ -272,7 +277,7 @@ def _run(bed: rig.Rig, model: Model, mode: str, *, tokens: int, turns: int, tria
 def run(bed: rig.Rig, *, quick: bool, say: rig.Say) -> Result:
     tokens = 1000 if quick else 3000
     runs = []
-    for model in models(bed, quick=quick):
+    for model in models(bed):
         for mode in MODES:
             runs.append(
                 _run(bed, model, mode, tokens=tokens, turns=3 if quick else 4, trials=3 if quick else 6, say=say)
@@ -385,7 +390,7 @@ def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[Result, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.hybrid", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the dense model and qwen35, 3 turns, ~1,000 tokens")
+    parser.add_argument("--quick", action="store_true", help="3 turns of each chat, first messages of ~1,000 tokens")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="logs go here")
     parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
     ns = parser.parse_args(argv)
