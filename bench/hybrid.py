@@ -104,6 +104,10 @@ class Run:
     """Beside: turns sent as the sidecar's idle-time save (the boundary step first, on a hybrid) started."""
     quiet: list[Turn] = dataclasses.field(default_factory=list)
     """Beside: turns sent once that snapshot was committed."""
+    first: list[Turn] = dataclasses.field(default_factory=list)
+    """Alone: turns preceded by the proxy-side way to a boundary state (emulated), timed from its first call."""
+    plain: list[Turn] = dataclasses.field(default_factory=list)
+    """Alone: the turns in between, as they come."""
     step_s: list[float] = dataclasses.field(default_factory=list)
     """With the sidecar: the boundary steps' durations (``slot_rewound_to_boundary``), on a hybrid."""
 
@@ -232,6 +236,31 @@ def _collide(
     return collided, quiet
 
 
+def _boundary_first(url: str, chat: Chat, trials: int) -> tuple[list[Turn], list[Turn]]:
+    """Alternately: a turn preceded by the other way to a boundary state, and a plain turn.
+
+    The other way (not built: a proxy would do it before forwarding): the prompt's first P - MARGIN ids are
+    processed on the slot with ``n_predict`` 1, the slot is saved, then the request is sent. Emulated here
+    on llama-server alone; the turn is timed from the first of those calls (the ids are what routing has
+    already).
+    """
+    first: list[Turn] = []
+    plain: list[Turn] = []
+    for _ in range(trials):
+        templated = llamabed.call("POST", url + "/apply-template", {"messages": chat.messages})["prompt"]
+        body = {"content": templated, "add_special": True, "parse_special": True}
+        ids = llamabed.call("POST", url + "/tokenize", body)["tokens"]
+        started = time.perf_counter()
+        ahead = {"prompt": ids[:-MARGIN], "n_predict": 1, "id_slot": 0, "cache_prompt": True, "temperature": 0}
+        llamabed.call("POST", url + "/completion", ahead)
+        llamabed.slot_action(url, 0, "save", "boundary-first.bin")
+        before_ms = (time.perf_counter() - started) * 1000
+        turn = chat.turn(url)
+        first.append(dataclasses.replace(turn, ttft_ms=turn.ttft_ms + before_ms))
+        plain.append(chat.turn(url))
+    return first, plain
+
+
 def _run(bed: rig.Rig, model: Model, mode: str, *, tokens: int, turns: int, trials: int, say: rig.Say) -> Run:
     slot_dir = bed.slot_dir(f"hybrid-{mode}")
     server = bed.server(slot_dir=slot_dir, n_slots=1, ctx_size=CTX, model=model.path, swa_full=model.swa_full)
@@ -267,11 +296,15 @@ def _run(bed: rig.Rig, model: Model, mode: str, *, tokens: int, turns: int, tria
     if side is not None and mode == BESIDE and trials:
         collided = _collide(side, url, slot_dir, chats[0], trials)
         say(f"  {model.name} {mode}: {trials} turns met the idle-time save, {trials} came after it")
+    ahead: tuple[list[Turn], list[Turn]] = ([], [])
+    if mode == ALONE and trials:
+        ahead = _boundary_first(url, chats[0], trials)
+        say(f"  {model.name} {mode}: {trials} turns with the boundary state made first, {trials} without")
     steps = [float(e["seconds"]) for e in side.log_events("slot_rewound_to_boundary")] if side is not None else []
     if side is not None:
         side.kill()
     server.kill()
-    return Run(model.name, mode, done, after, collided[0], collided[1], steps)
+    return Run(model.name, mode, done, after, collided[0], collided[1], ahead[0], ahead[1], steps)
 
 
 def run(bed: rig.Rig, *, quick: bool, say: rig.Say) -> Result:
@@ -320,7 +353,9 @@ def table(result: Result) -> str:
         ratios = [ttft_ratio(result, model, mode) for mode in MODES]
         rows.append(["warm x alone", "", "", "", "", "", *ratios])
         head = ["turn", "chat", "previous prompt", *(f"{m} reuse" for m in MODES), *(f"{m} ms" for m in MODES)]
-        parts.append(f"### {model}\n\n" + rig.table(head, rows, digits=1) + "\n\n" + collision(runs[1]))
+        parts.append(
+            f"### {model}\n\n" + rig.table(head, rows, digits=1) + "\n\n" + collision(runs[1]) + ahead_first(runs[0])
+        )
     note = (
         f"-np 1, two chats (first messages of ~{result.tokens:,} tokens) taking turns, {REPLY_TOKENS}-token replies "
         "re-rendered; reuse = timings.cache_n / the conversation's previous prompt; ms = streamed, to the first "
@@ -340,6 +375,19 @@ def collision(beside: Run) -> str:
         f"{_median_ms(beside.quiet):.1f} ms after it ({added:+.1f} ms, {len(beside.collided)} of each; reuse "
         f"at least {_pct(min(t.reuse for t in beside.collided))} and {_pct(min(t.reuse for t in beside.quiet))})"
         + steps
+    )
+
+
+def ahead_first(alone: Run) -> str:
+    """What making the boundary state before forwarding (the way not built) adds to every turn."""
+    if not alone.first:
+        return ""
+    added = _median_ms(alone.first) - _median_ms(alone.plain)
+    return (
+        f"\nthe other way, the boundary state made before each request (emulated on llama-server alone: the "
+        f"prompt's first P - {MARGIN} ids with n_predict 1, a save, then the request): median "
+        f"{_median_ms(alone.first):.1f} ms vs {_median_ms(alone.plain):.1f} ms without ({added:+.1f} ms on every "
+        f"turn, {len(alone.first)} of each)"
     )
 
 
