@@ -103,9 +103,10 @@ class Run:
     after_kill: list[Turn]
     """The first turn of each conversation after the kill -9: the one the slot held last first."""
     collided: list[Turn] = dataclasses.field(default_factory=list)
-    """Beside: turns sent as the sidecar's idle-time save (the boundary step first, on a hybrid) started."""
+    """Beside: turns sent as the sidecar's idle-time save (the boundary step first, on a hybrid) started.
+    Through the proxy: the other chat's turns sent at once after a turn (the swap saves the slot first)."""
     quiet: list[Turn] = dataclasses.field(default_factory=list)
-    """Beside: turns sent once that snapshot was committed."""
+    """Beside: turns sent once that snapshot was committed. Through the proxy: swaps after the pause."""
     first: list[Turn] = dataclasses.field(default_factory=list)
     """Alone: turns preceded by the proxy-side way to a boundary state (emulated), timed from its first call."""
     plain: list[Turn] = dataclasses.field(default_factory=list)
@@ -264,6 +265,25 @@ def _boundary_first(url: str, chat: Chat, trials: int) -> tuple[list[Turn], list
     return first, plain
 
 
+def _hurried(
+    side: sidecarbed.SidecarProcess, url: str, chats: list[Chat], trials: int
+) -> tuple[list[Turn], list[Turn]]:
+    """Through the proxy, alternately: the other chat's turn sent at once after a turn (its swap saves the slot
+    first, the boundary step included on a hybrid, on the request's path), and one sent after the pause."""
+    hurried: list[Turn] = []
+    paused: list[Turn] = []
+    one, other = chats
+    for _ in range(trials):
+        one.turn(url)
+        hurried.append(other.turn(url))
+        _wait_committed(side, _commits(side), other.prompt_tokens - MARGIN)
+        one.turn(url)
+        _wait_committed(side, _commits(side), one.prompt_tokens - MARGIN)
+        paused.append(other.turn(url))
+        _wait_committed(side, _commits(side), other.prompt_tokens - MARGIN)
+    return hurried, paused
+
+
 def _run(bed: rig.Rig, model: Model, mode: str, *, tokens: int, turns: int, trials: int, say: rig.Say) -> Run:
     slot_dir = bed.slot_dir(f"hybrid-{mode}")
     server = bed.server(slot_dir=slot_dir, n_slots=1, ctx_size=CTX, model=model.path, swa_full=model.swa_full)
@@ -299,6 +319,9 @@ def _run(bed: rig.Rig, model: Model, mode: str, *, tokens: int, turns: int, tria
     if side is not None and mode == BESIDE and trials:
         collided = _collide(side, url, slot_dir, chats[0], trials)
         say(f"  {model.name} {mode}: {trials} turns met the idle-time save, {trials} came after it")
+    if side is not None and mode == PROXY and trials:
+        collided = _hurried(side, url, chats, trials)
+        say(f"  {model.name} {mode}: {trials} swaps right after a turn, {trials} after the pause")
     ahead: tuple[list[Turn], list[Turn]] = ([], [])
     if mode == ALONE and trials:
         ahead = _boundary_first(url, chats[0], trials)
@@ -361,7 +384,12 @@ def table(result: Result) -> str:
         rows.append(["warm x alone", "", "", "", "", "", *ratios])
         head = ["turn", "chat", "previous prompt", *(f"{m} reuse" for m in MODES), *(f"{m} ms" for m in MODES)]
         parts.append(
-            f"### {model}\n\n" + rig.table(head, rows, digits=1) + "\n\n" + collision(runs[1]) + ahead_first(runs[0])
+            f"### {model}\n\n"
+            + rig.table(head, rows, digits=1)
+            + "\n\n"
+            + collision(runs[1])
+            + hurried(runs[2])
+            + ahead_first(runs[0])
         )
     note = (
         f"-np 1, two chats (first messages of ~{result.tokens:,} tokens) taking turns, {REPLY_TOKENS}-token replies "
@@ -382,6 +410,18 @@ def collision(beside: Run) -> str:
         f"{_median_ms(beside.quiet):.1f} ms after it ({added:+.1f} ms, {len(beside.collided)} of each; reuse "
         f"at least {_pct(min(t.reuse for t in beside.collided))} and {_pct(min(t.reuse for t in beside.quiet))})"
         + steps
+    )
+
+
+def hurried(proxy: Run) -> str:
+    """What saving the slot first (the boundary step on a hybrid) adds to a swap on the request's path."""
+    if not proxy.collided:
+        return ""
+    added = _median_ms(proxy.collided) - _median_ms(proxy.quiet)
+    return (
+        f"\nthrough the proxy, the other chat's turn sent at once after a turn (its swap saves the slot first, on "
+        f"its path): median {_median_ms(proxy.collided):.1f} ms vs {_median_ms(proxy.quiet):.1f} ms after the pause "
+        f"({added:+.1f} ms, {len(proxy.collided)} of each; reuse at least {_pct(min(t.reuse for t in proxy.collided))})"
     )
 
 
