@@ -31,7 +31,11 @@ turn is sent the moment the sidecar's idle-time save of the slot starts (a
 scratch file appears in the slot dir: on a hybrid the step's save of the
 slot's token ids) and timed against a turn sent once that snapshot is
 committed, alternately. The difference is what the step adds to the time
-to first token of a request that arrives while it runs (no goal: a figure).
+to first token of a request that arrives while it runs. Through the proxy,
+the other conversation's turn sent at once after a turn (its swap saves the
+slot first, the boundary step included, on its path) is timed against one
+sent after the pause. And on llama-server alone, the other way to a
+boundary state, emulated (see :func:`_boundary_first`). No goals: figures.
 
 Run alone with ``python -m bench.hybrid [--quick]``, or as the ``hybrid``
 section of ``python -m bench``.
