@@ -342,7 +342,7 @@ async def _start_proxy(
                 settings.upstream.url, restore_gate, connect_timeout=settings.upstream.connect_timeout
             )
         )
-        proxy = await listener.start(handler, client, settings.proxy, sentry=sentry)
+        proxy = await listener.start(handler, client, settings.proxy, stats, sentry=sentry)
     except OSError as exc:
         await client.close()
         raise errors.ConfigError(

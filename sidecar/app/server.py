@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 import sidecar
 from sidecar.act import report
 from sidecar.app import figures, history, page, view
-from sidecar.core import config, events, protocols
+from sidecar.core import config, events, parse, protocols
 from sidecar.snapshots import store
 
 
@@ -218,9 +218,12 @@ def _authorized(request: web.Request) -> web.Response | None:
 
 def _slot_param(request: web.Request) -> int | None:
     raw = request.query.get("slot")
-    if raw is None or not raw.isdigit() or len(raw) > 4:
+    if raw is None or len(raw) > 4:
         return None
-    return int(raw)
+    try:
+        return parse.integer(raw)
+    except ValueError:
+        return None
 
 
 async def _snapshot(request: web.Request) -> web.Response:

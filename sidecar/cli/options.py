@@ -283,6 +283,35 @@ OPTIONS: tuple[Option, ...] = (
         check=lambda off: not off,
         switch=True,
     ),
+    Option(
+        "--proxy-max-inflight-body-bytes",
+        "LLAMA_SIDECAR_PROXY_MAX_INFLIGHT_BODY_BYTES",
+        ("proxy.max_inflight_body_bytes",),
+        "bytes of request bodies the proxy holds at once, all clients together (a body is held until its "
+        "request ends, for a replay after a crash); a request that would go over gets a 503 with "
+        "Retry-After, so memory stays bounded whatever clients send",
+        "N",
+        parse.number(int),
+    ),
+    Option(
+        "--proxy-body-timeout",
+        "LLAMA_SIDECAR_PROXY_BODY_TIMEOUT",
+        ("proxy.body_timeout",),
+        "seconds a request body may take to arrive in full; a client that stalls mid-body gets a 408 and "
+        "its connection is closed",
+        "SEC",
+        parse.number(float),
+    ),
+    Option(
+        "--proxy-max-connections",
+        "LLAMA_SIDECAR_PROXY_MAX_CONNECTIONS",
+        ("proxy.max_connections",),
+        "client connections the proxy keeps open at once; one more is answered 503 (JSON) and closed. "
+        "The sidecar raises its file-descriptor limit to 2 per connection plus 256 where the hard limit "
+        "allows, and takes fewer connections (with a warning) where it does not",
+        "N",
+        parse.number(int),
+    ),
     SHARED_STORE,
     Option(
         "--log-format",

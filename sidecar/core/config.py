@@ -96,6 +96,13 @@ class ProxySettings:
     """Longest a completion request waits at the restore gate before a 503 with Retry-After."""
     max_body_bytes: int = 32 << 20
     """Largest request body the proxy accepts (413 above it); bodies are kept for one replay."""
+    max_inflight_body_bytes: int = 256 << 20
+    """Bytes of request bodies the proxy holds at once, all clients together (503 above it): bounds its
+    memory whatever clients send."""
+    body_timeout: float = 60.0
+    """Seconds a request body may take to arrive in full (408 past it)."""
+    max_connections: int = 1000
+    """Client connections open at once; one more is answered 503 and closed."""
     idle_timeout: float = 75.0
     """Seconds a client connection may sit without a complete request (idle keep-alive or
     headers sent slowly) before the proxy closes it."""

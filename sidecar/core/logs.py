@@ -47,3 +47,30 @@ def configure(*, fmt: str = "auto", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(numeric, logging.WARNING))
+
+
+class Throttle:
+    """At most one line per ``every`` seconds for a repeated warning, each with the count it stands for.
+
+    :meth:`tick` is called for every occurrence: it returns the number of occurrences the line to log now
+    stands for (this one and those not logged since the last line), or None to log nothing.
+    :meth:`flush` returns the occurrences not logged yet (0 if none), for a last line once the burst is
+    over; :attr:`due` is when that flush may run.
+    """
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.unlogged = 0
+        self.due = float("-inf")
+
+    def tick(self, now: float) -> int | None:
+        self.unlogged += 1
+        if now < self.due:
+            return None
+        return self.flush(now)
+
+    def flush(self, now: float) -> int:
+        count, self.unlogged = self.unlogged, 0
+        if count:
+            self.due = now + self.every
+        return count

@@ -253,8 +253,9 @@ class Metrics:
             "task in a slot and wait at the restore gate; other) and outcome: ok (llama-server's "
             "answer relayed, whatever its status), error (llama-server unreachable, or gone "
             "mid-answer), held_timeout (held --proxy-hold-seconds, answered 503), refused (slot "
-            "action without the admin token), invalid (bad path or body too big), cancelled "
-            "(the client went away first).",
+            "action, unknown write route or /predict slot format without the admin token), invalid "
+            "(bad path, body too big or too slow), busy (request bodies in flight at "
+            "--proxy-max-inflight-body-bytes, answered 503), cancelled (the client went away first).",
             ["route", "outcome"],
             namespace=NAMESPACE,
             registry=registry,
@@ -270,6 +271,25 @@ class Metrics:
         self.proxy_inflight = Gauge(
             "proxy_inflight_requests",
             "Requests the proxy is handling now, those held at the gate included.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.proxy_body_bytes = Gauge(
+            "proxy_body_bytes",
+            "Bytes of request bodies the proxy holds now, all clients together (capped by "
+            "--proxy-max-inflight-body-bytes).",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.proxy_connections = Gauge(
+            "proxy_connections",
+            "Client connections open to the proxy now (capped by --proxy-max-connections).",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.proxy_connections_refused = Counter(
+            "proxy_connections_refused",
+            "Client connections answered 503 and closed at once because --proxy-max-connections were open.",
             namespace=NAMESPACE,
             registry=registry,
         )

@@ -141,9 +141,13 @@ class ProxyOutcome(enum.StrEnum):
     HELD_TIMEOUT = "held_timeout"
     """Held at the restore gate for --proxy-hold-seconds without the gate opening (503)."""
     REFUSED = "refused"
-    """A slot action without the sidecar's admin token (403)."""
+    """A slot action, a write to a path llama-server has no route for, or a /predict body that reaches a
+    slot action, without the sidecar's admin token (403)."""
     INVALID = "invalid"
-    """A path the proxy does not forward, or a body over --proxy-max-body-bytes (400, 413)."""
+    """A path the proxy does not forward, a body over --proxy-max-body-bytes, or one not received within
+    --proxy-body-timeout (400, 413, 408)."""
+    BUSY = "busy"
+    """Refused before forwarding because bodies in flight reached --proxy-max-inflight-body-bytes (503)."""
     CANCELLED = "cancelled"
     """The client went away first; the upstream request was cancelled with it."""
 

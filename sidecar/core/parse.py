@@ -1,6 +1,8 @@
-"""Turning the text of a flag or environment variable into a value.
+"""Turning the text of a flag, environment variable or request parameter into a value.
 
-Numbers with their sign checked, on/off switches, llama-server's URL, the
+Integers from ASCII digits only (:func:`integer`: Python's ``int`` and
+``str.isdigit`` also take superscripts, other scripts' digits or ``1_000``), numbers with their
+sign checked, on/off switches, llama-server's URL, the
 listen address, API key lists as llama-server reads them, and the files that
 hold secrets. Errors argparse can report are ``argparse.ArgumentTypeError``;
 the others are ``errors.ConfigError`` with the flag named.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,11 +20,45 @@ from urllib.parse import urlsplit
 
 from sidecar.core import errors
 
+_DIGITS = frozenset("0123456789")
+MAX_DIGITS = 18
+"""Longest integer read from outside: below 2**63, and no quadratic-time conversion of a huge text."""
+
+
+def integer(text: str | bytes, *, signed: bool = False) -> int:
+    """The integer ``text`` spells in ASCII digits (``-`` first if ``signed``); ``ValueError`` otherwise.
+
+    No spaces, ``+``, ``_``, other scripts' digits or superscripts, at most
+    ``MAX_DIGITS`` digits: every integer that comes from outside (flags,
+    environment, query parameters, headers, file names) is read here.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("ascii", errors="replace")
+    digits = text[1:] if signed and text.startswith("-") else text
+    if not digits or len(digits) > MAX_DIGITS or not all(c in _DIGITS for c in digits):
+        raise ValueError(f"{text[:40]!r} is not an integer in ASCII digits")
+    return int(text)
+
+
+def _decimal(text: str) -> float:
+    """A finite float from ASCII text (``float`` alone also takes other scripts' digits, ``nan`` and ``inf``)."""
+    if not text.isascii():
+        raise ValueError(f"{text!r} is not ASCII")
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number")
+    return value
+
 
 def number(kind: Callable[[str], Any], *, zero_ok: bool = False) -> Callable[[str], Any]:
+    def signed(text: str) -> int:
+        return integer(text, signed=True)
+
+    read: Callable[[str], Any] = signed if kind is int else _decimal if kind is float else kind
+
     def parse(text: str) -> Any:
         try:
-            value = kind(text)
+            value = read(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
         if value < 0 or (value == 0 and not zero_ok):
@@ -56,10 +93,14 @@ def url(text: str) -> str:
 
 def listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    try:
+        number = integer(port) if sep else -1
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
         raise errors.ConfigError(f"--listen {text!r} is not HOST:PORT (for example 127.0.0.1:9464)")
     # An empty host (":9464") means every interface, as the user asked.
-    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104
+    return host.strip("[]") or "0.0.0.0", number  # noqa: S104
 
 
 def proxy_listen(text: str) -> tuple[str, int]:

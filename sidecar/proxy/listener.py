@@ -6,7 +6,8 @@ disconnects, which cancels the upstream request with it.
 ``keepalive_timeout`` closes a client connection that has not sent a
 complete request within ``idle_timeout``: it bounds idle keep-alive
 connections and clients that send their headers a byte at a time
-(slowloris) alike.
+(slowloris) alike. :mod:`conns` caps the connections open at once and
+keeps a half-closed client's connection open for its answer.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import dataclasses
 import aiohttp
 from aiohttp import web
 
-from sidecar.core import config
-from sidecar.proxy import relay, sentinel
+from sidecar.core import config, metrics
+from sidecar.proxy import conns, relay, sentinel
 
 KEEPALIVE = 2.0
 """Seconds an idle connection to llama-server is kept for reuse; llama-server closes its own after 5 s."""
@@ -71,13 +72,17 @@ async def start(
     handler: relay.Relay,
     client: aiohttp.ClientSession,
     settings: config.ProxySettings,
+    stats: metrics.Metrics,
     *,
     sentry: sentinel.Sentinel | None = None,
 ) -> Listener:
     """Serve the relay on the proxy's port; ``sentry`` runs as long as the listener."""
     assert settings.host is not None
-    server = web.Server(
+    server = conns.Server(
         handler.handle,
+        max_connections=conns.usable_connections(settings.max_connections),
+        opened=stats.proxy_connections,
+        refused=stats.proxy_connections_refused,
         handler_cancellation=True,
         keepalive_timeout=settings.idle_timeout,
         max_field_size=MAX_FIELD_SIZE,

@@ -32,10 +32,11 @@ import aiohttp
 import structlog
 import yarl
 from aiohttp import web
+from prometheus_client import Gauge
 
 from sidecar.act import gate
-from sidecar.core import config, metrics, outcomes, protocols
-from sidecar.proxy import answer, routes
+from sidecar.core import config, logs, metrics, outcomes, protocols
+from sidecar.proxy import answer, predict, routes
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -44,6 +45,8 @@ _DROP_RESPONSE = frozenset({"content-length"})
 _SKIP_REQUEST = routes.HOP_BY_HOP | _DROP_REQUEST
 _SKIP_RESPONSE = routes.HOP_BY_HOP | _DROP_RESPONSE
 WHOLE_ANSWER_BYTES = answer.WHOLE_ANSWER_BYTES
+HELD_LOG_EVERY = 10.0
+"""Seconds between two ``proxy_request_held_too_long`` lines: a thousand time-outs are one line with a count."""
 _LOADING = b"Loading model"
 """llama-server's 503 message while it loads: the new process cannot serve yet."""
 PREFIX_HEADER = "X-Llama-Sidecar-Prefix"
@@ -112,6 +115,55 @@ def error(status: int, message: str, kind: str, *, headers: dict[str, str] | Non
     return web.json_response(body, status=status, headers=headers)
 
 
+_ADMIN_HINT = "Send 'Authorization: Bearer <sidecar admin token>' to pass one through anyway."
+
+
+def _refused(kind: routes.Request) -> web.Response:
+    if kind.verdict is routes.Verdict.SLOT_ACTION:
+        message = (
+            "slot actions (POST /slots/...) are reserved to llama-kv-sidecar: they would overwrite, restore or "
+            "erase the snapshots it keeps. " + _ADMIN_HINT
+        )
+    else:
+        message = (
+            f"the proxy forwards writes only to llama-server's own routes, and {kind.path} (as llama-server "
+            "decodes it) is none of them: the path is spelled differently from the route, or the method is "
+            "not the route's. " + _ADMIN_HINT
+        )
+    return error(403, message, "permission_error")
+
+
+def _predict_refused(found: predict.Check) -> web.Response:
+    why = {
+        predict.Check.SLOT_ACTION: "an instance's @requestFormat is a slot action (slots, /slots/:id_slot), "
+        "which would overwrite, restore or erase the snapshots llama-kv-sidecar keeps",
+        predict.Check.UNKNOWN: "an instance's @requestFormat names no route the proxy forwards",
+        predict.Check.UNREADABLE: "the body is not a JSON object with an 'instances' list of objects that each "
+        "give '@requestFormat' as a string, read the same by the proxy and llama-server (no duplicate keys)",
+    }[found]
+    return error(403, f"POST /predict refused: {why}. {_ADMIN_HINT}", "permission_error")
+
+
+class Budget:
+    """Bytes of request bodies held now, all requests together, against a cap."""
+
+    def __init__(self, cap: int, gauge: Gauge) -> None:
+        self.cap = cap
+        self.used = 0
+        self._gauge = gauge
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.cap:
+            return False
+        self.used += size
+        self._gauge.set(self.used)
+        return True
+
+    def give(self, size: int) -> None:
+        self.used -= size
+        self._gauge.set(self.used)
+
+
 class Relay:
     def __init__(
         self,
@@ -136,6 +188,9 @@ class Relay:
         self._admin_token = admin_token
         self._clock = clock or protocols.SystemClock()
         self._admit = admit
+        self._bodies = Budget(settings.max_inflight_body_bytes, stats.proxy_body_bytes)
+        self._held_log = logs.Throttle(HELD_LOG_EVERY)
+        self._held_flush = False
         self._counted = {
             (route, outcome): stats.proxy_requests.labels(route.value, outcome.value)
             for route in outcomes.Route
@@ -160,37 +215,48 @@ class Relay:
         self, request: web.BaseRequest, kind: routes.Request
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         if kind.verdict is routes.Verdict.BAD_PATH:
-            message = "the proxy does not forward this path (dot segments, backslashes or not an origin-form path)"
+            message = (
+                "the proxy does not forward this path: it decodes to characters no llama-server route holds "
+                "(an escaped '%', backslash, NUL, space, '?' or non-ASCII byte), has '.'/'..' segments, starts "
+                "with '//', or is not an origin-form target"
+            )
             return error(400, message, "invalid_request_error"), outcomes.ProxyOutcome.INVALID
         headers = _pass_on(request.headers.items(), _SKIP_REQUEST, _DROP_REQUEST)
-        if kind.verdict is routes.Verdict.SLOT_ACTION:
-            if not self._is_admin(request):
-                return error(
-                    403,
-                    "slot actions (POST /slots/...) are reserved to llama-kv-sidecar: they would overwrite, "
-                    "restore or erase the snapshots it keeps. Send 'Authorization: Bearer <sidecar admin "
-                    "token>' to pass one through anyway.",
-                    "permission_error",
-                ), outcomes.ProxyOutcome.REFUSED
+        admin = self._is_admin(request)
+        if kind.verdict in (routes.Verdict.SLOT_ACTION, routes.Verdict.UNKNOWN) and not admin:
+            return _refused(kind), outcomes.ProxyOutcome.REFUSED
+        if admin:
             headers = [(k, v) for k, v in headers if k.lower() != "authorization"]
             if self._api_key:
                 headers.append(("Authorization", f"Bearer {self._api_key}"))
-        body = await self._body(request)
-        if body is None:
-            limit = self._settings.max_body_bytes
-            return error(
-                413,
-                f"request body over {limit} bytes: raise --proxy-max-body-bytes if such requests are expected",
-                "invalid_request_error",
-            ), outcomes.ProxyOutcome.INVALID
+        body, refusal = await self._body(request)
+        if refusal is not None:
+            return refusal
+        try:
+            return await self._dispatch(request, kind, headers, body, admin=admin)
+        finally:
+            self._bodies.give(len(body))
+
+    async def _dispatch(
+        self,
+        request: web.BaseRequest,
+        kind: routes.Request,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        *,
+        admin: bool,
+    ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
+        found = predict.check(body) if kind.verdict is routes.Verdict.PREDICT and not admin else None
+        if found is not None and found is not predict.Check.ALLOWED:
+            return _predict_refused(found), outcomes.ProxyOutcome.REFUSED
         if self._admit is not None and (refused := await self._admit(kind.route, body)) is not None:
             return refused
         if self._pinner is not None and kind.route is outcomes.Route.COMPLETION:
-            return await self._pinned(request, headers, body, self._pinner)
-        return await self._forward(request, kind.route, headers, body)
+            return await self._pinned(request, kind.target, headers, body, self._pinner)
+        return await self._forward(request, kind.route, kind.target, headers, body)
 
     async def _pinned(
-        self, request: web.BaseRequest, headers: list[tuple[str, str]], body: bytes, pinner: Pinner
+        self, request: web.BaseRequest, target: str, headers: list[tuple[str, str]], body: bytes, pinner: Pinner
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         """A completion placed by ``pinner`` once the gate is open: a slot is only chosen on a server that can serve.
 
@@ -203,10 +269,16 @@ class Relay:
             while True:
                 if not self._gate.is_open and not await self._wait(attempts):
                     return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
-                async with pinner.pin(request.raw_path, body) as placement:
+                async with pinner.pin(target, body) as placement:
                     try:
                         return await self._send(
-                            request, outcomes.Route.COMPLETION, headers, placement.body, attempts, placement=placement
+                            request,
+                            outcomes.Route.COMPLETION,
+                            target,
+                            headers,
+                            placement.body,
+                            attempts,
+                            placement=placement,
                         )
                     except _Repin:
                         continue
@@ -217,24 +289,78 @@ class Relay:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         return scheme == "Bearer" and hmac.compare_digest(given.encode(), self._admin_token.encode())
 
-    async def _body(self, request: web.BaseRequest) -> bytes | None:
-        """The whole request body, or None when it is over the cap (checked before and while reading)."""
+    async def _body(self, request: web.BaseRequest) -> tuple[bytes, Refusal | None]:
+        """The whole request body, held against the budget of bodies in flight; or the answer instead.
+
+        A declared length is reserved whole before a byte is read; a chunked body is counted chunk by
+        chunk. What was reserved is given back at once on a refusal, else when the request ends
+        (:meth:`_serve`). The body must arrive within ``body_timeout``.
+        """
         limit = self._settings.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            return None
-        body = bytearray()
-        while chunk := await request.content.readany():
-            body += chunk
-            if len(body) > limit:
-                return None
-        return bytes(body)
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            return b"", self._too_big()
+        held = declared or 0
+        if held and not self._bodies.take(held):
+            return b"", self._busy()
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self._settings.body_timeout):
+                while chunk := await request.content.readany():
+                    size += len(chunk)
+                    if size > limit:
+                        self._bodies.give(held)
+                        return b"", self._too_big()
+                    if size > held:
+                        if not self._bodies.take(size - held):
+                            self._bodies.give(held)
+                            return b"", self._busy()
+                        held = size
+                    chunks.append(chunk)
+        except TimeoutError:
+            self._bodies.give(held)
+            return b"", self._too_slow(size)
+        except BaseException:
+            self._bodies.give(held)
+            raise
+        self._bodies.give(held - size)
+        return b"".join(chunks), None
+
+    def _too_big(self) -> Refusal:
+        limit = self._settings.max_body_bytes
+        message = f"request body over {limit} bytes: raise --proxy-max-body-bytes if such requests are expected"
+        return error(413, message, "invalid_request_error"), outcomes.ProxyOutcome.INVALID
+
+    def _busy(self) -> Refusal:
+        cap = self._settings.max_inflight_body_bytes
+        message = (
+            f"the proxy holds {self._bodies.used} bytes of request bodies now and this one would take it over "
+            f"--proxy-max-inflight-body-bytes ({cap}); retry shortly, or raise the cap if the host has the memory"
+        )
+        return error(503, message, "unavailable_error", headers={"Retry-After": "1"}), outcomes.ProxyOutcome.BUSY
+
+    def _too_slow(self, received: int) -> Refusal:
+        timeout = self._settings.body_timeout
+        message = (
+            f"request body not received in full within {timeout:g} s ({received} bytes arrived): send it "
+            "faster, or raise --proxy-body-timeout"
+        )
+        return error(408, message, "invalid_request_error", headers={"Connection": "close"}), (
+            outcomes.ProxyOutcome.INVALID
+        )
 
     async def _forward(
-        self, request: web.BaseRequest, route: outcomes.Route, headers: list[tuple[str, str]], body: bytes
+        self,
+        request: web.BaseRequest,
+        route: outcomes.Route,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         with self._gate.hold(self._metrics) as hold:
             attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
-            return await self._send(request, route, headers, body, attempts)
+            return await self._send(request, route, target, headers, body, attempts)
 
     async def _wait(self, attempts: _Attempts) -> bool:
         """Wait at the gate until the request's deadline; False if it stayed closed."""
@@ -244,6 +370,7 @@ class Relay:
         self,
         request: web.BaseRequest,
         route: outcomes.Route,
+        target: str,
         headers: list[tuple[str, str]],
         body: bytes,
         attempts: _Attempts,
@@ -252,7 +379,7 @@ class Relay:
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         """Send until an answer's first event arrives, then relay it; raises ``_Repin`` for a placement to redo."""
         gated = route is outcomes.Route.COMPLETION
-        url = yarl.URL(self._base + request.raw_path, encoded=True)
+        url = yarl.URL(self._base + target, encoded=True)
         while True:
             if gated and not self._gate.is_open:
                 if placement is not None:
@@ -324,18 +451,33 @@ class Relay:
     def _held_too_long(self) -> web.Response:
         seconds = self._settings.hold_seconds
         reason = self._gate.reason or "the restore gate kept closing"
-        log.warning(
-            "proxy_request_held_too_long",
-            seconds=seconds,
-            reason=reason,
-            effect="answered 503 with Retry-After",
-            hint="see the sidecar's /status and llama-server's log; raise --proxy-hold-seconds for slow loads",
-        )
+        if (count := self._held_log.tick(self._clock.monotonic())) is not None:
+            self._log_held(count, reason)
+        elif not self._held_flush:
+            self._held_flush = True
+            delay = max(self._held_log.due - self._clock.monotonic(), 0.0)
+            asyncio.get_running_loop().call_later(delay, self._flush_held, reason)
         return error(
             503,
             f"llama-server is not ready after {seconds:g} s: {reason}. Retry later.",
             "unavailable_error",
             headers={"Retry-After": str(self._settings.retry_after)},
+        )
+
+    def _flush_held(self, reason: str) -> None:
+        self._held_flush = False
+        if count := self._held_log.flush(self._clock.monotonic()):
+            self._log_held(count, reason)
+
+    def _log_held(self, count: int, reason: str) -> None:
+        log.warning(
+            "proxy_request_held_too_long",
+            requests=count,
+            seconds=self._settings.hold_seconds,
+            reason=reason,
+            effect=f"{count} request(s) answered 503 with Retry-After since the last such line (at most one line "
+            f"per {HELD_LOG_EVERY:g} s; every one is counted in proxy_requests_total{{outcome=held_timeout}})",
+            hint="see the sidecar's /status and llama-server's log; raise --proxy-hold-seconds for slow loads",
         )
 
     def _unreachable(self, exc: BaseException) -> web.Response:

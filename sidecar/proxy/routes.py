@@ -1,32 +1,50 @@
-"""What a request through the proxy is, decided from its method and raw path alone (pure).
+"""What a request through the proxy is, decided from its method and request target alone (pure).
 
-llama-server (cpp-httplib) percent-decodes the request path once and matches
-routes exactly, with an optional ``--api-prefix`` in front. The proxy
-classifies the same decoded path it forwards, so ``/slots%2F0`` or a prefix
-cannot smuggle a slot action past the check. Paths with ``.``/``..``
-segments, backslashes or NUL bytes are refused outright: nothing
-llama-server serves needs them.
+The proxy forwards only what it understood. llama-server's HTTP library
+(cpp-httplib 0.59) cuts the target at ``#`` then at the first ``?``,
+decodes the path once (:mod:`sidecar.proxy.pathcode`: ``%XX`` to any byte,
+``%2F`` and ``%00`` included, and ``%uXXXX`` to UTF-8) and matches routes
+byte for byte: no case folding, no ``//`` or dot-segment clean-up, and
+``/slots/:id_slot`` also matches ``/slots/0/``. The proxy decodes the path
+the same way, classifies the decoded path, and sends llama-server that
+path re-encoded (:attr:`Request.target`), so what was classified is what
+the server routes. A decoded path outside the characters a route can hold
+(``%``, backslash, NUL, spaces, non-ASCII, ``?``/``#``), with ``.``/``..``
+segments or starting with ``//``, is refused (400): nothing llama-server
+serves needs them.
 
-Completion routes are those that run a task in a slot (and so could take the
-slot a restore is about to fill): completions, chat completions, the
-Responses and Anthropic Messages APIs, infill, embeddings, reranking and
-transcriptions. They wait at the restore gate; every other route
-(``/health``, ``/props``, ``/tokenize``, ``/v1/models``, ``GET /slots``, the
-web UI...) is forwarded at once.
+Default-deny: a write (any method but GET, HEAD and OPTIONS) goes through
+only to a route of llama-server's table below. ``POST /slots/...`` (save,
+restore, erase) and writes to any other path need the admin token. Reads
+cannot reach a slot action (llama-server registers it for POST only) and
+go through on any path (the web UI's assets have build-dependent names).
+``POST /predict`` (Vertex AI, ``AIP_MODE=PREDICTION``) dispatches each
+instance to the route its ``@requestFormat`` names: :mod:`sidecar.proxy.predict`
+checks the body.
+
+Completion routes are those that run a task in a slot (and so could take
+the slot a restore is about to fill): they wait at the restore gate; every
+other route is forwarded at once. Paths are those of llama-server without
+its ``--api-prefix``: the proxy adds the path of ``--server``'s URL.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from urllib.parse import unquote
 
 from sidecar.core import outcomes
+from sidecar.proxy import pathcode
 
 
 class Verdict(enum.StrEnum):
     FORWARD = "forward"
     SLOT_ACTION = "slot_action"
+    """``POST /slots/...``: admin token only."""
+    UNKNOWN = "unknown"
+    """A write to a path llama-server has no route for (or a method it has none for): admin token only."""
+    PREDICT = "predict"
+    """Vertex AI's ``POST /predict``: forwarded once its body names only routes that are not slot actions."""
     BAD_PATH = "bad_path"
 
 
@@ -34,46 +52,107 @@ class Verdict(enum.StrEnum):
 class Request:
     route: outcomes.Route
     verdict: Verdict
+    target: str = ""
+    """What to send llama-server: the decoded path re-encoded, and the query as sent; empty for a bad path."""
+    path: str = ""
+    """The path as llama-server will route it (decoded)."""
 
 
-COMPLETION_ENDINGS = (
-    "/completion",
-    "/completions",
-    "/responses",
-    "/messages",
-    "/infill",
-    "/embedding",
-    "/embeddings",
-    "/rerank",
-    "/reranking",
-    "/transcriptions",
+COMPLETION_ROUTES = frozenset(
+    {
+        "/completion",
+        "/completions",
+        "/v1/completions",
+        "/chat/completions",
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/responses",
+        "/v1/audio/transcriptions",
+        "/audio/transcriptions",
+        "/v1/messages",
+        "/infill",
+        "/embedding",
+        "/embeddings",
+        "/v1/embeddings",
+        "/rerank",
+        "/reranking",
+        "/v1/rerank",
+        "/v1/reranking",
+        "/v1/systemone",
+    }
 )
-"""Last path segments of llama-server's slot-task routes (``/v1/chat/completions`` ends in ``/completions``)."""
+"""llama-server's POST routes that run a task in a slot (``tools/server/server.cpp``, build 11434)."""
+
+OTHER_POST_ROUTES = frozenset(
+    {
+        "/props",
+        "/v1/chat/completions/control",
+        "/tokenize",
+        "/detokenize",
+        "/apply-template",
+        "/chat/completions/input_tokens",
+        "/v1/chat/completions/input_tokens",
+        "/responses/input_tokens",
+        "/v1/responses/input_tokens",
+        "/v1/messages/count_tokens",
+        "/lora-adapters",
+        "/v1/streams/lookup",
+        "/cors-proxy",
+        "/tools",
+        "/models",
+        "/models/load",
+        "/models/unload",
+    }
+)
+"""llama-server's other POST routes (router mode's ``/models...`` included): none runs a slot task."""
+
+DELETE_ROUTES = frozenset({"/v1/stream", "/models"})
+PREDICT_ROUTE = "/predict"
+"""Vertex AI's default ``AIP_PREDICT_ROUTE``; another name is a path the proxy does not know (admin only)."""
+SLOT_ACTION_PREFIX = "/slots/"
 
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def decoded_path(raw_path: str) -> str:
-    """The path as llama-server will see it: query and fragment cut off, percent-decoded once."""
-    path = raw_path.partition("?")[0].partition("#")[0]
-    return unquote(path, errors="surrogateescape")
+def _bad() -> Request:
+    return Request(outcomes.Route.OTHER, Verdict.BAD_PATH)
 
 
-def classify(method: str, raw_path: str) -> Request:
-    """Decide what the proxy does with ``method raw_path`` (``raw_path`` as sent, query included)."""
-    if not raw_path.startswith("/") or raw_path.startswith("//"):
-        return Request(outcomes.Route.OTHER, Verdict.BAD_PATH)  # absolute-form or scheme-relative targets
-    path = decoded_path(raw_path)
-    segments = path.split("/")
-    if "\\" in path or "\0" in path or any(s in (".", "..") for s in segments):
-        return Request(outcomes.Route.OTHER, Verdict.BAD_PATH)
-    folded = "/".join(s for s in segments if s).lower()
-    folded = "/" + folded
-    if method.upper() not in _READ_METHODS and ("/slots/" in folded + "/"):
-        return Request(outcomes.Route.OTHER, Verdict.SLOT_ACTION)
-    if method.upper() == "POST" and folded.endswith(COMPLETION_ENDINGS):
-        return Request(outcomes.Route.COMPLETION, Verdict.FORWARD)
-    return Request(outcomes.Route.OTHER, Verdict.FORWARD)
+def classify(method: str, raw_target: str) -> Request:
+    """Decide what the proxy does with ``method raw_target`` (the request target as sent, query included)."""
+    target = raw_target.partition("#")[0]
+    raw_path, mark, query = target.partition("?")
+    if not raw_path.startswith("/") or not pathcode.is_request_target(target):
+        return _bad()  # absolute-form, authority-form, '*', or bytes llama-server's parser refuses
+    decoded = pathcode.decode(raw_path.encode("ascii"))
+    if not pathcode.is_plain(decoded):
+        return _bad()
+    path = decoded.decode("ascii")
+    canonical = pathcode.encode(decoded) + mark + query
+    route, verdict = _route(method, path)
+    return Request(route, verdict, canonical, path)
+
+
+def _route(method: str, path: str) -> tuple[outcomes.Route, Verdict]:
+    if method in _READ_METHODS:
+        return outcomes.Route.OTHER, Verdict.FORWARD
+    if method == "POST":
+        if path.startswith(SLOT_ACTION_PREFIX):
+            return outcomes.Route.OTHER, Verdict.SLOT_ACTION
+        if path in COMPLETION_ROUTES:
+            return outcomes.Route.COMPLETION, Verdict.FORWARD
+        if path == PREDICT_ROUTE:
+            return outcomes.Route.COMPLETION, Verdict.PREDICT
+        if path in OTHER_POST_ROUTES:
+            return outcomes.Route.OTHER, Verdict.FORWARD
+    if method == "DELETE" and path in DELETE_ROUTES:
+        return outcomes.Route.OTHER, Verdict.FORWARD
+    return outcomes.Route.OTHER, Verdict.UNKNOWN
+
+
+def decoded_path(target: str) -> str:
+    """The path of ``target`` as llama-server routes it ('' when the proxy would refuse the target)."""
+    return classify("GET", target).path
 
 
 HOP_BY_HOP = frozenset(

@@ -23,6 +23,7 @@ import structlog
 import yarl
 
 from sidecar.act import gate
+from sidecar.core import parse
 
 log = structlog.get_logger("sidecar.proxy.sentinel")
 
@@ -69,6 +70,9 @@ class Sentinel:
         self._connect_timeout = connect_timeout
         self._ping = ping
         self._reconnect = reconnect
+        self._healthy = True
+        """Whether /health answered 200 since the last ``server_connection_dropped`` line: one line per outage,
+        not one per connection a restarting server drops while it loads."""
 
     async def run(self) -> None:
         expect_up = False
@@ -107,6 +111,8 @@ class Sentinel:
                     head = await reader.readuntil(b"\r\n\r\n")
                     length, close = _framing(head)
                     await reader.readexactly(length)
+                if head.startswith((b"HTTP/1.1 200 ", b"HTTP/1.0 200 ")):
+                    self._healthy = True
                 if close:
                     return End.ANNOUNCED
                 try:
@@ -121,11 +127,13 @@ class Sentinel:
             return End.CONFUSED
 
     def _gone(self, what: str) -> None:
-        log.info(
-            "server_connection_dropped",
-            reason=f"llama-server {what}",
-            effect="completions wait at the restore gate until a poll sees the server up and any restore is done",
-        )
+        if self._healthy:
+            self._healthy = False
+            log.info(
+                "server_connection_dropped",
+                reason=f"llama-server {what}",
+                effect="completions wait at the restore gate until a poll sees the server up and any restore is done",
+            )
         self._gate.suspect(f"llama-server {what}: its process exited or restarted")
 
 
@@ -136,7 +144,7 @@ def _framing(head: bytes) -> tuple[int, bool]:
         name, _, value = line.partition(b":")
         name = name.strip().lower()
         if name == b"content-length":
-            length = int(value)
+            length = parse.integer(value.strip())
         elif name == b"connection" and b"close" in value.lower():
             close = True
     return length, close

@@ -38,7 +38,7 @@ MAX_BYTES = 1 << 20
 A manifest without an index is under 1 KB; the index adds about 40 bytes per
 block of ``slotfile.BLOCK_TOKENS`` tokens (a shared manifest carries the chain
 twice, compact): a 1M-token snapshot's shared manifest is about 600 KB."""
-NAME_RE = re.compile(r"^(?:(?P<tag>[A-Za-z0-9_.-]{1,80})--)?slot(?P<slot>\d{1,4})-(?P<stamp>\d{8}T\d{12}Z)\.bin$")
+NAME_RE = re.compile(r"(?a)^(?:(?P<tag>[A-Za-z0-9_.-]{1,80})--)?slot(?P<slot>\d{1,4})-(?P<stamp>\d{8}T\d{12}Z)\.bin$")
 """Final snapshot names: ``slot<id>-<UTC yyyymmddThhmmssffffff>Z.bin``, behind ``<model tag>--`` in router mode."""
 
 

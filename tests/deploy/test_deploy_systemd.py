@@ -13,6 +13,9 @@ from pathlib import Path
 
 from deploytools import DEPLOY, require_tool, run
 
+from sidecar.core import config
+from sidecar.proxy import conns
+
 UNIT = DEPLOY / "systemd" / "llama-kv-sidecar.service"
 ENV_EXAMPLE = DEPLOY / "systemd" / "llama-kv-sidecar.env.example"
 EXEC = "/opt/llama-kv-sidecar/bin/llama-kv-sidecar"
@@ -60,6 +63,12 @@ def test_unit_is_ordered_against_llama_server() -> None:
     timeout = unit["Service.TimeoutStopSec"][0]
     assert timeout.endswith("s"), timeout
     assert int(timeout[:-1]) >= 25, "the final snapshot takes up to about 20 s"
+
+
+def test_unit_gives_the_proxy_file_descriptors_for_its_connection_cap() -> None:
+    unit = _directives(UNIT.read_text(encoding="utf-8"))
+    needed = 2 * config.ProxySettings().max_connections + conns.FD_RESERVE
+    assert int(unit["Service.LimitNOFILE"][0]) >= needed, "systemd's default 1,024 cannot hold the proxy's cap"
 
 
 def test_unit_is_hardened_and_may_write_only_the_slot_dir() -> None:

@@ -18,10 +18,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog
 from aiohttp.test_utils import RawTestServer
 
 from sidecar.act import gate
-from support.proxybed import Upstream, raw_exchange, run_proxy, status_of
+from sidecar.proxy import relay
+from support.proxybed import Upstream, json_body, raw_exchange, run_proxy, status_of
 from support.sidecarbed import SidecarProcess
 from support.wait import eventually, until
 
@@ -50,8 +52,9 @@ async def test_every_method_and_path_is_forwarded_with_body_and_end_to_end_heade
     fake, url = upstream
     body = b'{"prompt": "x", "n_predict": 1}' * 100
     async with run_proxy(url) as proxy, aiohttp.ClientSession() as session:
-        for method in ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
-            path = f"/v1/some/{method.lower()}?model=a%20b&x=1"
+        routes = {"GET": "/v1/models", "POST": "/tokenize", "DELETE": "/v1/stream", "OPTIONS": "/v1/embeddings"}
+        for method, route in routes.items():
+            path = f"{route}?model=a%20b&x=1"
             headers = {
                 "Authorization": "Bearer client-key-1",
                 "X-Client": "kept",
@@ -74,8 +77,11 @@ async def test_every_method_and_path_is_forwarded_with_body_and_end_to_end_heade
             assert seen["x-client"] == "kept"
             for hop in ("x-hop", "keep-alive", "proxy-authorization", "te"):
                 assert hop not in seen, f"hop-by-hop header {hop} was forwarded"
-        assert proxy.count("other", "ok") == 6
-    assert len(fake.arrived) == 6
+        assert proxy.count("other", "ok") == 4
+        for method in ("PUT", "PATCH"):  # llama-server has no route for them: refused (default-deny)
+            async with session.request(method, proxy.url + "/tokenize", data=body) as resp:
+                assert resp.status == 403
+    assert len(fake.arrived) == 4
 
 
 @pytest.mark.timeout(20)
@@ -138,6 +144,9 @@ async def test_slot_actions_are_refused_however_spelled_unless_the_admin_token_i
             ("POST", "/slots/1?action=restore"),
             ("POST", "/slots%2F0?action=erase"),
             ("POST", "/slots%2f0?action=erase"),
+            ("POST", "/%u0073lots/0?action=erase"),
+            ("POST", "/sl%uD800ots/1?action=save"),
+            ("POST", "/slots/0/?action=erase"),
             ("POST", "/v1//slots/0?action=erase"),
             ("POST", "/api/slots/0?action=erase"),
             ("POST", "/SLOTS/0?action=erase"),
@@ -207,18 +216,18 @@ async def test_client_that_goes_away_cancels_the_upstream_request(upstream: tupl
     async with run_proxy(url) as proxy:
         with pytest.raises(TimeoutError):
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
-                await session.post(proxy.url + "/hang", json={"prompt": "x"})
+                await session.post(proxy.url + "/completion?fake=hang", json={"prompt": "x"})
         await eventually(_is_set(fake.hung_up), timeout=5, what="the upstream request to be cancelled")
-        await until(lambda: proxy.count("other", "cancelled") == 1, what="cancelled counted")
+        await until(lambda: proxy.count("completion", "cancelled") == 1, what="cancelled counted")
         assert proxy.gauge("proxy_inflight_requests") == 0
 
         fake.hung_up.clear()  # a stream the client leaves after its first event
         async with aiohttp.ClientSession() as session:
-            resp = await session.post(proxy.url + "/sse", json={"stream": True})
+            resp = await session.post(proxy.url + "/completion?fake=sse", json={"stream": True})
             assert (await resp.content.readline()).startswith(b"data: ")
             resp.close()
         fake.step.set()
-        await until(lambda: proxy.count("other", "cancelled") == 2, what="the stream's end counted as cancelled")
+        await until(lambda: proxy.count("completion", "cancelled") == 2, what="the stream's end counted as cancelled")
 
 
 def _is_set(event: asyncio.Event) -> Callable[[], Awaitable[bool]]:
@@ -232,7 +241,7 @@ def _is_set(event: asyncio.Event) -> Callable[[], Awaitable[bool]]:
 async def test_events_are_relayed_one_by_one_not_buffered(upstream: tuple[Upstream, str]) -> None:
     fake, url = upstream
     async with run_proxy(url) as proxy, aiohttp.ClientSession() as session:
-        async with session.post(proxy.url + "/sse", json={"stream": True}) as resp:
+        async with session.post(proxy.url + "/completion?fake=sse", json={"stream": True}) as resp:
             assert resp.headers["Content-Type"] == "text/event-stream"
             for n in range(3):
                 # The upstream writes event n+1 only after the client has read event n through the proxy.
@@ -242,17 +251,17 @@ async def test_events_are_relayed_one_by_one_not_buffered(upstream: tuple[Upstre
                 assert await resp.content.readline() == b"\n"
                 fake.step.set()
             assert await resp.content.read() == b"data: [DONE]\n\n"
-        assert proxy.count("completion", "ok") == 0
-        assert proxy.count("other", "ok") == 1
+        assert proxy.count("completion", "ok") == 1
+        assert proxy.count("other", "ok") == 0
 
 
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize(
     ("path", "event"),
     [
-        ("/cut", b'data: {"error":{"code":502,"message":"llama-server went away'),
-        ("/v1/messages/cut", b'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"llama-'),
-        ("/v1/responses/cut", b'event: error\ndata: {"type":"error","code":"server_error","message":"llama-'),
+        ("/completion?fake=cut", b'data: {"error":{"code":502,"message":"llama-server went away'),
+        ("/v1/messages?fake=cut", b'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"llama-'),
+        ("/v1/responses?fake=cut", b'event: error\ndata: {"type":"error","code":"server_error","message":"llama-'),
     ],
 )
 async def test_stream_cut_after_its_first_events_ends_with_an_error_event_of_its_api(
@@ -267,11 +276,13 @@ async def test_stream_cut_after_its_first_events_ends_with_an_error_event_of_its
         tail = rest.split(b'data: {"n": 1}\n\n', 1)[1]
         assert tail.startswith(event), tail
         assert tail.endswith(b"\n\n")
-        await until(lambda: proxy.count("other", "error") == 1, what="the cut counted as an error")
+        await until(lambda: proxy.count("completion", "error") == 1, what="the cut counted as an error")
 
 
 @pytest.mark.timeout(20)
-@pytest.mark.parametrize("path", ["/prefill-crash-once/v1/chat/completions", "/prefill-crash-once/v1/messages"])
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions?fake=prefill-crash-once", "/v1/messages?fake=prefill-crash-once"]
+)
 async def test_a_stream_whose_server_dies_before_its_first_event_is_sent_again_unseen(
     upstream: tuple[Upstream, str], path: str
 ) -> None:
@@ -289,10 +300,37 @@ async def test_a_stream_whose_server_dies_before_its_first_event_is_sent_again_u
 async def test_answer_shorter_than_its_length_becomes_a_502(upstream: tuple[Upstream, str]) -> None:
     _, url = upstream
     async with run_proxy(url) as proxy:
-        status, _, body = await _post(proxy.url, "/short", json={})
+        status, _, body = await _post(proxy.url, "/tokenize?fake=short", json={})
         assert status == 502, body
         assert "could not get an answer from llama-server" in body["error"]["message"]
         assert proxy.count("other", "error") == 1
+
+
+@pytest.mark.timeout(30)
+async def test_a_thousand_held_time_outs_are_logged_as_a_few_lines_with_their_count(
+    upstream: tuple[Upstream, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, url = upstream
+    monkeypatch.setattr(relay, "HELD_LOG_EVERY", 1.0)
+    with structlog.testing.capture_logs() as logs:
+        async with run_proxy(url, hold_seconds=0.5, gate_open=False) as proxy:
+            connector = aiohttp.TCPConnector(limit=0)
+            async with aiohttp.ClientSession(connector=connector) as session:
+
+                async def one() -> int:
+                    async with session.post(proxy.url + "/completion", json={"prompt": "x"}) as resp:
+                        return resp.status
+
+                statuses = await asyncio.gather(*(one() for _ in range(1000)))
+            assert statuses == [503] * 1000
+            assert proxy.count("completion", "held_timeout") == 1000
+            await until(
+                lambda: sum(e.get("requests", 0) for e in logs if e["event"] == "proxy_request_held_too_long") == 1000,
+                timeout=5,
+                what="the last line with the rest of the count",
+            )
+    lines = [e for e in logs if e["event"] == "proxy_request_held_too_long"]
+    assert len(lines) <= 5, [e["requests"] for e in lines]
 
 
 @pytest.mark.timeout(20)
@@ -334,11 +372,11 @@ async def test_held_request_goes_through_once_the_gate_opens(upstream: tuple[Ups
 async def test_request_dropped_before_any_answer_byte_is_sent_once_more(upstream: tuple[Upstream, str]) -> None:
     fake, url = upstream
     async with run_proxy(url) as proxy:
-        for path in ("/drop-once/completion", "/drop-once/tokenize"):
+        for path in ("/completion?fake=drop-once", "/tokenize?fake=drop-once"):
             fake.dropped = 0
             status, _, _ = await _post(proxy.url, path, json={"prompt": "x"})
             assert status == 200
-    assert fake.paths() == ["/drop-once/completion"] * 2 + ["/drop-once/tokenize"] * 2
+    assert fake.paths() == ["/completion?fake=drop-once"] * 2 + ["/tokenize?fake=drop-once"] * 2
 
 
 @pytest.mark.timeout(20)
@@ -347,7 +385,7 @@ async def test_completion_dropped_twice_waits_at_the_gate_and_is_sent_after_the_
 ) -> None:
     fake, url = upstream
     async with run_proxy(url) as proxy:
-        request = asyncio.create_task(_post(proxy.url, "/drop-twice/completion", json={"prompt": "x"}))
+        request = asyncio.create_task(_post(proxy.url, "/completion?fake=drop-twice", json={"prompt": "x"}))
         await until(lambda: not proxy.gate.is_open, what="the gate closed on the second drop")
         await until(lambda: proxy.gauge("proxy_held_requests") == 1, what="the request held at the gate")
         assert len(fake.arrived) == 2
@@ -355,9 +393,9 @@ async def test_completion_dropped_twice_waits_at_the_gate_and_is_sent_after_the_
         status, _, _ = await request
         assert status == 200
         fake.dropped = 0
-        status, _, _ = await _post(proxy.url, "/drop-twice/tokenize", json={"content": "x"})
+        status, _, _ = await _post(proxy.url, "/tokenize?fake=drop-twice", json={"content": "x"})
         assert status == 502, "a route that never waits is sent at most twice"
-    assert fake.paths() == ["/drop-twice/completion"] * 3 + ["/drop-twice/tokenize"] * 2
+    assert fake.paths() == ["/completion?fake=drop-twice"] * 3 + ["/tokenize?fake=drop-twice"] * 2
 
 
 class Placing:
@@ -388,7 +426,7 @@ async def test_a_completion_sent_again_after_the_restore_is_placed_afresh(upstre
     fake, url = upstream
     placing = Placing()
     async with run_proxy(url, pinner=placing) as proxy:
-        request = asyncio.create_task(_post(proxy.url, "/drop-twice/completion", json={"prompt": "x"}))
+        request = asyncio.create_task(_post(proxy.url, "/completion?fake=drop-twice", json={"prompt": "x"}))
         await until(lambda: proxy.gauge("proxy_held_requests") == 1, what="the request held at the gate")
         assert len(placing.placed) == 1, "held before its second placement"
         proxy.gate.open(seen_at=time.monotonic())
@@ -429,7 +467,7 @@ async def test_completion_to_a_server_that_is_not_listening_waits_for_it(
 async def test_completion_answered_loading_model_is_held_and_retried(upstream: tuple[Upstream, str]) -> None:
     fake, url = upstream
     async with run_proxy(url) as proxy:
-        request = asyncio.create_task(_post(proxy.url, "/loading-once/completion", json={"prompt": "x"}))
+        request = asyncio.create_task(_post(proxy.url, "/completion?fake=loading-once", json={"prompt": "x"}))
         await until(lambda: not proxy.gate.is_open, what="the gate closed on 'Loading model'")
         proxy.gate.open(seen_at=time.monotonic())
         status, _, _ = await request
@@ -449,3 +487,56 @@ def test_proxy_port_in_use_is_a_clear_error_at_start(slot_dir: Path, tmp_path: P
         assert proc.run_to_exit(20) == 2
     output = "\n".join(proc.lines())
     assert f"--proxy-listen 127.0.0.1:{port}: cannot listen there" in output
+
+
+@pytest.mark.timeout(20)
+async def test_connections_over_the_cap_get_a_503_json_answer_and_are_closed(upstream: tuple[Upstream, str]) -> None:
+    _, url = upstream
+    async with run_proxy(url, max_connections=3) as proxy:
+        opened = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(5)]
+        answers = []
+        for reader, _ in opened:
+            try:
+                answers.append(await asyncio.wait_for(reader.read(4096), 0.3))
+            except TimeoutError:
+                answers.append(b"")
+        assert answers[:3] == [b"", b"", b""], "connections within the cap are kept open, unanswered"
+        for answer in answers[3:]:
+            assert status_of(answer) == 503, answer
+            assert "--proxy-max-connections" in json_body(answer)["error"]["message"]
+        assert proxy.gauge("proxy_connections") == 3
+        assert proxy.gauge("proxy_connections_refused_total") == 2
+        for _, writer in opened:
+            writer.close()
+        await until(lambda: proxy.gauge("proxy_connections") == 0, what="closed connections counted out")
+        status, _, _ = await _post(proxy.url, "/tokenize", json={"content": "x"})
+        assert status == 200
+
+
+@pytest.mark.timeout(20)
+async def test_bodies_in_flight_are_capped_and_a_stalled_body_is_cut_at_the_body_timeout(
+    upstream: tuple[Upstream, str],
+) -> None:
+    fake, url = upstream
+    async with run_proxy(url, max_inflight_body_bytes=3 << 20, body_timeout=1.0) as proxy:
+        stalled = []
+        for _ in range(3):  # each declares 1 MiB and sends half of it: the cap holds 3
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(b"POST /completion HTTP/1.1\r\nHost: a\r\nContent-Length: 1048576\r\n\r\n" + b"x" * (1 << 19))
+            await writer.drain()
+            stalled.append((reader, writer))
+        await until(lambda: proxy.gauge("proxy_body_bytes") == 3 << 20, what="three bodies reserved")
+        status, headers, body = await _post(proxy.url, "/completion", data=b"y" * 1000)
+        assert status == 503, body
+        assert headers["Retry-After"] == "1"
+        assert "--proxy-max-inflight-body-bytes" in body["error"]["message"]
+        for reader, writer in stalled:
+            answer = await asyncio.wait_for(reader.read(4096), 5)
+            assert status_of(answer) == 408, answer
+            writer.close()
+        assert proxy.gauge("proxy_body_bytes") == 0
+        assert proxy.count("completion", "busy") == 1
+        status, _, echo = await _post(proxy.url, "/completion", data=b"z" * 1000)
+        assert status == 200
+        assert echo["body_bytes"] == 1000
+    assert fake.paths() == ["/completion"], "a refused or stalled body reached the server"

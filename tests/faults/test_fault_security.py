@@ -67,6 +67,23 @@ async def test_admin_endpoints_need_the_bearer_token(fake: FakeLlama, slot_dir: 
         assert "results" in json.loads(body)
 
 
+@pytest.mark.timeout(20)
+async def test_admin_slot_parameter_takes_ascii_digits_only(fake: FakeLlama, slot_dir: Path) -> None:
+    fake.use(0, 300)
+    async with run_sidecar(make_settings(fake.url, slot_dir, admin_token=ADMIN, min_tokens=100_000)) as car:
+        await eventually(lambda: _status_has_slots(car), what="slots read")
+        right = {"Authorization": f"Bearer {ADMIN}"}
+        # superscript two, Arabic-Indic zero, Extended Arabic-Indic one, fullwidth zero, and ASCII look-alikes
+        for spelled in ("%C2%B2", "%D9%A0", "%DB%B1", "%EF%BC%90", "1_0", "+0", "-0", "%200", "0x", ""):
+            code, body = await car.request("POST", f"/snapshot?slot={spelled}", headers=right)
+            assert code == 400, (spelled, code, body)
+            assert "?slot=N" in body
+        assert not [s for s in fake.saves if s.slot == 0], "a slot number in other digits reached the server"
+        code, body = await car.request("POST", "/snapshot?slot=0", headers=right)
+        assert code == 200, body
+        assert len([s for s in fake.saves if s.slot == 0]) == 1
+
+
 def test_default_listen_is_loopback(tmp_path: Path) -> None:
     settings = cli.settings_from(cli.build_parser().parse_args(["run", "--slot-dir", str(tmp_path)]))
     assert (settings.server.host, settings.server.port) == ("127.0.0.1", 9464)

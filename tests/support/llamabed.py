@@ -163,8 +163,11 @@ class LlamaServer:
         log_dir: Path | None = None,
         models_dir: Path | None = None,
         models_max: int = 1,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.binary, self.model, self.slot_dir = binary, model, slot_dir
+        self.env = dict(env or {})
+        """Extra environment (``AIP_MODE=PREDICTION`` for Vertex AI's /predict: its port then follows the bed's)."""
         self.n_slots, self.ctx_size, self.threads = n_slots, ctx_size, threads
         self.extra_args = list(extra_args or [])
         self.metrics, self.swa_full, self.api_key = metrics, swa_full, api_key
@@ -232,7 +235,7 @@ class LlamaServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=child_env(),
+                env=child_env(self.env | ({"AIP_HTTP_PORT": str(self.port)} if "AIP_MODE" in self.env else {})),
             )
         self.started_at = time.monotonic()
 

@@ -1,18 +1,19 @@
 """The proxy's relay on a loopback port in front of a scripted upstream, for faults and hostile clients.
 
 :class:`Upstream` is an aiohttp low-level server that records every request
-it gets (method, raw path, headers, body) and answers by path:
+it gets (method, raw path, headers, body) and answers by the ``fake`` query
+parameter (on any of llama-server's routes, since the proxy forwards writes
+only to those):
 
-* ``/hang``: never answers; sets ``hung_up`` when the proxy drops the connection;
-* ``/sse``: an event stream whose events are released one at a time by ``step``;
-* ``/cut`` (or any path ending so: ``/v1/messages/cut``): two events, then the connection is closed
-  mid-answer (a crash);
-* ``/prefill-crash-once...``: the first request gets a stream's status, headers and a ``:`` ping, then
-  the connection is closed before any event (a crash during the prefill); the next gets one event;
-* ``/short``: a JSON answer that declares 100 bytes and stops after 10 (a crash);
-* ``/drop-once...``: the first request is dropped before any answer byte, the next answered;
-* ``/drop-twice...``: the first two requests are dropped so, the next answered;
-* ``/loading-once...``: the first request gets llama-server's 503 "Loading model";
+* ``fake=hang``: never answers; sets ``hung_up`` when the proxy drops the connection;
+* ``fake=sse``: an event stream whose events are released one at a time by ``step``;
+* ``fake=cut``: two events, then the connection is closed mid-answer (a crash);
+* ``fake=prefill-crash-once``: the first request gets a stream's status, headers and a ``:`` ping,
+  then the connection is closed before any event (a crash during the prefill); the next gets one event;
+* ``fake=short``: a JSON answer that declares 100 bytes and stops after 10 (a crash);
+* ``fake=drop-once``: the first request is dropped before any answer byte, the next answered;
+* ``fake=drop-twice``: the first two requests are dropped so, the next answered;
+* ``fake=loading-once``: the first request gets llama-server's 503 "Loading model";
 * anything else: a JSON echo of what arrived.
 
 :func:`run_proxy` starts the real relay and listener (the same ones
@@ -62,35 +63,33 @@ class Upstream:
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         body = await request.read()
         self.arrived.append(Arrived(request.method, request.raw_path, list(request.headers.items()), body))
-        path = request.path
-        if path == "/hang":
+        path = request.query.get("fake", "")
+        if path == "hang":
             try:
                 await asyncio.get_running_loop().create_future()
             except asyncio.CancelledError:
                 self.hung_up.set()
                 raise
-        if (path.startswith("/drop-once") and not self.dropped) or (
-            path.startswith("/drop-twice") and self.dropped < 2
-        ):
+        if (path == "drop-once" and not self.dropped) or (path == "drop-twice" and self.dropped < 2):
             self.dropped += 1
             assert request.transport is not None
             request.transport.close()
             await asyncio.get_running_loop().create_future()
-        if path.startswith("/loading-once") and not self.loading_sent:
+        if path == "loading-once" and not self.loading_sent:
             self.loading_sent += 1
             error = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
             return web.json_response(error, status=503)
-        if path == "/short":
+        if path == "short":
             response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "100"})
             await response.prepare(request)
             await response.write(b'{"content"')
             assert request.transport is not None
             request.transport.close()
             return response
-        if path.startswith("/prefill-crash-once"):
+        if path == "prefill-crash-once":
             return await self._prefill_crash_once(request)
-        if path == "/sse" or path.endswith("/cut"):
-            return await self._events(request, cut=path.endswith("/cut"))
+        if path in ("sse", "cut"):
+            return await self._events(request, cut=path == "cut")
         echo = {
             "method": request.method,
             "raw_path": request.raw_path,
@@ -158,6 +157,9 @@ async def run_proxy(
     hold_seconds: float = 5.0,
     max_body_bytes: int = 1 << 20,
     idle_timeout: float = 75.0,
+    max_connections: int = 1000,
+    max_inflight_body_bytes: int = 256 << 20,
+    body_timeout: float = 60.0,
     admin_token: str | None = None,
     api_key: str | None = None,
     gate_open: bool = True,
@@ -175,6 +177,9 @@ async def run_proxy(
         hold_seconds=hold_seconds,
         max_body_bytes=max_body_bytes,
         idle_timeout=idle_timeout,
+        max_connections=max_connections,
+        max_inflight_body_bytes=max_inflight_body_bytes,
+        body_timeout=body_timeout,
     )
     client = listener.session(upstream)
     handler = relay.Relay(
@@ -186,7 +191,7 @@ async def run_proxy(
         admin_token=admin_token,
         pinner=pinner,
     )
-    proxy = await listener.start(handler, client, settings)
+    proxy = await listener.start(handler, client, settings, stats)
     try:
         yield Proxy(f"http://127.0.0.1:{proxy.port}", proxy.port, restore_gate, registry)
     finally:

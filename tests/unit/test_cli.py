@@ -13,7 +13,7 @@ import pytest
 
 from sidecar.cli import main as cli
 from sidecar.cli import options
-from sidecar.core import config, errors, events
+from sidecar.core import config, errors, events, parse
 from sidecar.snapshots import manifest, store
 from support import clocks
 
@@ -71,7 +71,10 @@ def test_listen_forms(tmp_path: Path, listen: str, host: str) -> None:
     assert settings("--slot-dir", str(tmp_path), "--listen", listen).server.host == host
 
 
-@pytest.mark.parametrize("listen", ["9464", "localhost", "localhost:http", "127.0.0.1:70000", "127.0.0.1:", ""])
+@pytest.mark.parametrize(
+    "listen",
+    ["9464", "localhost", "localhost:http", "127.0.0.1:70000", "127.0.0.1:", "", ":\u0669\u0664\u0666\u0664", ":+80"],
+)
 def test_bad_listen(tmp_path: Path, capsys: pytest.CaptureFixture[str], listen: str) -> None:
     with pytest.raises(errors.ConfigError, match="HOST:PORT"):
         settings("--slot-dir", str(tmp_path), "--listen", listen)
@@ -125,6 +128,13 @@ def test_missing_slot_dir(capsys: pytest.CaptureFixture[str]) -> None:
         ("--max-age", "-1", ">= 0"),
         ("--request-timeout", "0", "> 0"),
         ("--final-timeout", "-20", "> 0"),
+        ("--min-tokens", "\u0661\u0660", "is not a int"),  # Arabic-Indic digits: int() would take them
+        ("--proxy-max-connections", "\u00b2", "is not a int"),  # superscript two
+        ("--keep-per-slot", "1_0", "is not a int"),
+        ("--proxy-max-body-bytes", " 5", "is not a int"),
+        ("--proxy-hold-seconds", "nan", "is not a float"),
+        ("--proxy-body-timeout", "inf", "is not a float"),
+        ("--poll-interval", "\u0661", "is not a float"),
     ],
 )
 def test_bad_numbers_exit_2(
@@ -476,3 +486,23 @@ def test_router_mode_follows_the_server_unless_forced(tmp_path: Path, monkeypatc
     monkeypatch.setenv("LLAMA_SIDECAR_ROUTER", "0")
     assert settings("--slot-dir", str(tmp_path)).upstream.router is False
     assert settings("--slot-dir", str(tmp_path), "--router").upstream.router is True
+
+
+@pytest.mark.parametrize("text", ["0", "7", "1024", "000123"])
+def test_integers_in_ascii_digits_are_read(text: str) -> None:
+    assert parse.integer(text) == int(text)
+    assert parse.integer(text.encode()) == int(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "\u00b2", "\u0660", "\uff10", "1_0", "+1", "-1", " 1", "1 ", "0x1", "1e3", "9" * 19]
+)
+def test_integers_in_anything_else_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="ASCII digits"):
+        parse.integer(text)
+
+
+def test_a_signed_integer_takes_one_minus() -> None:
+    assert parse.integer("-12", signed=True) == -12
+    with pytest.raises(ValueError, match="ASCII digits"):
+        parse.integer("--1", signed=True)

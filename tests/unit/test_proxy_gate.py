@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import gate
-from sidecar.core import metrics, outcomes
+from sidecar.core import metrics
 from sidecar.proxy import routes
 
 
@@ -98,46 +97,6 @@ async def test_a_request_held_twice_is_counted_while_it_waits_and_its_hold_obser
     with g.hold(stats):
         pass  # never waited: not observed
     assert sample("llama_sidecar_proxy_hold_seconds_count") == 1
-
-
-@pytest.mark.parametrize(
-    ("method", "path", "route", "verdict"),
-    [
-        ("POST", "/completion", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/completions", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/completions", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/chat/completions", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/chat/completions?x=1", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/messages", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/responses", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/infill", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/embeddings", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/embedding", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/rerank", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/api-prefix/v1/chat/completions", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("POST", "/v1/chat/%63ompletions", outcomes.Route.COMPLETION, routes.Verdict.FORWARD),
-        ("GET", "/completion", outcomes.Route.OTHER, routes.Verdict.FORWARD),
-        ("POST", "/v1/messages/count_tokens", outcomes.Route.OTHER, routes.Verdict.FORWARD),
-        ("POST", "/tokenize", outcomes.Route.OTHER, routes.Verdict.FORWARD),
-        ("POST", "/apply-template", outcomes.Route.OTHER, routes.Verdict.FORWARD),
-        ("GET", "/v1/models", outcomes.Route.OTHER, routes.Verdict.FORWARD),
-        ("GET", "/health", outcomes.Route.OTHER, routes.Verdict.FORWARD),
-        ("GET", "/slots", outcomes.Route.OTHER, routes.Verdict.FORWARD),
-        ("GET", "/", outcomes.Route.OTHER, routes.Verdict.FORWARD),
-        ("POST", "/slots/0?action=save", outcomes.Route.OTHER, routes.Verdict.SLOT_ACTION),
-        ("POST", "/slots%2F0?action=erase", outcomes.Route.OTHER, routes.Verdict.SLOT_ACTION),
-        ("POST", "/prefix/slots/3?action=restore", outcomes.Route.OTHER, routes.Verdict.SLOT_ACTION),
-        ("DELETE", "/slots/0", outcomes.Route.OTHER, routes.Verdict.SLOT_ACTION),
-        ("POST", "/../slots/0", outcomes.Route.OTHER, routes.Verdict.BAD_PATH),
-        ("POST", "/a/%2e/completion", outcomes.Route.OTHER, routes.Verdict.BAD_PATH),
-        ("GET", "http://example.com/health", outcomes.Route.OTHER, routes.Verdict.BAD_PATH),
-        ("GET", "*", outcomes.Route.OTHER, routes.Verdict.BAD_PATH),
-    ],
-)
-def test_routes_are_classified_on_the_path_llama_server_will_see(
-    method: str, path: str, route: outcomes.Route, verdict: routes.Verdict
-) -> None:
-    assert routes.classify(method, path) == routes.Request(route, verdict)
 
 
 def test_hop_by_hop_headers_and_those_named_by_connection_are_dropped() -> None:

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+import structlog
 
 from sidecar.act import gate
 from sidecar.proxy import sentinel
@@ -112,3 +113,19 @@ async def test_a_server_never_reached_raises_no_suspicion(opened: gate.Gate) -> 
         assert opened.is_open, "nothing was ever connected: a refusal then says nothing of a restart"
     finally:
         task.cancel()
+
+
+LOADING = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}"
+
+
+async def test_one_outage_is_logged_once_however_many_connections_the_restarting_server_drops(
+    opened: gate.Gate,
+) -> None:
+    # up (two 200s), then gone, then loading: each connection gets a 503 and is dropped, five times; then up
+    # again and gone again: a second outage, a second line
+    script = [OK, OK, None, LOADING, None, LOADING, None, LOADING, None, LOADING, None, LOADING, None, OK, None]
+    server = Server(lambda n: script[n - 1] if n <= len(script) else OK)
+    with structlog.testing.capture_logs() as logs:
+        await _run(server, opened, lambda: server.requests >= len(script) + 1)
+    dropped = [entry for entry in logs if entry["event"] == "server_connection_dropped"]
+    assert len(dropped) == 2, dropped

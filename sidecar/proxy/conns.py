@@ -1,0 +1,165 @@
+"""The proxy's client connections: a cap on how many are open, and clients that half-close.
+
+aiohttp's server is used as it is, with its connection protocol changed in
+two ways:
+
+* **A cap.** A connection over ``max_connections`` is answered a 503 JSON
+  error at once and closed, before anything is read: idle or slow clients
+  cannot take every file descriptor of the process (which would stop its
+  saves and its own ``/healthz``).
+* **Half-close.** A client may send its request and then shut down its
+  side of the socket (``shutdown(SHUT_WR)``); that is a valid TCP
+  exchange, and llama-server answers it. aiohttp takes the end of the
+  client's stream for a disconnect and cancels the request. Here the
+  connection stays open for the answer (and closes after it), and the
+  proxy checks every ``PROBE`` seconds whether the client is still there:
+  until the answer starts it sends an interim ``100 Continue`` (which
+  every HTTP/1.1 client skips), and a client that closed its socket
+  answers that, or the answer's first bytes, with a reset; the request is
+  then cancelled as for any disconnect, within about two ``PROBE``. An idle
+  connection's end is a close, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import socket
+from typing import Any, cast
+
+import structlog
+from aiohttp import HttpVersion11, web, web_protocol
+from prometheus_client import Counter, Gauge
+
+log = structlog.get_logger("sidecar.proxy")
+
+PROBE = 1.0
+"""Seconds between two liveness probes of a half-closed client, until its answer starts (llama-server
+checks its own clients once a second too)."""
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+FD_RESERVE = 256
+"""File descriptors kept for everything but client connections: slot files, the upstream pool, the
+sidecar's own port, logs."""
+
+
+def _refusal(cap: int) -> bytes:
+    message = (
+        f"the proxy has {cap} client connections open (--proxy-max-connections): close idle keep-alive "
+        "connections, retry shortly, or raise the cap (and the file-descriptor limit with it)"
+    )
+    body = json.dumps({"error": {"code": 503, "message": message, "type": "unavailable_error"}}).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class Server(web.Server):
+    def __init__(self, handler: Any, *, max_connections: int, opened: Gauge, refused: Counter, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.max_connections = max_connections
+        self.open: set[Protocol] = set()
+        self.opened = opened
+        self.refused = refused
+        self.refusal = _refusal(max_connections)
+
+    def __call__(self) -> Protocol:
+        return Protocol(self, loop=self._loop, **self._kwargs)
+
+
+class Protocol(web_protocol.RequestHandler):
+    __slots__ = ("_owner", "_probe")
+
+    def __init__(self, manager: Server, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._owner = manager
+        self._probe: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        owner = self._owner
+        if len(owner.open) >= owner.max_connections:
+            # uvloop's transports are not asyncio.Transport subclasses: no isinstance check here
+            writable = cast(asyncio.Transport, transport)
+            writable.write(owner.refusal)
+            writable.close()
+            owner.refused.inc()
+            self._manager = None  # never served: connection_lost has nothing to undo
+            return
+        owner.open.add(self)
+        owner.opened.set(len(owner.open))
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self in self._owner.open:
+            self._owner.open.discard(self)
+            self._owner.opened.set(len(self._owner.open))
+        if self._probe is not None:
+            self._probe.cancel()
+        super().connection_lost(exc)
+
+    def _idle(self) -> bool:
+        """Waiting for a next request, with none queued or being handled."""
+        waiting = self._waiter is not None and not self._waiter.done()
+        return waiting and not self._messages and not self._request_in_progress
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol returns a bool
+        if self._idle():
+            return None  # an idle connection closed by its client: close ours
+        self.keep_alive(False)
+        self._probe = self._loop.create_task(self._watch())
+        return True  # keep the connection open to write the answer
+
+    async def _watch(self) -> None:
+        """Probe the half-closed client until its connection ends; one that is gone is dropped.
+
+        Until the answer starts a ``100 Continue`` is the probe, after it the answer's own bytes: to
+        either, a socket that was closed answers with a reset, which the kernel keeps as the socket's
+        pending error. Reading is off after the end of the client's stream, so nothing else sees it.
+        """
+        while (transport := self.transport) is not None and not transport.is_closing():
+            if self._idle():
+                transport.close()  # its answer was sent (or it never sent a whole request)
+                return
+            request = self._current_request
+            if request is not None and request.version >= HttpVersion11 and request.writer.output_size == 0:
+                transport.write(_CONTINUE)
+            await asyncio.sleep(PROBE)
+            sock = transport.get_extra_info("socket")
+            if sock is not None and (code := sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)):
+                transport.abort()  # connection_lost cancels the request, as for any disconnect
+                log.debug("proxy_client_gone", error=os.strerror(code))
+                return
+
+
+def usable_connections(wanted: int) -> int:
+    """``wanted``, or fewer if the file-descriptor limit (raised to its hard limit first) cannot hold them.
+
+    Each client connection may need two descriptors (its socket and one to llama-server), plus
+    ``FD_RESERVE`` for the rest of the process.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 2 * wanted + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return wanted
+    usable = max((soft - FD_RESERVE) // 2, 1)
+    log.warning(
+        "proxy_connections_capped",
+        wanted=wanted,
+        usable=usable,
+        nofile=soft,
+        effect=f"the file-descriptor limit ({soft}) cannot hold {wanted} client connections; the proxy "
+        f"takes at most {usable} and answers 503 past it",
+        hint="raise the limit (LimitNOFILE= in the systemd unit, ulimits: nofile in Compose) to "
+        f"{needed} or more, or lower --proxy-max-connections",
+    )
+    return usable
