@@ -35,9 +35,16 @@ NOT_POLLED = "the sidecar has not seen llama-server up yet"
 
 
 class Gate:
-    def __init__(self, *, clock: protocols.Clock | None = None, on_suspect: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        clock: protocols.Clock | None = None,
+        on_suspect: Callable[[], None] | None = None,
+        on_wait: Callable[[], None] | None = None,
+    ) -> None:
         """``on_suspect`` is called on each suspicion: the poller polls at once, so the suspicion is
-        cleared (or confirmed) soon."""
+        cleared (or confirmed) soon. ``on_wait`` is called when a request starts waiting and none was:
+        the poller polls at once, and keeps polling fast while requests wait."""
         self._clock = clock or protocols.SystemClock()
         self._open = asyncio.Event()
         self._reason = NOT_POLLED
@@ -45,6 +52,7 @@ class Gate:
         self.waiting = 0
         """Requests waiting at the gate now."""
         self._on_suspect = on_suspect
+        self._on_wait = on_wait
 
     @property
     def is_open(self) -> bool:
@@ -82,6 +90,8 @@ class Gate:
         if self._open.is_set():
             return True
         self.waiting += 1
+        if self.waiting == 1 and self._on_wait is not None:
+            self._on_wait()
         try:
             async with asyncio.timeout(max(timeout, 0.0)):
                 await self._open.wait()

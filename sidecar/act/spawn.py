@@ -51,7 +51,8 @@ def watch(
     engine brings a slot of a recurrent or hybrid model back to its prompt's boundary (see ``boundary``).
     """
     poll = poller.Poller(client, settings.poll, clock=clock, weights=weights, detect_router=detect_router)
-    restore_gate = gate.Gate(clock=clock, on_suspect=poll.poll_soon)
+    restore_gate = gate.Gate(clock=clock, on_suspect=poll.poll_soon, on_wait=poll.poll_soon)
+    poll.hurry = lambda: restore_gate.waiting > 0
     core = engine.Engine(
         client=client,
         snapshots=snapshots,

@@ -23,6 +23,7 @@ is read once per model file (:func:`read`, blocking: call it in a thread).
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import BinaryIO
@@ -152,8 +153,16 @@ _said: set[str] = set()
 
 
 def of_file(model_path: str) -> Kind:
-    """:func:`read` for the model llama-server reports; ``unknown`` (said once per path) if unreadable."""
+    """:func:`read` for the model llama-server reports; ``unknown`` (said once per path) if unreadable.
+
+    Read once per file: a header of a large vocabulary takes a quarter of a second to walk, and a restarted
+    server's restore round waits for it. The file is known by its device, inode, size and times, as
+    ``weights`` keys its checksums; a file changed in place or replaced is read again.
+    """
     try:
+        key = _file_key(model_path)
+        if (known := _read.get(model_path)) is not None and known[0] == key:
+            return known[1]
         kind = read(Path(model_path))
     except (OSError, ValueError) as exc:
         if model_path not in _said:
@@ -168,7 +177,21 @@ def of_file(model_path: str) -> Kind:
                 "directory read-only into the sidecar at the same path)",
             )
         return Kind.UNKNOWN
+    _read.pop(model_path, None)
+    _read[model_path] = (key, kind)
+    while len(_read) > _READ_KEEP:
+        _read.pop(next(iter(_read)))
     if model_path not in _said:
         _said.add(model_path)
         log.info("model_memory", model_path=model_path, memory=kind.value, cuts_back=cuts_back(kind))
     return kind
+
+
+_READ_KEEP = 16
+_read: dict[str, tuple[tuple[int, ...], Kind]] = {}
+"""Kinds read by :func:`of_file`, by path: the file's key when read, and its kind (oldest first)."""
+
+
+def _file_key(model_path: str) -> tuple[int, ...]:
+    st = os.stat(model_path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

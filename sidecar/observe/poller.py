@@ -1,7 +1,8 @@
 """Polls llama-server and turns what it sees into observations and events.
 
 /health every poll (every ``down_interval`` while the server is down or
-loading, so a restart is seen within a quarter second); /props and /metrics
+loading, so a restart is seen within a quarter second, and every
+``HURRIED`` while the proxy holds a request for it); /props and /metrics
 whenever the server is up (/props says whether ``--sleep-idle-seconds`` put
 the server to sleep); /v1/models when the server comes up or its model
 changes, /props and /metrics side by side; /slots when the server comes up,
@@ -29,6 +30,10 @@ from sidecar.core import config, errors, events, protocols
 from sidecar.observe import memory
 
 log = structlog.get_logger("sidecar.poller")
+
+HURRIED = 0.02
+"""Seconds between polls of a server down or loading while requests wait for it: what a held request waits,
+after the server answers /health, before its restore round starts (a /health is a few hundred µs)."""
 
 BUSY_REFRESH = 5.0
 """Seconds between /slots reads while the same number of slots stays busy."""
@@ -74,6 +79,9 @@ class Poller:
         """This poll's refusals (401/403): said once when they start and once when they end."""
         self._was_denied = False
         self._soon = asyncio.Event()
+        self.hurry: Callable[[], bool] = lambda: False
+        """True while a request waits for the server to come back (the proxy's held completions): while it
+        is down or loading, polls are :data:`HURRIED` apart rather than ``down_interval``."""
 
     def poll_soon(self) -> None:
         """Poll now rather than after the interval (a poll under way is followed at once by another)."""
@@ -84,8 +92,11 @@ class Poller:
             obs, evts = await self.step()
             await sink(obs, evts)
             up = obs.health is events.Health.OK
+            pause = self._settings.interval if up else self._settings.down_interval
+            if not up and self.hurry():
+                pause = min(pause, HURRIED)
             try:
-                async with asyncio.timeout(self._settings.interval if up else self._settings.down_interval):
+                async with asyncio.timeout(pause):
                     await self._soon.wait()
             except TimeoutError:
                 pass
@@ -93,11 +104,14 @@ class Poller:
 
     async def step(self) -> tuple[events.Observation, list[events.Event]]:
         """One poll, and the transitions it shows."""
+        came_up = self.prev is None or self.prev.health is not events.Health.OK
         obs = await self.poll_once()
         if obs.health is not events.Health.OK:
             self._down_since_up = True
         evts = events.detect(self.prev, obs, last_up=self.last_up, was_down=self._down_since_up)
-        if any(e.transition is events.Transition.RESTARTED for e in evts):
+        if not came_up and any(e.transition is events.Transition.RESTARTED for e in evts):
+            # Seen up all along, yet a new process: this poll read its identity as the old one's. A poll that
+            # saw the server come up has just read it afresh (model facts included): not read twice.
             obs = await self._refresh_after_restart(obs)
         self.prev = obs
         if obs.health is events.Health.OK and obs.slots is not None:

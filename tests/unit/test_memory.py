@@ -104,3 +104,22 @@ def test_a_hybrid_is_never_told_to_use_swa_full() -> None:
         assert "start llama-server with --swa-full" not in restorer.ineffective_hint(kind)
         assert "cannot be cut back" in restorer.ineffective_hint(kind)
     assert "--swa-full" in restorer.ineffective_hint(events.Memory.SWA)
+
+
+def test_a_model_file_is_read_once_until_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _gguf(tmp_path / "m.gguf", [("general.architecture", 8, _str("qwen35"))])
+    reads: list[Path] = []
+    real = memory.read
+
+    def counted(p: Path) -> events.Memory:
+        reads.append(p)
+        return real(p)
+
+    monkeypatch.setattr(memory, "read", counted)
+    assert memory.of_file(str(path)) is events.Memory.HYBRID
+    assert memory.of_file(str(path)) is events.Memory.HYBRID
+    assert len(reads) == 1  # a restarted server's poll does not walk the header again
+    replaced = _gguf(tmp_path / "new.gguf", [("general.architecture", 8, _str("llama"))])
+    replaced.replace(path)  # another model file at the same path
+    assert memory.of_file(str(path)) is events.Memory.ATTENTION
+    assert len(reads) == 2

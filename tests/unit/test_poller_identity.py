@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
 
 from sidecar.core import config, events
 from sidecar.observe import poller, upstream
+from support import wait
 
 
 class Client:
@@ -90,3 +94,72 @@ async def test_adapters_wait_for_an_idle_server_and_never_hold_the_poll() -> Non
     assert obs.identity is not None
     assert obs.identity.adapters == (events.Adapter(0, "/models/style.gguf", 0.5),)
     assert client.adapter_reads == 1
+
+
+async def test_a_restart_seen_as_the_server_comes_back_reads_the_model_once() -> None:
+    # The poll that sees a restarted server up has read its identity afresh; reading it again would put
+    # a second /props, /v1/models and model-file read on the restore round's path.
+    client, weights = Client(), Weights()
+    poll = poller.Poller(client, config.PollSettings(), weights=weights)  # type: ignore[arg-type]
+    await poll.step()
+    up = client.health
+
+    async def down() -> tuple[events.Health, str]:
+        return events.Health.DOWN, "refused"
+
+    client.health = down  # type: ignore[method-assign]
+    await poll.step()
+    client.health = up  # type: ignore[method-assign]
+    client.start_time = 2.0  # a new process
+    weights.calls.clear()
+    _, evts = await poll.step()
+    assert events.Transition.RESTARTED in {e.transition for e in evts}
+    assert weights.calls == ["/models/m.gguf"]
+
+
+async def test_a_restart_between_two_polls_reads_the_new_identity() -> None:
+    client, weights = Client(), Weights()
+    poll = poller.Poller(client, config.PollSettings(), weights=weights)  # type: ignore[arg-type]
+    await poll.step()
+    await poll.step()
+    client.start_time = 2.0  # restarted between two polls that both saw it up
+    weights.calls.clear()
+    obs, evts = await poll.step()
+    assert events.Transition.RESTARTED in {e.transition for e in evts}
+    assert weights.calls == ["/models/m.gguf"]  # the old process's identity is not carried on
+    assert obs.counters is not None
+    assert obs.counters.start_time == 2.0
+
+
+async def test_a_server_down_is_polled_fast_while_requests_wait_for_it() -> None:
+    client = Client()
+    polls = 0
+
+    async def down() -> tuple[events.Health, str]:
+        nonlocal polls
+        polls += 1
+        return events.Health.LOADING, "loading"
+
+    client.health = down  # type: ignore[method-assign]
+    poll = poller.Poller(client, config.PollSettings(down_interval=30.0), weights=Weights())  # type: ignore[arg-type]
+    waiting = False
+    poll.hurry = lambda: waiting
+
+    async def sink(obs: events.Observation, evts: list[events.Event]) -> None:
+        return None
+
+    task = asyncio.create_task(poll.run(sink))
+    try:
+        await wait.eventually(lambda: _true(polls == 1), timeout=5, what="the first poll")
+        waiting = True
+        poll.poll_soon()  # the gate does this when the first request starts waiting
+        # 5 polls in well under one down_interval: HURRIED apart while a request waits.
+        await wait.eventually(lambda: _true(polls >= 6), timeout=5, what="hurried polls")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _true(value: bool) -> bool:
+    return value
