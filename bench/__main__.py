@@ -1,7 +1,7 @@
 """`python -m bench`: run the benchmarks, print tables, write a PNG and a JSON.
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
-footprint, scaling, proxy, restore, hashing, library, shared, agents, hybrid. Progress goes to stderr, results to
+footprint, scaling, proxy, restore, hashing, library, shared, agents, hybrid, price. Progress goes to stderr, results to
 stdout, ending with one verdict line per goal (MET, MISSED or NO VERDICT, with the figures).
 The exit status is 1 when a goal was missed.
 """
@@ -23,6 +23,7 @@ from bench import footprint as footprint_mod
 from bench import hashing as hashing_mod
 from bench import hybrid as hybrid_mod
 from bench import library as library_mod
+from bench import price as price_mod
 from bench import proxy as proxy_mod
 from bench import restart as restart_mod
 from bench import restore as restore_mod
@@ -32,7 +33,7 @@ from bench import ttft as ttft_mod
 
 SECTIONS = (
     "ttft", "restart", "stall", "footprint", "scaling", "proxy", "restore", "hashing", "library", "shared", "agents",
-    "hybrid",
+    "hybrid", "price",
 )  # fmt: skip
 
 
@@ -81,7 +82,9 @@ def plan(ns: argparse.Namespace) -> Plan:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions (about 3 minutes)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, few repetitions (about 19 minutes on 2 cores)"
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="PNG, JSON and logs go here")
     parser.add_argument("--sizes", default="", help="prompt sizes in tokens for ttft, e.g. 1024,2048,4096,8192,12288")
     parser.add_argument("--restarts", type=int, default=0, help="kill -9 restarts to time (default 20; 5 quick)")
@@ -203,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
             "hybrid",
             "12. Hybrid models: reuse and time to first token per chat turn, alone vs beside vs proxy, and kill -9",
             lambda: hybrid_mod.measure(bed, quick=bool(ns.quick), say=say),
+        )
+        results.price = section(
+            "price",
+            "13. The proxy's price per turn: warm turns, first streamed byte, CPU, and the turn after a kill -9",
+            lambda: price_mod.measure(bed, quick=bool(ns.quick), say=say),
         )
     finally:
         bed.close()

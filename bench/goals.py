@@ -49,6 +49,7 @@ from typing import Any
 from bench import agents as agents_mod
 from bench import footprint, hashing, restart, restore, rig, scaling, stall, ttft
 from bench import hybrid as hybrid_mod
+from bench import price as price_mod
 from bench import proxy as proxy_mod
 
 SPEEDUP_GOAL = 100.0
@@ -84,6 +85,7 @@ class Results:
     proxy: proxy_mod.Result | None = None
     agents: list[agents_mod.Api] | None = None
     hybrid: hybrid_mod.Result | None = None
+    price: price_mod.Result | None = None
 
     def as_json(self) -> dict[str, Any]:
         def dump(value: Any) -> Any:
@@ -104,6 +106,7 @@ class Results:
             "proxy": dump(self.proxy),
             "agents": dump(self.agents),
             "hybrid": dump(self.hybrid),
+            "price": dump(self.price),
         }
 
 
@@ -135,6 +138,7 @@ def results_from_json(raw: dict[str, Any]) -> Results:
         if raw.get("proxy")
         else None,
         agents=[agents_mod.Api(**d) for d in raw["agents"]] if raw.get("agents") else None,
+        price=price_mod.from_json(raw["price"]) if raw.get("price") else None,
     )
 
 
@@ -153,7 +157,7 @@ def judge(r: Results, *, quick: bool) -> list[Verdict]:
     if r.restarts:
         out.append(_restart(r.restarts))
     if r.stalls:
-        out += _stall(r.stalls)
+        out += _stall(r.stalls, quick=quick)
     if r.footprint:
         out += _footprint(r.footprint)
     if r.rates:
@@ -168,19 +172,22 @@ def judge(r: Results, *, quick: bool) -> list[Verdict]:
             )
         )
     if r.restores:
-        out += [_restore(m) for m in r.restores]
+        out += [_restore(m, quick=quick) for m in r.restores]
     if r.checksums:
         out.append(_checksum(r.checksums))
     if r.proxy:
-        out += [Verdict(goal, measured, met) for goal, measured, met in proxy_mod.judged(r.proxy)]
+        out += [Verdict(goal, measured, met) for goal, measured, met in proxy_mod.judged(r.proxy, quick=quick)]
     if r.agents:
-        out += [Verdict(goal, measured, met) for goal, measured, met in agents_mod.judged(r.agents)]
+        out += [Verdict(goal, measured, met) for goal, measured, met in agents_mod.judged(r.agents, quick=quick)]
     if r.hybrid:
         out += [Verdict(goal, measured, met) for goal, measured, met in hybrid_mod.judged(r.hybrid)]
+    if r.price:
+        out += [Verdict(goal, measured, met) for goal, measured, met in price_mod.judged(r.price)]
     return out
 
 
-def _restore(m: restore.Measure) -> Verdict:
+def _restore(m: restore.Measure, *, quick: bool) -> Verdict:
+    rounds = [a / b for a, b in zip(m.restart_ms, m.restart_direct_ms, strict=False)]
     return Verdict(
         f"restore of {m.bytes / 1e6:.0f} MB ({m.tokens:,} tokens) after a restart: the sidecar's "
         f"<= {RESTORE_GOAL:.1f}x the server's own call",
@@ -188,8 +195,8 @@ def _restore(m: restore.Measure) -> Verdict:
         f"file checked while the server loaded in {rig.median(m.precheck_ms):.0f} ms; server call "
         f"{rig.median(m.restart_direct_ms):.1f} ms, restore_ms {rig.median(m.restart_direct_server_ms):.1f}; "
         "on demand, "
-        f"the check in the round: {m.demand_ratio:.2f}x)",
-        m.ratio <= RESTORE_GOAL,
+        f"the check in the round: {m.demand_ratio:.2f}x; per restore {', '.join(f'{v:.2f}' for v in rounds)})",
+        rig.decide(m.ratio, RESTORE_GOAL, rounds=rounds, quick=quick),
     )
 
 
@@ -234,7 +241,7 @@ def _restart(samples: list[restart.Sample]) -> Verdict:
     )
 
 
-def _stall(conds: list[stall.Condition]) -> list[Verdict]:
+def _stall(conds: list[stall.Condition], *, quick: bool) -> list[Verdict]:
     base, direct = stall.pick(conds, stall.NONE), stall.pick(conds, stall.DIRECT)
     side, held = stall.pick(conds, stall.SIDECAR), stall.pick(conds, stall.HELD)
     few = min(len(c.gaps_ms) for c in conds) < MIN_GAPS
@@ -246,22 +253,28 @@ def _stall(conds: list[stall.Condition]) -> list[Verdict]:
     def p99(c: stall.Condition) -> float:
         return rig.percentile(c.gaps_ms, 99)
 
-    def verdict(ratio: float, bar: float) -> bool | None:
-        return None if few or noisy or math.isnan(ratio) else ratio <= bar
+    def verdict(ratio: float, bar: float, rounds: list[float]) -> bool | None:
+        return None if few or noisy else rig.decide(ratio, bar, rounds=rounds, quick=quick)
 
     vs_direct = stall.p99_ratio(conds, stall.DIRECT, stall.SIDECAR)
     vs_none = stall.p99_ratio(conds, stall.NONE, stall.HELD)
+    direct_rounds = stall.round_p99_ratios(conds, stall.DIRECT, stall.SIDECAR)
+    none_rounds = stall.round_p99_ratios(conds, stall.NONE, stall.HELD)
+
+    def rounds_said(rounds: list[float]) -> str:
+        return f"; per round {', '.join(f'{v:.3f}' for v in rounds)}"
+
     return [
         Verdict(
             f"stall: p99 gap with sidecar (hold off) <= {STALL_DIRECT_GOAL:.2f}x the same saves made directly",
             f"{vs_direct:.3f}x (p99 {p99(side):.1f} vs {p99(direct):.1f} ms; no saves {p99(base):.1f} ms;"
-            f" {side.saves} vs {direct.saves} saves)" + caveat,
-            verdict(vs_direct, STALL_DIRECT_GOAL),
+            f" {side.saves} vs {direct.saves} saves{rounds_said(direct_rounds)})" + caveat,
+            verdict(vs_direct, STALL_DIRECT_GOAL, direct_rounds),
         ),
         Verdict(
             f"stall: p99 gap with sidecar (defaults: hold) <= {STALL_P99_GOAL:.2f}x no saves",
-            f"{vs_none:.3f}x (p99 {p99(held):.1f} vs {p99(base):.1f} ms)" + caveat,
-            verdict(vs_none, STALL_P99_GOAL),
+            f"{vs_none:.3f}x (p99 {p99(held):.1f} vs {p99(base):.1f} ms{rounds_said(none_rounds)})" + caveat,
+            verdict(vs_none, STALL_P99_GOAL, none_rounds),
         ),
         Verdict(
             "stall: no save lands during another slot's generation with the hold, and the held saves are made",

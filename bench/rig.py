@@ -169,6 +169,37 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
+def spread(values: Sequence[float]) -> float:
+    """Largest minus smallest of a figure measured once per round; nan with fewer than two rounds."""
+    good = [v for v in values if not math.isnan(v)]
+    return max(good) - min(good) if len(good) >= 2 else math.nan
+
+
+def decide(value: float, bar: float, *, rounds: Sequence[float], quick: bool, at_most: bool = True) -> bool | None:
+    """Whether ``value`` meets ``bar`` (at most it, or at least it); None, no verdict, when it cannot tell.
+
+    A quick run cannot tell when its rounds' figures (``rounds``: the same figure, once per round, or per
+    half of a single round) differ by as much as the margin between ``value`` and ``bar``, or when there
+    are fewer than two of them: another quick run could land on the other side. A full run always decides.
+    """
+    if math.isnan(value):
+        return None
+    if quick and not spread(rounds) < abs(bar - value):
+        return None
+    return value <= bar if at_most else value >= bar
+
+
+def word(met: bool | None) -> str:
+    """A verdict's word: MET, MISSED, or NO VERDICT (None)."""
+    return {True: "MET", False: "MISSED", None: "NO VERDICT"}[met]
+
+
+def halves(values: Sequence[float]) -> tuple[Sequence[float], Sequence[float]]:
+    """The first and the second half of a series, in the order measured: two rounds made of one."""
+    mid = len(values) // 2
+    return values[:mid], values[mid:]
+
+
 def fmt(value: object, digits: int = 3) -> str:
     if isinstance(value, float):
         if math.isnan(value):

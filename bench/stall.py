@@ -37,6 +37,7 @@ import functools
 import itertools
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench import client, rig
@@ -357,3 +358,15 @@ def p99_ratio(conds: list[Condition], over: str = NONE, side: str = SIDECAR) -> 
 def p50_ratio(conds: list[Condition]) -> float:
     """Median gap with the sidecar over median gap with no saves at all."""
     return rig.percentile(pick(conds, SIDECAR).gaps_ms, 50) / rig.percentile(pick(conds, NONE).gaps_ms, 50)
+
+
+def round_p99_ratios(conds: list[Condition], over: str = NONE, side: str = SIDECAR) -> list[float]:
+    """:func:`p99_ratio` of each kept round; with a single kept round, of each half of it (in time order)."""
+    ours, theirs = pick(conds, side), pick(conds, over)
+    pairs: list[tuple[Sequence[float], Sequence[float]]] = [
+        (w.gaps_ms, v.gaps_ms) for w in ours.windows for v in theirs.windows if w.round == v.round and w.kept and v.kept
+    ]
+    if len(pairs) == 1:
+        ((mine, base),) = pairs
+        pairs = list(zip(rig.halves(mine), rig.halves(base), strict=True))
+    return [rig.percentile(a, 99) / rig.percentile(b, 99) for a, b in pairs]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
-from bench import footprint, goals, hashing, hybrid, proxy, restore, stall
+from bench import footprint, goals, hashing, hybrid, price, proxy, restore, rig, stall
 
 MIB = 1 << 20
 
@@ -164,3 +165,64 @@ def test_hybrid_turns_slower_than_llama_server_alone_are_missed() -> None:
     assert len(missed) == 1, missed
     assert "time to first token proxy" in missed[0].goal
     assert "1.50x" in missed[0].measured
+
+
+def test_a_quick_run_whose_rounds_straddle_the_bar_gives_no_verdict() -> None:
+    # The case: 1.020x against a 1.02x bar, with rounds further apart than the margin.
+    assert rig.decide(1.020, 1.02, rounds=[1.00, 1.05], quick=True) is None
+    assert rig.decide(1.020, 1.02, rounds=[1.00, 1.05], quick=False) is True  # the full run decides
+    assert rig.decide(1.30, 1.02, rounds=[1.28, 1.31], quick=True) is False  # rounds agree: a miss is a miss
+    assert rig.decide(0.90, 1.02, rounds=[0.89, 0.92], quick=True) is True
+    assert rig.decide(0.90, 1.02, rounds=[0.9], quick=True) is None  # one round cannot show its spread
+
+
+def test_a_quick_stall_run_of_one_round_is_split_in_halves_to_decide() -> None:
+    near = goals.judge(goals.Results(stalls=_conditions(1.02, rounds=1)), quick=True)
+    far = goals.judge(goals.Results(stalls=_conditions(2.0, rounds=1)), quick=True)
+    assert near[0].met is None, near[0].measured  # at the bar: the halves differ by more than the margin
+    assert "per round" in near[0].measured
+    assert goals.judge(goals.Results(stalls=_conditions(1.02, rounds=1)), quick=False)[0].met is not None
+    assert far[0].met is False  # twice the gaps: both halves say so
+    assert goals.exit_code(far) == 1
+
+
+def _price(*, turn_ms: float, first_ms: float, crashed_ms: float, quick: bool = False) -> price.Result:
+    rng = random.Random(7)
+
+    def around(value: float, n: int = 12) -> list[float]:
+        return [value * rng.uniform(0.99, 1.01) for _ in range(n)]
+
+    apis = [
+        price.Api(
+            name,
+            {price.DIRECT: around(200.0), price.PROXY: around(turn_ms)},
+            {price.DIRECT: around(100.0), price.PROXY: around(first_ms)},
+            5000.0,
+        )
+        for name in price.APIS
+    ]
+    direct = around(1.0, 100)
+    non_routed = [proxy.Latency("POST /tokenize", direct, [d + 0.4 for d in direct], 500.0)]
+    crash = price.Crash(2000, around(crashed_ms, 3), around(200.0, 3), [2000] * 3, [2000] * 3)
+    return price.Result(2000, apis, non_routed, crash, quick)
+
+
+def test_the_proxys_price_goals_are_met_or_missed_and_fail_the_run() -> None:
+    cheap = goals.judge(goals.Results(price=_price(turn_ms=202.0, first_ms=101.0, crashed_ms=220.0)), quick=False)
+    dear = goals.judge(goals.Results(price=_price(turn_ms=240.0, first_ms=120.0, crashed_ms=300.0)), quick=False)
+    assert [v.met for v in cheap] == [True] * len(cheap)
+    assert goals.exit_code(cheap) == 0
+    by = {v.goal.split(",")[0] if "," in v.goal else v.goal: v.met for v in dear}
+    assert by["price: chat completions"] is False
+    assert [v.met for v in dear if "kill -9" in v.goal] == [False]
+    assert [v.met for v in dear if "non-routed" in v.goal] == [True]
+    assert goals.exit_code(dear) == 1
+
+
+def test_a_crashed_turn_that_reused_nothing_gets_no_verdict_and_the_results_come_back_from_json() -> None:
+    result = _price(turn_ms=202.0, first_ms=101.0, crashed_ms=220.0)
+    cold = dataclasses.replace(result, crash=dataclasses.replace(result.crash, cache_n=[0, 0, 0]))
+    [crash] = [v for v in goals.judge(goals.Results(price=cold), quick=False) if "kill -9" in v.goal]
+    assert crash.met is None  # the restore did not serve it: the ratio measures something else
+    raw = json.loads(json.dumps(goals.Results(price=result).as_json()))
+    assert goals.results_from_json(raw).price == result

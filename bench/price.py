@@ -1,0 +1,390 @@
+"""The proxy's price on every turn: through the proxy against straight to llama-server, per API, in one run.
+
+One llama-server at its defaults but for the test bed's layout (4 slots of
+8,192 tokens, ``-c 32768``, ``--swa-full``; the RAM prompt cache on) and one
+sidecar with the proxy on, its own defaults. Measured side by side, each
+way on its own keep-alive connection, alternating which goes first:
+
+* **Warm turns**, per API the proxy routes (Chat Completions, Anthropic
+  Messages, Responses, ``/completion``): two conversations of the same
+  length (a system prompt, a tool and a history of ``tokens``, 2K-8K: long
+  enough to be routed), one sent straight to llama-server, one through the
+  proxy, each turn adding an assistant answer and a new user line, so every
+  turn is a conversation's next one (the server reuses its prefix and
+  prefills the new line; through the proxy the library routes it: template,
+  tokens, slot). Even turns are non-streamed and timed to the answer's end
+  (``max_tokens`` 1); odd turns are streamed and timed to the first byte of
+  the answer's body.
+* **The proxy's CPU per request**: the sidecar's CPU time (all threads,
+  ``schedstat``) over the proxied turns, its idle polling subtracted.
+* **Non-routed requests** (``bench.proxy.NON_ROUTED``: ``/tokenize``, a
+  ``/completion`` with its own ``id_slot``): the time the proxy adds at p50.
+* **A turn after a kill -9**: a proxied chat's next turn sent the moment the
+  restarted server answers ``/health`` (the sidecar's detection, restore and
+  the gate on its path), against the same turn with no crash (both reuse the
+  same prefix: each turn's new line starts with a word of its own).
+
+Goals (MISSED and exit status 1 when missed): a warm turn at most
+:data:`TURN_GOAL` x direct at p50, the first streamed byte at most
+:data:`FIRST_BYTE_GOAL_MS` ms later, a non-routed request at most
+:data:`NON_ROUTED_GOAL_MS` ms later at p50, and the turn after a crash at most
+:data:`CRASH_GOAL` x the turn without. With ``--quick``, a goal whose figure
+varies between rounds (the turns cut in :data:`ROUNDS`; each crash) by more
+than its margin to the bar gets NO VERDICT; the full run decides.
+
+Run alone with ``python -m bench.price [--quick]``, or as the ``price``
+section of ``python -m bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import REPO_ROOT, agents, rig
+from bench import proxy as proxy_mod
+from bench.beds import llamabed, net, sidecarbed, wait
+
+DIRECT, PROXY = proxy_mod.DIRECT, proxy_mod.PROXY
+TURN_GOAL = 1.03
+"""A warm turn through the proxy over the direct one (p50s)."""
+FIRST_BYTE_GOAL_MS = 3.0
+"""Milliseconds the proxy may add to the first streamed byte (p50s)."""
+NON_ROUTED_GOAL_MS = 1.0
+"""Milliseconds the proxy may add to a request it does not route (p50s)."""
+CRASH_GOAL = 1.2
+"""The turn after a kill -9 (from /health ok) over the same turn with no crash (medians)."""
+ROUNDS = 2
+"""Rounds the turns are cut into, for the spread that decides whether a quick run can give a verdict."""
+SLOTS, CTX = 4, 8192
+APIS = ("chat completions", "anthropic messages", "responses", "/completion")
+WORDS = ("Amber", "Basil", "Cedar", "Delta", "Ember", "Flint", "Garnet", "Harbor", "Indigo", "Juniper", "Kestrel")
+
+
+def _line(n: int) -> str:
+    """A turn's new user line: its first word differs from every other turn's, so no turn reuses another's."""
+    return f"{WORDS[n % len(WORDS)]} {n}: in one word, which of these words came first?"
+
+
+class Talk:
+    """One conversation of one API, grown by a turn at a time."""
+
+    def __init__(self, api: str, history: str) -> None:
+        self.api = api
+        self.turns: list[str] = [history]
+        """User lines; an assistant "ok" between two of them."""
+
+    def grow(self, n: int) -> None:
+        self.turns.append(_line(n))
+
+    def request(self, *, stream: bool, line: str | None = None) -> tuple[str, dict[str, Any]]:
+        """(path, body) of the next turn (the conversation so far, plus ``line`` if given)."""
+        turns = self.turns + ([line] if line is not None else [])
+        if self.api == "/completion":
+            prompt = agents.SYSTEM + "\n\n" + "\nA: ok\n\nQ: ".join(turns) + "\nA:"
+            return "/completion", {
+                "prompt": prompt, "n_predict": 1, "temperature": 0, "cache_prompt": True, "stream": stream,
+            }  # fmt: skip
+        path, body = copy.deepcopy(agents.bodies(turns[0])[self.api])
+        body["stream"] = stream
+        if self.api == "responses":
+            body["input"] += _alternate(turns[1:], _responses_item)
+        else:  # Chat Completions and Anthropic Messages: the same message shape for plain text
+            body["messages"] += _alternate(turns[1:], lambda role, text: {"role": role, "content": text})
+        return path, body
+
+
+def _responses_item(role: str, text: str) -> dict[str, Any]:
+    kind = "output_text" if role == "assistant" else "input_text"
+    return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+
+
+def _alternate(lines: list[str], make: Any) -> list[dict[str, Any]]:
+    out = []
+    for text in lines:
+        out += [make("assistant", "ok"), make("user", text)]
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Api:
+    name: str
+    turn_ms: dict[str, list[float]]
+    """Non-streamed warm turns, to the answer's end, per way."""
+    first_ms: dict[str, list[float]]
+    """Streamed warm turns, to the first byte of the answer's body, per way."""
+    cpu_us: float
+    """The sidecar's CPU time per proxied turn, its idle polling subtracted (µs)."""
+
+    def ratio(self, part: slice = slice(None)) -> float:
+        return rig.median(self.turn_ms[PROXY][part]) / rig.median(self.turn_ms[DIRECT][part])
+
+    def added(self, part: slice = slice(None)) -> float:
+        return rig.median(self.first_ms[PROXY][part]) - rig.median(self.first_ms[DIRECT][part])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Crash:
+    tokens: int
+    crashed_ms: list[float]
+    """The turn sent the moment the restarted server answered /health, to its answer's end."""
+    calm_ms: list[float]
+    """The same turn with no crash before it."""
+    cache_n: list[int]
+    """Prompt tokens each crashed turn reused (the server's ``timings.cache_n``)."""
+    calm_cache_n: list[int]
+
+    @property
+    def ratios(self) -> list[float]:
+        return [c / k for c, k in zip(self.crashed_ms, self.calm_ms, strict=True)]
+
+    @property
+    def ratio(self) -> float:
+        return rig.median(self.crashed_ms) / rig.median(self.calm_ms)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Result:
+    tokens: int
+    apis: list[Api]
+    non_routed: list[proxy_mod.Latency]
+    crash: Crash
+    quick: bool
+
+
+def _parts(n: int) -> list[slice]:
+    size = max(1, n // ROUNDS)
+    return [slice(i * size, (i + 1) * size if i < ROUNDS - 1 else None) for i in range(ROUNDS)]
+
+
+def _turns(
+    api: str, history: tuple[str, str], ports: dict[str, int], pid: int, *, reps: int, idle: float, say: rig.Say
+) -> Api:
+    talks = {DIRECT: Talk(api, history[0]), PROXY: Talk(api, history[1])}
+    conns = {way: proxy_mod.Conn(port) for way, port in ports.items()}
+    turn_ms: dict[str, list[float]] = {DIRECT: [], PROXY: []}
+    first_ms: dict[str, list[float]] = {DIRECT: [], PROXY: []}
+    cpu = 0.0
+    try:
+        for n in range(2 * reps + 2):
+            order = (DIRECT, PROXY) if n % 2 == 0 else (PROXY, DIRECT)
+            stream = n % 2 == 1
+            for way in order:
+                path, body = talks[way].request(stream=stream)
+                before, started = rig.cpu_seconds(pid), time.monotonic()
+                first, whole = conns[way].timed_both(path, body)
+                if way == PROXY:
+                    cpu += rig.cpu_seconds(pid) - before - idle * (time.monotonic() - started)
+                talks[way].grow(n)
+                if n < 2:
+                    continue  # the first turn of each conversation is cold, the second its first warm one
+                (first_ms if stream else turn_ms)[way].append(first if stream else whole)
+    finally:
+        for conn in conns.values():
+            conn.close()
+    found = Api(api, turn_ms, first_ms, cpu / (2 * reps + 2) * 1e6)
+    say(
+        f"  {api}: warm turn {rig.median(turn_ms[PROXY]):.1f} vs {rig.median(turn_ms[DIRECT]):.1f} ms direct "
+        f"({found.ratio():.3f}x); first byte +{found.added():.2f} ms; {found.cpu_us:.0f} µs CPU per request"
+    )
+    return found
+
+
+def _chat_turn(port: int, talk: Talk, line: str) -> tuple[float, int, int]:
+    """A non-streamed chat turn (``line`` added) on a new connection: (ms to its end, its cache_n, its prompt's
+    tokens)."""
+    path, body = talk.request(stream=False, line=line)
+    conn = proxy_mod.Conn(port)
+    try:
+        ms = conn.timed(path, body)
+    finally:
+        conn.close()
+    timings = json.loads(conn.answer).get("timings", {})
+    cache_n = int(timings.get("cache_n", -1))
+    return ms, cache_n, cache_n + int(timings.get("prompt_n", 0))
+
+
+def _crash(
+    server: llamabed.LlamaServer, side: sidecarbed.SidecarProcess, port: int, *, tokens: int, reps: int, say: rig.Say
+) -> Crash:
+    """A proxied chat's next turn right after a kill -9 (from /health ok) against the same turn without one."""
+    talk = Talk("chat completions", llamabed.make_prompt(server.url, tokens, seed=901))
+    seen = len(side.log_events("snapshot_committed"))
+    _, _, made = _chat_turn(port, talk, _line(0))  # cold: the conversation is made, then snapshotted
+
+    def saved() -> bool:
+        # Its own snapshot (the prompt and the reply's token), not a late one of the warm turns' conversations.
+        return any(made <= int(e.get("tokens", 0)) <= made + 2 for e in side.log_events("snapshot_committed")[seen:])
+
+    side.wait_for(saved, timeout=120, what="the conversation's snapshot")
+    crashed, calm, cache_n, calm_cache_n = [], [], [], []
+    for r in range(reps):
+        # Calm: the slot holds the conversation and an earlier line; this line starts with another word.
+        ms, n, _ = _chat_turn(port, talk, _line(2 * r + 1))
+        calm.append(ms)
+        calm_cache_n.append(n)
+        # Killed at once, long before the sidecar would save the grown slot: each crash restores the
+        # same snapshot, the conversation and its first line.
+        server.kill()
+        server.start()
+        server.wait_healthy(timeout=300)
+        ms, n, _ = _chat_turn(port, talk, _line(2 * r + 2))
+        crashed.append(ms)
+        cache_n.append(n)
+        say(f"  crash {r + 1}/{reps}: {ms:.1f} ms from /health ok (cache_n {n}) vs {calm[-1]:.1f} ms with no crash")
+    return Crash(tokens, crashed, calm, cache_n, calm_cache_n)
+
+
+def run(bed: rig.Rig, *, tokens: int, reps: int, crashes: int, quick: bool, say: rig.Say) -> Result:
+    slot_dir = bed.slot_dir("price")
+    server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=CTX)
+    proxy_port = net.free_port()
+    side = bed.sidecar(server, slot_dir, **{"--proxy-listen": f"127.0.0.1:{proxy_port}"})
+    wait.wait_until(lambda: side.get("/readyz")[0] == 200, timeout=60, what="the sidecar ready")
+    assert side.proc is not None
+    pid = side.proc.pid
+    ports = {DIRECT: server.port, PROXY: proxy_port}
+    idle = proxy_mod.idle_rate(pid)
+    apis = []
+    for i, api in enumerate(APIS):
+        history = (
+            llamabed.make_prompt(server.url, tokens, seed=300 + 2 * i),
+            llamabed.make_prompt(server.url, tokens, seed=301 + 2 * i),
+        )
+        say(f"  {api}: {reps} warm turns and {reps} streamed each way, ~{tokens:,}-token histories")
+        apis.append(_turns(api, history, ports, pid, reps=reps, idle=idle, say=say))
+    non_routed = proxy_mod.latencies(pid, ports, reps=100 if quick else 400, idle=idle, say=say)
+    crash = _crash(server, side, proxy_port, tokens=tokens, reps=crashes, say=say)
+    side.kill()
+    server.kill()
+    return Result(tokens, apis, non_routed, crash, quick)
+
+
+def judged(r: Result) -> list[tuple[str, str, bool | None]]:
+    """(goal, measured, met: None for NO VERDICT) of each goal."""
+    out: list[tuple[str, str, bool | None]] = []
+    for a in r.apis:
+        parts = _parts(len(a.turn_ms[PROXY]))
+        rounds = [a.ratio(p) for p in parts]
+        out.append(
+            (
+                f"price: {a.name}, warm turn through the proxy <= {TURN_GOAL:g}x direct at p50",
+                f"{a.ratio():.3f}x ({rig.median(a.turn_ms[PROXY]):.1f} vs {rig.median(a.turn_ms[DIRECT]):.1f} ms; "
+                f"per round {', '.join(f'{v:.3f}' for v in rounds)})",
+                rig.decide(a.ratio(), TURN_GOAL, rounds=rounds, quick=r.quick),
+            )
+        )
+    for a in r.apis:
+        parts = _parts(len(a.first_ms[PROXY]))
+        rounds = [a.added(p) for p in parts]
+        out.append(
+            (
+                f"price: {a.name}, first streamed byte through the proxy <= +{FIRST_BYTE_GOAL_MS:g} ms at p50",
+                f"{a.added():+.2f} ms ({rig.median(a.first_ms[PROXY]):.1f} vs {rig.median(a.first_ms[DIRECT]):.1f} "
+                f"ms; per round {', '.join(f'{v:+.2f}' for v in rounds)})",
+                rig.decide(a.added(), FIRST_BYTE_GOAL_MS, rounds=rounds, quick=r.quick),
+            )
+        )
+    for lat in r.non_routed:
+        parts = _parts(len(lat.proxy_ms))
+        rounds = [rig.median(lat.proxy_ms[p]) - rig.median(lat.direct_ms[p]) for p in parts]
+        added = lat.added(50)
+        out.append(
+            (
+                f"price: non-routed {lat.route} adds <= {NON_ROUTED_GOAL_MS:g} ms at p50",
+                f"{added:+.3f} ms ({rig.percentile(lat.proxy_ms, 50):.2f} vs {rig.percentile(lat.direct_ms, 50):.2f} "
+                f"ms; per round {', '.join(f'{v:+.3f}' for v in rounds)}; {lat.cpu_us:.0f} µs CPU per request)",
+                rig.decide(added, NON_ROUTED_GOAL_MS, rounds=rounds, quick=r.quick),
+            )
+        )
+    c = r.crash
+    out.append(
+        (
+            f"price: the turn after a kill -9 (from /health ok) <= {CRASH_GOAL:g}x the same turn with no crash",
+            f"{c.ratio:.3f}x ({rig.median(c.crashed_ms):.1f} vs {rig.median(c.calm_ms):.1f} ms; per crash "
+            f"{', '.join(f'{v:.2f}' for v in c.ratios)}; cache_n {min(c.cache_n)}-{max(c.cache_n)} after, "
+            f"{min(c.calm_cache_n)}-{max(c.calm_cache_n)} without)",
+            None
+            if min(c.cache_n) < 0.9 * c.tokens
+            else rig.decide(c.ratio, CRASH_GOAL, rounds=c.ratios, quick=r.quick),
+        )
+    )
+    return out
+
+
+def verdicts(r: Result) -> list[str]:
+    return [f"{rig.word(met):10}  {goal}: {measured}" for goal, measured, met in judged(r)]
+
+
+def from_json(raw: dict[str, Any]) -> Result:
+    """A run's result as ``results.json`` holds it."""
+    return Result(
+        raw["tokens"],
+        [Api(**a) for a in raw["apis"]],
+        [proxy_mod.Latency(**n) for n in raw["non_routed"]],
+        Crash(**raw["crash"]),
+        raw["quick"],
+    )
+
+
+def table(r: Result) -> str:
+    rows = [
+        [a.name, len(a.turn_ms[PROXY]), rig.median(a.turn_ms[DIRECT]), rig.median(a.turn_ms[PROXY]), a.ratio(),
+         rig.median(a.first_ms[DIRECT]), rig.median(a.first_ms[PROXY]), a.added(), a.cpu_us]
+        for a in r.apis
+    ]  # fmt: skip
+    head = ["API", "n", "turn direct", "turn proxy", "ratio", "1st byte direct", "1st byte proxy", "added", "CPU µs"]
+    note = (
+        f"(ms, p50; {SLOTS} slots of {CTX:,} tokens, RAM prompt cache on; histories of ~{r.tokens:,} tokens; "
+        "a turn adds an answer and a line; CPU: the sidecar's per proxied request, its polling subtracted)"
+    )
+    c = r.crash
+    crash = rig.table(
+        ["turn", "n", "p50 ms", "runs ms", "cache_n"],
+        [
+            ["after kill -9, from /health ok", len(c.crashed_ms), rig.median(c.crashed_ms),
+             "/".join(f"{v:.0f}" for v in c.crashed_ms), "/".join(map(str, c.cache_n))],
+            ["no crash", len(c.calm_ms), rig.median(c.calm_ms), "/".join(f"{v:.0f}" for v in c.calm_ms),
+             "/".join(map(str, c.calm_cache_n))],
+        ],
+    )  # fmt: skip
+    non = rig.table(
+        ["non-routed request", "n", "p50 direct", "p50 proxy", "added", "CPU µs"],
+        [[n.route, len(n.direct_ms), rig.percentile(n.direct_ms, 50), rig.percentile(n.proxy_ms, 50), n.added(50),
+          n.cpu_us] for n in r.non_routed],
+    )  # fmt: skip
+    return "\n\n".join([rig.table(head, rows, digits=2) + "\n" + note, non, crash, "\n".join(verdicts(r))])
+
+
+def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[Result, str]:
+    result = run(
+        bed, tokens=2000 if quick else 4000, reps=12 if quick else 30, crashes=3 if quick else 7, quick=quick, say=say
+    )
+    return result, table(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.price", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter histories, fewer turns and crashes")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="logs go here")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
+    ns = parser.parse_args(argv)
+    bed = rig.Rig(log_dir=ns.out / f"logs-price-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
+    try:
+        before = rig.busy()
+        result, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
+        print(f"## The proxy's price per turn\n({before} at start, {rig.busy()} at end)\n")
+        print(body)
+    finally:
+        bed.close()
+    return 1 if any(met is False for _, _, met in judged(result)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
