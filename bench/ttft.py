@@ -6,7 +6,7 @@ llama-server (one slot, `--swa-full`):
 * **restored**: a sidecar with its default settings runs beside the server;
   the conversation's prompt is sent, the sidecar snapshots the idle slot,
   the server is killed (SIGKILL) and started again, and once the sidecar
-  reports the restore (`llama_sidecar_restores_total{result="ok"}` grows) the
+  reports the restore (`llama_sidecar_restored_tokens_total` grows) the
   next turn (prompt + a few words, `n_predict` 1) is timed. This is repeated
   `reps` times (the server is killed again right after the turn,
   long before the sidecar would save the grown slot, so each repetition
@@ -95,7 +95,7 @@ class Point:
 
 
 def _restored_past(side: sidecarbed.SidecarProcess, before: float) -> bool:
-    count: float = side.metric("llama_sidecar_restores_total", slot="0", result="ok")
+    count: float = side.metric("llama_sidecar_restored_tokens_total", slot="0")
     return count > before
 
 
@@ -139,7 +139,7 @@ def _one(bed: rig.Rig, server: llamabed.LlamaServer, slot_dir: Path, n: int, *, 
     assert snap is not None
     runs, warms, loads, waits = [], [], [], []
     for _ in range(reps):
-        before = side.metric("llama_sidecar_restores_total", slot="0", result="ok")
+        before = side.metric("llama_sidecar_restored_tokens_total", slot="0")
         loads.append(server.restart(graceful=False, timeout=300))
         healthy = time.perf_counter()
         side.wait_for(functools.partial(_restored_past, side, before), timeout=120, what="restore after kill -9")

@@ -163,7 +163,7 @@ class Engine:
         The slot then holds a snapshot's content: the engine takes it as saved.
         """
         result, after = await self._restorer.swap_in(slot, record, counters=counters)
-        if result.result is outcomes.RestoreOutcome.OK and after is not None and after.signature is not None:
+        if result.restored and after is not None and after.signature is not None:
             self._policy.settle(slot, after.signature)
         return result
 
@@ -300,7 +300,7 @@ class Engine:
         self._server = self._server.renewed(at=at, new_process=new_process)
         for listener in self._listeners:
             listener.emptied()
-        self._restorer.unverified.clear()
+        self._restorer.forget_pending()
         self._gate.close("a restore round is owed: llama-server lost its slots (restart or wake-up)")
 
     def _say_state(self, obs: events.Observation) -> None:

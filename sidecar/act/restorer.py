@@ -21,6 +21,17 @@ restore call is kept as small as the server allows:
   behind it and then replaced that request's KV. That is counted as
   ``raced``, never as ``ok``.
 
+What counts as ``ok``: the server's answer must say it restored every
+token of the snapshot (``n_restored``; fewer is ``failed``,
+``restore_incomplete``), and the server's layout must fit what the snapshot
+needs. On a sliding-window model (``memory`` ``swa``, from the GGUF header)
+the server cannot say the second: without ``--swa-full`` a restore
+"succeeds" and is not reused, and ``--swa-full`` is not in /props. Such a
+restore is ``unverified`` (so shown in /status) and counted in
+``restores_total`` only once the verification below decides: ``ok`` if the
+slot's next request reused the tokens, ``ineffective`` if not,
+``unverified`` if nothing decided before the restore was lost.
+
 Verification: a restore only counts as effective once the server reuses the
 tokens, judged per slot from that slot's next task. Through the proxy that
 task's own answer says how many prompt tokens the server reused
@@ -68,6 +79,11 @@ class RestoreRecord:
     seconds: float = 0.0
     since_healthy: float | None = None
 
+    @property
+    def restored(self) -> bool:
+        """The server holds the snapshot now (counted ``ok``, or waiting for its verdict)."""
+        return self.result in (Outcome.OK, Outcome.UNVERIFIED)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Done:
@@ -109,6 +125,8 @@ class Unverified:
     others: tuple[tuple[int, int | None], ...] | None = None
     """The other slots' ``id_task`` at the first poll after the restore: if one moves, the counter is not
     this slot's alone."""
+    uncounted: bool = False
+    """Not counted in ``restores_total`` yet (a sliding-window model): the verdict decides ok or ineffective."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,6 +142,13 @@ _DETAILS = {
     Outcome.SLOT_BUSY: "slot already holds a request's tokens or is processing",
     Outcome.NO_SNAPSHOT: "no snapshot of this slot",
     Outcome.INCOMPATIBLE: "no snapshot of this slot fits this server",
+}
+_VERDICTS = {
+    Outcome.OK: "the slot's next request reused it",
+    Outcome.INEFFECTIVE: "the slot's next request did not reuse it: this sliding-window model needs "
+    "llama-server started with --swa-full for a restore to be reused",
+    Outcome.UNVERIFIED: "nothing decided whether the server reused it before it was lost (a restart, no "
+    "readable /metrics, or other slots' tasks mixed into the server's reuse counter)",
 }
 _Stamp = tuple[int, int, int]
 """(size, mtime_ns, inode) of a file when it passed its check."""
@@ -343,6 +368,20 @@ class Restorer:
                 hint="its answer is not affected; its next turn re-prefills what it does not share with the snapshot",
             )
             return self._count(slot, Outcome.RACED, "a request took the slot during the restore", candidate.file), None
+        if result.tokens != candidate.tokens:
+            log.error(
+                "restore_incomplete",
+                slot=slot,
+                file=candidate.file,
+                restored_tokens=result.tokens,
+                snapshot_tokens=candidate.tokens,
+                effect="counted failed: the server's answer does not say it restored the snapshot; the slot's "
+                "next request re-prefills what it lacks",
+                hint="llama-server's KV layout does not fit the snapshot: check its -c, -np, cache types and "
+                "--swa-full against the server that saved it",
+            )
+            detail = f"the server restored {result.tokens} of the snapshot's {candidate.tokens} tokens"
+            return self._count(slot, Outcome.FAILED, detail, candidate.file), None
         since = self._clock.monotonic() - healthy_at if healthy_at is not None else None
         self._stats.restore_duration.observe(seconds)
         if since is not None:
@@ -359,6 +398,8 @@ class Restorer:
             since_healthy=None if since is None else round(since, 4),
         )
         serial = next(self._serials)
+        identity = self._identity()
+        sliding = identity is not None and identity.memory is events.Memory.SWA
         self.recent.append(Done(serial, by, slot, candidate.file, result.tokens, seconds, self._clock.wall()))
         self.unverified[slot] = Unverified(
             tokens=result.tokens,
@@ -367,7 +408,22 @@ class Restorer:
             at=self._clock.monotonic(),
             by=by,
             serial=serial,
+            uncounted=sliding,
         )
+        if sliding:
+            log.info(
+                "restore_unverified",
+                slot=slot,
+                file=candidate.file,
+                reason="the model uses sliding-window attention, and llama-server does not say whether it runs "
+                "with --swa-full (without it a restore succeeds and is not reused)",
+                effect="shown as unverified in /status; counted in restores_total once the slot's next request "
+                "shows whether the server reused it (ok) or not (ineffective)",
+            )
+            detail = "waiting for the slot's next request to show whether the server reuses it"
+            return RestoreRecord(
+                slot, Outcome.UNVERIFIED, detail, self._clock.wall(), candidate.file, result.tokens, seconds, since
+            ), candidate
         record = self._count(slot, Outcome.OK, "", candidate.file, result.tokens, seconds, since)
         return record, candidate
 
@@ -451,6 +507,7 @@ class Restorer:
                 continue  # counters carried over from an earlier poll: wait for fresh ones
             del self.unverified[view.id]
             if counters is None or pending.cached_before is None:
+                self._decided(view.id, pending, Outcome.UNVERIFIED)
                 if not self._verification_off_said:
                     log.warning(
                         "restore_verification_off",
@@ -461,6 +518,7 @@ class Restorer:
                 continue
             if pending.others != others:
                 self._stats.restore_verifications.labels(outcomes.Verification.UNVERIFIED.value).inc()
+                self._decided(view.id, pending, Outcome.UNVERIFIED)
                 log.info(
                     "restore_unverified",
                     slot=view.id,
@@ -476,6 +534,7 @@ class Restorer:
         effective = reused >= EFFECTIVE_SHARE * pending.tokens
         priced = self._judged(pending, reused) if effective else None
         self._note(pending.serial, effective, reused, priced)
+        self._decided(slot, pending, Outcome.OK if effective else Outcome.INEFFECTIVE)
         if effective:
             self._stats.restore_verifications.labels(outcomes.Verification.EFFECTIVE.value).inc()
             log.info(
@@ -496,6 +555,25 @@ class Restorer:
             memory=self._memory.value if self._memory is not None else events.Memory.UNKNOWN.value,
             hint=ineffective_hint(self._memory),
         )
+
+    def forget_pending(self) -> None:
+        """The restored slots are gone (a restart, a wake-up): count the restores nothing decided."""
+        for slot, pending in sorted(self.unverified.items()):
+            self._decided(slot, pending, Outcome.UNVERIFIED)
+        self.unverified.clear()
+
+    def _decided(self, slot: int, pending: Unverified, outcome: outcomes.RestoreOutcome) -> None:
+        """Count a restore that waited for its verdict (``pending.uncounted``), and show it in /status."""
+        if not pending.uncounted:
+            return
+        self._stats.restores.labels(str(slot), outcome.value).inc()
+        self._stats.count_model(self._stats.model_restores, outcome.value)
+        self.last = [
+            dataclasses.replace(r, result=outcome, detail=_VERDICTS[outcome])
+            if r.slot == slot and r.result is Outcome.UNVERIFIED
+            else r
+            for r in self.last
+        ]
 
     def _judged(self, pending: Unverified, reused: float) -> savings.Priced | None:
         """Count the prefill an effective restore spared; None while no rate prices it."""

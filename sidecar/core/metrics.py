@@ -111,7 +111,10 @@ class Metrics:
             "Slot restore attempts, by slot and result: ok, failed (the server refused the file), "
             "incompatible (no snapshot fits this server), no_snapshot, slot_busy (the slot already "
             "held a user's tokens or was processing), raced (a request ran on the slot while the restore "
-            "call was in flight: the server restored after it, replacing that request's KV).",
+            "call was in flight: the server restored after it, replacing that request's KV), "
+            "ineffective, unverified (a sliding-window model: counted once the slot's next request shows "
+            "whether the server reused it, ok or ineffective; unverified if nothing decided). ok only when "
+            "the server's answer says it restored every token of the snapshot.",
             ["slot", "result"],
             namespace=NAMESPACE,
             registry=registry,

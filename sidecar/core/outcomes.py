@@ -57,6 +57,13 @@ class RestoreOutcome(enum.StrEnum):
     RACED = "raced"
     """A request ran on the slot while the restore call was in flight: the server deferred the
     restore behind it, and the restore then replaced that request's KV."""
+    INEFFECTIVE = "ineffective"
+    """Restored into a sliding-window model's server, which cannot say whether its layout fits
+    (``--swa-full`` is not in /props), and the slot's next request did not reuse it."""
+    UNVERIFIED = "unverified"
+    """As ``ineffective``, but nothing decided before the restore was lost (a restart, no readable
+    /metrics, other slots' tasks mixed into the server's counter). In /status: a restore still
+    waiting for its slot's next request."""
 
 
 class Verification(enum.StrEnum):

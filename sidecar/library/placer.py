@@ -513,7 +513,7 @@ class Placer:
             if decision.save_first and not await self._save(view):
                 return None
             result = await self._core.swap_in(decision.slot, record, counters=counters)
-        if result.result is not outcomes.RestoreOutcome.OK:
+        if not result.restored:
             return None
         seconds = time.perf_counter() - started
         self._slot(decision.slot).seen = None  # restored: its (task, tokens) are read afresh next time

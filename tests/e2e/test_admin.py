@@ -67,9 +67,13 @@ def test_admin_snapshot_refuses_bad_callers_and_slots_then_saves_and_restores(
     assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 0
     code, reply = _post(side, "/restore")
     assert code == 200, reply
-    assert [(r["slot"], r["result"]) for r in reply["results"]] == [(0, "ok")]
+    # a sliding-window model (Gemma 3): unverified until the slot's next request shows it reused
+    assert [(r["slot"], r["result"]) for r in reply["results"]] == [(0, "unverified")]
     warm = complete(server.url, prompt + " and after the restore")
     assert warm["timings"]["cache_n"] >= 0.95 * TOKENS
+    side.wait_for(
+        lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 1, what="the restore counted ok"
+    )
     # The slot now holds a request's tokens: a second /restore leaves it alone.
     code, reply = _post(side, "/restore")
     assert code == 200, reply

@@ -121,7 +121,10 @@ def test_agent_retrying_through_three_kill9_restarts_always_reuses_its_kv_and_ne
         if how != "and the agent races the restore":  # there the restore may be over before the request comes
             assert held >= 1, f"restart {cycle + 1} ({how}): the request was not held at the gate"
         assert reused >= 0.95 * n_prompt, f"restart {cycle + 1} ({how}): cache_n {reused} of {n_prompt}"
-        assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == cycle + 1
+        side.wait_for(  # counted once the answer showed the server reused it (a sliding-window model)
+            lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") == cycle + 1,  # noqa: B023
+            what=f"restore {cycle + 1} counted ok",
+        )
         side.wait_for(lambda: _saves(side) > saved, what=f"snapshot after restart {cycle + 1}")  # noqa: B023
 
     assert agent.failures == [], agent.failures
@@ -152,7 +155,10 @@ def test_a_restart_between_two_polls_is_seen_before_the_next_completion(
     print(f"first answer after the restart: cache_n={reused} of {n_prompt}")
     assert reused >= 0.95 * n_prompt, f"cache_n {reused} of {n_prompt}: the completion beat the restore"
     assert side.log_events("server_connection_dropped"), "the proxy did not see the process exit"
-    assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 1
+    assert len(side.log_events("slot_restored")) == 1
+    # a sliding-window model's restore is counted once a poll sees its verdict (polls are 600 s apart here)
+    assert [r["result"] for r in side.status()["last_restore"]] == ["unverified"]
+    assert side.metric("llama_sidecar_restores_total", slot="0") == 0
     assert agent.failures == [], agent.failures
 
 

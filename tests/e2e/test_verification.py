@@ -24,8 +24,19 @@ def _restart_and_reuse(
     side.wait_saved()
     server.restart(graceful=False)
     side.wait_restored()
+    # Gemma 3 is a sliding-window model and /props does not say whether --swa-full is on:
+    # the restore waits for the slot's next request, counted neither ok nor anything else yet
+    side.wait_for(  # the round's records are published once it ends, just after its restore
+        lambda: [r["result"] for r in side.status()["last_restore"]] == ["unverified"], what="an unverified restore"
+    )
+    assert side.metric("llama_sidecar_restores_total", slot="0") == 0
     warm = complete(server.url, prompt + " and a question")
     return side, cold, warm
+
+
+def _last_restore(side: SidecarProcess) -> str:
+    (record,) = side.status()["last_restore"]
+    return str(record["result"])
 
 
 def test_restore_with_swa_full_is_verified_effective(llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path) -> None:
@@ -36,6 +47,8 @@ def test_restore_with_swa_full_is_verified_effective(llama: MakeServer, sidecar:
     )
     assert side.metric("llama_sidecar_restore_verifications_total", outcome="ineffective") == 0
     assert side.log_events("restore_effective")[0]["reused_tokens"] >= 0.95 * PROMPT_TOKENS
+    assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 1  # proven by the request
+    assert _last_restore(side) == "ok"
 
 
 def test_an_effective_restore_saves_the_prefill_the_cold_turn_took(
@@ -72,6 +85,10 @@ def test_restore_without_swa_full_is_reported_ineffective_naming_the_flag(
     warnings = side.log_events("restore_ineffective")
     assert len(warnings) == 1
     assert "--swa-full" in warnings[0]["hint"]
+    assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 0  # never counted a hit
+    assert side.metric("llama_sidecar_restores_total", slot="0", result="ineffective") == 1
+    assert _last_restore(side) == "ineffective"
+    assert "--swa-full" in side.status()["last_restore"][0]["detail"]
 
 
 def test_without_server_metrics_verification_is_off_and_said_once(
@@ -83,3 +100,5 @@ def test_without_server_metrics_verification_is_off_and_said_once(
     assert "--metrics" in side.log_events("server_metrics_off")[0]["hint"]
     assert side.metric("llama_sidecar_restore_verifications_total", outcome="effective") == 0
     assert side.metric("llama_sidecar_restore_verifications_total", outcome="ineffective") == 0
+    assert side.metric("llama_sidecar_restores_total", slot="0", result="unverified") == 1  # nothing could decide
+    assert _last_restore(side) == "unverified"

@@ -154,9 +154,13 @@ class SidecarProcess:
         )
 
     def wait_restored(self, n: int = 1, slot: int = 0, timeout: float = 60.0) -> None:
-        """Wait until `n` restores into `slot` succeeded."""
+        """Wait until the server restored `n` snapshots into `slot` (`slot_restored`).
+
+        Not `restores_total{result="ok"}`: on a sliding-window model (the test model) a restore
+        is counted only once the slot's next request shows the server reused it.
+        """
         self.wait_for(
-            lambda: self.metric("llama_sidecar_restores_total", slot=str(slot), result="ok") >= n,
+            lambda: len([e for e in self.log_events("slot_restored") if e.get("slot") == slot]) >= n,
             timeout=timeout,
             what=f"{n} restore(s) of slot {slot}",
         )

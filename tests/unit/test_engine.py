@@ -300,7 +300,7 @@ async def test_every_result_word_is_a_label_from_the_enums(bed: Bed) -> None:
         assert bed.value("llama_sidecar_snapshots_total", slot="1", result=result.value) == 0
     for outcome in outcomes.RestoreOutcome:
         assert bed.registry.get_sample_value("llama_sidecar_restores_total", {"slot": "1", "result": outcome}) == 0
-    assert metrics.RESTORE_RESULTS[-1] == "raced"
+    assert metrics.RESTORE_RESULTS[-3:] == ("raced", "ineffective", "unverified")
 
 
 async def test_files_are_checked_while_the_server_loads_not_once_it_is_up(

@@ -12,7 +12,7 @@ import structlog.testing
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import actions, restorer
-from sidecar.core import events, metrics, outcomes
+from sidecar.core import events, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, store
 from support import clocks
 
@@ -238,3 +238,105 @@ async def test_a_swap_of_a_snapshot_that_does_not_fit_the_server_is_refused_befo
     own = bed.saved(0, 200)
     record, after = await bed.restorer.swap_in(0, own, counters=None)  # one that fits goes in
     assert record.result is outcomes.RestoreOutcome.OK
+
+
+SLIDING = dataclasses.replace(memllama.IDENTITY, memory=events.Memory.SWA)
+"""A sliding-window model (Gemma 3), as the poller read its GGUF header."""
+
+
+def _sliding_bed(bed: Bed) -> None:
+    """The restorer of ``bed`` serving a sliding-window model."""
+    bed.restorer = restorer.Restorer(
+        slot_actions=actions.SlotActions(client=bed.server, snapshots=bed.snapshots),
+        snapshots=bed.snapshots,
+        stats=bed.restorer._stats,
+        clock=memllama.ManualClock(),
+        identity=lambda: SLIDING,
+    )
+
+
+def _after_a_task(bed: Bed, slot: int, *, cached: float) -> events.Observation:
+    bed.server.run_turn(slot, task=50, tokens=20)
+    views = tuple(memllama.slot(i, task=50 if i == slot else None, tokens=520 if i == slot else 0) for i in range(2))
+    return events.Observation(
+        at=1e9,
+        health=events.Health.OK,
+        slots=views,
+        counters=events.Counters(start_time=None, prompt_tokens=0.0, cached_tokens=cached),
+        counters_fresh=True,
+    )
+
+
+async def _sliding_round(bed: Bed) -> None:
+    _sliding_bed(bed)
+    bed.saved(0, 500)
+    await bed.restorer.restore_all(
+        SLIDING, healthy_at=None, counters=events.Counters(start_time=None, prompt_tokens=0.0, cached_tokens=0.0)
+    )
+    assert [(r.slot, r.result) for r in bed.restorer.last] == [(0, "unverified"), (1, "no_snapshot")]
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 0
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="unverified") == 0  # not yet: undecided
+
+
+def _counted(bed: Bed, slot: str) -> float:
+    return sum(bed.value("llama_sidecar_restores_total", slot=slot, result=r.value) for r in outcomes.RestoreOutcome)
+
+
+@pytest.mark.parametrize(("reused", "verdict"), [(500.0, "ok"), (0.0, "ineffective")])
+async def test_a_restore_on_a_sliding_window_model_is_counted_only_once_its_next_request_decides(
+    bed: Bed, reused: float, verdict: str
+) -> None:
+    """/props does not say whether --swa-full is on: the first request after the restore decides."""
+    await _sliding_round(bed)
+    bed.restorer.judge(_after_a_task(bed, 0, cached=reused))
+    assert bed.value("llama_sidecar_restores_total", slot="0", result=verdict) == 1
+    assert _counted(bed, "0") == 1
+    assert bed.restorer.last[0].result == verdict
+    assert ("--swa-full" in bed.restorer.last[0].detail) is (verdict == "ineffective")
+
+
+@pytest.mark.parametrize(("reused", "verdict"), [(500, "ok"), (3, "ineffective")])
+async def test_a_sliding_window_restore_is_decided_by_the_proxied_answer_too(
+    bed: Bed, reused: int, verdict: str
+) -> None:
+    """The per-request verdict (the answer's own cache_n through the proxy) decides it as a poll would."""
+    await _sliding_round(bed)
+    bed.restorer.answered(0, reused)
+    assert bed.value("llama_sidecar_restores_total", slot="0", result=verdict) == 1
+    assert _counted(bed, "0") == 1
+    assert bed.restorer.last[0].result == verdict
+
+
+async def test_a_sliding_window_restore_lost_before_any_request_is_counted_unverified(bed: Bed) -> None:
+    await _sliding_round(bed)
+    bed.restorer.forget_pending()  # the server restarted before a request came
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="unverified") == 1
+    assert _counted(bed, "0") == 1
+    assert bed.restorer.last[0].result == "unverified"
+    assert bed.restorer.unverified == {}
+
+
+async def test_a_restore_on_a_full_attention_model_is_counted_ok_at_once(bed: Bed) -> None:
+    bed.saved(0, 500)
+    assert await bed.round() == [(0, "ok"), (1, "no_snapshot")]
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1
+    bed.restorer.forget_pending()
+    assert _counted(bed, "0") == 1  # counted once, never again by its verdict
+
+
+async def test_a_restore_the_server_answers_with_fewer_tokens_is_failed_not_ok(bed: Bed) -> None:
+    bed.saved(0, 500)
+    restore = bed.server.restore
+
+    async def short(slot_id: int, filename: str) -> protocols.ActionResult:
+        got = await restore(slot_id, filename)
+        return dataclasses.replace(got, tokens=got.tokens - 100)
+
+    bed.server.restore = short  # type: ignore[method-assign]
+    with structlog.testing.capture_logs() as logs:
+        assert await bed.round() == [(0, "failed"), (1, "no_snapshot")]
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 0
+    assert bed.value("llama_sidecar_restores_total", slot="0", result="failed") == 1
+    (said,) = [e for e in logs if e["event"] == "restore_incomplete"]
+    assert (said["restored_tokens"], said["snapshot_tokens"]) == (400, 500)
+    assert said["hint"]
