@@ -156,9 +156,13 @@ def test_a_restart_between_two_polls_is_seen_before_the_next_completion(
     assert reused >= 0.95 * n_prompt, f"cache_n {reused} of {n_prompt}: the completion beat the restore"
     assert side.log_events("server_connection_dropped"), "the proxy did not see the process exit"
     assert len(side.log_events("slot_restored")) == 1
-    # a sliding-window model's restore is counted once a poll sees its verdict (polls are 600 s apart here)
-    assert [r["result"] for r in side.status()["last_restore"]] == ["unverified"]
-    assert side.metric("llama_sidecar_restores_total", slot="0") == 0
+    # a sliding-window model's restore is counted once the slot's next request decides: here the proxied
+    # answer's own cache_n, with no poll due (polls are 600 s apart)
+    side.wait_for(
+        lambda: side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 1, what="the restore counted ok"
+    )
+    assert [r["result"] for r in side.status()["last_restore"]] == ["ok"]
+    assert side.metric("llama_sidecar_restores_total", slot="0") == 1
     assert agent.failures == [], agent.failures
 
 
