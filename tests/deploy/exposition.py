@@ -20,7 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 SLOTS = ("0", "1", "2", "3")
 SNAPSHOT_RESULTS = ("ok", "failed", "skipped")
-RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy", "raced")
+RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy", "raced", "ineffective", "unverified")
 VERIFICATION_OUTCOMES = ("effective", "ineffective")
 GC_REASONS = ("keep", "superseded", "bytes", "age")
 CONVERSATION_SOURCES = ("slot", "library", "shared", "cold")
@@ -50,7 +50,7 @@ def sidecar_registry() -> CollectorRegistry:
         for n, result in enumerate(SNAPSHOT_RESULTS):
             snapshots.labels(slot=slot, result=result).inc(10 - 4 * n)
         for n, result in enumerate(RESTORE_RESULTS):
-            restores.labels(slot=slot, result=result).inc(5 - n)
+            restores.labels(slot=slot, result=result).inc(len(RESTORE_RESULTS) - n)
         restored_tokens.labels(slot=slot).inc(4000)
 
     for name in ("snapshot_duration_seconds", "restore_duration_seconds", "restart_to_restore_seconds"):
