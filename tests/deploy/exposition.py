@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 SLOTS = ("0", "1", "2", "3")
 SNAPSHOT_RESULTS = ("ok", "failed", "skipped")
 RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy", "raced", "ineffective", "unverified")
-VERIFICATION_OUTCOMES = ("effective", "ineffective")
+VERIFICATION_OUTCOMES = ("effective", "ineffective", "unverified")
 GC_REASONS = ("keep", "superseded", "bytes", "age")
 CONVERSATION_SOURCES = ("slot", "library", "shared", "cold")
 UNROUTED_REASONS = ("tokenize", "swap", "error")
@@ -66,7 +66,7 @@ def sidecar_registry() -> CollectorRegistry:
         registry=registry,
     )
     for n, outcome in enumerate(VERIFICATION_OUTCOMES):
-        verifications.labels(outcome=outcome).inc(6 - 5 * n)
+        verifications.labels(outcome=outcome).inc(6 - 2 * n)
 
     saved_seconds = Counter("prefill_saved_seconds", "Prefill seconds saved", ["by"], namespace=ns, registry=registry)
     saved_tokens = Counter("prefill_saved_tokens", "Prefill tokens saved", ["by"], namespace=ns, registry=registry)

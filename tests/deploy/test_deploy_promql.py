@@ -9,6 +9,7 @@ without error, and every dashboard query must return data.
 
 from __future__ import annotations
 
+import enum
 import json
 import socket
 import subprocess
@@ -24,7 +25,7 @@ import yaml
 from deploytools import DEPLOY, require_tool
 from prometheus_client import CollectorRegistry
 
-from sidecar.core import metrics
+from sidecar.core import metrics, outcomes
 from support import promql
 from support.wait import wait_until
 
@@ -198,3 +199,24 @@ def test_synthetic_page_has_the_families_of_the_sidecar() -> None:
     stats.init_slots(range(len(exposition.SLOTS)))
     stats.for_model(exposition.MODELS[0])  # router mode's model_* series, as one model's engine makes them
     assert _families(exposition.sidecar_registry()) == _families(real)
+
+
+@pytest.mark.parametrize(
+    ("page_values", "vocabulary"),
+    [
+        (exposition.SNAPSHOT_RESULTS, outcomes.SaveResult),
+        (exposition.RESTORE_RESULTS, outcomes.RestoreOutcome),
+        (exposition.VERIFICATION_OUTCOMES, outcomes.Verification),
+        (exposition.GC_REASONS, outcomes.GcReason),
+        (exposition.CONVERSATION_SOURCES, outcomes.Source),
+        (exposition.PROXY_ROUTES, outcomes.Route),
+        (exposition.PROXY_OUTCOMES, outcomes.ProxyOutcome),
+        (exposition.SLOT_DIR_OPERATIONS, outcomes.SlotDirOperation),
+    ],
+    ids=lambda v: v.__name__ if isinstance(v, type) else "page",
+)
+def test_synthetic_page_has_every_label_value_of_the_sidecar(
+    page_values: tuple[str, ...], vocabulary: type[enum.StrEnum]
+) -> None:
+    """A label value the sidecar can export and the page lacks is a dashboard or alert query never run on it."""
+    assert sorted(page_values) == sorted(member.value for member in vocabulary)
