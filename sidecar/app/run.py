@@ -39,7 +39,7 @@ import sidecar
 from sidecar.act import engine, gate, report, spawn
 from sidecar.app import figures, history, reports, server
 from sidecar.core import config, errors, metrics, protocols
-from sidecar.library import placer
+from sidecar.library import placer, tokens
 from sidecar.observe import upstream, weights
 from sidecar.proxy import listener, relay, sentinel
 from sidecar.router import admission, fleet
@@ -242,7 +242,7 @@ def _plain(
     if settings.proxy.host is not None:
         library = placer.Placer(
             core=watched.engine,
-            tokenizer=client,
+            tokenizer=tokens.Cached(client),
             snapshots=own,
             stats=stats,
             clock=clock,

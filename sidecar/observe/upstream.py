@@ -261,6 +261,24 @@ class LlamaClient:
         processed, reused = timings.get("prompt_n"), timings.get("cache_n")
         return (processed if isinstance(processed, int) else 0, reused if isinstance(reused, int) else 0)
 
+    async def pieces(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[tuple[int, bytes]]:
+        """The token ids of ``text`` and the bytes each stands for (``/tokenize`` with ``with_pieces``)."""
+        body = {"content": text, "add_special": add_special, "parse_special": parse_special, "with_pieces": True}
+        answer = _as_dict(await self._json("POST", "/tokenize", self._timeout, body), "/tokenize")
+        out: list[tuple[int, bytes]] = []
+        for entry in _field(answer, "tokens", list, "/tokenize"):
+            token = entry.get("id") if isinstance(entry, dict) else None
+            piece = entry.get("piece") if isinstance(entry, dict) else None
+            if not isinstance(token, int) or isinstance(token, bool):
+                raise errors.UpstreamProtocolError("/tokenize answered a piece without an id", endpoint="/tokenize")
+            if isinstance(piece, str):
+                out.append((token, piece.encode()))
+            elif isinstance(piece, list) and all(isinstance(b, int) and 0 <= b < 256 for b in piece):
+                out.append((token, bytes(piece)))
+            else:
+                raise errors.UpstreamProtocolError("/tokenize answered a piece that is no text", endpoint="/tokenize")
+        return out
+
     async def _json(self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None) -> Any:
         _, _, text = await self._request(method, path, timeout, payload)
         try:

@@ -1,0 +1,97 @@
+"""A prompt's token ids with as little of llama-server as exactness allows. I/O.
+
+:class:`Cached` stands in front of the server's ``/tokenize`` for the
+placer. For a text it has seen whole, it answers from memory with no round
+trip; for a text that starts with a remembered cut (:mod:`.prefixes`), it
+asks the server for the ids of the rest only and joins them to the ids it
+holds; otherwise it asks for the whole text, as before.
+
+A cut is trusted only where the join is exact: just before a special token
+(the server tokenizes the text between special tokens apart, so the ids on
+either side do not depend on the other), found from the pieces the server
+returns with the ids. A piece is taken for a special token only once the
+server has shown it is one: the same text tokenized with special tokens
+parsed gives that one id and without gives something else (asked once per
+piece, remembered). When the pieces do not spell the text exactly (a BOS
+the text does not hold, bytes the pieces do not show), nothing is
+remembered and every request of that text asks the server whole.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Protocol
+
+from sidecar.library import prefixes
+
+MARKERS = 256
+"""Most piece texts remembered as special or not."""
+_MARKER = re.compile(rb"<[^\s<>]{1,48}>")
+"""What a template's special token looks like (``<start_of_turn>``, ``<|im_start|>``); the server confirms."""
+
+
+class Server(Protocol):
+    async def apply_template(self, body: dict[str, Any]) -> str: ...
+
+    async def pieces(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[tuple[int, bytes]]:
+        """The ids of ``text`` and the bytes each stands for."""
+        ...
+
+
+class Cached:
+    def __init__(self, server: Server, max_ids: int = prefixes.MAX_IDS) -> None:
+        self._server = server
+        self._known = prefixes.Prefixes(max_ids)
+        self._special: dict[bytes, int | None] = {}
+        self.asked_bytes = 0
+        """Bytes of prompt text sent to ``/tokenize`` (the bench and tests read it)."""
+        self.answered = 0
+        """Texts answered with no round trip."""
+
+    async def apply_template(self, body: dict[str, Any]) -> str:
+        return await self._server.apply_template(body)
+
+    async def tokenize(self, text: str) -> list[int]:
+        data = text.encode()
+        hit = self._known.longest(data)
+        if hit is not None and hit.cut == len(data):
+            self.answered += 1
+            return hit.ids.tolist()
+        if hit is None:
+            head: list[int] = []
+            cut = 0
+            got = await self._server.pieces(text, add_special=True)
+        else:
+            head = hit.ids.tolist()
+            cut = hit.cut
+            got = await self._server.pieces(data[cut:].decode(), add_special=False)
+        self.asked_bytes += len(data) - cut
+        ids = head + [i for i, _ in got]
+        await self._learn(data, cut, ids, len(head), got)
+        return ids
+
+    async def _learn(self, data: bytes, cut: int, ids: list[int], start: int, got: list[tuple[int, bytes]]) -> None:
+        """Remember ``data`` whole, and its last special-token cut, when the pieces spell it from ``cut``."""
+        sizes = [len(p) for _, p in got]
+        if cut == 0 and got and b"".join(p for _, p in got[1:]) == data:
+            sizes[0] = 0  # the BOS the server adds: no byte of the text
+        elif b"".join(p for _, p in got) != data[cut:]:
+            return  # the pieces do not spell the text: offsets unknown, ask whole each time
+        self._known.remember(data, len(data), ids, whole=True)
+        offset = len(data)
+        for index in range(len(got) - 1, -1, -1):
+            token, piece = got[index]
+            offset -= sizes[index]
+            if offset > cut and _MARKER.fullmatch(piece) and await self._is_special(piece, token):
+                self._known.remember(data, offset, ids[: start + index])
+                return
+
+    async def _is_special(self, piece: bytes, token: int) -> bool:
+        if piece not in self._special:
+            if len(self._special) >= MARKERS:
+                self._special.clear()
+            text = piece.decode()
+            parsed = [i for i, _ in await self._server.pieces(text, add_special=False)]
+            plain = [i for i, _ in await self._server.pieces(text, add_special=False, parse_special=False)]
+            self._special[piece] = parsed[0] if len(parsed) == 1 and plain != parsed else None
+        return self._special[piece] == token

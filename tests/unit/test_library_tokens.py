@@ -1,0 +1,129 @@
+"""The placer's cached tokenizer: remembered cuts, only the new part asked, nothing trusted unproven."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+from sidecar.library import prefixes, tokens
+
+SPECIAL = {"<start_of_turn>": 2, "<end_of_turn>": 3}
+_SPLIT = re.compile("(<start_of_turn>|<end_of_turn>)")
+
+
+class Server:
+    """Tokenizes like llama-server: BOS, special tokens split out, the text between them by words."""
+
+    def __init__(self, bos: bool = True) -> None:
+        self.asked: list[str] = []
+        self.bos = bos
+
+    async def apply_template(self, body: dict[str, Any]) -> str:
+        return render(body)
+
+    async def pieces(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[tuple[int, bytes]]:
+        self.asked.append(text)
+        return split(text, add_special=add_special and self.bos, parse_special=parse_special)
+
+
+def render(body: dict[str, Any]) -> str:
+    return "".join(f"<start_of_turn>{m['role']}\n{m['content']}<end_of_turn>\n" for m in body["messages"])
+
+
+def split(text: str, *, add_special: bool, parse_special: bool) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = [(1, b"<bos>")] if add_special else []
+    for part in _SPLIT.split(text) if parse_special else [text]:
+        if part in SPECIAL and parse_special:
+            out.append((SPECIAL[part], part.encode()))
+            continue
+        for word in re.findall(r"\s*\S+|\s+", part):  # a word joins the spaces before it
+            out.append((100 + sum(word.encode()) % 5000, word.encode()))
+    return out
+
+
+def _whole(text: str) -> list[int]:
+    return [i for i, _ in split(text, add_special=True, parse_special=True)]
+
+
+def _chat(turns: int) -> str:
+    body = {"messages": [{"role": "user", "content": f"question {n} " * 50} for n in range(turns)]}
+    return render(body) + "<start_of_turn>model\n"
+
+
+def test_a_later_turn_asks_only_what_follows_the_last_marker() -> None:
+    server = Server()
+    cached = tokens.Cached(server)
+
+    async def run() -> None:
+        first, second = _chat(3), _chat(4)
+        assert await cached.tokenize(first) == _whole(first)
+        server.asked.clear()
+        assert await cached.tokenize(second) == _whole(second)
+        tail = second[len(first) - len("<start_of_turn>model\n") :]
+        assert server.asked == [tail]  # from the cut before the first text's last marker
+        server.asked.clear()
+        assert await cached.tokenize(second) == _whole(second)
+        assert server.asked == []  # known whole: no round trip
+
+    asyncio.run(run())
+    assert cached.answered == 1
+
+
+def test_marker_looking_text_is_not_trusted_as_a_cut() -> None:
+    server = Server()
+    cached = tokens.Cached(server)
+    text = "<start_of_turn>user\nsee <b> here <b>"
+
+    async def run() -> None:
+        assert await cached.tokenize(text) == _whole(text)
+        server.asked.clear()
+        longer = text + "bold</b> done"
+        assert await cached.tokenize(longer) == _whole(longer)
+        assert server.asked[0] == longer  # the first text known whole is no cut for a longer one
+
+    asyncio.run(run())
+    assert cached._special.get(b"<b>", 0) is None  # asked once, found not special
+
+
+def test_pieces_that_do_not_spell_the_text_are_not_remembered() -> None:
+    class Odd(Server):
+        async def pieces(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[tuple[int, bytes]]:
+            got = await super().pieces(text, add_special=add_special, parse_special=parse_special)
+            return [(i, p.upper()) for i, p in got]  # pieces not the text's own bytes
+
+    server = Odd()
+    cached = tokens.Cached(server)
+    text = _chat(2)
+    asyncio.run(cached.tokenize(text))
+    asyncio.run(cached.tokenize(text))
+    assert server.asked == [text, text]  # every time whole: nothing could be trusted
+
+
+def test_prefixes_are_bounded_by_ids_and_forget_the_oldest() -> None:
+    known = prefixes.Prefixes(max_ids=10)
+    known.remember(b"aaaa", 4, [1, 2, 3, 4])
+    known.remember(b"bbbb", 4, [5, 6, 7, 8])
+    known.remember(b"cccc", 4, [9, 10, 11])
+    assert known.held_ids <= 10
+    assert known.longest(b"aaaa") is None  # the oldest went first
+    hit = known.longest(b"cccc and more")
+    assert hit is not None
+    assert (hit.cut, hit.ids.tolist()) == (4, [9, 10, 11])
+
+
+def test_the_longest_remembered_cut_wins() -> None:
+    known = prefixes.Prefixes()
+    known.remember(b"abcdef", 2, [1])
+    known.remember(b"abcdef", 4, [1, 2])
+    known.remember(b"xyz", 3, [7])
+    known.remember(b"abcdX", 5, [1, 2, 3], whole=True)
+    assert known.longest(b"abcdXX").cut == 4  # type: ignore[union-attr]  # a whole text is no cut
+    assert known.longest(b"abcdX").cut == 5  # type: ignore[union-attr]
+    hit = known.longest(b"abcdXX")
+    assert hit is not None
+    assert (hit.cut, hit.ids.tolist()) == (4, [1, 2])
+    short = known.longest(b"abXdef")
+    assert short is not None
+    assert short.cut == 2
+    assert known.longest(b"a") is None
