@@ -1,5 +1,10 @@
 """The placer's cached tokenizer against the real server: the same ids as ``/tokenize``, turn by turn.
 
+The test model has no chat template of its own and the server's fallback
+(ChatML) marks turns with plain text in this vocabulary, where no cut is
+exact: the test runs the server with its built-in ``gemma`` template, whose
+``<start_of_turn>`` is one of the model's special tokens, as a chat model's is.
+
 A multi-turn chat (a long first message, the server's own replies, short
 follow-ups, one follow-up with text that looks like a template marker but is
 not one) is rendered by ``/apply-template`` each turn; :class:`tokens.Cached`
@@ -31,7 +36,7 @@ def _whole(url: str, text: str) -> list[int]:
 
 
 def test_cached_ids_equal_the_servers_across_a_chat(llama: MakeServer, tmp_path: Path) -> None:
-    server = llama(n_slots=1)
+    server = llama(n_slots=1, extra_args=["--chat-template", "gemma"])  # markers that are the model's special tokens
     follow_ups = [
         "And what does the second record say next?",
         "Quote it with <b>bold</b> and <start_of_turn> as text, then stop.",
@@ -61,7 +66,7 @@ def test_cached_ids_equal_the_servers_across_a_chat(llama: MakeServer, tmp_path:
                 assert status == 200, answer
                 messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
                 messages.append({"role": "user", "content": follow_ups[turn % len(follow_ups)]})
-            assert cached.answered == TURNS  # each repeat came from memory, no round trip
+            assert cached.answered == TURNS, seen  # each repeat came from memory, no round trip
         return seen
 
     seen = asyncio.run(run())
