@@ -240,9 +240,11 @@ def _plain(
     )
     library = None
     if settings.proxy.host is not None:
+        tokenizer = tokens.Cached(client)
+        watched.engine.follow(tokenizer)  # a restart forgets the remembered ids
         library = placer.Placer(
             core=watched.engine,
-            tokenizer=tokens.Cached(client),
+            tokenizer=tokenizer,
             snapshots=own,
             stats=stats,
             clock=clock,

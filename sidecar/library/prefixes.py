@@ -7,7 +7,11 @@ of its leading part up to a *cut* where tokenizing the two sides apart gives
 the same ids as tokenizing the whole: the start of a special token (the
 server splits special tokens out before it tokenizes the text between them,
 so nothing on one side changes the ids of the other), or the text's end for
-that very text. :meth:`Prefixes.longest` finds the longest remembered cut a
+that very text. A cut holds for a new text only where that text goes on
+with the same special token: each cut keeps the token's id and bytes, and
+:meth:`Prefixes.longest` offers a cut only to a text whose bytes there are
+that token's (the caller still checks that the server's first id of the
+rest is that token). :meth:`Prefixes.longest` finds the longest such cut a
 new text starts with, so only the rest needs the server.
 
 Keys are BLAKE2b digests of the leading bytes; ids are kept packed (4 bytes
@@ -26,6 +30,8 @@ from collections.abc import Sequence
 MAX_IDS = 4_000_000
 """Most token ids kept in all (16 MB packed)."""
 _DIGEST = 16
+WHOLE = -1
+"""The ``token`` of a text remembered whole: no special token follows, good for that text only."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -33,6 +39,15 @@ class Hit:
     cut: int
     """How many leading bytes of the text the ids cover."""
     ids: array.array[int]
+    token: int = WHOLE
+    """The special token that starts at ``cut`` (its id), or ``WHOLE`` for a text known whole."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Entry:
+    ids: array.array[int]
+    token: int
+    piece: bytes
 
 
 def _digest(data: bytes | memoryview) -> bytes:
@@ -43,7 +58,7 @@ class Prefixes:
     def __init__(self, max_ids: int = MAX_IDS) -> None:
         self._max = max_ids
         self._held = 0
-        self._entries: collections.OrderedDict[tuple[int, bytes, bool], array.array[int]] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[tuple[int, bytes, bool], _Entry] = collections.OrderedDict()
         self._lengths: collections.Counter[int] = collections.Counter()
 
     def __len__(self) -> int:
@@ -53,32 +68,44 @@ class Prefixes:
     def held_ids(self) -> int:
         return self._held
 
-    def remember(self, data: bytes, cut: int, ids: Sequence[int], *, whole: bool = False) -> None:
+    def clear(self) -> None:
+        self._entries.clear()
+        self._lengths.clear()
+        self._held = 0
+
+    def remember(
+        self, data: bytes, cut: int, ids: Sequence[int], *, token: int = WHOLE, piece: bytes = b""
+    ) -> None:
         """The ids ``ids`` are those of ``data[:cut]`` tokenized apart from what follows.
 
-        ``whole``: the ids of exactly ``data`` (``cut`` is its length), good
-        for that text only, not for a longer one that starts with it.
+        ``token`` and ``piece``: the special token that follows the cut in
+        ``data`` (its id and bytes); the cut serves only a text that goes on
+        with it. Without them (``WHOLE``): the ids of exactly ``data``
+        (``cut`` is its length), good for that text only.
         """
-        if not 0 < cut <= len(data) or not ids or len(ids) > self._max or (whole and cut != len(data)):
+        whole = token == WHOLE
+        if not 0 < cut <= len(data) or not ids or len(ids) > self._max:
+            return
+        if (whole and cut != len(data)) or (not whole and data[cut : cut + len(piece)] != piece):
             return
         key = (cut, _digest(memoryview(data)[:cut]), whole)
         old = self._entries.pop(key, None)
         if old is not None:
-            self._held -= len(old)
+            self._held -= len(old.ids)
             self._lengths[cut] -= 1
-        packed = array.array("i", ids)
-        self._entries[key] = packed
-        self._held += len(packed)
+        entry = _Entry(array.array("i", ids), token, piece)
+        self._entries[key] = entry
+        self._held += len(entry.ids)
         self._lengths[cut] += 1
         while self._held > self._max:
             (length, _, _), dropped = self._entries.popitem(last=False)
-            self._held -= len(dropped)
+            self._held -= len(dropped.ids)
             self._lengths[length] -= 1
             if not self._lengths[length]:
                 del self._lengths[length]
 
     def longest(self, data: bytes) -> Hit | None:
-        """The longest remembered cut that ``data`` starts with (or ``data`` whole), and its ids; None: none."""
+        """The longest remembered cut that ``data`` starts with and goes on from as remembered (or ``data`` whole)."""
         lengths = sorted(n for n in self._lengths if n <= len(data))
         if not lengths:
             return None
@@ -90,11 +117,13 @@ class Prefixes:
             running.update(view[done:length])
             done = length
             digest = running.copy().digest()
-            if (length, digest, False) in self._entries:
+            cut = self._entries.get((length, digest, False))
+            if cut is not None and view[length : length + len(cut.piece)] == cut.piece:
                 found = (length, digest, False)
             if length == len(data) and (length, digest, True) in self._entries:
                 found = (length, digest, True)
         if found is None:
             return None
         self._entries.move_to_end(found)
-        return Hit(found[0], self._entries[found])
+        entry = self._entries[found]
+        return Hit(found[0], entry.ids, entry.token)

@@ -1,10 +1,12 @@
 """A prompt's token ids with as little of llama-server as exactness allows. I/O.
 
 :class:`Cached` stands in front of the server's ``/tokenize`` for the
-placer. For a text it has seen whole, it answers from memory with no round
-trip; for a text that starts with a remembered cut (:mod:`.prefixes`), it
-asks the server for the ids of the rest only and joins them to the ids it
-holds; otherwise it asks for the whole text, as before.
+placer, for every route it tokenizes (Chat Completions, Anthropic Messages
+and Responses once rendered, ``/completion`` prompt texts). For a text it has
+seen whole, it answers from memory with no round trip; for a text that
+starts with a remembered cut (:mod:`.prefixes`), it asks the server for the
+ids of the rest only and joins them to the ids it holds; otherwise it asks
+for the whole text, as before.
 
 A cut is trusted only where the join is exact: just before a special token
 (the server tokenizes the text between special tokens apart, so the ids on
@@ -12,9 +14,19 @@ either side do not depend on the other), found from the pieces the server
 returns with the ids. A piece is taken for a special token only once the
 server has shown it is one: the same text tokenized with special tokens
 parsed gives that one id and without gives something else (asked once per
-piece, remembered). When the pieces do not spell the text exactly (a BOS
-the text does not hold, bytes the pieces do not show), nothing is
-remembered and every request of that text asks the server whole.
+piece, remembered). A cut serves a new text only if that text goes on with
+the same special token there: its bytes are checked before asking, and the
+server's first id of the rest must be that token's, else the text is asked
+whole (``refused``). When the pieces do not spell the text exactly (a BOS the
+text does not hold, an EOS the server appends, a space prefix, bytes the
+pieces do not show), nothing is remembered and every request of that text
+asks the server whole.
+
+Not caught: a special token whose text holds another's and starts before the
+cut (``x<s>y`` beside ``<s>``), which the whole text would match and the rest
+alone would not; no vocabulary seen has one. Everything is forgotten when the
+server loses its slots (a restart may bring another vocabulary): the engine
+tells :meth:`Cached.emptied`.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ import re
 from typing import Any, Protocol
 
 from sidecar.library import prefixes
+from sidecar.snapshots import manifest
 
 MARKERS = 256
 """Most piece texts remembered as special or not."""
@@ -43,31 +56,53 @@ class Cached:
         self._server = server
         self._known = prefixes.Prefixes(max_ids)
         self._special: dict[bytes, int | None] = {}
+        self.texts = 0
+        """Texts tokenized (the bench and tests read these counts; never exported per text)."""
+        self.text_bytes = 0
+        """Bytes of those texts."""
         self.asked_bytes = 0
-        """Bytes of prompt text sent to ``/tokenize`` (the bench and tests read it)."""
+        """Bytes of prompt text sent to ``/tokenize`` for them."""
         self.answered = 0
         """Texts answered with no round trip."""
+        self.refused = 0
+        """Cuts the server's ids showed wrong (the text then asked whole)."""
+
+    # ---- what the engine tells: engine.SlotContent ----------------------------------------
+
+    def emptied(self) -> None:
+        """The server lost its slots (a restart may bring another model): forget every id."""
+        self._known.clear()
+        self._special.clear()
+
+    def restored(self, slot: int, record: manifest.Manifest) -> None:
+        """A restore changes no token ids."""
+
+    # ---- the placer's tokenizer -----------------------------------------------------------
 
     async def apply_template(self, body: dict[str, Any]) -> str:
         return await self._server.apply_template(body)
 
     async def tokenize(self, text: str) -> list[int]:
         data = text.encode()
+        self.texts += 1
+        self.text_bytes += len(data)
         hit = self._known.longest(data)
-        if hit is not None and hit.cut == len(data):
+        if hit is not None and hit.token == prefixes.WHOLE:
             self.answered += 1
             return hit.ids.tolist()
-        if hit is None:
-            head: list[int] = []
-            cut = 0
-            got = await self._server.pieces(text, add_special=True)
-        else:
-            head = hit.ids.tolist()
-            cut = hit.cut
-            got = await self._server.pieces(data[cut:].decode(), add_special=False)
-        self.asked_bytes += len(data) - cut
-        ids = head + [i for i, _ in got]
-        await self._learn(data, cut, ids, len(head), got)
+        if hit is not None:
+            got = await self._server.pieces(data[hit.cut :].decode(), add_special=False)
+            self.asked_bytes += len(data) - hit.cut
+            if got and got[0][0] == hit.token:
+                head = hit.ids.tolist()
+                ids = head + [i for i, _ in got]
+                await self._learn(data, hit.cut, ids, len(head), got)
+                return ids
+            self.refused += 1  # the text there is no longer that special token for the server
+        got = await self._server.pieces(text, add_special=True)
+        self.asked_bytes += len(data)
+        ids = [i for i, _ in got]
+        await self._learn(data, 0, ids, 0, got)
         return ids
 
     async def _learn(self, data: bytes, cut: int, ids: list[int], start: int, got: list[tuple[int, bytes]]) -> None:
@@ -77,13 +112,13 @@ class Cached:
             sizes[0] = 0  # the BOS the server adds: no byte of the text
         elif b"".join(p for _, p in got) != data[cut:]:
             return  # the pieces do not spell the text: offsets unknown, ask whole each time
-        self._known.remember(data, len(data), ids, whole=True)
+        self._known.remember(data, len(data), ids)
         offset = len(data)
         for index in range(len(got) - 1, -1, -1):
             token, piece = got[index]
             offset -= sizes[index]
             if offset > cut and _MARKER.fullmatch(piece) and await self._is_special(piece, token):
-                self._known.remember(data, offset, ids[: start + index])
+                self._known.remember(data, offset, ids[: start + index], token=token, piece=piece)
                 return
 
     async def _is_special(self, piece: bytes, token: int) -> bool:

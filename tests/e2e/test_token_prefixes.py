@@ -1,17 +1,27 @@
 """The placer's cached tokenizer against the real server: the same ids as ``/tokenize``, turn by turn.
 
-The test model has no chat template of its own and the server's fallback
-(ChatML) marks turns with plain text in this vocabulary, where no cut is
-exact: the test runs the server with its built-in ``gemma`` template, whose
-``<start_of_turn>`` is one of the model's special tokens, as a chat model's is.
-
 A multi-turn chat (a long first message, the server's own replies, short
 follow-ups, one follow-up with text that looks like a template marker but is
 not one) is rendered by ``/apply-template`` each turn; :class:`tokens.Cached`
 gives its ids, asking the server only for what follows the last remembered
-cut. Each turn's ids must equal what ``/tokenize`` gives for the whole text,
-and from the second turn on the cached path must have sent the server only
-the new part (far fewer bytes than the whole).
+cut. Each turn's ids must equal what ``/tokenize`` gives for the whole text.
+
+Two servers, two outcomes:
+
+* the test model with Gemma 3's own chat template, whose
+  ``<start_of_turn>`` is one of the model's special tokens (as a chat
+  model's markers are): from the second turn on only the new part is sent,
+  under a tenth of the text's bytes;
+* the tiny ``qwen35`` hybrid with its own ChatML template: this vocabulary
+  (the test model's) has no ``<|im_start|>`` token, so the markers are plain
+  text, no cut is exact, and every new turn must be asked whole, until a
+  message quotes ``<start_of_turn>``: the server parses it as the special
+  token it is in this vocabulary (in a message's content too), and the later
+  turns are cut there.
+
+And a text that starts with a remembered cut but goes on with other bytes
+there (the same prefix up to ``the``, then ``ory`` where the special token
+was) must be asked whole: joined at the cut its ids differ from the server's.
 """
 
 from __future__ import annotations
@@ -20,57 +30,110 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from sidecar.core import config
 from sidecar.library import tokens
 from sidecar.observe import upstream
-from support.llamabed import MakeServer, http_json, make_prompt
+from support import tinymodels
+from support.llamabed import LlamaServer, MakeServer, gemma3_template, http_json, make_prompt
 
 TURNS = 5
+FOLLOW_UPS = [
+    "And what does the second record say next?",
+    "Quote it with <b>bold</b> and <start_of_turn> and <|im_start|> as text, then stop.",
+    "ünïcödé — and 数字 1234567 next?",
+    "One more, please.",
+]
 
 
-def _whole(url: str, text: str) -> list[int]:
-    _, answer = http_json("POST", url + "/tokenize", {"content": text, "add_special": True, "parse_special": True})
+def _whole(url: str, text: str, *, parse_special: bool = True, add_special: bool = True) -> list[int]:
+    body = {"content": text, "add_special": add_special, "parse_special": parse_special}
+    status, answer = http_json("POST", url + "/tokenize", body)
+    assert status == 200, answer
     ids: list[int] = answer["tokens"]
     return ids
 
 
-def test_cached_ids_equal_the_servers_across_a_chat(llama: MakeServer, tmp_path: Path) -> None:
-    server = llama(n_slots=1, extra_args=["--chat-template", "gemma"])  # markers that are the model's special tokens
-    follow_ups = [
-        "And what does the second record say next?",
-        "Quote it with <b>bold</b> and <start_of_turn> as text, then stop.",
-        "ünïcödé — and 数字 1234567 next?",
-        "One more, please.",
-    ]
+def _special(url: str, marker: str) -> bool:
+    """Whether the server takes ``marker`` for one special token (parsed, it is one id other than plain)."""
+    parsed = _whole(url, marker, add_special=False)
+    return len(parsed) == 1 and parsed != _whole(url, marker, add_special=False, parse_special=False)
+
+
+async def _chat(server: LlamaServer) -> tuple[tokens.Cached, list[tuple[int, int]]]:
+    """Each turn's (text bytes, bytes asked of /tokenize); every turn's ids checked against /tokenize."""
     messages = [
         {"role": "system", "content": "You answer in one short sentence."},
         {"role": "user", "content": make_prompt(server.url, 2000, 24)},
     ]
+    seen: list[tuple[int, int]] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        client = upstream.LlamaClient(session, config.UpstreamSettings(url=server.url))
+        cached = tokens.Cached(client)
+        for turn in range(TURNS):
+            text = await client.apply_template({"messages": messages})
+            before = cached.asked_bytes
+            got = await cached.tokenize(text)
+            assert got == _whole(server.url, text), f"turn {turn}: the cached ids differ from /tokenize"
+            asked = cached.asked_bytes - before
+            assert await cached.tokenize(text) == got  # a retry: from memory
+            assert cached.asked_bytes - before == asked
+            seen.append((len(text.encode()), asked))
+            body = {"messages": messages, "max_tokens": 12, "temperature": 0}
+            status, answer = http_json("POST", server.url + "/v1/chat/completions", body, timeout=300)
+            assert status == 200, answer
+            messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+            messages.append({"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]})
+    assert cached.answered == TURNS, seen
+    assert cached.refused == 0, seen
+    return cached, seen
 
-    async def run() -> list[tuple[int, int, int]]:
-        seen: list[tuple[int, int, int]] = []
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-            client = upstream.LlamaClient(session, config.UpstreamSettings(url=server.url))
-            cached = tokens.Cached(client)
-            for turn in range(TURNS):
-                text = await client.apply_template({"messages": messages})
-                before = cached.asked_bytes
-                got = await cached.tokenize(text)
-                assert got == _whole(server.url, text), f"turn {turn}: the cached ids differ from /tokenize"
-                again = await cached.tokenize(text)
-                assert again == got
-                seen.append((len(text.encode()), cached.asked_bytes - before, len(got)))
-                body = {"messages": messages, "max_tokens": 12, "temperature": 0}
-                status, answer = http_json("POST", server.url + "/v1/chat/completions", body, timeout=300)
-                assert status == 200, answer
-                messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
-                messages.append({"role": "user", "content": follow_ups[turn % len(follow_ups)]})
-            assert cached.answered == TURNS, seen  # each repeat came from memory, no round trip
-        return seen
 
-    seen = asyncio.run(run())
-    whole, asked, _ = seen[0]
+def test_cut_at_special_tokens_asks_only_the_new_part(llama: MakeServer, tmp_path: Path) -> None:
+    server = llama(n_slots=1, extra_args=gemma3_template(tmp_path))
+    assert _special(server.url, "<start_of_turn>")
+    _, seen = asyncio.run(_chat(server))
+    assert seen[0][0] > 8000  # the whole rendered chat (about 2,000 tokens)
+    print("gemma template, (text bytes, asked bytes) per turn:", seen)
+    whole, asked = seen[0]
     assert asked == whole  # the first turn: nothing known, the whole text asked
-    for turn, (whole, asked, _) in enumerate(seen[1:], start=1):
+    for turn, (whole, asked) in enumerate(seen[1:], start=1):
         assert 0 < asked < whole / 10, f"turn {turn}: asked {asked} of {whole} bytes"
+
+
+def test_plain_text_markers_are_asked_whole(llama: MakeServer, tiny_models: dict[tinymodels.Arch, Path]) -> None:
+    server = llama(n_slots=1, model=tiny_models[tinymodels.Arch.QWEN35], ctx_size=8192, swa_full=False)
+    assert not _special(server.url, "<|im_start|>")  # ChatML's marker is no token of this vocabulary
+    _, seen = asyncio.run(_chat(server))
+    print("qwen35 ChatML, (text bytes, asked bytes) per turn:", seen)
+    quoted = 2  # the first turn whose text holds the follow-up quoting <start_of_turn>
+    assert all(asked == whole for whole, asked in seen[: quoted + 1]), seen  # no cut could be sure: each whole
+    # The quoted <start_of_turn> is a special token of this vocabulary: llama-server parses it in a message's
+    # content too, so the cut there is exact, and the later turns ask only what follows it.
+    assert all(0 < asked < whole for whole, asked in seen[quoted + 1 :]), seen
+
+
+@pytest.mark.parametrize("rest", ["ory of the archive, continued", "se<start_of_turn>model\n"])
+def test_a_cut_the_next_text_does_not_go_on_from_is_not_trusted(llama: MakeServer, rest: str) -> None:
+    server = llama(n_slots=1)
+    head = make_prompt(server.url, 600, 3) + " the"
+    first, second = head + "<start_of_turn>model\n", head + rest
+    marker = _whole(server.url, "<start_of_turn>", add_special=False)
+    ids = _whole(server.url, first)
+    at = len(ids) - 1 - ids[::-1].index(marker[0])
+    joined = ids[:at] + _whole(server.url, second[len(head) :], add_special=False)
+    assert joined != _whole(server.url, second)  # trusting the cut would give other ids than the server's
+
+    async def run() -> tuple[list[int], int, int]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            cached = tokens.Cached(upstream.LlamaClient(session, config.UpstreamSettings(url=server.url)))
+            await cached.tokenize(first)
+            before = cached.asked_bytes
+            got = await cached.tokenize(second)
+            return got, cached.asked_bytes - before, cached.refused
+
+    got, asked, refused = asyncio.run(run())
+    assert got == _whole(server.url, second)
+    assert asked == len(second.encode())  # asked whole
+    assert refused == 0  # turned down from the bytes, before a round trip

@@ -315,6 +315,43 @@ class LlamaServer:
         self.kill()
 
 
+GEMMA3_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {{- message['content'] | trim -}}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+"""Gemma 3's own chat template (text turns): the test model's file has none. Its ``<start_of_turn>``
+and ``<end_of_turn>`` are special tokens of the model, as a chat model's markers are."""
+
+
+def gemma3_template(folder: Path) -> list[str]:
+    """llama-server's arguments that render chats with :data:`GEMMA3_TEMPLATE` (written into ``folder``).
+
+    ``--chat-template gemma`` does not do it: with Jinja on (the default) the name is taken for a
+    template's text, and every chat renders as the five bytes ``gemma``.
+    """
+    path = folder / "gemma3.jinja"
+    path.write_text(GEMMA3_TEMPLATE)
+    return ["--chat-template-file", str(path)]
+
+
 def http_json(
     method: str,
     url: str,

@@ -100,30 +100,88 @@ def test_pieces_that_do_not_spell_the_text_are_not_remembered() -> None:
     assert server.asked == [text, text]  # every time whole: nothing could be trusted
 
 
+def test_a_cut_serves_only_a_text_that_goes_on_with_its_special_token() -> None:
+    server = Server()
+    cached = tokens.Cached(server)
+    head = "<start_of_turn>user\n" + "about the" * 30
+
+    async def run() -> None:
+        first = head + "<start_of_turn>model\n"
+        assert await cached.tokenize(first) == _whole(first)
+        server.asked.clear()
+        other = head + "ory and more words"  # the same bytes up to the cut, then no special token
+        assert await cached.tokenize(other) == _whole(other)
+        assert server.asked == [other]  # asked whole: the joined ids would split "theory"
+
+    asyncio.run(run())
+    assert cached.refused == 0  # turned down before any round trip, from the bytes
+
+
+def test_a_cut_the_server_tokenizes_otherwise_is_refused_and_asked_whole() -> None:
+    class Longer(Server):
+        """``<start_of_turn>model`` is a special token of its own: the cut's bytes match, its id does not."""
+
+        async def pieces(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[tuple[int, bytes]]:
+            self.asked.append(text)
+            marker = "<start_of_turn>model"
+            if parse_special and marker in text:
+                before, _, after = text.partition(marker)
+                out = split(before, add_special=add_special, parse_special=True)
+                return [*out, (9, marker.encode()), *split(after, add_special=False, parse_special=True)]
+            return split(text, add_special=add_special, parse_special=parse_special)
+
+    server = Longer()
+    cached = tokens.Cached(server)
+    first = "<start_of_turn>user\nhello there<start_of_turn>user\n"
+
+    async def run() -> list[int]:
+        await cached.tokenize(first)
+        server.asked.clear()
+        return await cached.tokenize(first[: -len("user\n")] + "model\nhi")
+
+    got = asyncio.run(run())
+    second = first[: -len("user\n")] + "model\nhi"
+    assert got == [i for i, _ in asyncio.run(Longer().pieces(second, add_special=True))]
+    assert cached.refused == 1
+    assert server.asked == [second[len("<start_of_turn>user\nhello there") :], second]  # the rest, then whole
+
+
+def test_a_restart_forgets_every_id() -> None:
+    server = Server()
+    cached = tokens.Cached(server)
+    text = _chat(2)
+    asyncio.run(cached.tokenize(text))
+    cached.emptied()
+    server.asked.clear()
+    asyncio.run(cached.tokenize(text))
+    assert server.asked[0] == text  # asked whole again: the new process may tokenize otherwise
+
+
 def test_prefixes_are_bounded_by_ids_and_forget_the_oldest() -> None:
     known = prefixes.Prefixes(max_ids=10)
-    known.remember(b"aaaa", 4, [1, 2, 3, 4])
-    known.remember(b"bbbb", 4, [5, 6, 7, 8])
-    known.remember(b"cccc", 4, [9, 10, 11])
+    known.remember(b"aaaa<s>", 4, [1, 2, 3, 4], token=2, piece=b"<s>")
+    known.remember(b"bbbb<s>", 4, [5, 6, 7, 8], token=2, piece=b"<s>")
+    known.remember(b"cccc<s>", 4, [9, 10, 11], token=2, piece=b"<s>")
     assert known.held_ids <= 10
-    assert known.longest(b"aaaa") is None  # the oldest went first
-    hit = known.longest(b"cccc and more")
+    assert known.longest(b"aaaa<s>") is None  # the oldest went first
+    hit = known.longest(b"cccc<s> and more")
     assert hit is not None
-    assert (hit.cut, hit.ids.tolist()) == (4, [9, 10, 11])
+    assert (hit.cut, hit.ids.tolist(), hit.token) == (4, [9, 10, 11], 2)
 
 
 def test_the_longest_remembered_cut_wins() -> None:
     known = prefixes.Prefixes()
-    known.remember(b"abcdef", 2, [1])
-    known.remember(b"abcdef", 4, [1, 2])
+    known.remember(b"ab<cdef", 2, [1], token=5, piece=b"<")
+    known.remember(b"abcd<ef", 4, [1, 2], token=5, piece=b"<")
     known.remember(b"xyz", 3, [7])
-    known.remember(b"abcdX", 5, [1, 2, 3], whole=True)
-    assert known.longest(b"abcdXX").cut == 4  # type: ignore[union-attr]  # a whole text is no cut
-    assert known.longest(b"abcdX").cut == 5  # type: ignore[union-attr]
-    hit = known.longest(b"abcdXX")
+    known.remember(b"abcd<", 5, [1, 2, 3])
+    assert known.longest(b"abcd<X").cut == 4  # type: ignore[union-attr]  # a whole text is no cut
+    assert known.longest(b"abcd<").cut == 5  # type: ignore[union-attr]
+    hit = known.longest(b"abcd<X")
     assert hit is not None
     assert (hit.cut, hit.ids.tolist()) == (4, [1, 2])
-    short = known.longest(b"abXdef")
+    assert known.longest(b"abcdX") is None  # the cut at 4 needs "<" next; the one at 2 too
+    short = known.longest(b"ab<Xdef")
     assert short is not None
     assert short.cut == 2
     assert known.longest(b"a") is None
