@@ -240,7 +240,7 @@ def _plain(
     )
     library = None
     if settings.proxy.host is not None:
-        tokenizer = tokens.Cached(client)
+        tokenizer = tokens.Cached(client, stats=stats)
         watched.engine.follow(tokenizer)  # a restart forgets the remembered ids
         library = placer.Placer(
             core=watched.engine,

@@ -21,6 +21,7 @@ GC_REASONS = tuple(r.value for r in outcomes.GcReason)
 CONVERSATION_SOURCES = tuple(s.value for s in outcomes.Source)
 UNROUTED_REASONS = tuple(r.value for r in outcomes.Unrouted)
 UNSERVED_REASONS = tuple(r.value for r in outcomes.Unserved)
+PROMPT_BYTE_SOURCES = tuple(s.value for s in outcomes.PromptBytes)
 QUARANTINE_REASONS = tuple(p.value for p in outcomes.SnapshotProblem if p in outcomes.BAD_CONTENT)
 SLOT_DIR_OPERATIONS = tuple(o.value for o in outcomes.SlotDirOperation)
 SHARED_DIRECTIONS = tuple(d.value for d in outcomes.Direction)
@@ -337,6 +338,16 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.library_prompt_bytes = Counter(
+            "library_prompt_bytes",
+            "Bytes of prompt text (rendered chats, completion prompts) the proxy's routing needed token ids for, "
+            "by how it got them: asked (sent to llama-server's /tokenize), remembered (ids held from the "
+            "conversation's earlier turns: no round trip for those bytes). Remembered over the sum is the share "
+            "of tokenizing the token cache saved.",
+            ["source"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.library_tokens = Counter(
             "library_tokens",
             "Prompt tokens served from the library: of the prefix a swap put into a slot ahead of its request, "
@@ -371,6 +382,8 @@ class Metrics:
             self.conversation_unrouted.labels(reason)
         for reason in UNSERVED_REASONS:
             self.conversation_unserved.labels(reason)
+        for source in PROMPT_BYTE_SOURCES:
+            self.library_prompt_bytes.labels(source)
 
     def _shared_families(self, registry: CollectorRegistry) -> None:
         """The shared store: transfers, errors, uploads waiting."""

@@ -97,6 +97,15 @@ class Source(enum.StrEnum):
     COLD = "cold"
 
 
+class PromptBytes(enum.StrEnum):
+    """How the library got the token ids of a prompt text's bytes (``library_prompt_bytes_total{source}``)."""
+
+    ASKED = "asked"
+    """Sent to llama-server's ``/tokenize``."""
+    REMEMBERED = "remembered"
+    """Ids held from an earlier text (the token cache): no bytes sent."""
+
+
 class Unrouted(enum.StrEnum):
     """Why a request was forwarded without routing (``conversation_unrouted_total{reason}``)."""
 

@@ -73,9 +73,7 @@ class Prefixes:
         self._lengths.clear()
         self._held = 0
 
-    def remember(
-        self, data: bytes, cut: int, ids: Sequence[int], *, token: int = WHOLE, piece: bytes = b""
-    ) -> None:
+    def remember(self, data: bytes, cut: int, ids: Sequence[int], *, token: int = WHOLE, piece: bytes = b"") -> None:
         """The ids ``ids`` are those of ``data[:cut]`` tokenized apart from what follows.
 
         ``token`` and ``piece``: the special token that follows the cut in

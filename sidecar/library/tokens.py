@@ -34,6 +34,7 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
+from sidecar.core import metrics, outcomes
 from sidecar.library import prefixes
 from sidecar.snapshots import manifest
 
@@ -52,8 +53,11 @@ class Server(Protocol):
 
 
 class Cached:
-    def __init__(self, server: Server, max_ids: int = prefixes.MAX_IDS) -> None:
+    def __init__(
+        self, server: Server, *, stats: metrics.Metrics | None = None, max_ids: int = prefixes.MAX_IDS
+    ) -> None:
         self._server = server
+        self._stats = stats
         self._known = prefixes.Prefixes(max_ids)
         self._special: dict[bytes, int | None] = {}
         self.texts = 0
@@ -83,9 +87,21 @@ class Cached:
         return await self._server.apply_template(body)
 
     async def tokenize(self, text: str) -> list[int]:
-        data = text.encode()
+        before = self.asked_bytes
+        try:
+            return await self._tokenize(text)
+        finally:
+            self._count(len(text.encode()), self.asked_bytes - before)
+
+    def _count(self, size: int, asked: int) -> None:
         self.texts += 1
-        self.text_bytes += len(data)
+        self.text_bytes += size
+        if self._stats is not None:
+            self._stats.library_prompt_bytes.labels(outcomes.PromptBytes.ASKED.value).inc(asked)
+            self._stats.library_prompt_bytes.labels(outcomes.PromptBytes.REMEMBERED.value).inc(max(size - asked, 0))
+
+    async def _tokenize(self, text: str) -> list[int]:
+        data = text.encode()
         hit = self._known.longest(data)
         if hit is not None and hit.token == prefixes.WHOLE:
             self.answered += 1

@@ -129,6 +129,9 @@ def sidecar_registry() -> CollectorRegistry:
     for reason in ("rejected", "cut", "cancelled"):
         unserved.labels(reason=reason).inc(1)
     Counter("library_tokens", "Tokens served from the library", namespace=ns, registry=registry).inc(52000)
+    prompt_bytes = Counter("library_prompt_bytes", "Prompt bytes", ["source"], namespace=ns, registry=registry)
+    prompt_bytes.labels(source="asked").inc(40_000)
+    prompt_bytes.labels(source="remembered").inc(900_000)
     memory = Gauge("model_memory_info", "The model's memory kind", ["memory"], namespace=ns, registry=registry)
     for kind in ("attention", "swa", "recurrent", "hybrid", "unknown"):
         memory.labels(memory=kind).set(1 if kind == "attention" else 0)

@@ -19,6 +19,12 @@ Two servers, two outcomes:
   token it is in this vocabulary (in a message's content too), and the later
   turns are cut there.
 
+Through the proxy, each API it routes (Chat Completions, Anthropic Messages,
+Responses, ``/completion``) takes three turns of one conversation on that
+Gemma 3 server: every answer is whole, and from the second turn on the
+sidecar's ``library_prompt_bytes_total`` shows over nine tenths of the
+prompt bytes remembered, none asked again.
+
 And a text that starts with a remembered cut but goes on with other bytes
 there (the same prefix up to ``the``, then ``ory`` where the special token
 was) must be asked whole: joined at the cut its ids differ from the server's.
@@ -37,6 +43,8 @@ from sidecar.library import tokens
 from sidecar.observe import upstream
 from support import tinymodels
 from support.llamabed import LlamaServer, MakeServer, gemma3_template, http_json, make_prompt
+from support.net import free_port
+from support.sidecarbed import MakeSidecar
 
 TURNS = 5
 FOLLOW_UPS = [
@@ -125,15 +133,81 @@ def test_a_cut_the_next_text_does_not_go_on_from_is_not_trusted(llama: MakeServe
     joined = ids[:at] + _whole(server.url, second[len(head) :], add_special=False)
     assert joined != _whole(server.url, second)  # trusting the cut would give other ids than the server's
 
-    async def run() -> tuple[list[int], int, int]:
+    async def run() -> tuple[list[int], int, tokens.Cached]:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
             cached = tokens.Cached(upstream.LlamaClient(session, config.UpstreamSettings(url=server.url)))
             await cached.tokenize(first)
             before = cached.asked_bytes
             got = await cached.tokenize(second)
-            return got, cached.asked_bytes - before, cached.refused
+            return got, cached.asked_bytes - before, cached
 
-    got, asked, refused = asyncio.run(run())
+    got, asked, cached = asyncio.run(run())
     assert got == _whole(server.url, second)
     assert asked == len(second.encode())  # asked whole
-    assert refused == 0  # turned down from the bytes, before a round trip
+    assert cached.refused == 0  # turned down from the bytes, before a round trip
+
+
+REPLY = "The record lists a river, a stone and a market."
+
+
+def _turns(path: str, first: str, turns: int) -> list[dict[str, object]]:
+    """The bodies of ``turns`` turns of one conversation on the route ``path`` (replies as fixed text)."""
+    asked = [first] + [f"And what does record {n} say?" for n in range(1, turns)]
+    bodies: list[dict[str, object]] = []
+    for n in range(1, turns + 1):
+        said = asked[:n]
+        if path == "/v1/chat/completions":
+            messages: list[dict[str, object]] = [{"role": "system", "content": "Answer in one sentence."}]
+            for k, text in enumerate(said):
+                messages += [{"role": "assistant", "content": REPLY}] if k else []
+                messages.append({"role": "user", "content": text})
+            bodies.append({"messages": messages, "max_tokens": 4, "temperature": 0})
+        elif path == "/v1/messages":
+            turns_ = []
+            for k, text in enumerate(said):
+                turns_ += [{"role": "assistant", "content": REPLY}] if k else []
+                turns_.append({"role": "user", "content": text})
+            bodies.append({"model": "m", "system": "Answer in one sentence.", "messages": turns_, "max_tokens": 4})
+        elif path == "/v1/responses":
+            items: list[dict[str, object]] = []
+            for k, text in enumerate(said):
+                if k:
+                    items.append({"type": "message", "role": "assistant",
+                                  "content": [{"type": "output_text", "text": REPLY}]})  # fmt: skip
+                items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+            bodies.append({"model": "m", "input": items, "max_output_tokens": 4})
+        else:
+            prompt = "".join(
+                ("" if k == 0 else f"{REPLY}<end_of_turn>\n")
+                + f"<start_of_turn>user\n{text}<end_of_turn>\n<start_of_turn>model\n"
+                for k, text in enumerate(said)
+            )
+            bodies.append({"prompt": prompt, "n_predict": 4, "temperature": 0})
+    return bodies
+
+
+@pytest.mark.timeout(600)
+def test_every_routed_api_asks_only_the_new_part_through_the_proxy(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, tmp_path: Path
+) -> None:
+    server = llama(slot_dir=slot_dir, n_slots=1, extra_args=gemma3_template(tmp_path))
+    port = free_port()
+    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}"})
+    side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
+    proxy = f"http://127.0.0.1:{port}"
+    name = "llama_sidecar_library_prompt_bytes_total"
+    shares: dict[str, list[float]] = {}
+    for seed, path in enumerate(["/v1/chat/completions", "/v1/messages", "/v1/responses", "/completion"]):
+        first = make_prompt(server.url, 600, 40 + seed)
+        for turn, body in enumerate(_turns(path, first, 3)):
+            asked, remembered = side.metric(name, source="asked"), side.metric(name, source="remembered")
+            status, answer = http_json("POST", proxy + path, body, timeout=300)
+            assert status == 200, (path, turn, answer)
+            asked = side.metric(name, source="asked") - asked
+            remembered = side.metric(name, source="remembered") - remembered
+            assert asked + remembered > 2000, (path, turn, asked, remembered)  # this turn's prompt was tokenized
+            shares.setdefault(path, []).append(remembered / (asked + remembered))
+    print("remembered share of the prompt bytes per turn:", shares)
+    for path, share in shares.items():
+        assert share[0] == 0.0, (path, share)  # a new conversation: the whole text asked
+        assert all(s > 0.9 for s in share[1:]), (path, share)

@@ -6,6 +6,9 @@ import asyncio
 import re
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
+from sidecar.core import metrics
 from sidecar.library import prefixes, tokens
 
 SPECIAL = {"<start_of_turn>": 2, "<end_of_turn>": 3}
@@ -185,3 +188,24 @@ def test_the_longest_remembered_cut_wins() -> None:
     assert short is not None
     assert short.cut == 2
     assert known.longest(b"a") is None
+
+
+def test_bytes_are_counted_asked_or_remembered() -> None:
+    registry = CollectorRegistry()
+    cached = tokens.Cached(Server(), stats=metrics.Metrics(registry, version="test"))
+    first, second = _chat(3), _chat(4)
+
+    def sample(source: str) -> float | None:
+        return registry.get_sample_value("llama_sidecar_library_prompt_bytes_total", {"source": source})
+
+    assert (sample("asked"), sample("remembered")) == (0.0, 0.0)  # pre-initialised
+
+    async def run() -> None:
+        await cached.tokenize(first)
+        await cached.tokenize(second)
+        await cached.tokenize(second)
+
+    asyncio.run(run())
+    asked = len(first.encode()) + len(second.encode()) - len(first.encode()) + len("<start_of_turn>model\n")
+    assert sample("asked") == asked == cached.asked_bytes
+    assert sample("remembered") == cached.text_bytes - asked
