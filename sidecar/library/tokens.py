@@ -20,7 +20,10 @@ server's first id of the rest must be that token's, else the text is asked
 whole (``refused``). When the pieces do not spell the text exactly (a BOS the
 text does not hold, an EOS the server appends, a space prefix, bytes the
 pieces do not show), nothing is remembered and every request of that text
-asks the server whole.
+asks the server whole. A text whose marker-looking parts are all known to be
+no special token of this model (ChatML markers on a vocabulary without them)
+has no cut to learn: it is asked for its ids alone, without the pieces (a
+third of the answer), as the placer did before.
 
 Not caught: a special token whose text holds another's and starts before the
 cut (``x<s>y`` beside ``<s>``), which the whole text would match and the rest
@@ -42,10 +45,16 @@ MARKERS = 256
 """Most piece texts remembered as special or not."""
 _MARKER = re.compile(rb"<[^\s<>]{1,48}>")
 """What a template's special token looks like (``<start_of_turn>``, ``<|im_start|>``); the server confirms."""
+_UNKNOWN = -2
+"""Not yet shown special or not."""
 
 
 class Server(Protocol):
     async def apply_template(self, body: dict[str, Any]) -> str: ...
+
+    async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        """The ids of ``text`` alone (``/tokenize`` without pieces: a smaller answer)."""
+        ...
 
     async def pieces(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[tuple[int, bytes]]:
         """The ids of ``text`` and the bytes each stands for."""
@@ -115,6 +124,11 @@ class Cached:
                 await self._learn(data, hit.cut, ids, len(head), got)
                 return ids
             self.refused += 1  # the text there is no longer that special token for the server
+        if self._no_cut(data):  # no cut to learn in it: the plain ids, as without the cache
+            plain = await self._server.tokenize(text)
+            self.asked_bytes += len(data)
+            self._known.remember(data, len(data), plain)
+            return plain
         got = await self._server.pieces(text, add_special=True)
         self.asked_bytes += len(data)
         ids = [i for i, _ in got]
@@ -129,6 +143,10 @@ class Cached:
         elif b"".join(p for _, p in got) != data[cut:]:
             return  # the pieces do not spell the text: offsets unknown, ask whole each time
         self._known.remember(data, len(data), ids)
+        shown = {p for _, p in got if _MARKER.fullmatch(p)}
+        for found in _MARKER.finditer(data, cut):  # not one piece here: the server did not take it for a token
+            if found.group() not in shown and found.group() not in self._special:
+                self._note(found.group(), None)
         offset = len(data)
         for index in range(len(got) - 1, -1, -1):
             token, piece = got[index]
@@ -137,12 +155,21 @@ class Cached:
                 self._known.remember(data, offset, ids[: start + index], token=token, piece=piece)
                 return
 
+    def _no_cut(self, data: bytes) -> bool:
+        """Whether every marker-looking text in ``data`` is known to be no special token: no cut to learn there."""
+        return all(self._special.get(found.group(), _UNKNOWN) is None for found in _MARKER.finditer(data))
+
+    def _note(self, piece: bytes, token: int | None) -> None:
+        if len(self._special) >= MARKERS:
+            self._special.clear()
+        self._special[piece] = token
+
     async def _is_special(self, piece: bytes, token: int) -> bool:
-        if piece not in self._special:
-            if len(self._special) >= MARKERS:
-                self._special.clear()
+        known = self._special.get(piece, _UNKNOWN)
+        if known == _UNKNOWN:
             text = piece.decode()
             parsed = [i for i, _ in await self._server.pieces(text, add_special=False)]
             plain = [i for i, _ in await self._server.pieces(text, add_special=False, parse_special=False)]
-            self._special[piece] = parsed[0] if len(parsed) == 1 and plain != parsed else None
-        return self._special[piece] == token
+            known = parsed[0] if len(parsed) == 1 and plain != parsed else None
+            self._note(piece, known)
+        return known == token

@@ -20,6 +20,9 @@ class Server:
 
     def __init__(self, bos: bool = True) -> None:
         self.asked: list[str] = []
+        """Texts asked with their pieces."""
+        self.plain: list[str] = []
+        """Texts asked for their ids alone."""
         self.bos = bos
 
     async def apply_template(self, body: dict[str, Any]) -> str:
@@ -28,6 +31,10 @@ class Server:
     async def pieces(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[tuple[int, bytes]]:
         self.asked.append(text)
         return split(text, add_special=add_special and self.bos, parse_special=parse_special)
+
+    async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        self.plain.append(text)
+        return [i for i, _ in split(text, add_special=add_special and self.bos, parse_special=True)]
 
 
 def render(body: dict[str, Any]) -> str:
@@ -209,3 +216,28 @@ def test_bytes_are_counted_asked_or_remembered() -> None:
     asked = len(first.encode()) + len(second.encode()) - len(first.encode()) + len("<start_of_turn>model\n")
     assert sample("asked") == asked == cached.asked_bytes
     assert sample("remembered") == cached.text_bytes - asked
+
+
+def test_plain_text_markers_are_asked_for_their_ids_alone_once_known() -> None:
+    server = Server()
+    cached = tokens.Cached(server)
+
+    def chatml(turns: int) -> str:
+        return "".join(f"<|im_start|>user\nquestion {n} <b>x</b><|im_end|>\n" for n in range(turns)) + "<|im_start|>"
+
+    async def run() -> None:
+        first, second = chatml(2), chatml(3)
+        assert await cached.tokenize(first) == _whole(first)
+        assert server.asked[0] == first  # with pieces: its markers were unknown
+        assert not server.plain
+        server.asked.clear()
+        assert await cached.tokenize(second) == _whole(second)
+        assert server.plain == [second]  # known plain text: ids alone, no pieces
+        assert server.asked == []
+        server.plain.clear()
+        with_marker = second + "<start_of_turn>model\n"
+        assert await cached.tokenize(with_marker) == _whole(with_marker)
+        assert server.asked[0] == with_marker  # a marker not known yet: with pieces
+        assert not server.plain
+
+    asyncio.run(run())
