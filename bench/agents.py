@@ -23,16 +23,14 @@ section of ``python -m bench``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import http.client
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from bench import REPO_ROOT, rig
+from bench import rig, section
 from bench.beds import llamabed, net, wait
 
 DIRECT, PROXY = "direct", "proxy"
@@ -164,20 +162,15 @@ def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[list[Api], str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.agents", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="logs go here")
-    parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
-    ns = parser.parse_args(argv)
-    bed = rig.Rig(log_dir=ns.out / f"logs-agents-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
-    try:
-        before = rig.busy()
-        apis, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
-        print(f"## Agents: time to the first streamed byte\n({before} at start, {rig.busy()} at end)\n")
-        print(body)
-    finally:
-        bed.close()
-    return 1 if any(met is False for _, _, met in judged(apis, quick=ns.quick)) else 0
+    return section.main(
+        argv,
+        name="agents",
+        doc=__doc__,
+        title="Agents: time to the first streamed byte",
+        quick_help="fewer requests",
+        measure=measure,
+        missed=lambda apis, quick: any(met is False for _, _, met in judged(apis, quick=quick)),
+    )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ section of ``python -m bench``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import http.client
 import json
@@ -55,7 +54,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from bench import REPO_ROOT, rig
+from bench import rig, section
 from bench.beds import llamabed, net, sidecarbed, tinymodels
 
 ALONE, BESIDE, PROXY = "alone", "beside", "proxy"
@@ -489,20 +488,15 @@ def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[Result, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.hybrid", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="4 turns of each chat, first messages of ~1,000 tokens")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="logs go here")
-    parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
-    ns = parser.parse_args(argv)
-    bed = rig.Rig(log_dir=ns.out / f"logs-hybrid-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
-    try:
-        before = rig.busy()
-        result, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
-        print(f"## Hybrid models: reuse and time to first token per turn\n({before} at start, {rig.busy()} at end)\n")
-        print(body)
-    finally:
-        bed.close()
-    return 1 if any(met is False for _, _, met in judged(result)) else 0
+    return section.main(
+        argv,
+        name="hybrid",
+        doc=__doc__,
+        title="Hybrid models: reuse and time to first token per turn",
+        quick_help="4 turns of each chat, first messages of ~1,000 tokens",
+        measure=measure,
+        missed=lambda result, quick: any(met is False for _, _, met in judged(result)),
+    )
 
 
 if __name__ == "__main__":

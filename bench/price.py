@@ -38,16 +38,14 @@ section of ``python -m bench``.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from bench import REPO_ROOT, agents, rig
+from bench import agents, rig, section
 from bench import proxy as proxy_mod
 from bench.beds import llamabed, net, sidecarbed, wait
 
@@ -370,20 +368,15 @@ def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[Result, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.price", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="shorter histories, fewer turns and crashes")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="logs go here")
-    parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
-    ns = parser.parse_args(argv)
-    bed = rig.Rig(log_dir=ns.out / f"logs-price-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
-    try:
-        before = rig.busy()
-        result, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
-        print(f"## The proxy's price per turn\n({before} at start, {rig.busy()} at end)\n")
-        print(body)
-    finally:
-        bed.close()
-    return 1 if any(met is False for _, _, met in judged(result)) else 0
+    return section.main(
+        argv,
+        name="price",
+        doc=__doc__,
+        title="The proxy's price per turn",
+        quick_help="shorter histories, fewer turns and crashes",
+        measure=measure,
+        missed=lambda result, quick: any(met is False for _, _, met in judged(result)),
+    )
 
 
 if __name__ == "__main__":

@@ -23,16 +23,14 @@ section of ``python -m bench``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import http.client
 import itertools
 import json
 import sys
 import time
-from pathlib import Path
 
-from bench import REPO_ROOT, client, rig
+from bench import client, rig, section
 from bench.beds import net, wait
 
 DIRECT, PROXY = "direct", "proxy"
@@ -275,20 +273,15 @@ def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[Result, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.proxy", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests and shorter streams")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="logs go here")
-    parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
-    ns = parser.parse_args(argv)
-    bed = rig.Rig(log_dir=ns.out / f"logs-proxy-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
-    try:
-        before = rig.busy()
-        result, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
-        print(f"## Proxy overhead\n({before} at start, {rig.busy()} at end)\n")
-        print(body)
-    finally:
-        bed.close()
-    return 1 if any(met is False for _, _, met in judged(result, quick=ns.quick)) else 0
+    return section.main(
+        argv,
+        name="proxy",
+        doc=__doc__,
+        title="Proxy overhead",
+        quick_help="fewer requests and shorter streams",
+        measure=measure,
+        missed=lambda result, quick: any(met is False for _, _, met in judged(result, quick=quick)),
+    )
 
 
 if __name__ == "__main__":
