@@ -236,7 +236,8 @@ def test_steady_traffic_on_two_slots_loses_at_most_the_hold_to_a_kill9(
     server.start()
     server.wait_healthy()
     side.wait_restored(slot=1, timeout=120)
-    restored = [r for r in side.status()["last_restore"] if r["slot"] == 1 and r["result"] == "ok"]
+    # unverified: on the sliding-window test model a restore is counted once the slot's next request decides
+    restored = [r for r in side.status()["last_restore"] if r["slot"] == 1 and r["result"] in ("ok", "unverified")]
     assert restored, side.status()["last_restore"]
     must_hold = max(tokens for ended, tokens in turns if ended <= killed_at - bound)
     lost = [ended for ended, tokens in turns if tokens > restored[0]["tokens"]]
