@@ -32,11 +32,10 @@ import aiohttp
 import structlog
 import yarl
 from aiohttp import web
-from prometheus_client import Gauge
 
 from sidecar.act import gate
-from sidecar.core import config, logs, metrics, outcomes, protocols
-from sidecar.proxy import answer, predict, routes
+from sidecar.core import config, metrics, outcomes, protocols
+from sidecar.proxy import answer, bodies, held, predict, refusals, routes
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -45,13 +44,11 @@ _DROP_RESPONSE = frozenset({"content-length"})
 _SKIP_REQUEST = routes.HOP_BY_HOP | _DROP_REQUEST
 _SKIP_RESPONSE = routes.HOP_BY_HOP | _DROP_RESPONSE
 WHOLE_ANSWER_BYTES = answer.WHOLE_ANSWER_BYTES
-HELD_LOG_EVERY = 10.0
-"""Seconds between two ``proxy_request_held_too_long`` lines: a thousand time-outs are one line with a count."""
 _LOADING = b"Loading model"
 """llama-server's 503 message while it loads: the new process cannot serve yet."""
 PREFIX_HEADER = "X-Llama-Sidecar-Prefix"
 """The response header that tells the client where its prompt's prefix came from (``--proxy-prefix-header``)."""
-Refusal = tuple[web.StreamResponse, outcomes.ProxyOutcome]
+Refusal = bodies.Refusal
 Admit = Callable[[outcomes.Route, bytes], Awaitable[Refusal | None]]
 """Router mode: waits until a request may be forwarded (its model loaded and restored); or the answer instead."""
 
@@ -109,61 +106,6 @@ def _pass_on(headers: Iterable[tuple[str, str]], skip: frozenset[str], drop: fro
     return kept
 
 
-def error(status: int, message: str, kind: str, *, headers: dict[str, str] | None = None) -> web.Response:
-    """An error in llama-server's (OpenAI-style) shape, so clients show the message."""
-    body = {"error": {"code": status, "message": message, "type": kind}}
-    return web.json_response(body, status=status, headers=headers)
-
-
-_ADMIN_HINT = "Send 'Authorization: Bearer <sidecar admin token>' to pass one through anyway."
-
-
-def _refused(kind: routes.Request) -> web.Response:
-    if kind.verdict is routes.Verdict.SLOT_ACTION:
-        message = (
-            "slot actions (POST /slots/...) are reserved to llama-kv-sidecar: they would overwrite, restore or "
-            "erase the snapshots it keeps. " + _ADMIN_HINT
-        )
-    else:
-        message = (
-            f"the proxy forwards writes only to llama-server's own routes, and {kind.path} (as llama-server "
-            "decodes it) is none of them: the path is spelled differently from the route, or the method is "
-            "not the route's. " + _ADMIN_HINT
-        )
-    return error(403, message, "permission_error")
-
-
-def _predict_refused(found: predict.Check) -> web.Response:
-    why = {
-        predict.Check.SLOT_ACTION: "an instance's @requestFormat is a slot action (slots, /slots/:id_slot), "
-        "which would overwrite, restore or erase the snapshots llama-kv-sidecar keeps",
-        predict.Check.UNKNOWN: "an instance's @requestFormat names no route the proxy forwards",
-        predict.Check.UNREADABLE: "the body is not a JSON object with an 'instances' list of objects that each "
-        "give '@requestFormat' as a string, read the same by the proxy and llama-server (no duplicate keys)",
-    }[found]
-    return error(403, f"POST /predict refused: {why}. {_ADMIN_HINT}", "permission_error")
-
-
-class Budget:
-    """Bytes of request bodies held now, all requests together, against a cap."""
-
-    def __init__(self, cap: int, gauge: Gauge) -> None:
-        self.cap = cap
-        self.used = 0
-        self._gauge = gauge
-
-    def take(self, size: int) -> bool:
-        if self.used + size > self.cap:
-            return False
-        self.used += size
-        self._gauge.set(self.used)
-        return True
-
-    def give(self, size: int) -> None:
-        self.used -= size
-        self._gauge.set(self.used)
-
-
 class Relay:
     def __init__(
         self,
@@ -188,9 +130,10 @@ class Relay:
         self._admin_token = admin_token
         self._clock = clock or protocols.SystemClock()
         self._admit = admit
-        self._bodies = Budget(settings.max_inflight_body_bytes, stats.proxy_body_bytes)
-        self._held_log = logs.Throttle(HELD_LOG_EVERY)
-        self._held_flush = False
+        self._bodies = bodies.Budget(settings.max_inflight_body_bytes, stats.proxy_body_bytes)
+        self._held = held.HeldTooLong(
+            hold_seconds=settings.hold_seconds, retry_after=settings.retry_after, clock=self._clock
+        )
         self._counted = {
             (route, outcome): stats.proxy_requests.labels(route.value, outcome.value)
             for route in outcomes.Route
@@ -215,21 +158,18 @@ class Relay:
         self, request: web.BaseRequest, kind: routes.Request
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         if kind.verdict is routes.Verdict.BAD_PATH:
-            message = (
-                "the proxy does not forward this path: it decodes to characters no llama-server route holds "
-                "(an escaped '%', backslash, NUL, space, '?' or non-ASCII byte), has '.'/'..' segments, starts "
-                "with '//', or is not an origin-form target"
-            )
-            return error(400, message, "invalid_request_error"), outcomes.ProxyOutcome.INVALID
+            return refusals.bad_path(), outcomes.ProxyOutcome.INVALID
         headers = _pass_on(request.headers.items(), _SKIP_REQUEST, _DROP_REQUEST)
         admin = self._is_admin(request)
         if kind.verdict in (routes.Verdict.SLOT_ACTION, routes.Verdict.UNKNOWN) and not admin:
-            return _refused(kind), outcomes.ProxyOutcome.REFUSED
+            return refusals.refused(kind), outcomes.ProxyOutcome.REFUSED
         if admin:
             headers = [(k, v) for k, v in headers if k.lower() != "authorization"]
             if self._api_key:
                 headers.append(("Authorization", f"Bearer {self._api_key}"))
-        body, refusal = await self._body(request)
+        body, refusal = await bodies.read(
+            request, self._bodies, limit=self._settings.max_body_bytes, timeout=self._settings.body_timeout
+        )
         if refusal is not None:
             return refusal
         try:
@@ -248,7 +188,7 @@ class Relay:
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         found = predict.check(body) if kind.verdict is routes.Verdict.PREDICT and not admin else None
         if found is not None and found is not predict.Check.ALLOWED:
-            return _predict_refused(found), outcomes.ProxyOutcome.REFUSED
+            return refusals.predict_refused(found), outcomes.ProxyOutcome.REFUSED
         if self._admit is not None and (refused := await self._admit(kind.route, body)) is not None:
             return refused
         if self._pinner is not None and kind.route is outcomes.Route.COMPLETION:
@@ -288,67 +228,6 @@ class Relay:
             return False
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         return scheme == "Bearer" and hmac.compare_digest(given.encode(), self._admin_token.encode())
-
-    async def _body(self, request: web.BaseRequest) -> tuple[bytes, Refusal | None]:
-        """The whole request body, held against the budget of bodies in flight; or the answer instead.
-
-        A declared length is reserved whole before a byte is read; a chunked body is counted chunk by
-        chunk. What was reserved is given back at once on a refusal, else when the request ends
-        (:meth:`_serve`). The body must arrive within ``body_timeout``.
-        """
-        limit = self._settings.max_body_bytes
-        declared = request.content_length
-        if declared is not None and declared > limit:
-            return b"", self._too_big()
-        held = declared or 0
-        if held and not self._bodies.take(held):
-            return b"", self._busy()
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            async with asyncio.timeout(self._settings.body_timeout):
-                while chunk := await request.content.readany():
-                    size += len(chunk)
-                    if size > limit:
-                        self._bodies.give(held)
-                        return b"", self._too_big()
-                    if size > held:
-                        if not self._bodies.take(size - held):
-                            self._bodies.give(held)
-                            return b"", self._busy()
-                        held = size
-                    chunks.append(chunk)
-        except TimeoutError:
-            self._bodies.give(held)
-            return b"", self._too_slow(size)
-        except BaseException:
-            self._bodies.give(held)
-            raise
-        self._bodies.give(held - size)
-        return b"".join(chunks), None
-
-    def _too_big(self) -> Refusal:
-        limit = self._settings.max_body_bytes
-        message = f"request body over {limit} bytes: raise --proxy-max-body-bytes if such requests are expected"
-        return error(413, message, "invalid_request_error"), outcomes.ProxyOutcome.INVALID
-
-    def _busy(self) -> Refusal:
-        cap = self._settings.max_inflight_body_bytes
-        message = (
-            f"the proxy holds {self._bodies.used} bytes of request bodies now and this one would take it over "
-            f"--proxy-max-inflight-body-bytes ({cap}); retry shortly, or raise the cap if the host has the memory"
-        )
-        return error(503, message, "unavailable_error", headers={"Retry-After": "1"}), outcomes.ProxyOutcome.BUSY
-
-    def _too_slow(self, received: int) -> Refusal:
-        timeout = self._settings.body_timeout
-        message = (
-            f"request body not received in full within {timeout:g} s ({received} bytes arrived): send it "
-            "faster, or raise --proxy-body-timeout"
-        )
-        return error(408, message, "invalid_request_error", headers={"Connection": "close"}), (
-            outcomes.ProxyOutcome.INVALID
-        )
 
     async def _forward(
         self,
@@ -405,7 +284,7 @@ class Relay:
                 # reached llama-server, so a completion can wait and be sent when it is back.
                 self._gate.suspect(f"the proxy could not connect to llama-server ({exc.__class__.__name__})")
                 if not gated:
-                    return self._unreachable(exc), outcomes.ProxyOutcome.ERROR
+                    return refusals.unreachable(exc), outcomes.ProxyOutcome.ERROR
                 continue
             except (aiohttp.ClientError, TimeoutError) as exc:
                 if (refused := self._lost(exc, attempts, gated)) is not None:
@@ -437,7 +316,7 @@ class Relay:
         """
         attempts.replays += 1
         if attempts.replays > (2 if gated else 1):
-            return self._unreachable(exc), outcomes.ProxyOutcome.ERROR
+            return refusals.unreachable(exc), outcomes.ProxyOutcome.ERROR
         if attempts.replays == 2:
             self._gate.suspect(f"llama-server closed the connection twice ({exc.__class__.__name__})")
         log.info(
@@ -449,39 +328,7 @@ class Relay:
         return None
 
     def _held_too_long(self) -> web.Response:
-        seconds = self._settings.hold_seconds
-        reason = self._gate.reason or "the restore gate kept closing"
-        if (count := self._held_log.tick(self._clock.monotonic())) is not None:
-            self._log_held(count, reason)
-        elif not self._held_flush:
-            self._held_flush = True
-            delay = max(self._held_log.due - self._clock.monotonic(), 0.0)
-            asyncio.get_running_loop().call_later(delay, self._flush_held, reason)
-        return error(
-            503,
-            f"llama-server is not ready after {seconds:g} s: {reason}. Retry later.",
-            "unavailable_error",
-            headers={"Retry-After": str(self._settings.retry_after)},
-        )
-
-    def _flush_held(self, reason: str) -> None:
-        self._held_flush = False
-        if count := self._held_log.flush(self._clock.monotonic()):
-            self._log_held(count, reason)
-
-    def _log_held(self, count: int, reason: str) -> None:
-        log.warning(
-            "proxy_request_held_too_long",
-            requests=count,
-            seconds=self._settings.hold_seconds,
-            reason=reason,
-            effect=f"{count} request(s) answered 503 with Retry-After since the last such line (at most one line "
-            f"per {HELD_LOG_EVERY:g} s; every one is counted in proxy_requests_total{{outcome=held_timeout}})",
-            hint="see the sidecar's /status and llama-server's log; raise --proxy-hold-seconds for slow loads",
-        )
-
-    def _unreachable(self, exc: BaseException) -> web.Response:
-        return error(502, f"the proxy could not get an answer from llama-server: {exc}", "server_error")
+        return self._held.answer(self._gate.reason or "the restore gate kept closing")
 
     async def _relay(
         self, request: web.BaseRequest, up: aiohttp.ClientResponse, first: answer.First, placement: Placement | None

@@ -30,7 +30,7 @@ import structlog
 
 from sidecar.core import config, errors, metrics, outcomes, protocols
 from sidecar.observe import upstream
-from sidecar.proxy import relay
+from sidecar.proxy import refusals, relay
 from sidecar.router import fleet
 
 log = structlog.get_logger("sidecar.router")
@@ -103,7 +103,7 @@ class Admission:
             effect="answered 503 with Retry-After",
             hint="see the router's log for the model's load; raise --proxy-hold-seconds for slow loads",
         )
-        return relay.error(
+        return refusals.error(
             503,
             f"model {model!r} is not ready after {hold:g} s: {reason}. Retry later.",
             "unavailable_error",

@@ -22,7 +22,7 @@ import structlog
 from aiohttp.test_utils import RawTestServer
 
 from sidecar.act import gate
-from sidecar.proxy import relay
+from sidecar.proxy import held
 from support.proxybed import Upstream, json_body, raw_exchange, run_proxy, status_of
 from support.sidecarbed import SidecarProcess
 from support.wait import eventually, until
@@ -311,7 +311,7 @@ async def test_a_thousand_held_time_outs_are_logged_as_a_few_lines_with_their_co
     upstream: tuple[Upstream, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, url = upstream
-    monkeypatch.setattr(relay, "HELD_LOG_EVERY", 1.0)
+    monkeypatch.setattr(held, "LOG_EVERY", 1.0)
     with structlog.testing.capture_logs() as logs:
         async with run_proxy(url, hold_seconds=0.5, gate_open=False) as proxy:
             connector = aiohttp.TCPConnector(limit=0)

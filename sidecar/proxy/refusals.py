@@ -1,0 +1,80 @@
+"""The proxy's own error answers, in llama-server's (OpenAI-style) shape, so clients show the message.
+
+Each says what was refused, why, and what to do about it. Pure: builds
+responses, holds no state (the relay counts and logs them).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from sidecar.proxy import predict, routes
+
+ADMIN_HINT = "Send 'Authorization: Bearer <sidecar admin token>' to pass one through anyway."
+BAD_PATH = (
+    "the proxy does not forward this path: it decodes to characters no llama-server route holds "
+    "(an escaped '%', backslash, NUL, space, '?' or non-ASCII byte), has '.'/'..' segments, starts "
+    "with '//', or is not an origin-form target"
+)
+
+
+def error(status: int, message: str, kind: str, *, headers: dict[str, str] | None = None) -> web.Response:
+    """An error in llama-server's (OpenAI-style) shape, so clients show the message."""
+    body = {"error": {"code": status, "message": message, "type": kind}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def bad_path() -> web.Response:
+    return error(400, BAD_PATH, "invalid_request_error")
+
+
+def refused(kind: routes.Request) -> web.Response:
+    """A slot action or a write to a path llama-server has no route for, without the admin token."""
+    if kind.verdict is routes.Verdict.SLOT_ACTION:
+        message = (
+            "slot actions (POST /slots/...) are reserved to llama-kv-sidecar: they would overwrite, restore or "
+            "erase the snapshots it keeps. " + ADMIN_HINT
+        )
+    else:
+        message = (
+            f"the proxy forwards writes only to llama-server's own routes, and {kind.path} (as llama-server "
+            "decodes it) is none of them: the path is spelled differently from the route, or the method is "
+            "not the route's. " + ADMIN_HINT
+        )
+    return error(403, message, "permission_error")
+
+
+def predict_refused(found: predict.Check) -> web.Response:
+    why = {
+        predict.Check.SLOT_ACTION: "an instance's @requestFormat is a slot action (slots, /slots/:id_slot), "
+        "which would overwrite, restore or erase the snapshots llama-kv-sidecar keeps",
+        predict.Check.UNKNOWN: "an instance's @requestFormat names no route the proxy forwards",
+        predict.Check.UNREADABLE: "the body is not a JSON object with an 'instances' list of objects that each "
+        "give '@requestFormat' as a string, read the same by the proxy and llama-server (no duplicate keys)",
+    }[found]
+    return error(403, f"POST /predict refused: {why}. {ADMIN_HINT}", "permission_error")
+
+
+def too_big(limit: int) -> web.Response:
+    message = f"request body over {limit} bytes: raise --proxy-max-body-bytes if such requests are expected"
+    return error(413, message, "invalid_request_error")
+
+
+def busy(used: int, cap: int) -> web.Response:
+    message = (
+        f"the proxy holds {used} bytes of request bodies now and this one would take it over "
+        f"--proxy-max-inflight-body-bytes ({cap}); retry shortly, or raise the cap if the host has the memory"
+    )
+    return error(503, message, "unavailable_error", headers={"Retry-After": "1"})
+
+
+def too_slow(timeout: float, received: int) -> web.Response:
+    message = (
+        f"request body not received in full within {timeout:g} s ({received} bytes arrived): send it "
+        "faster, or raise --proxy-body-timeout"
+    )
+    return error(408, message, "invalid_request_error", headers={"Connection": "close"})
+
+
+def unreachable(exc: BaseException) -> web.Response:
+    return error(502, f"the proxy could not get an answer from llama-server: {exc}", "server_error")
