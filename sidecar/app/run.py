@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry
 import sidecar
 from sidecar.act import engine, gate, report, spawn
 from sidecar.app import figures, history, reports, server
-from sidecar.core import config, errors, metrics, protocols
+from sidecar.core import config, errors, events, metrics, protocols
 from sidecar.library import placer, tokens
 from sidecar.observe import upstream, weights
 from sidecar.proxy import listener, relay, sentinel
@@ -240,8 +240,14 @@ def _plain(
     )
     library = None
     if settings.proxy.host is not None:
-        tokenizer = tokens.Cached(client, stats=stats)
-        watched.engine.follow(tokenizer)  # a restart forgets the remembered ids
+        core = watched.engine
+
+        def vocabulary() -> events.Identity | None:
+            latest = core.seen()[0]  # the newest poll's own reading, never one carried over from an earlier one
+            return latest.identity if latest is not None else None
+
+        tokenizer = tokens.Cached(client, stats=stats, vocabulary=vocabulary)
+        core.follow(tokenizer)  # a restart forgets the remembered ids, unless the model and build are the same
         library = placer.Placer(
             core=watched.engine,
             tokenizer=tokenizer,

@@ -27,17 +27,21 @@ third of the answer), as the placer did before.
 
 Not caught: a special token whose text holds another's and starts before the
 cut (``x<s>y`` beside ``<s>``), which the whole text would match and the rest
-alone would not; no vocabulary seen has one. Everything is forgotten when the
-server loses its slots (a restart may bring another vocabulary): the engine
-tells :meth:`Cached.emptied`.
+alone would not; no vocabulary seen has one. When the server loses its slots
+(a restart, a wake-up: the engine tells :meth:`Cached.emptied`), what is
+remembered is kept only if the server then runs the same model file (by its
+checksum) under the same build as when it was learned (the server's identity,
+read by the poller): a restart may bring another vocabulary. Otherwise, or
+when either is unknown, everything is forgotten before the next text.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from sidecar.core import metrics, outcomes
+from sidecar.core import events, metrics, outcomes
 from sidecar.library import prefixes
 from sidecar.snapshots import manifest
 
@@ -61,12 +65,35 @@ class Server(Protocol):
         ...
 
 
+def same_vocabulary(before: events.Identity | None, now: events.Identity | None) -> bool:
+    """Whether ids learned from a server of identity ``before`` hold for one of identity ``now``: the same
+    model file (by checksum, which holds the vocabulary) under the same build (which tokenizes). Pure."""
+    return (
+        before is not None
+        and now is not None
+        and before.weights is not None
+        and before.weights == now.weights
+        and before.build_info == now.build_info
+    )
+
+
 class Cached:
     def __init__(
-        self, server: Server, *, stats: metrics.Metrics | None = None, max_ids: int = prefixes.MAX_IDS
+        self,
+        server: Server,
+        *,
+        stats: metrics.Metrics | None = None,
+        max_ids: int = prefixes.MAX_IDS,
+        vocabulary: Callable[[], events.Identity | None] | None = None,
     ) -> None:
+        """``vocabulary``: the running server's identity as last read; without it a restart forgets every id."""
         self._server = server
         self._stats = stats
+        self._vocabulary = vocabulary
+        self._learned_under: events.Identity | None = None
+        """The server's identity when what is remembered was learned (None: not read)."""
+        self._recheck = vocabulary is not None
+        """Compare the server's identity with :attr:`_learned_under` before the next text."""
         self._known = prefixes.Prefixes(max_ids)
         self._special: dict[bytes, int | None] = {}
         self.texts = 0
@@ -83,9 +110,25 @@ class Cached:
     # ---- what the engine tells: engine.SlotContent ----------------------------------------
 
     def emptied(self) -> None:
-        """The server lost its slots (a restart may bring another model): forget every id."""
+        """The server lost its slots (a restart may bring another model): forget every id, unless the server's
+        identity shows the same vocabulary before the next text."""
+        if self._vocabulary is None:
+            self._forget()
+        self._recheck = True
+
+    def _forget(self) -> None:
         self._known.clear()
         self._special.clear()
+
+    def _settle(self) -> None:
+        """Keep what is remembered only if the server tokenizes as when it was learned."""
+        if self._vocabulary is None:
+            return
+        now = self._vocabulary()
+        if not same_vocabulary(self._learned_under, now):
+            self._forget()
+        self._learned_under = now
+        self._recheck = now is None  # unknown: look again at the next text
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         """A restore changes no token ids."""
@@ -96,6 +139,8 @@ class Cached:
         return await self._server.apply_template(body)
 
     async def tokenize(self, text: str) -> list[int]:
+        if self._recheck:
+            self._settle()
         before = self.asked_bytes
         try:
             return await self._tokenize(text)

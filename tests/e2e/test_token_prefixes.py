@@ -211,3 +211,51 @@ def test_every_routed_api_asks_only_the_new_part_through_the_proxy(
     for path, share in shares.items():
         assert share[0] == 0.0, (path, share)  # a new conversation: the whole text asked
         assert all(s > 0.9 for s in share[1:]), (path, share)
+
+
+@pytest.mark.timeout(600)
+def test_a_restart_of_the_same_model_keeps_the_ids_and_another_model_forgets_them(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, tmp_path: Path, tiny_models: dict[tinymodels.Arch, Path]
+) -> None:
+    """After a kill -9 the first turn through the proxy asks only its new part, as before the crash, when the
+    server comes back with the same model file and build; with another model file it is asked whole."""
+    server = llama(slot_dir=slot_dir, n_slots=1, extra_args=gemma3_template(tmp_path))
+    port = free_port()
+    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}"})
+    side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
+    proxy = f"http://127.0.0.1:{port}"
+    name = "llama_sidecar_library_prompt_bytes_total"
+    bodies = _turns("/v1/chat/completions", make_prompt(server.url, 600, 60), 4)
+
+    def remembered_share(body: dict[str, object]) -> float:
+        asked, remembered = side.metric(name, source="asked"), side.metric(name, source="remembered")
+        status, answer = http_json("POST", proxy + "/v1/chat/completions", body, timeout=300)
+        assert status == 200, answer
+        asked = side.metric(name, source="asked") - asked
+        remembered = side.metric(name, source="remembered") - remembered
+        assert asked + remembered > 2000, (asked, remembered)  # this turn's prompt was tokenized
+        return remembered / (asked + remembered)
+
+    def crash(model: Path | None = None) -> None:
+        restarts = side.metric("llama_sidecar_server_restarts_total")
+        server.kill()
+        if model is not None:
+            server.model, server.swa_full = model, False
+        server.start()
+        server.wait_healthy(timeout=300)
+        side.wait_for(
+            lambda: side.metric("llama_sidecar_server_restarts_total") > restarts and side.get("/readyz")[0] == 200,
+            timeout=60,
+            what="the restart seen and the restore gate open",
+        )
+
+    shares = [remembered_share(bodies[0]), remembered_share(bodies[1])]
+    crash()
+    shares.append(remembered_share(bodies[2]))  # the same model file and build: the ids kept
+    crash(tiny_models[tinymodels.Arch.QWEN35])
+    shares.append(remembered_share(bodies[3]))  # another model file: asked whole
+    print("remembered share of the prompt bytes per turn (crash after the 2nd and the 3rd):", shares)
+    assert shares[0] == 0.0, shares
+    assert shares[1] > 0.9, shares
+    assert shares[2] > 0.9, shares
+    assert shares[3] == 0.0, shares

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.core import metrics
+from sidecar.core import events, metrics
 from sidecar.library import prefixes, tokens
 
 SPECIAL = {"<start_of_turn>": 2, "<end_of_turn>": 3}
@@ -165,6 +166,39 @@ def test_a_restart_forgets_every_id() -> None:
     server.asked.clear()
     asyncio.run(cached.tokenize(text))
     assert server.asked[0] == text  # asked whole again: the new process may tokenize otherwise
+
+
+IDENTITY = events.Identity("b1-abc", "/m/model.gguf", 4, 8192, weights="xxh3-128:00ff")
+
+
+def _restarted(now: events.Identity | None) -> list[str]:
+    """What a text learned under IDENTITY asks of the server once the server restarted as ``now``."""
+    server = Server()
+    seen: list[events.Identity | None] = [IDENTITY]
+    cached = tokens.Cached(server, vocabulary=lambda: seen[0])
+    text = _chat(2)
+    asyncio.run(cached.tokenize(text))
+    cached.emptied()
+    seen[0] = now
+    server.asked.clear()
+    asyncio.run(cached.tokenize(text))
+    return server.asked
+
+
+def test_a_restart_of_the_same_model_and_build_keeps_the_ids() -> None:
+    restarted = dataclasses.replace(IDENTITY, n_ctx=4096, total_slots=2)  # other flags: the same vocabulary
+    assert _restarted(restarted) == []  # answered from memory
+
+
+def test_a_restart_onto_another_model_or_build_or_an_unread_one_forgets_the_ids() -> None:
+    text = _chat(2)
+    for now in (
+        dataclasses.replace(IDENTITY, weights="xxh3-128:1234"),
+        dataclasses.replace(IDENTITY, build_info="b2-def"),
+        dataclasses.replace(IDENTITY, weights=None),  # the model file unreadable: cannot be sure
+        None,  # the server's identity not read yet
+    ):
+        assert _restarted(now)[:1] == [text], now  # asked whole
 
 
 def test_prefixes_are_bounded_by_ids_and_forget_the_oldest() -> None:
