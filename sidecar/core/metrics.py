@@ -22,6 +22,7 @@ CONVERSATION_SOURCES = tuple(s.value for s in outcomes.Source)
 UNROUTED_REASONS = tuple(r.value for r in outcomes.Unrouted)
 UNSERVED_REASONS = tuple(r.value for r in outcomes.Unserved)
 PROMPT_BYTE_SOURCES = tuple(s.value for s in outcomes.PromptBytes)
+ROUTE_METHODS = tuple(b.value for b in outcomes.RouteBy)
 QUARANTINE_REASONS = tuple(p.value for p in outcomes.SnapshotProblem if p in outcomes.BAD_CONTENT)
 SLOT_DIR_OPERATIONS = tuple(o.value for o in outcomes.SlotDirOperation)
 SHARED_DIRECTIONS = tuple(d.value for d in outcomes.Direction)
@@ -348,6 +349,16 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.library_routes = Counter(
+            "library_routes",
+            "Completion requests the proxy's routing placed, by how it found their place: turn (the request "
+            "continues the conversation a slot ran last, seen from its body alone: no round trip to llama-server), "
+            "tokens (by the prompt's token ids: /apply-template and /tokenize, or the token cache). Turn over the "
+            "sum is the share of turns routed without asking the server.",
+            ["by"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.library_tokens = Counter(
             "library_tokens",
             "Prompt tokens served from the library: of the prefix a swap put into a slot ahead of its request, "
@@ -384,6 +395,8 @@ class Metrics:
             self.conversation_unserved.labels(reason)
         for source in PROMPT_BYTE_SOURCES:
             self.library_prompt_bytes.labels(source)
+        for by in ROUTE_METHODS:
+            self.library_routes.labels(by)
 
     def _shared_families(self, registry: CollectorRegistry) -> None:
         """The shared store: transfers, errors, uploads waiting."""

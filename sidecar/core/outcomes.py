@@ -97,6 +97,15 @@ class Source(enum.StrEnum):
     COLD = "cold"
 
 
+class RouteBy(enum.StrEnum):
+    """How the library found where a completion goes (``library_routes_total{by}``)."""
+
+    TURN = "turn"
+    """The request continues the conversation a slot ran last (``library.turns``): no round trip to the server."""
+    TOKENS = "tokens"
+    """By the prompt's token ids (``/apply-template``, ``/tokenize`` or the token cache)."""
+
+
 class PromptBytes(enum.StrEnum):
     """How the library got the token ids of a prompt text's bytes (``library_prompt_bytes_total{source}``)."""
 

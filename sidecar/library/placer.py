@@ -3,6 +3,11 @@
 For each completion request the proxy hands over (once the restore gate is
 open), the :class:`Placer`:
 
+0. pins a request that continues the conversation an idle slot ran last
+   (:mod:`.turns`: the same messages and more, from the body alone) to that
+   slot, with no round trip to llama-server but a read of ``/slots``; every
+   other request goes on to
+
 1. gets the prompt's token ids from llama-server (:mod:`.prompt` says how)
    and chains block hashes over them (``slotfile.prefix_hashes``);
 2. describes each slot: what it holds as far as the sidecar knows (the
@@ -49,7 +54,7 @@ import structlog
 
 from sidecar.act import engine, policy, restorer, savings
 from sidecar.core import errors, events, metrics, outcomes, protocols
-from sidecar.library import prompt, routing, verdict
+from sidecar.library import prompt, routing, turns, verdict
 from sidecar.observe import memory
 from sidecar.proxy import answer
 from sidecar.shared import catalog, decide, records
@@ -136,12 +141,20 @@ class _Slot:
     restored: manifest.Index | None = None
     """The snapshot a restore or a swap put there, while the slot holds only that: on a model that
     cannot cut a state back the server has no checkpoints of it, so it serves only an exact prefix."""
+    turn: turns.Key | None = None
+    """The key of the request routed there last, while the slot holds what that request left (its prompt's
+    tokens are then the slot's first ones): a request that continues it goes there with no round trip."""
+
+    def holds(self, chain: tuple[str, ...], turn: turns.Key | None = None) -> None:
+        """The slot holds ``chain`` now (and, with ``turn``, the prompt of the request of that key)."""
+        self.chain, self.turn = chain, turn
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Plan:
     planned: verdict.Planned
     chain: tuple[str, ...]
+    turn: turns.Key | None
     body: bytes
     """The body to forward; b"": as it came (every slot busy, or a route that drops ``id_slot``)."""
     placed: bool = False
@@ -183,6 +196,7 @@ class Placer:
         self._clock = clock
         self._slots: dict[int, _Slot] = {}
         self._said: set[str] = set()
+        self._reads: set[asyncio.Task[events.Observation | None]] = set()
         self._loop = asyncio.get_running_loop()
         core.follow(self)
         snapshots.subscribe(self._committed)
@@ -191,11 +205,12 @@ class Placer:
 
     def emptied(self) -> None:
         for state in self._slots.values():
-            state.chain, state.ended, state.seen, state.restored = (), 0.0, None, None
+            state.holds(())
+            state.ended, state.seen, state.restored = 0.0, None, None
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         state = self._slot(slot)
-        state.chain = record.index.chain if record.index is not None else ()
+        state.holds(record.index.chain if record.index is not None else ())
         state.seen = None
         state.restored = record.index
 
@@ -211,15 +226,15 @@ class Placer:
             return
         shared = slotfile.shared_blocks(chain, state.chain)
         if shared == len(state.chain):
-            state.chain = chain  # the prompt routed there plus what the server generated after it
+            state.holds(chain, state.turn)  # the prompt routed there plus what the server generated after it
         elif shared == len(chain) and seen is not None:
             # Brought back to its prompt's boundary before the save (``act.boundary``): the engine's own
             # turn on the slot, not another client's.
-            state.chain = chain
+            state.holds(chain, state.turn)
         else:
             return
-        if seen is not None and state.seen is not None:
-            state.seen = seen
+        if seen is not None:  # read idle after the routed request: a later change is another client's
+            state.seen, state.routed_since = seen, False
 
     # ---- the proxy's hook -----------------------------------------------------------------
 
@@ -240,9 +255,13 @@ class Placer:
         finally:
             ran_on = plan.planned.slot
             ended = placed.ended
-            if plan.placed and ran_on is not None and ended is not None and ended.outcome is outcomes.ProxyOutcome.OK:
+            ok = ran_on is not None and ended is not None and ended.outcome is outcomes.ProxyOutcome.OK
+            if plan.placed and ok:
+                assert ran_on is not None
                 ran_on = await self._ran_on(ran_on)
             self._ended(plan, placed.ended, ran_on)
+            if ok:
+                self._settle()
 
     async def _ran_on(self, planned: int) -> int:
         """The slot the server ran a placed request in: the idle one with the newest task (``planned`` if unknown).
@@ -257,6 +276,20 @@ class Placer:
             return planned
         done = [v for v in views if v.task is not None and not v.processing]
         return max(done, key=lambda v: v.task or 0).id if done else planned
+
+    def _settle(self) -> None:
+        """Read the slots once a routed request ended, off its path: a change after this read is another client's.
+
+        Without it, a turn another client runs in the slot before the next
+        placement's read looks like the routed request's own change, and
+        the slot would count as still holding the routed conversation.
+        """
+        polled, _ = self._core.seen()
+        if polled is None or polled.slots is None:
+            return
+        task = self._loop.create_task(self._fresh(polled, quiet=True), name="placer-settle")
+        self._reads.add(task)
+        task.add_done_callback(self._reads.discard)
 
     def _ended(self, plan: _Plan, ended: answer.Ended | None, ran_on: int | None) -> None:
         """Count the request by its own answer, and record what the slot it ran in holds now."""
@@ -283,10 +316,10 @@ class Placer:
         state.routed_since = True  # its content changed by a routed request: see _fresh
         state.restored = None  # the server ran a prompt there: it holds its own checkpoints of it
         if ended is not None and ended.outcome is outcomes.ProxyOutcome.OK and ended.status < 400:
-            state.chain = plan.chain
+            state.holds(plan.chain, plan.turn)
             state.ended = self._clock.wall()
         elif ended is None or ended.outcome is not outcomes.ProxyOutcome.OK:
-            state.chain = ()  # cut, cancelled or sent again elsewhere: what the slot holds is unknown
+            state.holds(())  # cut, cancelled or sent again elsewhere: what the slot holds is unknown
             state.ended = self._clock.wall()
 
     async def _plan(self, raw_path: str, body: bytes) -> _Plan | outcomes.Unrouted | None:
@@ -297,6 +330,11 @@ class Placer:
                 return request
             if prompt.shorter_than(request, slotfile.BLOCK_TOKENS):
                 return None  # too short to fill a block: no call to the server
+            turn = turns.of(request)
+            if turn is not None and (went := await self._continue(request, turn)) is not None:
+                if isinstance(went, _Plan):
+                    self._stats.library_routes.labels(outcomes.RouteBy.TURN.value).inc()
+                return went
             try:
                 ids = await self._ids(request)
             except errors.UpstreamError as exc:
@@ -306,10 +344,13 @@ class Placer:
             chain = slotfile.prefix_hashes(packed)
             if not chain:
                 return None  # shorter than one block: nothing worth routing, llama-server picks
-            return await self._place(request, chain, packed)
+            placed = await self._place(request, chain, packed, turn)
         except Exception as exc:  # routing must never fail the request: it goes as it came
             self._unrouted(outcomes.Unrouted.ERROR, f"{exc.__class__.__name__}: {exc}")
             return outcomes.Unrouted.ERROR
+        if isinstance(placed, _Plan):
+            self._stats.library_routes.labels(outcomes.RouteBy.TOKENS.value).inc()
+        return placed
 
     async def _ids(self, request: prompt.Prompt) -> list[int]:
         if request.kind is prompt.Kind.IDS:
@@ -320,7 +361,48 @@ class Placer:
             text = await self._tokenizer.apply_template(request.chat)
         return await self._tokenizer.tokenize(text)
 
-    async def _place(self, request: prompt.Prompt, chain: tuple[str, ...], packed: bytes) -> _Plan | outcomes.Unrouted:
+    async def _continue(self, request: prompt.Prompt, turn: turns.Key) -> _Plan | outcomes.Unrouted | None:
+        """Pin a request that continues the conversation an idle slot ran last to that slot; None: route it by ids.
+
+        No round trip but a fresh read of ``/slots``, which says whether
+        another client's turn ran there since (the slot then holds another
+        prompt, and its content must be saved before it is given away).
+        """
+        text = request.text.encode() if request.kind is prompt.Kind.TEXT else b""
+        if self._continued(turn, text) is None:
+            return None
+        polled, _ = self._core.seen()
+        if polled is None or polled.slots is None:
+            return None
+        obs = await self._fresh(polled)
+        if obs is None or obs.slots is None:
+            return outcomes.Unrouted.ERROR  # counted by _fresh
+        slot = self._continued(turn, text)  # the read may show another client's turn there; a request may have come
+        view = next((v for v in obs.slots if v.id == slot), None)
+        if slot is None or view is None or view.processing:
+            return None
+        state = self._slot(slot)
+        state.pinned += 1
+        state.used = self._clock.monotonic()
+        planned = verdict.Planned(outcomes.Source.SLOT, slot, len(state.chain) * slotfile.BLOCK_TOKENS)
+        placed = request.pin is prompt.Pin.PLACED
+        log.debug("request_routed", source=planned.source.value, slot=slot, blocks=len(state.chain), by="turn")
+        return _Plan(planned, state.chain, turn, prompt.pinned(request, slot) or b"", placed)
+
+    def _continued(self, turn: turns.Key, text: bytes) -> int | None:
+        """The idle slot whose last routed request ``turn`` continues (the longest such), if any."""
+        best: tuple[int, int] | None = None
+        for slot, state in self._slots.items():
+            held = state.turn
+            if held is None or state.pinned or state.lock.locked() or not held.continued_by(turn, text):
+                continue
+            if best is None or held.length > best[1]:
+                best = slot, held.length
+        return best[0] if best is not None else None
+
+    async def _place(
+        self, request: prompt.Prompt, chain: tuple[str, ...], packed: bytes, turn: turns.Key | None
+    ) -> _Plan | outcomes.Unrouted:
         polled, identity = self._core.seen()
         if polled is None or polled.slots is None or identity is None:
             self._unrouted(outcomes.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
@@ -342,7 +424,7 @@ class Placer:
             decision = routing.route(chain, held, entries, shared=found[0])
         views = {v.id: v for v in obs.slots or ()}
         if decision.slot is None:  # every slot busy: llama-server queues it as it would without the sidecar
-            return _Plan(verdict.Planned(decision.source, None), chain, b"")  # b"": forwarded as it came
+            return _Plan(verdict.Planned(decision.source, None), chain, turn, b"")  # b"": forwarded as it came
         state = self._slot(decision.slot)
         state.pinned += 1
         state.used = self._clock.monotonic()
@@ -352,15 +434,15 @@ class Placer:
             if source is outcomes.Source.SHARED:
                 assert decision.entry is not None
                 assert found is not None
-                state.chain = decision.entry.prefix  # requests of this conversation wait at the lock below
+                state.holds(decision.entry.prefix)  # requests of this conversation wait at the lock below
                 async with state.lock:
                     restored, source = await self._fetch_in(decision, found[1], views[decision.slot], obs.counters)
                 if source is outcomes.Source.COLD:
-                    state.chain = ()
+                    state.holds(())
             elif source is outcomes.Source.LIBRARY:
                 assert decision.entry is not None
                 record = library[decision.entry.file][0]
-                state.chain = decision.entry.prefix  # requests of this conversation wait at the lock below
+                state.holds(decision.entry.prefix)  # requests of this conversation wait at the lock below
                 async with state.lock:
                     restored = await self._swap(decision, record, views[decision.slot], obs.counters)
                 state.restored = record.index if restored is not None else None
@@ -371,7 +453,7 @@ class Placer:
             if restored is None:
                 state.pinned -= 1
                 if decision.source is not outcomes.Source.COLD:
-                    state.chain = ()  # unknown now: the restore may or may not have run
+                    state.holds(())  # unknown now: the restore may or may not have run
         if restored is None:
             self._unrouted(
                 outcomes.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
@@ -382,7 +464,7 @@ class Placer:
         if source is outcomes.Source.COLD:
             planned = dataclasses.replace(planned, prefix_tokens=0)
         placed = request.pin is prompt.Pin.PLACED
-        return _Plan(planned, chain, prompt.pinned(request, decision.slot) or b"", placed)
+        return _Plan(planned, chain, turn, prompt.pinned(request, decision.slot) or b"", placed)
 
     async def _save_for(
         self, request: prompt.Prompt, decision: routing.Decision, views: dict[int, events.SlotView]
@@ -404,7 +486,7 @@ class Placer:
                 return False
         return True
 
-    async def _fresh(self, obs: events.Observation) -> events.Observation | None:
+    async def _fresh(self, obs: events.Observation, *, quiet: bool = False) -> events.Observation | None:
         """``obs`` with the slots as llama-server shows them now; None (request unrouted) if it cannot say.
 
         The poll's view may predate a turn that ended since (sent straight to
@@ -412,19 +494,21 @@ class Placer:
         counts as unsaved (the engine's policy follows this read), so a slot
         is never given away without saving it, and a slot whose content
         changed by a turn the placer did not route no longer counts as
-        holding the prefix the placer routed there.
+        holding the prefix the placer routed there. ``quiet``: a read after a
+        request ended, with no request to count as unrouted if it fails.
         """
         try:
             slots = await self._core.fresh_slots()
         except errors.UpstreamError as exc:
-            self._unrouted(outcomes.Unrouted.ERROR, f"cannot read /slots before placing the request: {exc}")
+            if not quiet:
+                self._unrouted(outcomes.Unrouted.ERROR, f"cannot read /slots before placing the request: {exc}")
             return None
         for view in slots:
             state = self._slot(view.id)
             if state.pinned or state.lock.locked():
                 continue  # a routed request or a swap is changing it: the placer knows what it holds
             if state.seen is not None and view.signature != state.seen and not state.routed_since:
-                state.chain = ()  # another client's turn ran there
+                state.holds(())  # another client's turn ran there
             state.seen, state.routed_since = view.signature, False
         return dataclasses.replace(obs, slots=slots)
 

@@ -132,6 +132,9 @@ def sidecar_registry() -> CollectorRegistry:
     prompt_bytes = Counter("library_prompt_bytes", "Prompt bytes", ["source"], namespace=ns, registry=registry)
     prompt_bytes.labels(source="asked").inc(40_000)
     prompt_bytes.labels(source="remembered").inc(900_000)
+    routes = Counter("library_routes", "Routed requests", ["by"], namespace=ns, registry=registry)
+    routes.labels(by="turn").inc(940)
+    routes.labels(by="tokens").inc(60)
     memory = Gauge("model_memory_info", "The model's memory kind", ["memory"], namespace=ns, registry=registry)
     for kind in ("attention", "swa", "recurrent", "hybrid", "unknown"):
         memory.labels(memory=kind).set(1 if kind == "attention" else 0)

@@ -74,7 +74,13 @@ OK = answer.Ended(200, outcomes.ProxyOutcome.OK, None)
 
 
 class Tokenizer:
+    """A conversation's ids are its first message's (``ids_of``); counts the round trips it stands for."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
     async def apply_template(self, body: dict[str, Any]) -> str:
+        self.asked += 1
         return str(body["messages"][0]["content"])
 
     async def tokenize(self, text: str) -> list[int]:
@@ -90,16 +96,21 @@ class Bed:
     core: engine.Engine
     library: placer.Placer
     clock: memllama.ManualClock
+    tokenizer: Tokenizer
 
     async def poll(self) -> None:
         obs, evts = await self.watcher.step()
         await self.core.handle(obs, evts)
 
     @contextlib.asynccontextmanager
-    async def request(self, conversation: str, ended: answer.Ended | None = None) -> AsyncIterator[int | None]:
-        """A chat request of ``conversation`` through the placer; yields the slot it was pinned to."""
+    async def request(
+        self, conversation: str, ended: answer.Ended | None = None, *, then: tuple[str, ...] = (), **fields: Any
+    ) -> AsyncIterator[int | None]:
+        """A chat request of ``conversation`` (its first message, then the messages ``then``) through the placer;
+        yields the slot it was pinned to."""
         self.clock.now += 1.0
-        body = json.dumps({"messages": [{"role": "user", "content": conversation}]}).encode()
+        messages = [{"role": "user", "content": conversation}] + [{"role": "user", "content": t} for t in then]
+        body = json.dumps({"messages": messages, **fields}).encode()
         async with self.library.pin("/v1/chat/completions", body) as forwarded:
             slot = json.loads(forwarded.body).get("id_slot")
             yield slot
@@ -130,8 +141,10 @@ async def bed(tmp_path: Path) -> Bed:
     )
     stats = metrics.Metrics(registry, version="t")
     core = engine.Engine(client=server, snapshots=snapshots, stats=stats, settings=settings, clock=clock)
-    library = placer.Placer(core=core, tokenizer=Tokenizer(), snapshots=snapshots, stats=stats, clock=clock)
-    made = Bed(server, snapshots, registry, poller.Poller(server, settings.poll, clock=clock), core, library, clock)
+    tokenizer = Tokenizer()
+    library = placer.Placer(core=core, tokenizer=tokenizer, snapshots=snapshots, stats=stats, clock=clock)
+    watcher = poller.Poller(server, settings.poll, clock=clock)
+    made = Bed(server, snapshots, registry, watcher, core, library, clock, tokenizer)
     await made.poll()
     return made
 
@@ -503,3 +516,53 @@ async def test_an_anthropic_request_is_placed_without_id_slot_and_a_new_one_save
     async with bed.request("A") as slot:
         assert slot is not None
     assert bed.server.held[slot] == ids_of("A"), "A came back from the library"
+
+
+async def test_a_next_turn_goes_to_the_slot_that_ran_its_conversation_with_no_template_or_tokenize(bed: Bed) -> None:
+    async with bed.request("A") as first:
+        assert first is not None
+    async with bed.request("B") as other:
+        assert other not in (None, first)
+    assert bed.tokenizer.asked == 2
+    async with bed.request("A", then=("ok", "and then?"), stream=True, max_tokens=9) as slot:
+        assert slot == first  # sampling fields are no part of the prompt
+    async with bed.request("A", then=("ok", "and then?", "ok", "more")) as slot:
+        assert slot == first
+    assert bed.tokenizer.asked == 2  # no round trip for either next turn
+    routes = {by: bed.value("llama_sidecar_library_routes_total", by=by) for by in ("turn", "tokens")}
+    assert routes == {"turn": 2, "tokens": 2}
+    assert bed.value("llama_sidecar_conversation_requests_total", source="slot") == 2
+
+
+@pytest.mark.parametrize(
+    ("then", "fields"),
+    [
+        pytest.param(("edited", "more"), {}, id="an earlier message edited"),
+        pytest.param(("ok",), {"tools": [{"type": "function", "function": {"name": "f"}}]}, id="tools given"),
+        pytest.param((), {}, id="history cut back"),
+    ],
+)
+async def test_a_request_that_does_not_continue_the_slots_last_turn_is_routed_by_its_ids(
+    bed: Bed, then: tuple[str, ...], fields: dict[str, Any]
+) -> None:
+    async with bed.request("A", then=("ok", "first")):
+        pass
+    asked = bed.tokenizer.asked
+    async with bed.request("A", then=then, **fields) as slot:
+        assert slot is not None
+    assert bed.tokenizer.asked == asked + 1
+    assert bed.value("llama_sidecar_library_routes_total", by="turn") == 0
+
+
+async def test_a_slot_another_client_ran_a_turn_in_since_is_no_next_turn_and_its_turn_is_saved(bed: Bed) -> None:
+    async with bed.request("A") as slot:
+        assert slot is not None
+    async with bed.request("B"):
+        pass
+    bed.server.serve(slot, ids_of("Z"))  # straight to llama-server, after the last poll
+    async with bed.request("A", then=("ok", "next")) as again:
+        assert again is not None
+    assert bed.tokenizer.asked == 3  # the fresh /slots read showed the other turn: routed by ids
+    assert bed.value("llama_sidecar_library_routes_total", by="turn") == 0
+    assert again == slot  # the least recently used: Z's turn is saved before A runs over it
+    assert bed.actions()[-1] == ("save", slot)

@@ -1,0 +1,123 @@
+"""Whether a request continues the conversation a slot ran last, from the request alone. Pure code.
+
+The library routes a request by the token ids its prompt becomes, which
+only llama-server can say for sure (its template, its tokenizer): two round
+trips before the request is sent. Most requests need neither: an agent's
+next turn is the conversation it sent last plus the answer and a new
+message, and the slot that ran the last turn holds every token of it. A
+:class:`Key` says that from the body alone, as a hash chain over the
+messages (the way llama-server renders them, after ``convert`` for the
+Anthropic and Responses APIs) under a digest of everything else that shapes
+the prompt; for a text prompt, the digest of the text and its length.
+
+A request *continues* a key when the same head holds it and the key's
+messages are the request's first messages (for a text, the key's text is
+the start of the request's). The placer then pins it to that slot with no
+call to the server but a read of ``/slots``; any other request (a new
+conversation, an edited history, other tools, another slot's conversation)
+takes the route by token ids. Only digests are kept, never a prompt.
+
+Fields in :data:`SAMPLING` never reach the template, so a turn that changes
+them (streamed or not, another ``max_tokens``) still continues; any other
+field is part of the head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from sidecar.library import prompt
+
+SAMPLING = frozenset(
+    {
+        "cache_prompt",
+        "frequency_penalty",
+        "id_slot",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "max_tokens",
+        "metadata",
+        "min_p",
+        "n",
+        "n_predict",
+        "n_probs",
+        "presence_penalty",
+        "repeat_last_n",
+        "repeat_penalty",
+        "seed",
+        "stop",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "timings_per_token",
+        "top_k",
+        "top_logprobs",
+        "top_p",
+        "typical_p",
+        "user",
+    }
+)
+"""Body fields that choose how the server samples or answers, not what prompt it renders."""
+_DIGEST = 16
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Key:
+    head: bytes
+    """Digest of what shapes the prompt besides its messages or text (the kind, tools, template options)."""
+    marks: tuple[bytes, ...]
+    """A chat's chained digest after each message; a text's digest, alone."""
+    size: int = 0
+    """A text prompt's length in bytes (0 for a chat)."""
+
+    def continued_by(self, other: Key, text: bytes = b"") -> bool:
+        """Whether ``other`` (of a request whose text prompt is ``text``) holds this key's prompt from its start."""
+        if other.head != self.head or not self.marks:
+            return False
+        if not self.size:
+            n = len(self.marks)
+            return len(other.marks) >= n and other.marks[n - 1] == self.marks[-1]
+        return len(text) >= self.size and _digest(text[: self.size]) == self.marks[0]
+
+    @property
+    def length(self) -> int:
+        """How much of a prompt the key holds (messages, or bytes): the longer of two keys a request continues wins."""
+        return self.size or len(self.marks)
+
+
+def of(request: prompt.Prompt) -> Key | None:
+    """The key of ``request``'s prompt; None for one given as token ids (no round trip to save there)."""
+    if request.kind is prompt.Kind.CHAT:
+        assert request.chat is not None
+        messages = request.chat.get("messages")
+        if not isinstance(messages, list):
+            return None
+        head = _head("chat", request.chat)
+        marks = []
+        mark = head
+        for message in messages:
+            mark = _digest(mark + _canonical(message))
+            marks.append(mark)
+        return Key(head, tuple(marks))
+    if request.kind is prompt.Kind.TEXT:
+        data = request.text.encode()
+        return Key(_head("text", request.body), (_digest(data),), len(data)) if data else None
+    return None
+
+
+def _head(kind: str, body: dict[str, Any]) -> bytes:
+    shaping = {k: v for k, v in body.items() if k not in SAMPLING and k not in ("messages", "prompt")}
+    return _digest(kind.encode() + b"\0" + _canonical(shaping))
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=_DIGEST).digest()
