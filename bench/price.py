@@ -3,7 +3,8 @@
 One llama-server at its defaults but for the test bed's layout (4 slots of
 8,192 tokens, ``-c 32768``, ``--swa-full``; the RAM prompt cache on) and one
 sidecar with the proxy on, its own defaults. Measured side by side, each
-way on its own keep-alive connection, alternating which goes first:
+way on its own keep-alive connection, alternating which goes first every two
+turns (so streamed and non-streamed turns each go first half the time):
 
 * **Warm turns**, per API the proxy routes (Chat Completions, Anthropic
   Messages, Responses, ``/completion``): two conversations of the same
@@ -171,7 +172,9 @@ def _turns(
     cpu = 0.0
     try:
         for n in range(2 * reps + 2):
-            order = (DIRECT, PROXY) if n % 2 == 0 else (PROXY, DIRECT)
+            # Which way goes first changes every two turns, so streamed and non-streamed turns alike go first
+            # half the time: a turn sent right after another waits for the server's work after that one.
+            order = (DIRECT, PROXY) if (n // 2) % 2 == 0 else (PROXY, DIRECT)
             stream = n % 2 == 1
             for way in order:
                 path, body = talks[way].request(stream=stream)
