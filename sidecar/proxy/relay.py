@@ -290,6 +290,7 @@ class Relay:
                 if (refused := self._lost(exc, attempts, gated)) is not None:
                     return refused
                 continue
+            _no_reuse_if_chunked(up)
             if gated and up.status == 503:
                 whole, text = await _read_all(up)
                 if _LOADING not in text:
@@ -347,7 +348,18 @@ class Relay:
             if clean:
                 up.release()
             else:
-                up.close()  # llama-server sees the connection drop and stops the task
+                up.close()  # a cut or cancelled answer: llama-server sees the connection drop and stops the task
+
+
+def _no_reuse_if_chunked(up: aiohttp.ClientResponse) -> None:
+    """Close a chunked answer's connection at its end instead of pooling it.
+
+    llama-server closes its connection after every chunked (streamed) answer with no "Connection: close"
+    to say so (cpp-httplib ends the stream when its provider returns false). aiohttp pools the connection
+    as soon as the last chunk is read; the next request would find it dead, and be sent twice.
+    """
+    if "Transfer-Encoding" in up.headers and (conn := up.connection) is not None and conn.protocol is not None:
+        conn.protocol.force_close()
 
 
 async def _read_all(up: aiohttp.ClientResponse) -> tuple[web.Response, bytes]:
