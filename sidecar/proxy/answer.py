@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable
 
 import aiohttp
 import structlog
@@ -88,12 +87,22 @@ async def relay(
     request: web.BaseRequest,
     up: aiohttp.ClientResponse,
     first: First,
-    headers: Iterable[tuple[str, str]],
+    headers: list[tuple[str, str]],
 ) -> tuple[web.StreamResponse, Ended]:
-    """Send ``up``'s answer (its ``first`` part already read) to the client; the caller releases ``up``."""
+    """Send ``up``'s answer (its ``first`` part already read) to the client; the caller releases ``up``.
+
+    The answer is written to its end here, a whole one too, and the response returned is prepared and
+    ended: nothing the caller does once it returns (the library's end-of-request bookkeeping) delays it.
+    """
     if first.whole is not None:
-        whole = web.Response(status=up.status, reason=up.reason, body=first.whole, headers=list(headers))
-        return whole, Ended(up.status, outcomes.ProxyOutcome.OK, sse.cached_tokens(first.whole))
+        whole = web.Response(status=up.status, reason=up.reason, body=first.whole, headers=headers)
+        ended = Ended(up.status, outcomes.ProxyOutcome.OK, sse.cached_tokens(first.whole))
+        try:
+            await whole.prepare(request)
+            await whole.write_eof()
+        except ConnectionError:
+            ended.outcome = outcomes.ProxyOutcome.CANCELLED
+        return whole, ended
     response = web.StreamResponse(status=up.status, reason=up.reason)
     response.headers.extend(headers)
     length = _length(up)

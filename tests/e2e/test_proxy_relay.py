@@ -2,13 +2,73 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 
+from sidecar.proxy import answer
 from support.llamabed import MakeServer, http_json
 from support.net import free_port
+from support.proxybed import Proxy, run_proxy
 from support.sidecarbed import MakeSidecar
+from support.wait import until
+
+
+@dataclasses.dataclass(slots=True)
+class _Placed:
+    body: bytes
+    header: str = ""
+    ended: answer.Ended | None = None
+
+    def answered(self, ended: answer.Ended) -> None:
+        self.ended = ended
+
+
+class _SlowBookkeeping:
+    """A pinner whose end-of-request bookkeeping (the library's /slots read after an Anthropic answer) lasts
+    until the test lets it end."""
+
+    def __init__(self) -> None:
+        self.finish = asyncio.Event()
+        self.placed: list[_Placed] = []
+
+    @contextlib.asynccontextmanager
+    async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[_Placed]:
+        placed = _Placed(body)
+        self.placed.append(placed)
+        yield placed
+        await self.finish.wait()
+
+
+async def test_the_client_has_its_whole_answer_before_the_end_of_request_bookkeeping(
+    llama: MakeServer, slot_dir: Path
+) -> None:
+    server = llama(slot_dir=slot_dir)
+    pinner = _SlowBookkeeping()
+    body = {"prompt": "Count: one, two,", "n_predict": 4, "temperature": 0}
+    async with run_proxy(server.url, pinner=pinner) as proxy, aiohttp.ClientSession() as session:
+        for stream in (False, True):
+            pinner.finish.clear()
+            async with asyncio.timeout(20):  # without the relay ending the answer itself: never, until set
+                async with session.post(proxy.url + "/completion", json={**body, "stream": stream}) as resp:
+                    assert resp.status == 200
+                    got = await resp.read()
+            assert (b"data: " in got) is stream
+            assert b'"content"' in got
+            ended = pinner.placed[-1].ended
+            assert ended is not None
+            assert ended.outcome == "ok"
+            assert proxy.count("completion", "ok") == int(stream)  # counted once the bookkeeping ends
+            pinner.finish.set()
+            await _counted(proxy, int(stream) + 1)
+
+
+async def _counted(proxy: Proxy, n: int) -> None:
+    await until(lambda: proxy.count("completion", "ok") == n, timeout=10, what=f"{n} requests counted ok")
 
 
 async def test_back_to_back_streams_are_never_sent_twice(
