@@ -43,7 +43,8 @@ async def read(request: web.BaseRequest, budget: Budget, *, limit: int, timeout:
     """The whole request body, held against ``budget`` (the caller gives its length back); or the answer instead.
 
     Over ``limit`` bytes is a 413, over the budget a 503, not received
-    within ``timeout`` seconds a 408.
+    within ``timeout`` seconds a 408. A body that arrived with the headers
+    (most requests) is taken at once, with no timer to arm.
     """
     declared = request.content_length
     if declared is not None and declared > limit:
@@ -51,29 +52,55 @@ async def read(request: web.BaseRequest, budget: Budget, *, limit: int, timeout:
     held = declared or 0
     if held and not budget.take(held):
         return b"", _busy(budget)
-    chunks: list[bytes] = []
-    size = 0
+    content = request.content
+    body = _Body(budget, limit, held)
     try:
-        async with asyncio.timeout(timeout):
-            while chunk := await request.content.readany():
-                size += len(chunk)
-                if size > limit:
-                    budget.give(held)
-                    return b"", (refusals.too_big(limit), outcomes.ProxyOutcome.INVALID)
-                if size > held:
-                    if not budget.take(size - held):
-                        budget.give(held)
-                        return b"", _busy(budget)
-                    held = size
-                chunks.append(chunk)
+        if content.is_eof():
+            refusal = body.add(content.read_nowait())
+        else:
+            async with asyncio.timeout(timeout):
+                refusal = None
+                while refusal is None and (chunk := await content.readany()):
+                    refusal = body.add(chunk)
     except TimeoutError:
-        budget.give(held)
-        return b"", (refusals.too_slow(timeout, size), outcomes.ProxyOutcome.INVALID)
+        budget.give(body.held)
+        return b"", (refusals.too_slow(timeout, body.size), outcomes.ProxyOutcome.INVALID)
     except BaseException:
-        budget.give(held)
+        budget.give(body.held)
         raise
-    budget.give(held - size)
-    return b"".join(chunks), None
+    if refusal is not None:
+        budget.give(body.held)
+        return b"", refusal
+    budget.give(body.held - body.size)
+    return body.joined(), None
+
+
+class _Body:
+    """A body's chunks as they arrive, with the bytes reserved for it in the budget."""
+
+    __slots__ = ("_budget", "_chunks", "_limit", "held", "size")
+
+    def __init__(self, budget: Budget, limit: int, held: int) -> None:
+        self._budget = budget
+        self._limit = limit
+        self._chunks: list[bytes] = []
+        self.held = held
+        self.size = 0
+
+    def add(self, chunk: bytes) -> Refusal | None:
+        """Take ``chunk``; or the answer if the body grows over the limit or the budget."""
+        self.size += len(chunk)
+        if self.size > self._limit:
+            return refusals.too_big(self._limit), outcomes.ProxyOutcome.INVALID
+        if self.size > self.held:
+            if not self._budget.take(self.size - self.held):
+                return _busy(self._budget)
+            self.held = self.size
+        self._chunks.append(chunk)
+        return None
+
+    def joined(self) -> bytes:
+        return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
 
 
 def _busy(budget: Budget) -> Refusal:
