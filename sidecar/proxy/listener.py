@@ -37,9 +37,12 @@ class Listener:
     host: str
     port: int
     sentry: asyncio.Task[None] | None = None
+    handler: relay.Relay | None = None
 
     async def close(self) -> None:
         try:
+            if self.handler is not None:
+                self.handler.close()
             if self.sentry is not None:
                 self.sentry.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -95,4 +98,4 @@ async def start(
     addresses = runner.addresses
     port = int(addresses[0][1]) if addresses else settings.port
     task = asyncio.create_task(sentry.run(), name="proxy-sentinel") if sentry is not None else None
-    return Listener(runner, client, settings.host, port, task)
+    return Listener(runner, client, settings.host, port, task, handler)

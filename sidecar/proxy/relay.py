@@ -35,7 +35,7 @@ from aiohttp import web
 
 from sidecar.act import gate
 from sidecar.core import config, metrics, outcomes, protocols
-from sidecar.proxy import answer, bodies, held, predict, refusals, routes
+from sidecar.proxy import answer, bodies, held, predict, refusals, routes, upconns
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -134,11 +134,16 @@ class Relay:
         self._held = held.HeldTooLong(
             hold_seconds=settings.hold_seconds, retry_after=settings.retry_after, clock=self._clock
         )
+        self._spare = upconns.Spare(session, self._base)
         self._counted = {
             (route, outcome): stats.proxy_requests.labels(route.value, outcome.value)
             for route in outcomes.Route
             for outcome in outcomes.ProxyOutcome
         }
+
+    def close(self) -> None:
+        """Stop opening spare connections (the listener is closing)."""
+        self._spare.close()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         kind = _classify(request.method, request.raw_path)
@@ -290,7 +295,7 @@ class Relay:
                 if (refused := self._lost(exc, attempts, gated)) is not None:
                     return refused
                 continue
-            _no_reuse_if_chunked(up)
+            upconns.no_reuse_if_chunked(up)
             if gated and up.status == 503:
                 whole, text = await _read_all(up)
                 if _LOADING not in text:
@@ -347,19 +352,10 @@ class Relay:
         finally:
             if clean:
                 up.release()
+                if first.whole is None and upconns.chunked(up) and self._gate.is_open:
+                    self._spare.open()  # llama-server closed this one: the next request finds a new one ready
             else:
                 up.close()  # a cut or cancelled answer: llama-server sees the connection drop and stops the task
-
-
-def _no_reuse_if_chunked(up: aiohttp.ClientResponse) -> None:
-    """Close a chunked answer's connection at its end instead of pooling it.
-
-    llama-server closes its connection after every chunked (streamed) answer with no "Connection: close"
-    to say so (cpp-httplib ends the stream when its provider returns false). aiohttp pools the connection
-    as soon as the last chunk is read; the next request would find it dead, and be sent twice.
-    """
-    if "Transfer-Encoding" in up.headers and (conn := up.connection) is not None and conn.protocol is not None:
-        conn.protocol.force_close()
 
 
 async def _read_all(up: aiohttp.ClientResponse) -> tuple[web.Response, bytes]:

@@ -90,3 +90,29 @@ async def test_back_to_back_streams_are_never_sent_twice(
                 assert b"data: " in await resp.read()
     assert side.log_events("proxy_request_replayed") == []
     assert side.metric("llama_sidecar_proxy_requests_total", route="completion", outcome="ok") == 60
+
+
+def _established_to(port: int) -> int:
+    """TCP connections to ``port`` on this host, ESTABLISHED, seen from their client side."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].rpartition(":")[2], 16) == port and fields[3] == "01":
+            count += 1
+    return count
+
+
+async def test_after_a_stream_a_spare_connection_waits_for_the_next_request(llama: MakeServer, slot_dir: Path) -> None:
+    """llama-server closes its connection after a streamed answer: the next request would pay for a new one
+    before its first byte. The relay opens one while the client reads the stream, and the next request
+    takes it (one spare at a time, never one per stream)."""
+    server = llama(slot_dir=slot_dir)
+    body = {"prompt": "Count: one, two,", "n_predict": 2, "stream": True, "temperature": 0}
+    async with run_proxy(server.url) as proxy, aiohttp.ClientSession() as session:
+        for n in range(1, 4):
+            async with session.post(proxy.url + "/completion", json=body) as resp:
+                assert resp.status == 200
+                assert b"data: " in await resp.read()
+            await until(lambda: _established_to(server.port) == 1, timeout=10, what="a spare connection")
+            assert proxy.count("completion", "ok") == n
+        assert _established_to(server.port) == 1
