@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import hmac
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import aiohttp
@@ -35,15 +35,10 @@ from aiohttp import web
 
 from sidecar.act import gate
 from sidecar.core import config, metrics, outcomes, protocols
-from sidecar.proxy import answer, bodies, held, predict, refusals, routes, upconns
+from sidecar.proxy import answer, bodies, held, passon, predict, refusals, routes, upconns
 
 log = structlog.get_logger("sidecar.proxy")
 
-_DROP_REQUEST = frozenset({"host", "content-length", "expect"})
-_DROP_RESPONSE = frozenset({"content-length"})
-_SKIP_REQUEST = routes.HOP_BY_HOP | _DROP_REQUEST
-_SKIP_RESPONSE = routes.HOP_BY_HOP | _DROP_RESPONSE
-WHOLE_ANSWER_BYTES = answer.WHOLE_ANSWER_BYTES
 _LOADING = b"Loading model"
 """llama-server's 503 message while it loads: the new process cannot serve yet."""
 PREFIX_HEADER = "X-Llama-Sidecar-Prefix"
@@ -91,19 +86,6 @@ class _Attempts:
 
 _classify = functools.lru_cache(maxsize=256)(routes.classify)
 """The route of a request: clients send the same few paths over and over, so decided once per path."""
-
-
-def _pass_on(headers: Iterable[tuple[str, str]], skip: frozenset[str], drop: frozenset[str]) -> list[tuple[str, str]]:
-    """``routes.end_to_end`` with a fast path for the common case, no Connection header to read."""
-    items = list(headers)
-    kept = []
-    for name, value in items:
-        low = name.lower()
-        if low == "connection":
-            return routes.end_to_end(items, drop=drop)
-        if low not in skip:
-            kept.append((name, value))
-    return kept
 
 
 class Relay:
@@ -164,14 +146,10 @@ class Relay:
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         if kind.verdict is routes.Verdict.BAD_PATH:
             return refusals.bad_path(), outcomes.ProxyOutcome.INVALID
-        headers = _pass_on(request.headers.items(), _SKIP_REQUEST, _DROP_REQUEST)
         admin = self._is_admin(request)
         if kind.verdict in (routes.Verdict.SLOT_ACTION, routes.Verdict.UNKNOWN) and not admin:
             return refusals.refused(kind), outcomes.ProxyOutcome.REFUSED
-        if admin:
-            headers = [(k, v) for k, v in headers if k.lower() != "authorization"]
-            if self._api_key:
-                headers.append(("Authorization", f"Bearer {self._api_key}"))
+        headers = passon.to_server(request.headers.items(), admin=admin, api_key=self._api_key)
         body, refusal = await bodies.read(
             request, self._bodies, limit=self._settings.max_body_bytes, timeout=self._settings.body_timeout
         )
@@ -341,7 +319,7 @@ class Relay:
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         clean = False
         try:
-            headers = _pass_on(up.headers.items(), _SKIP_RESPONSE, _DROP_RESPONSE)
+            headers = passon.to_client(up.headers.items())
             if placement is not None and placement.header and self._settings.prefix_header:
                 headers.append((PREFIX_HEADER, placement.header))
             response, ended = await answer.relay(request, up, first, headers)
@@ -366,5 +344,5 @@ async def _read_all(up: aiohttp.ClientResponse) -> tuple[web.Response, bytes]:
         body = b""
     finally:
         up.close()
-    headers = routes.end_to_end(list(up.headers.items()), drop=_DROP_RESPONSE)
+    headers = routes.end_to_end(list(up.headers.items()), drop=passon.DROP_RESPONSE)
     return web.Response(status=up.status, reason=up.reason, body=body, headers=headers), body
