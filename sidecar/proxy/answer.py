@@ -88,15 +88,20 @@ async def relay(
     up: aiohttp.ClientResponse,
     first: First,
     headers: list[tuple[str, str]],
+    *,
+    counted: bool,
 ) -> tuple[web.StreamResponse, Ended]:
     """Send ``up``'s answer (its ``first`` part already read) to the client; the caller releases ``up``.
+
+    ``counted``: read the answer's prompt-reuse figure (``Ended.cached``, for the library's counts); a
+    route the library does not count (``/tokenize``, the web UI's files) is relayed without a look.
 
     The answer is written to its end here, a whole one too, and the response returned is prepared and
     ended: nothing the caller does once it returns (the library's end-of-request bookkeeping) delays it.
     """
     if first.whole is not None:
         whole = web.Response(status=up.status, reason=up.reason, body=first.whole, headers=headers)
-        ended = Ended(up.status, outcomes.ProxyOutcome.OK, sse.cached_tokens(first.whole))
+        ended = Ended(up.status, outcomes.ProxyOutcome.OK, sse.cached_tokens(first.whole) if counted else None)
         try:
             await whole.prepare(request)
             await whole.write_eof()
@@ -108,7 +113,7 @@ async def relay(
     length = _length(up)
     if length is not None:
         response.content_length = length
-    cached = sse.cached_tokens(first.head)
+    cached = sse.cached_tokens(first.head) if counted else None
     ended = Ended(up.status, outcomes.ProxyOutcome.OK, cached)
     await response.prepare(request)
     try:
@@ -122,7 +127,7 @@ async def relay(
                 return response, ended
             if not chunk:
                 break
-            if (found := sse.cached_tokens(chunk)) is not None:
+            if counted and (found := sse.cached_tokens(chunk)) is not None:
                 ended.cached = found
             await response.write(chunk)
         await response.write_eof()

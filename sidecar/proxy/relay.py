@@ -322,7 +322,7 @@ class Relay:
             headers = passon.to_client(up.headers.items())
             if placement is not None and placement.header and self._settings.prefix_header:
                 headers.append((PREFIX_HEADER, placement.header))
-            response, ended = await answer.relay(request, up, first, headers)
+            response, ended = await answer.relay(request, up, first, headers, counted=placement is not None)
             clean = ended.outcome is outcomes.ProxyOutcome.OK
             if placement is not None:
                 placement.answered(ended)
