@@ -22,15 +22,14 @@ open), the :class:`Placer`:
    actions. A new conversation's slot is saved first in the same way.
 
 With a shared store, when the best local prefix (a slot's or the
-library's) is shorter than one the store holds, the Placer asks whether
-fetching it beats prefilling the difference (``SharedStore.worth``, with
-this server's measured prefill rate, else the one the snapshot records,
-else the one this node kept in its snapshots: ``decide.pick_prefill_rate``)
-and, if so, downloads it into the chosen idle
-slot's name while the request waits, then swaps it in like a library
-snapshot. The lookup is bounded by ``LOOKUP_SECONDS`` and the download by
-the proxy's hold; a store that is down, slow or wrong costs the request at
-most that wait: it then runs cold (counted in ``shared_store_errors_total``).
+library's) is shorter than one the store holds and fetching it beats
+prefilling the difference (:mod:`.fetching`), the Placer downloads it into
+the chosen idle slot's name while the request waits, then swaps it in like
+a library snapshot; a store that is down, slow or wrong costs the request
+at most the lookup's or the download's bound: it then runs cold.
+
+What the Placer knows of each slot is a :class:`.slotstate.SlotState`; what
+it asks of the engine, the tokenizer and the store is in :mod:`.seams`.
 
 Swaps of different slots run side by side up to the slot action itself
 (llama-server runs one at a time anyway); two requests never swap into one
@@ -48,106 +47,18 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
 
 import structlog
 
-from sidecar.act import engine, policy, restorer, savings
+from sidecar.act import policy
 from sidecar.core import errors, events, metrics, outcomes, protocols
-from sidecar.library import prompt, routing, turns, verdict
+from sidecar.library import fetching, prompt, routing, seams, slotstate, turns, verdict
 from sidecar.observe import memory
 from sidecar.proxy import answer
-from sidecar.shared import catalog, decide, records
+from sidecar.shared import records
 from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.library")
-LOOKUP_SECONDS = 2.0
-"""Longest a request waits for the shared store to say what it holds for it, in seconds."""
-
-
-class Shared(Protocol):
-    """The shared store as the request path needs it (``shared.service.SharedStore``)."""
-
-    async def lookup(
-        self, identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int
-    ) -> catalog.Match | None: ...
-
-    def worth(self, match: catalog.Match, *, cached_tokens: int, prefill_rate: float) -> decide.Estimate: ...
-
-    async def fetch(self, shared: records.SharedRecord, *, slot: int) -> manifest.Manifest | None: ...
-
-
-class Slots(Protocol):
-    """What the library asks of the engine that owns the slots (``engine.Engine``); the engine decides."""
-
-    def seen(self) -> tuple[events.Observation | None, events.Identity | None]:
-        """The newest observation and identity of the server."""
-        ...
-
-    def unsaved(self, slot: int) -> bool:
-        """Whether the slot holds content no snapshot holds."""
-        ...
-
-    def worth_saving(self, tokens: int) -> bool:
-        """Whether a slot holding ``tokens`` is worth a snapshot (``--min-tokens``)."""
-        ...
-
-    async def fresh_slots(self) -> tuple[events.SlotView, ...]:
-        """Every slot as the server shows it now; the engine's policy follows the read."""
-        ...
-
-    async def save(self, action: policy.Save) -> bool:
-        """Save the slot if it is idle now; True if its content is in a snapshot."""
-        ...
-
-    async def swap_in(
-        self, slot: int, record: manifest.Manifest, *, counters: events.Counters | None
-    ) -> restorer.RestoreRecord:
-        """Restore ``record`` into the slot for a request (its own content saved first)."""
-        ...
-
-    def answered(self, slot: int, reused: int) -> None:
-        """A routed request's own answer says the server reused ``reused`` prompt tokens in ``slot``."""
-
-    def follow(self, listener: engine.SlotContent) -> None:
-        """Tell ``listener`` when the engine changes what the slots hold."""
-        ...
-
-
-class Tokenizer(Protocol):
-    async def apply_template(self, body: dict[str, Any]) -> str: ...
-
-    async def tokenize(self, text: str) -> list[int]: ...
-
-
-@dataclasses.dataclass(slots=True)
-class _Slot:
-    """What the sidecar knows of one slot beyond /slots."""
-
-    chain: tuple[str, ...] = ()
-    """Hash chain of the prompt routed there last, or of the snapshot restored into it."""
-    pinned: int = 0
-    """Routed requests that have not ended."""
-    used: float = 0.0
-    """Monotonic time a routed request last ended or was pinned there."""
-    ended: float = 0.0
-    """Unix time a routed request last ended there (its content changed then)."""
-    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
-    """Held while the slot is being saved and swapped."""
-    seen: tuple[int, int] | None = None
-    """The slot's (task, tokens) at the last fresh read before a placement; None: not known."""
-    routed_since: bool = False
-    """A routed request ended there since ``seen`` was read (it explains a change of content)."""
-    restored: manifest.Index | None = None
-    """The snapshot a restore or a swap put there, while the slot holds only that: on a model that
-    cannot cut a state back the server has no checkpoints of it, so it serves only an exact prefix."""
-    turn: turns.Key | None = None
-    """The key of the request routed there last, while the slot holds what that request left (its prompt's
-    tokens are then the slot's first ones): a request that continues it goes there with no round trip."""
-
-    def holds(self, chain: tuple[str, ...], turn: turns.Key | None = None) -> None:
-        """The slot holds ``chain`` now (and, with ``turn``, the prompt of the request of that key)."""
-        self.chain, self.turn = chain, turn
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -179,22 +90,25 @@ class Placer:
     def __init__(
         self,
         *,
-        core: Slots,
-        tokenizer: Tokenizer,
+        core: seams.Slots,
+        tokenizer: seams.Tokenizer,
         snapshots: store.SnapshotStore,
         stats: metrics.Metrics,
         clock: protocols.Clock,
-        shared: Shared | None = None,
+        shared: seams.Shared | None = None,
         hold_seconds: float = 120.0,
     ) -> None:
         self._core = core
-        self._shared = shared
-        self._hold = hold_seconds
+        self._fetcher = (
+            fetching.Fetcher(shared, snapshots=snapshots, stats=stats, hold_seconds=hold_seconds)
+            if shared is not None
+            else None
+        )
         self._tokenizer = tokenizer
         self._snapshots = snapshots
         self._stats = stats
         self._clock = clock
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, slotstate.SlotState] = {}
         self._said: set[str] = set()
         self._reads: set[asyncio.Task[events.Observation | None]] = set()
         self._loop = asyncio.get_running_loop()
@@ -413,11 +327,11 @@ class Placer:
         exact = not memory.cuts_back(identity.memory)
         library = self._library(identity, obs.slots)
         if exact:  # a snapshot serves only a request that holds every one of its tokens
-            library = {f: v for f, v in library.items() if _exact_prefix(v[0].index, packed)}
+            library = {f: v for f, v in library.items() if slotstate.exact_prefix(v[0].index, packed)}
         entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
         held = [self._held(v, packed if exact else None) for v in obs.slots]
         decision = routing.route(chain, held, entries)
-        found = await self._from_shared(identity, chain, decision, obs)
+        found = await self._fetcher.find(identity, chain, decision, obs) if self._fetcher is not None else None
         if found is not None:  # the slots may have changed while the store answered
             obs = await self._fresh(obs) or obs
             held = [self._held(v, packed if exact else None) for v in obs.slots or ()]
@@ -512,43 +426,6 @@ class Placer:
             state.seen, state.routed_since = view.signature, False
         return dataclasses.replace(obs, slots=slots)
 
-    async def _from_shared(
-        self, identity: events.Identity, chain: tuple[str, ...], local: routing.Decision, obs: events.Observation
-    ) -> tuple[routing.Entry, records.SharedRecord] | None:
-        """The shared snapshot worth fetching for ``chain`` over the best local choice ``local``; None if none."""
-        if self._shared is None or local.slot is None or len(chain) <= local.blocks or not obs.slots:
-            return None  # no store, no idle slot to fetch into, or the whole prompt is at hand already
-        try:
-            async with asyncio.timeout(min(LOOKUP_SECONDS, self._hold)):
-                match = await self._shared.lookup(identity, chain, max_tokens=min(v.n_ctx for v in obs.slots))
-        except TimeoutError:
-            self._slow(outcomes.SharedOperation.LIST, LOOKUP_SECONDS, "looking up the request's prefix")
-            return None
-        if match is None or match.blocks <= local.blocks:
-            return None
-        counters = obs.counters
-        rate, rate_source = decide.pick_prefill_rate(
-            server=savings.measured_rate(counters) if counters is not None else None,
-            snapshot=match.record.snapshot.prefill_rate,
-            kept=next((m.prefill_rate for m in self._snapshots.snapshots() if m.prefill_rate is not None), None),
-        )
-        cached = local.blocks * slotfile.BLOCK_TOKENS
-        estimate = self._shared.worth(match, cached_tokens=cached, prefill_rate=rate)
-        log.info(
-            "shared_prefix_found",
-            tokens=match.tokens,
-            local_tokens=cached,
-            bytes=match.record.snapshot.bytes,
-            prefill_rate=round(rate),
-            prefill_rate_from=rate_source.value,
-            fetch_seconds=round(estimate.fetch_seconds, 3),
-            prefill_seconds=round(estimate.prefill_seconds, 3),
-            verdict=estimate.verdict.value,
-        )
-        if estimate.verdict is not decide.Verdict.FETCH:
-            return None
-        return routing.Entry(match.record.blob, match.record.chain), match.record
-
     async def _fetch_in(
         self,
         decision: routing.Decision,
@@ -559,29 +436,14 @@ class Placer:
         """Fetch ``shared`` and swap it into the decision's slot: (tokens restored, None if something would be
         lost; where the prefix came from)."""
         assert decision.slot is not None
-        assert self._shared is not None
+        assert self._fetcher is not None
         if decision.save_first and not await self._save(view):
             return None, outcomes.Source.SHARED
-        record: manifest.Manifest | None = None
-        try:
-            async with asyncio.timeout(self._hold):
-                record = await self._shared.fetch(shared, slot=decision.slot)
-        except TimeoutError:
-            self._slow(outcomes.SharedOperation.GET, self._hold, "downloading the request's prefix")
+        record = await self._fetcher.download(shared, slot=decision.slot)
         if record is None:
             return 0, outcomes.Source.COLD  # the slot's own content is saved: it runs cold there
         restored = await self._swap(dataclasses.replace(decision, save_first=False), record, view, counters)
         return restored, outcomes.Source.SHARED
-
-    def _slow(self, operation: outcomes.SharedOperation, seconds: float, doing: str) -> None:
-        self._stats.shared_errors.labels(operation).inc()
-        log.warning(
-            "shared_store_slow",
-            doing=doing,
-            seconds=seconds,
-            effect="the request runs without it, prefilled by llama-server (counted in "
-            "llama_sidecar_shared_store_errors_total)",
-        )
 
     async def _swap(
         self,
@@ -630,7 +492,11 @@ class Placer:
         cut a state back (a slot holding only a restored snapshot then counts only if it is an exact prefix)."""
         state = self._slot(view.id)
         prefix = state.chain
-        if exact_for is not None and state.restored is not None and not _exact_prefix(state.restored, exact_for):
+        if (
+            exact_for is not None
+            and state.restored is not None
+            and not slotstate.exact_prefix(state.restored, exact_for)
+        ):
             prefix = ()
         return routing.Held(
             slot=view.id,
@@ -640,12 +506,12 @@ class Placer:
             dirty=self._dirty(view, state),
         )
 
-    def _ended_unsaved(self, slot: int, state: _Slot) -> bool:
+    def _ended_unsaved(self, slot: int, state: slotstate.SlotState) -> bool:
         """Whether a routed request ended in ``slot`` after its newest snapshot was made."""
         newest = next(iter(self._snapshots.snapshots(slot)), None)
         return state.ended > (newest.created if newest is not None else 0.0)
 
-    def _dirty(self, view: events.SlotView, state: _Slot) -> bool:
+    def _dirty(self, view: events.SlotView, state: slotstate.SlotState) -> bool:
         """Whether the slot holds content no snapshot has: a routed request ended after its newest snapshot."""
         if self._ended_unsaved(view.id, state):
             return True  # whatever the poll's view says: it may predate that request
@@ -664,8 +530,8 @@ class Placer:
                 found[record.file] = (record, record.index.chain)
         return found
 
-    def _slot(self, slot: int) -> _Slot:
-        return self._slots.setdefault(slot, _Slot())
+    def _slot(self, slot: int) -> slotstate.SlotState:
+        return self._slots.setdefault(slot, slotstate.SlotState())
 
     def _unrouted(self, reason: outcomes.Unrouted, detail: str) -> None:
         self._stats.conversation_unrouted.labels(reason.value).inc()
@@ -679,14 +545,3 @@ class Placer:
             effect="forwarded as it came: llama-server picks its slot (logged once per reason; counted in "
             "llama_sidecar_conversation_unrouted_total)",
         )
-
-
-def _exact_prefix(index: manifest.Index | None, packed: bytes) -> bool:
-    """Whether every token of the snapshot ``index`` describes is a prefix of the request's ids ``packed``.
-
-    Strictly shorter: the server needs at least one token of the request to process.
-    """
-    if index is None or index.whole is None:
-        return False
-    size = index.tokens * 4
-    return 0 < size < len(packed) and slotfile.whole_hash(packed[:size]) == index.whole

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.act import engine
 from sidecar.core import config, events, metrics, outcomes, protocols
-from sidecar.library import placer
+from sidecar.library import fetching, placer
 from sidecar.observe import poller
 from sidecar.proxy import answer
 from sidecar.shared import catalog, decide, records
@@ -215,7 +215,7 @@ async def test_a_slot_being_swapped_is_busy_and_its_conversation_waits_for_the_s
 
 
 class FakeShared:
-    """A shared store holding one conversation, snapshotted on another node (``placer.Shared``)."""
+    """A shared store holding one conversation, snapshotted on another node (``seams.Shared``)."""
 
     def __init__(self, bed: Bed, tmp_path: Path, conversation: str, *, bandwidth: float = 1e9) -> None:
         self.bed = bed
@@ -343,7 +343,7 @@ async def test_a_fetch_slower_than_the_prefill_it_saves_is_not_made(bed: Bed, tm
 async def test_a_slow_store_costs_the_request_the_lookup_bound_then_it_runs_cold(
     bed: Bed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(placer, "LOOKUP_SECONDS", 0.05)
+    monkeypatch.setattr(fetching, "LOOKUP_SECONDS", 0.05)
     shared = FakeShared(bed, tmp_path, "A")
     shared.lookup_wait = asyncio.Event()  # never answers
     with_shared(bed, shared)

@@ -1,0 +1,50 @@
+"""What the placer knows of each slot beyond ``/slots``, and whether a snapshot is an exact prefix. Pure code."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from sidecar.library import turns
+from sidecar.snapshots import manifest, slotfile
+
+
+@dataclasses.dataclass(slots=True)
+class SlotState:
+    """What the sidecar knows of one slot beyond /slots."""
+
+    chain: tuple[str, ...] = ()
+    """Hash chain of the prompt routed there last, or of the snapshot restored into it."""
+    pinned: int = 0
+    """Routed requests that have not ended."""
+    used: float = 0.0
+    """Monotonic time a routed request last ended or was pinned there."""
+    ended: float = 0.0
+    """Unix time a routed request last ended there (its content changed then)."""
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    """Held while the slot is being saved and swapped."""
+    seen: tuple[int, int] | None = None
+    """The slot's (task, tokens) at the last fresh read before a placement; None: not known."""
+    routed_since: bool = False
+    """A routed request ended there since ``seen`` was read (it explains a change of content)."""
+    restored: manifest.Index | None = None
+    """The snapshot a restore or a swap put there, while the slot holds only that: on a model that
+    cannot cut a state back the server has no checkpoints of it, so it serves only an exact prefix."""
+    turn: turns.Key | None = None
+    """The key of the request routed there last, while the slot holds what that request left (its prompt's
+    tokens are then the slot's first ones): a request that continues it goes there with no round trip."""
+
+    def holds(self, chain: tuple[str, ...], turn: turns.Key | None = None) -> None:
+        """The slot holds ``chain`` now (and, with ``turn``, the prompt of the request of that key)."""
+        self.chain, self.turn = chain, turn
+
+
+def exact_prefix(index: manifest.Index | None, packed: bytes) -> bool:
+    """Whether every token of the snapshot ``index`` describes is a prefix of the request's ids ``packed``.
+
+    Strictly shorter: the server needs at least one token of the request to process.
+    """
+    if index is None or index.whole is None:
+        return False
+    size = index.tokens * 4
+    return 0 < size < len(packed) and slotfile.whole_hash(packed[:size]) == index.whole
