@@ -23,21 +23,13 @@ import pytest
 
 from support import agents
 from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt, slots
-from support.net import free_port
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from support.sidecarbed import MakeSidecar, proxied
 
 PER_API = 4
 PROMPT_TOKENS = 400
 LONG_TURN_TOKENS = 2500
 """A new turn long enough that its prefill lasts a few seconds: the kill -9 lands in it."""
 WARM = 0.9
-
-
-def _proxy(sidecar: MakeSidecar, server: LlamaServer, slot_dir: Path) -> tuple[SidecarProcess, str]:
-    port = free_port()
-    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}"})
-    side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
-    return side, f"http://127.0.0.1:{port}"
 
 
 def _saved(server: LlamaServer, slot_dir: Path) -> bool:
@@ -80,7 +72,7 @@ def test_agents_of_every_api_come_back_warm_on_two_slots_and_through_a_kill9_dur
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
 ) -> None:
     server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192, extra_args=["--cache-ram", "0"])
-    side, url = _proxy(sidecar, server, slot_dir)
+    side, url = proxied(sidecar, server, slot_dir)
     apis = agents.every_api(url)
     pairs = [
         (api, agents.Conversation.start(10 * a + n, make_prompt(server.url, PROMPT_TOKENS, seed=500 + 10 * a + n)))
@@ -135,7 +127,7 @@ def test_metrics_and_status_agree_with_each_answers_own_reuse_in_a_mixed_run(
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
 ) -> None:
     server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=4096, extra_args=["--cache-ram", "0"])
-    side, url = _proxy(sidecar, server, slot_dir)
+    side, url = proxied(sidecar, server, slot_dir)
     apis = [agents.Chat(url, stream=False), agents.Messages(url, stream=False)]
     pairs = [
         (api, agents.Conversation.start(n, make_prompt(server.url, PROMPT_TOKENS, seed=700 + n)))

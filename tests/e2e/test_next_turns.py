@@ -25,21 +25,13 @@ from pathlib import Path
 import pytest
 
 from support import agents, tinymodels
-from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt, slots
-from support.net import free_port
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from support.llamabed import MakeServer, http_json, make_prompt, slots
+from support.sidecarbed import MakeSidecar, SidecarProcess, proxied
 
 TURNS = 3
 WARM = 0.9
 ROUTES = "llama_sidecar_library_routes_total"
 BYTES = "llama_sidecar_library_prompt_bytes_total"
-
-
-def _proxy(sidecar: MakeSidecar, server: LlamaServer, slot_dir: Path) -> tuple[SidecarProcess, str]:
-    port = free_port()
-    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}"})
-    side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
-    return side, f"http://127.0.0.1:{port}"
 
 
 def _counts(side: SidecarProcess) -> tuple[float, float, float]:
@@ -78,7 +70,7 @@ def test_every_apis_next_turns_go_to_their_slot_with_no_round_trip(
     else:
         served = tiny_models[tinymodels.Arch.QWEN35]
         server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192, model=served, swa_full=False)
-    side, url = _proxy(sidecar, server, slot_dir)
+    side, url = proxied(sidecar, server, slot_dir)
     figures: dict[str, list[str]] = {}
     for n, api in enumerate(agents.every_api(url)):
         chat = agents.Conversation.start(n, make_prompt(server.url, 500, seed=600 + n))
@@ -124,7 +116,7 @@ def test_a_turn_another_client_ran_in_the_slot_is_saved_and_the_next_turn_is_rou
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
 ) -> None:
     server = llama(slot_dir=slot_dir, n_slots=1, ctx_size=8192, extra_args=["--cache-ram", "0"])
-    side, url = _proxy(sidecar, server, slot_dir)
+    side, url = proxied(sidecar, server, slot_dir)
     api = agents.Chat(url, stream=True)
     chat = agents.Conversation.start(0, make_prompt(server.url, 600, seed=610))
     reply = api.send(chat)

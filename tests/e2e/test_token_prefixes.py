@@ -44,8 +44,7 @@ from sidecar.library import tokens
 from sidecar.observe import upstream
 from support import tinymodels
 from support.llamabed import LlamaServer, MakeServer, gemma3_template, http_json, make_prompt
-from support.net import free_port
-from support.sidecarbed import MakeSidecar
+from support.sidecarbed import MakeSidecar, proxied
 
 TURNS = 5
 FOLLOW_UPS = [
@@ -192,10 +191,7 @@ def test_every_routed_api_asks_only_the_new_part_through_the_proxy(
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, tmp_path: Path
 ) -> None:
     server = llama(slot_dir=slot_dir, n_slots=1, extra_args=gemma3_template(tmp_path))
-    port = free_port()
-    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}"})
-    side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
-    proxy = f"http://127.0.0.1:{port}"
+    side, proxy = proxied(sidecar, server, slot_dir)
     name = "llama_sidecar_library_prompt_bytes_total"
     shares: dict[str, list[float]] = {}
     for seed, path in enumerate(["/v1/chat/completions", "/v1/messages", "/v1/responses", "/completion"]):
@@ -225,10 +221,7 @@ def test_a_restart_of_the_same_model_keeps_the_ids_and_another_model_forgets_the
     """After a kill -9 the first turn through the proxy asks only its new part, as before the crash, when the
     server comes back with the same model file and build; with another model file it is asked whole."""
     server = llama(slot_dir=slot_dir, n_slots=1, extra_args=gemma3_template(tmp_path))
-    port = free_port()
-    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}"})
-    side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
-    proxy = f"http://127.0.0.1:{port}"
+    side, proxy = proxied(sidecar, server, slot_dir)
     name = "llama_sidecar_library_prompt_bytes_total"
     bodies = _turns("/v1/chat/completions", make_prompt(server.url, 600, 60), 4)
 

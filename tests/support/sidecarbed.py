@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from support.environ import child_env
+from support.net import free_port
 from support.readers import json_lines, parse_metrics, sample
 from support.wait import wait_until
 
@@ -200,3 +201,13 @@ def log_time(entry: dict[str, Any]) -> float:
     """Unix time of a sidecar JSON log line (ISO 8601 UTC `timestamp`)."""
     stamp = str(entry["timestamp"]).replace("Z", "+00:00")
     return datetime.datetime.fromisoformat(stamp).timestamp()
+
+
+def proxied(
+    make: MakeSidecar, server: Any, slot_dir: Path, extra: dict[str, str] | None = None
+) -> tuple[SidecarProcess, str]:
+    """A sidecar beside ``server`` with its proxy on a free port, ready (``/readyz`` 200); and the proxy's URL."""
+    port = free_port()
+    side = make(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}", **(extra or {})})
+    side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
+    return side, f"http://127.0.0.1:{port}"
