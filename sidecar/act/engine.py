@@ -301,7 +301,7 @@ class Engine:
         for listener in self._listeners:
             listener.emptied()
         self._restorer.forget_pending()
-        self._gate.close("a restore round is owed: llama-server lost its slots (restart or wake-up)")
+        self._gate.close("a restore round is owed: llama-server lost its slots (restart or wake-up)", serving=True)
 
     def _say_state(self, obs: events.Observation) -> None:
         """Log the server's state once per change, not on every poll."""

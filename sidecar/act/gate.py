@@ -17,11 +17,19 @@ a retrying client reach the new process before the restore round.
 A request waits with :meth:`Gate.hold`, the one place that counts it in
 ``proxy_held_requests`` while it waits and observes its whole wait in
 ``proxy_hold_seconds`` (once per request, however many times it waited).
+
+While the gate is closed for a restore round (the server answers, its slots
+are being restored: ``close(..., serving=True)``), a waiting request may do
+what touches no slot, so that it is done when the gate opens: the proxy has
+a routed request's token ids read then (``meanwhile`` of :meth:`Hold.wait`).
+The gate's ``restore_gate_open`` log line says how many did
+(``prepared``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import types
 from collections.abc import Awaitable, Callable
 
@@ -48,6 +56,10 @@ class Gate:
         self._clock = clock or protocols.SystemClock()
         self._open = asyncio.Event()
         self._reason = NOT_POLLED
+        self._serving = asyncio.Event()
+        """Closed for a restore round: the server answers, only its slots are not ready."""
+        self.prepared = 0
+        """Requests that started their slot-free work while the gate was closed, since it last opened."""
         self._suspect_at: float | None = None
         self.waiting = 0
         """Requests waiting at the gate now."""
@@ -63,11 +75,16 @@ class Gate:
         """Why the gate is closed ("" while it is open)."""
         return "" if self._open.is_set() else self._reason
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, *, serving: bool = False) -> None:
+        """``serving``: the server answers and only its slots are not ready (a restore round is owed)."""
         if self._open.is_set() or reason != self._reason:
             log.info("restore_gate_closed", reason=reason, waiting=self.waiting)
         self._reason = reason
         self._open.clear()
+        if serving:
+            self._serving.set()
+        else:
+            self._serving.clear()
 
     def suspect(self, reason: str) -> None:
         """Close until a poll that starts from now on sees the server up (and any restore is done)."""
@@ -81,8 +98,10 @@ class Gate:
         if self._suspect_at is not None and seen_at <= self._suspect_at:
             return
         self._suspect_at = None
+        self._serving.clear()
         if not self._open.is_set():
-            log.info("restore_gate_open", was=self._reason, waiting=self.waiting)
+            log.info("restore_gate_open", was=self._reason, waiting=self.waiting, prepared=self.prepared)
+            self.prepared = 0
             self._open.set()
 
     async def wait(self, timeout: float) -> bool:
@@ -100,6 +119,35 @@ class Gate:
         finally:
             self.waiting -= 1
         return True
+
+    async def wait_meanwhile(self, timeout: float, work: Callable[[], Awaitable[object]]) -> bool:
+        """:meth:`wait`, running ``work`` once the server answers while the gate stays closed for a restore round.
+
+        ``work`` must touch no slot. Once it has started it is awaited (within ``timeout``) before this
+        returns, so what it did is done when the caller goes on; if the gate opens before it started,
+        it is not started at all. Errors of ``work`` are the caller's to avoid: they are dropped here.
+        """
+        started = asyncio.Event()
+
+        async def when_serving() -> None:
+            await self._serving.wait()
+            if self._open.is_set():
+                return
+            started.set()
+            self.prepared += 1
+            await work()
+
+        early = asyncio.ensure_future(when_serving())
+        deadline = self._clock.monotonic() + timeout
+        try:
+            opened = await self.wait(timeout)
+            if opened and started.is_set() and not early.done():
+                await asyncio.wait({early}, timeout=max(deadline - self._clock.monotonic(), 0.0))
+            return opened
+        finally:
+            early.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await early
 
     def hold(self, stats: metrics.Metrics) -> Hold:
         """One request's waits at this gate, counted in ``stats`` (use it as a ``with`` block)."""
@@ -126,18 +174,27 @@ class Hold:
         if self.seconds is not None:
             self._stats.proxy_hold.observe(self.seconds)
 
-    async def wait(self, timeout: float, *, after: Awaitable[object] | None = None) -> bool:
+    async def wait(
+        self,
+        timeout: float,
+        *,
+        after: Awaitable[object] | None = None,
+        meanwhile: Callable[[], Awaitable[object]] | None = None,
+    ) -> bool:
         """Wait up to ``timeout`` seconds for the gate to be open; False if it stayed closed.
 
         ``after``: awaited first, within the same ``timeout`` (router mode: the model's load), and
-        not cancelled when the time is up.
+        not cancelled when the time is up. ``meanwhile``: see :meth:`Gate.wait_meanwhile`.
         """
         started = self._clock.monotonic()
         self._stats.proxy_held.inc()
         try:
             if after is not None:
                 await asyncio.wait({asyncio.ensure_future(after)}, timeout=max(timeout, 0.0))
-            return await self._gate.wait(timeout - (self._clock.monotonic() - started))
+            left = timeout - (self._clock.monotonic() - started)
+            if meanwhile is not None:
+                return await self._gate.wait_meanwhile(left, meanwhile)
+            return await self._gate.wait(left)
         finally:
             self._stats.proxy_held.dec()
             self.seconds = (self.seconds or 0.0) + self._clock.monotonic() - started

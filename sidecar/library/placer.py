@@ -152,6 +152,20 @@ class Placer:
 
     # ---- the proxy's hook -----------------------------------------------------------------
 
+    async def prepare(self, raw_path: str, body: bytes) -> None:
+        """Have the token ids of a request held at the restore gate read while the server restores its slots.
+
+        Ids depend on no slot: the tokenizer remembers them, and the request's
+        placement, once the gate opens, finds them there instead of asking the
+        server. Never raises: on any error the placement asks, as it would have.
+        """
+        try:
+            request = prompt.of(raw_path, body)
+            if isinstance(request, prompt.Prompt) and not prompt.shorter_than(request, slotfile.BLOCK_TOKENS):
+                await self._ids(request)
+        except Exception:  # noqa: S110 - the placement tokenizes it again and says what failed
+            pass
+
     @contextlib.asynccontextmanager
     async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[Placed]:
         """The placement (pinned with ``id_slot``, or as it came); the slot counts busy inside."""

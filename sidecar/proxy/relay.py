@@ -69,6 +69,9 @@ class Pinner(Protocol):
     def pin(self, raw_path: str, body: bytes) -> contextlib.AbstractAsyncContextManager[Placement]:
         """The placement, valid until the request ends; never raises for a bad request."""
 
+    async def prepare(self, raw_path: str, body: bytes) -> None:
+        """What needs no slot (the token ids), done while the request waits for a restore round; never raises."""
+
 
 class _Repin(Exception):
     """The gate closed before the request got an answer: place it again once the gate opens."""
@@ -190,7 +193,7 @@ class Relay:
         with self._gate.hold(self._metrics) as hold:
             attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
             while True:
-                if not self._gate.is_open and not await self._wait(attempts):
+                if not self._gate.is_open and not await self._wait(attempts, lambda: pinner.prepare(target, body)):
                     return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
                 async with pinner.pin(target, body) as placement:
                     try:
@@ -224,9 +227,9 @@ class Relay:
             attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
             return await self._send(request, route, target, headers, body, attempts)
 
-    async def _wait(self, attempts: _Attempts) -> bool:
-        """Wait at the gate until the request's deadline; False if it stayed closed."""
-        return await attempts.hold.wait(attempts.deadline - self._clock.monotonic())
+    async def _wait(self, attempts: _Attempts, meanwhile: Callable[[], Awaitable[object]] | None = None) -> bool:
+        """Wait at the gate until the request's deadline; False if it stayed closed (``meanwhile``: see gate)."""
+        return await attempts.hold.wait(attempts.deadline - self._clock.monotonic(), meanwhile=meanwhile)
 
     async def _send(
         self,

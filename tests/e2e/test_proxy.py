@@ -169,6 +169,35 @@ def test_a_restart_between_two_polls_is_seen_before_the_next_completion(
     assert agent.failures == [], agent.failures
 
 
+def test_a_chat_held_across_a_kill9_has_its_ids_read_while_the_slots_are_restored(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    """A routed chat turn sent right after a kill -9 waits at the gate through the server's load and the
+    restore round; its token ids (no slot's business) are read while the round runs, so its placement does
+    not ask for them after the gate opens; and it still runs only after its slot's restore."""
+    server = llama(slot_dir=slot_dir)
+    side, proxy = _with_proxy(sidecar, server, slot_dir, **{"--idle-seconds": "0.2"})
+    messages: list[dict[str, str]] = [{"role": "user", "content": make_prompt(server.url, PROMPT_TOKENS, seed=93)}]
+    body = {"messages": messages, "max_tokens": 1, "temperature": 0}
+    status, answer = http_json("POST", proxy + "/v1/chat/completions", body, timeout=300)
+    assert status == 200, answer
+    side.wait_for(lambda: _saves(side) >= 1, timeout=60, what="the conversation's snapshot")
+    made = answer["usage"]["prompt_tokens"]
+    seen = len(side.log_events("restore_gate_open"))
+    server.kill()
+    server.start()  # not waited for: the turn below is held while the server loads
+    messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "And in one word?"}]
+    status, answer = http_json("POST", proxy + "/v1/chat/completions", body, timeout=300)
+    assert status == 200, answer
+    reused = answer["timings"]["cache_n"]
+    opened = side.log_events("restore_gate_open")[seen:]
+    print(f"held turn: cache_n {reused} of a {made}-token snapshot; gate opened: {opened}")
+    assert reused >= 0.95 * made, f"cache_n {reused} of {made}: the held turn beat the restore"
+    assert len(side.log_events("slot_restored")) == 1
+    assert [e.get("waiting") for e in opened] == [1], opened  # the turn waited for the round
+    assert [e.get("prepared") for e in opened] == [1], opened  # its ids were read before the gate opened
+
+
 async def _stream(url: str, prompt: str, n_predict: int) -> tuple[list[float], list[str], int, dict[str, Any]]:
     """POST a streamed /completion; return each token event's arrival time, the tokens, the reads and the
     final event's ``timings`` (the server's own figures for this generation)."""

@@ -404,6 +404,9 @@ class Placing:
     def __init__(self) -> None:
         self.placed: list[Any] = []
 
+    async def prepare(self, raw_path: str, body: bytes) -> None:
+        pass
+
     @contextlib.asynccontextmanager
     async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[Any]:
         placement = _Placement(b'{"id_slot": %d}' % len(self.placed), f"slot={len(self.placed)}")

@@ -109,3 +109,52 @@ def test_hop_by_hop_headers_and_those_named_by_connection_are_dropped() -> None:
         ("Host", "a"),
     ]
     assert routes.end_to_end(headers, drop=frozenset({"host"})) == [("Authorization", "Bearer k")]
+
+
+async def test_work_meanwhile_starts_only_once_the_server_answers_and_is_done_before_the_wait_returns() -> None:
+    clock = Clock()
+    g = gate.Gate(clock=clock)
+    g.close("llama-server is loading")
+    done: list[str] = []
+    release = asyncio.Event()
+
+    async def work() -> None:
+        done.append("started")
+        await release.wait()
+        done.append("ended")
+
+    waiter = asyncio.ensure_future(g.wait_meanwhile(5.0, work))
+    await asyncio.sleep(0.01)
+    assert done == []  # the server does not answer yet: nothing to do meanwhile
+    g.close("a restore round is owed", serving=True)
+    await asyncio.sleep(0.01)
+    assert done == ["started"]
+    g.open(seen_at=clock.now)
+    await asyncio.sleep(0.01)
+    assert not waiter.done()  # the work under way is awaited: what it did is done when the request goes on
+    release.set()
+    assert await waiter
+    assert done == ["started", "ended"]
+
+
+async def test_work_meanwhile_is_not_started_when_the_gate_opens_first_and_the_open_says_how_many_did() -> None:
+    clock = Clock()
+    g = gate.Gate(clock=clock)
+    g.close("llama-server is down")
+    started: list[int] = []
+
+    async def work() -> None:
+        started.append(1)
+
+    waiter = asyncio.ensure_future(g.wait_meanwhile(5.0, work))
+    await asyncio.sleep(0.01)
+    g.open(seen_at=clock.now)  # no restore round: straight from down to open
+    assert await waiter
+    assert started == []
+    g.close("a restore round is owed", serving=True)
+    assert await g.wait_meanwhile(0.05, work) is False  # closed throughout: the work ran, the wait timed out
+    assert started == [1]
+    assert g.prepared == 1
+    g.close("llama-server is down")  # not serving: later waiters wait for the server first
+    g.open(seen_at=clock.now)
+    assert g.prepared == 0  # counted for the open's log line, then reset
