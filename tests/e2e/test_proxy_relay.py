@@ -36,6 +36,9 @@ class _SlowBookkeeping:
         self.finish = asyncio.Event()
         self.placed: list[_Placed] = []
 
+    async def prepare(self, raw_path: str, body: bytes) -> None:
+        pass
+
     @contextlib.asynccontextmanager
     async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[_Placed]:
         placed = _Placed(body)
