@@ -82,6 +82,11 @@ class Placed:
     ended: answer.Ended | None = None
     """How its answer ended, once the relay said."""
 
+    @property
+    def counted(self) -> bool:
+        """Whether the library counts the request by its answer's reuse figure: not one it did not route."""
+        return self.plan is not None
+
     def answered(self, ended: answer.Ended) -> None:
         self.ended = ended
 
@@ -110,6 +115,9 @@ class Placer:
         self._clock = clock
         self._slots: dict[int, slotstate.SlotState] = {}
         self._said: set[str] = set()
+        self._unrouted_counts = {
+            reason: stats.conversation_unrouted.labels(reason.value) for reason in outcomes.Unrouted
+        }
         self._reads: set[asyncio.Task[events.Observation | None]] = set()
         self._loop = asyncio.get_running_loop()
         core.follow(self)
@@ -548,7 +556,7 @@ class Placer:
         return self._slots.setdefault(slot, slotstate.SlotState())
 
     def _unrouted(self, reason: outcomes.Unrouted, detail: str) -> None:
-        self._stats.conversation_unrouted.labels(reason.value).inc()
+        self._unrouted_counts[reason].inc()
         if reason in self._said:
             return
         self._said.add(reason)

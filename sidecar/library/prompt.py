@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 from typing import Any
 
@@ -76,12 +77,33 @@ _NOT_ROUTED = {
 }
 
 
-def of(raw_path: str, body: bytes) -> Prompt | Unrouted:
-    """How to get the token ids of the request ``POST raw_path`` with ``body``; else why it is not routed."""
+class _Api(enum.Enum):
+    CHAT = enum.auto()
+    ANTHROPIC = enum.auto()
+    RESPONSES = enum.auto()
+    TEXT = enum.auto()
+    OTHER = enum.auto()
+
+
+@functools.lru_cache(maxsize=256)
+def _api(raw_path: str) -> _Api | Unrouted:
+    """The API of a request target, or why its route is never routed: decided once per target (clients send
+    the same few over and over)."""
     path = routes.decoded_path(raw_path).rstrip("/").lower()
     for ending, reason in _NOT_ROUTED.items():
         if path.endswith(ending):
             return reason
+    for endings, api in ((_CHAT, _Api.CHAT), (_ANTHROPIC, _Api.ANTHROPIC), (_RESPONSES, _Api.RESPONSES)):
+        if path.endswith(endings):
+            return api
+    return _Api.TEXT if path.endswith(_TEXT) else _Api.OTHER
+
+
+def of(raw_path: str, body: bytes) -> Prompt | Unrouted:
+    """How to get the token ids of the request ``POST raw_path`` with ``body``; else why it is not routed."""
+    api = _api(raw_path)
+    if isinstance(api, Unrouted):
+        return api
     try:
         parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -91,15 +113,15 @@ def of(raw_path: str, body: bytes) -> Prompt | Unrouted:
     if parsed.get("id_slot", -1) != -1:
         return Unrouted.OWN_SLOT
     try:
-        if path.endswith(_CHAT):
+        if api is _Api.CHAT:
             return _chat(parsed, parsed, Pin.BODY)
-        if path.endswith(_ANTHROPIC):
+        if api is _Api.ANTHROPIC:
             return _chat(parsed, convert.anthropic(parsed), Pin.PLACED)
-        if path.endswith(_RESPONSES):
+        if api is _Api.RESPONSES:
             return _chat(parsed, convert.responses(parsed), Pin.BODY)
     except convert.Refused:
         return Unrouted.BODY  # the server answers it with its own 400
-    if path.endswith(_TEXT):
+    if api is _Api.TEXT:
         return _text(parsed)
     return Unrouted.BODY
 

@@ -59,6 +59,10 @@ class Placement(Protocol):
     def header(self) -> str:
         """The value of :data:`PREFIX_HEADER` for the client; "" for none."""
 
+    @property
+    def counted(self) -> bool:
+        """Whether :meth:`answered` needs the answer's reuse figure (``Ended.cached``); else it is not read."""
+
     def answered(self, ended: answer.Ended) -> None:
         """llama-server's answer was relayed (to its end, or cut): count it from its own figures."""
 
@@ -325,7 +329,8 @@ class Relay:
             headers = passon.to_client(up.headers.items())
             if placement is not None and placement.header and self._settings.prefix_header:
                 headers.append((PREFIX_HEADER, placement.header))
-            response, ended = await answer.relay(request, up, first, headers, counted=placement is not None)
+            counted = placement is not None and placement.counted
+            response, ended = await answer.relay(request, up, first, headers, counted=counted)
             clean = ended.outcome is outcomes.ProxyOutcome.OK
             if placement is not None:
                 placement.answered(ended)

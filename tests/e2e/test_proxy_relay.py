@@ -23,6 +23,7 @@ class _Placed:
     body: bytes
     header: str = ""
     ended: answer.Ended | None = None
+    counted: bool = True
 
     def answered(self, ended: answer.Ended) -> None:
         self.ended = ended

@@ -419,6 +419,7 @@ class _Placement:
     body: bytes
     header: str
     ended: Any = None
+    counted: bool = True
 
     def answered(self, ended: Any) -> None:
         self.ended = ended
@@ -543,3 +544,34 @@ async def test_bodies_in_flight_are_capped_and_a_stalled_body_is_cut_at_the_body
         assert status == 200
         assert echo["body_bytes"] == 1000
     assert fake.paths() == ["/completion"], "a refused or stalled body reached the server"
+
+
+class _Uncounted(Placing):
+    """A pinner whose placements (``counted``) say whether they need the answer's reuse figure."""
+
+    def __init__(self, counted: bool) -> None:
+        super().__init__()
+        self.counted = counted
+
+    @contextlib.asynccontextmanager
+    async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[Any]:
+        async with super().pin(raw_path, body) as placement:
+            placement.counted = self.counted
+            yield placement
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("counted", [True, False])
+async def test_an_answer_is_read_for_its_reuse_figure_only_for_a_placement_that_counts_by_it(
+    upstream: tuple[Upstream, str], counted: bool
+) -> None:
+    _, url = upstream
+    placing = _Uncounted(counted)
+    async with run_proxy(url, pinner=placing) as proxy, aiohttp.ClientSession() as session:
+        path = "/v1/chat/completions?fake=prefill-crash-once"
+        async with session.post(proxy.url + path, json={"stream": True}) as resp:
+            body = await resp.content.read()
+    assert body == b'data: {"timings": {"cache_n": 7}}\n\n', "relayed as it came either way"
+    ended = placing.placed[-1].ended
+    assert ended is not None
+    assert ended.cached == (7 if counted else None), "a request the library did not route is relayed unread"

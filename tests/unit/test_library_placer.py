@@ -566,3 +566,18 @@ async def test_a_slot_another_client_ran_a_turn_in_since_is_no_next_turn_and_its
     assert bed.value("llama_sidecar_library_routes_total", by="turn") == 0
     assert again == slot  # the least recently used: Z's turn is saved before A runs over it
     assert bed.actions()[-1] == ("save", slot)
+
+
+async def test_only_a_routed_request_asks_for_its_answers_reuse_figure_and_one_naming_its_slot_is_counted_unrouted(
+    bed: Bed,
+) -> None:
+    routed = json.dumps({"messages": [{"role": "user", "content": "A"}]}).encode()
+    async with bed.library.pin("/v1/chat/completions", routed) as placed:
+        assert placed.counted, "its answer's reuse figure judges where it was placed"
+        placed.answered(OK)
+    own = json.dumps({"prompt": "x" * 200, "id_slot": 1}).encode()
+    for _ in range(2):
+        async with bed.library.pin("/completion", own) as placed:
+            assert (placed.body, placed.counted) == (own, False), "forwarded as it came; its answer is not read"
+            assert placed.header == "source=unrouted; reason=own_slot"
+    assert bed.value("llama_sidecar_conversation_unrouted_total", reason="own_slot") == 2
