@@ -438,15 +438,24 @@ class Engine:
         if not self._snapshots.snapshots():
             return
         done = await self._restorer.restore_all(
-            self._identity, healthy_at=self._server.healthy_at, counters=obs.counters
+            self._identity, healthy_at=self._server.healthy_at, counters=obs.counters, order=self
         )
         if done is None:
             self._server.restore = memory.Restore.OWED  # the server did not answer /slots: the next poll tries again
         elif done:
             self._set_link(probe.Link(True))
-            for slot, record in done.items():
-                for listener in self._listeners:
-                    listener.restored(slot, record)
+
+    # ---- the restore round's order: restorer.Order ------------------------------------------
+
+    async def next_slot(self, pending: tuple[int, ...]) -> int:
+        """The slot a request held at the gate waits for first (see :mod:`sidecar.act.early`)."""
+        return await self._gate.next_slot(pending)
+
+    def restored(self, slot: int, record: manifest.Manifest) -> None:
+        """Tell the listeners what ``slot`` holds now, then let the requests waiting for it go on."""
+        for listener in self._listeners:
+            listener.restored(slot, record)
+        self._gate.restored(slot)
 
     async def restore_now(self) -> list[restorer.RestoreRecord]:
         """An admin's restore round into the slots that are empty now."""

@@ -23,7 +23,10 @@ are being restored: ``close(..., serving=True)``), a waiting request may do
 what touches no slot, so that it is done when the gate opens: the proxy has
 a routed request's token ids read then (``meanwhile`` of :meth:`Hold.wait`).
 The gate's ``restore_gate_open`` log line says how many did
-(``prepared``).
+(``prepared``). Such a request names the slot the round will restore its
+prefix into, and goes on as soon as that slot is restored, before the round
+ends (:mod:`sidecar.act.early`: the round restores wanted slots first); the
+open's log line counts them too (``early``).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import types
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import structlog
 
+from sidecar.act import early
 from sidecar.core import metrics, protocols
 
 log = structlog.get_logger("sidecar.proxy.gate")
@@ -60,6 +64,10 @@ class Gate:
         """Closed for a restore round: the server answers, only its slots are not ready."""
         self.prepared = 0
         """Requests that started their slot-free work while the gate was closed, since it last opened."""
+        self._round = early.Round()
+        """The restore round the gate is closed for now (or was last)."""
+        self._unnamed = 0
+        """Requests waiting with work meanwhile that has not ended (they may name the slot they wait for)."""
         self._suspect_at: float | None = None
         self.waiting = 0
         """Requests waiting at the gate now."""
@@ -82,6 +90,7 @@ class Gate:
         self._reason = reason
         self._open.clear()
         if serving:
+            self._round = early.Round()
             self._serving.set()
         else:
             self._serving.clear()
@@ -100,54 +109,126 @@ class Gate:
         self._suspect_at = None
         self._serving.clear()
         if not self._open.is_set():
-            log.info("restore_gate_open", was=self._reason, waiting=self.waiting, prepared=self.prepared)
+            log.info(
+                "restore_gate_open",
+                was=self._reason,
+                waiting=self.waiting,
+                prepared=self.prepared,
+                early=self._round.early,
+            )
             self.prepared = 0
+            self._round.early = 0
             self._open.set()
+
+    def lets(self, hold: Hold) -> bool:
+        """Whether ``hold``'s request may reach the server now: the gate is open, or the round that let it
+        through early still runs with the server answering."""
+        return self._open.is_set() or (hold.early is self._round and self._serving.is_set())
+
+    async def next_slot(self, pending: Sequence[int]) -> int:
+        """The slot the restore round restores next (see :mod:`sidecar.act.early`)."""
+        return await self._round.next_slot(pending, lambda: self.waiting, lambda: self._unnamed)
+
+    def restored(self, slot: int) -> None:
+        """The restore round restored ``slot``: requests waiting for it go on."""
+        self._round.restored(slot)
 
     async def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the gate to be open; False if it stayed closed."""
         if self._open.is_set():
             return True
+        try:
+            with self._counted():
+                async with asyncio.timeout(max(timeout, 0.0)):
+                    await self._open.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def wait_meanwhile(
+        self, timeout: float, work: Callable[[], Awaitable[int | None]]
+    ) -> tuple[bool, early.Round | None]:
+        """:meth:`wait`, running ``work`` once the server answers while the gate stays closed for a restore round.
+
+        ``work`` must touch no slot; it returns the slot whose restore the
+        request waits for (None: it waits for the whole round). Once it has
+        started it is awaited (within ``timeout``) before this returns, so
+        what it did is done when the caller goes on; if the gate opens before
+        it started, it is not started at all. Errors of ``work`` are the
+        caller's to avoid: they are dropped here. Returns whether the request
+        may go on, and the round that let it through before the gate opened
+        (None: the gate opened, or stayed closed).
+        """
+        if self._open.is_set():
+            return True, None
+        named = asyncio.Event()
+        self._unnamed += 1
+        try:
+            with self._counted():
+                async with asyncio.timeout(max(timeout, 0.0)):
+                    went = await self._passage(work, named)
+        except TimeoutError:
+            return False, None
+        finally:
+            if not named.is_set():
+                self._unnamed -= 1
+        if went is None or self._open.is_set():
+            return True, None
+        went.went()
+        return True, went
+
+    async def _passage(self, work: Callable[[], Awaitable[int | None]], named: asyncio.Event) -> early.Round | None:
+        """Until the gate opens (None) or the request's own slot is restored in the running round (that round).
+
+        ``named`` is set once ``work`` has named the slot (or nothing).
+        """
+        if not await self._first(self._serving):
+            return None
+        held = self._round
+        self.prepared += 1
+        try:
+            slot = await work()
+        except Exception:
+            slot = None
+        finally:
+            named.set()
+            self._unnamed -= 1
+            held.changed()
+        if slot is None or held is not self._round:
+            await self._open.wait()
+            return None
+        held.want(slot, 1)
+        try:
+            restored = await self._first(held.event(slot))
+        finally:
+            held.want(slot, -1)
+        return held if restored and held is self._round and self._serving.is_set() else None
+
+    async def _first(self, event: asyncio.Event) -> bool:
+        """Wait until ``event`` is set or the gate opens; True if ``event`` was set with the gate still closed."""
+        if self._open.is_set():
+            return False
+        if not event.is_set():
+            either = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._open.wait())}
+            try:
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in either:
+                    task.cancel()
+        return event.is_set() and not self._open.is_set()
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        """Count a request in :attr:`waiting` while it waits (the first one has the poller poll at once)."""
         self.waiting += 1
+        self._round.changed()
         if self.waiting == 1 and self._on_wait is not None:
             self._on_wait()
         try:
-            async with asyncio.timeout(max(timeout, 0.0)):
-                await self._open.wait()
-        except TimeoutError:
-            return False
+            yield
         finally:
             self.waiting -= 1
-        return True
-
-    async def wait_meanwhile(self, timeout: float, work: Callable[[], Awaitable[object]]) -> bool:
-        """:meth:`wait`, running ``work`` once the server answers while the gate stays closed for a restore round.
-
-        ``work`` must touch no slot. Once it has started it is awaited (within ``timeout``) before this
-        returns, so what it did is done when the caller goes on; if the gate opens before it started,
-        it is not started at all. Errors of ``work`` are the caller's to avoid: they are dropped here.
-        """
-        started = asyncio.Event()
-
-        async def when_serving() -> None:
-            await self._serving.wait()
-            if self._open.is_set():
-                return
-            started.set()
-            self.prepared += 1
-            await work()
-
-        early = asyncio.ensure_future(when_serving())
-        deadline = self._clock.monotonic() + timeout
-        try:
-            opened = await self.wait(timeout)
-            if opened and started.is_set() and not early.done():
-                await asyncio.wait({early}, timeout=max(deadline - self._clock.monotonic(), 0.0))
-            return opened
-        finally:
-            early.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await early
+            self._round.changed()
 
     def hold(self, stats: metrics.Metrics) -> Hold:
         """One request's waits at this gate, counted in ``stats`` (use it as a ``with`` block)."""
@@ -164,6 +245,9 @@ class Hold:
         self._clock = clock
         self.seconds: float | None = None
         """Seconds waited so far; None until the first wait."""
+        self.early: early.Round | None = None
+        """The restore round that let the request through before it ended (:mod:`sidecar.act.early`), while
+        the request counts as such; None otherwise."""
 
     def __enter__(self) -> Hold:
         return self
@@ -171,20 +255,28 @@ class Hold:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
     ) -> None:
+        self.leave_early()
         if self.seconds is not None:
             self._stats.proxy_hold.observe(self.seconds)
+
+    def leave_early(self) -> None:
+        """The request no longer runs as let through early (it ended, or waits for the whole round now)."""
+        if self.early is not None:
+            self.early.ended()
+            self.early = None
 
     async def wait(
         self,
         timeout: float,
         *,
         after: Awaitable[object] | None = None,
-        meanwhile: Callable[[], Awaitable[object]] | None = None,
+        meanwhile: Callable[[], Awaitable[int | None]] | None = None,
     ) -> bool:
         """Wait up to ``timeout`` seconds for the gate to be open; False if it stayed closed.
 
         ``after``: awaited first, within the same ``timeout`` (router mode: the model's load), and
-        not cancelled when the time is up. ``meanwhile``: see :meth:`Gate.wait_meanwhile`.
+        not cancelled when the time is up. ``meanwhile``: see :meth:`Gate.wait_meanwhile`; a request
+        it lets through before the round ends has :attr:`early` set.
         """
         started = self._clock.monotonic()
         self._stats.proxy_held.inc()
@@ -192,8 +284,10 @@ class Hold:
             if after is not None:
                 await asyncio.wait({asyncio.ensure_future(after)}, timeout=max(timeout, 0.0))
             left = timeout - (self._clock.monotonic() - started)
+            self.leave_early()
             if meanwhile is not None:
-                return await self._gate.wait_meanwhile(left, meanwhile)
+                opened, self.early = await self._gate.wait_meanwhile(left, meanwhile)
+                return opened
             return await self._gate.wait(left)
         finally:
             self._stats.proxy_held.dec()

@@ -54,6 +54,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import structlog
 
@@ -154,6 +155,16 @@ _Stamp = tuple[int, int, int]
 """(size, mtime_ns, inode) of a file when it passed its check."""
 
 
+class Order(Protocol):
+    """A restore round's order: which slot goes next, and who is told of each restore as it lands."""
+
+    async def next_slot(self, pending: tuple[int, ...]) -> int:
+        """One of ``pending`` (not empty): the slot to restore next; may wait."""
+
+    def restored(self, slot: int, record: manifest.Manifest) -> None:
+        """``record`` is restored into ``slot``, before the round goes on."""
+
+
 class Restorer:
     def __init__(
         self,
@@ -210,11 +221,17 @@ class Restorer:
             log.info("snapshots_prechecked", files=checked, seconds=round(time.perf_counter() - started, 4))
 
     async def restore_all(
-        self, identity: events.Identity, *, healthy_at: float | None, counters: events.Counters | None
+        self,
+        identity: events.Identity,
+        *,
+        healthy_at: float | None,
+        counters: events.Counters | None,
+        order: Order | None = None,
     ) -> dict[int, manifest.Manifest] | None:
         """One restore round into every idle, empty slot; returns the manifest restored into each slot.
 
-        None if the round could not start (/slots unreadable): try again at the next poll.
+        ``order``: which slot goes next, and who is told of each restore as it lands (else slot order,
+        told of none). None if the round could not start (/slots unreadable): try again at the next poll.
         """
         done: dict[int, manifest.Manifest] = {}
         records: list[RestoreRecord] = []
@@ -226,14 +243,19 @@ class Restorer:
                 log.warning("restore_round_postponed", error=str(exc), effect="tried again at the next poll")
                 return None
             acted = self._acted
-            for view in listing:
+            pending = {view.id: view for view in listing}
+            while pending:
+                slot = await order.next_slot(tuple(pending)) if order is not None else next(iter(pending))
+                view = pending.pop(slot)
                 fresh = (view, listed_at) if self._acted == acted else None  # nothing has run since the listing
                 record, restored = await self._restore_slot(view.id, fresh, identity, healthy_at, counters)
                 records.append(record)
                 if restored is not None:
                     done[view.id] = restored
+                    if order is not None:
+                        order.restored(view.id, restored)
         self._checked.clear()
-        self.last = records
+        self.last = sorted(records, key=lambda record: record.slot)
         return done
 
     async def swap_in(

@@ -81,6 +81,8 @@ class Placed:
     plan: _Plan | None
     ended: answer.Ended | None = None
     """How its answer ended, once the relay said."""
+    later: bool = False
+    """Not placed: the request waits for the whole restore round first (see :meth:`Placer.pin`)."""
 
     @property
     def counted(self) -> bool:
@@ -160,24 +162,55 @@ class Placer:
 
     # ---- the proxy's hook -----------------------------------------------------------------
 
-    async def prepare(self, raw_path: str, body: bytes) -> None:
+    async def prepare(self, raw_path: str, body: bytes) -> int | None:
         """Have the token ids of a request held at the restore gate read while the server restores its slots.
 
         Ids depend on no slot: the tokenizer remembers them, and the request's
-        placement, once the gate opens, finds them there instead of asking the
-        server. Never raises: on any error the placement asks, as it would have.
+        placement finds them there instead of asking the server. Returns the
+        slot whose newest snapshot holds the longest prefix of them (the one
+        the restore round puts it back in: the request waits for that slot
+        only), None if none does. Never raises: on any error the placement
+        asks, as it would have.
         """
         try:
             request = prompt.of(raw_path, body)
             if isinstance(request, prompt.Prompt) and not prompt.shorter_than(request, slotfile.BLOCK_TOKENS):
-                await self._ids(request)
+                return self._awaited(slotfile.pack_ids(await self._ids(request)))
         except Exception:  # noqa: S110 - the placement tokenizes it again and says what failed
             pass
+        return None
+
+    def _awaited(self, packed: bytes) -> int | None:
+        """The slot whose newest snapshot shares the most blocks with the ids ``packed`` (an exact prefix of
+        them on a model that cannot cut a state back)."""
+        _, identity = self._core.seen()
+        exact = identity is not None and not memory.cuts_back(identity.memory)
+        chain = slotfile.prefix_hashes(packed)
+        best: tuple[int, int] | None = None
+        newest: set[int] = set()
+        for record in self._snapshots.snapshots():  # newest first: the one a restore round puts back
+            if record.slot in newest:
+                continue
+            newest.add(record.slot)
+            if record.index is None or (exact and not slotstate.exact_prefix(record.index, packed)):
+                continue
+            shared = slotfile.shared_blocks(chain, record.index.chain)
+            if shared and (best is None or shared > best[1]):
+                best = record.slot, shared
+        return best[0] if best is not None else None
 
     @contextlib.asynccontextmanager
-    async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[Placed]:
-        """The placement (pinned with ``id_slot``, or as it came); the slot counts busy inside."""
-        plan = await self._plan(raw_path, body)
+    async def pin(self, raw_path: str, body: bytes, *, within: frozenset[int] | None = None) -> AsyncIterator[Placed]:
+        """The placement (pinned with ``id_slot``, or as it came); the slot counts busy inside.
+
+        ``within``: the slots a restore round still running has restored (a request it let through
+        early): the request is pinned to one of them holding its prefix, or it is ``later`` (it waits
+        for the whole round), as any other slot may still be restored into.
+        """
+        plan = await self._plan(raw_path, body, within)
+        if within is not None and not isinstance(plan, _Plan):
+            yield Placed(body, "", None, later=True)
+            return
         if not isinstance(plan, _Plan):
             yield Placed(body, verdict.header(None, plan), None)
             return
@@ -258,7 +291,9 @@ class Placer:
             state.holds(())  # cut, cancelled or sent again elsewhere: what the slot holds is unknown
             state.ended = self._clock.wall()
 
-    async def _plan(self, raw_path: str, body: bytes) -> _Plan | outcomes.Unrouted | None:
+    async def _plan(
+        self, raw_path: str, body: bytes, within: frozenset[int] | None = None
+    ) -> _Plan | outcomes.Unrouted | None:
         try:
             request = prompt.of(raw_path, body)
             if not isinstance(request, prompt.Prompt):
@@ -267,7 +302,9 @@ class Placer:
             if prompt.shorter_than(request, slotfile.BLOCK_TOKENS):
                 return None  # too short to fill a block: no call to the server
             turn = turns.of(request)
-            if turn is not None and (went := await self._continue(request, turn)) is not None:
+            if within is not None:
+                pass  # a new process: no slot ran a routed turn in it yet
+            elif turn is not None and (went := await self._continue(request, turn)) is not None:
                 if isinstance(went, _Plan):
                     self._stats.library_routes.labels(outcomes.RouteBy.TURN.value).inc()
                 return went
@@ -280,7 +317,7 @@ class Placer:
             chain = slotfile.prefix_hashes(packed)
             if not chain:
                 return None  # shorter than one block: nothing worth routing, llama-server picks
-            placed = await self._place(request, chain, packed, turn)
+            placed = await self._place(request, chain, packed, turn, within)
         except Exception as exc:  # routing must never fail the request: it goes as it came
             self._unrouted(outcomes.Unrouted.ERROR, f"{exc.__class__.__name__}: {exc}")
             return outcomes.Unrouted.ERROR
@@ -337,8 +374,13 @@ class Placer:
         return best[0] if best is not None else None
 
     async def _place(
-        self, request: prompt.Prompt, chain: tuple[str, ...], packed: bytes, turn: turns.Key | None
-    ) -> _Plan | outcomes.Unrouted:
+        self,
+        request: prompt.Prompt,
+        chain: tuple[str, ...],
+        packed: bytes,
+        turn: turns.Key | None,
+        within: frozenset[int] | None = None,
+    ) -> _Plan | outcomes.Unrouted | None:
         polled, identity = self._core.seen()
         if polled is None or polled.slots is None or identity is None:
             self._unrouted(outcomes.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
@@ -351,9 +393,12 @@ class Placer:
         if exact:  # a snapshot serves only a request that holds every one of its tokens
             library = {f: v for f, v in library.items() if slotstate.exact_prefix(v[0].index, packed)}
         entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
-        held = [self._held(v, packed if exact else None) for v in obs.slots]
+        held = [self._held(v, packed if exact else None, within) for v in obs.slots]
         decision = routing.route(chain, held, entries)
-        found = await self._fetcher.find(identity, chain, decision, obs) if self._fetcher is not None else None
+        if within is not None and (decision.source is not outcomes.Source.SLOT or decision.slot not in within):
+            return None  # let through before the round ended: only a restored slot holding its prefix will do
+        fetcher = self._fetcher if within is None else None
+        found = await fetcher.find(identity, chain, decision, obs) if fetcher is not None else None
         if found is not None:  # the slots may have changed while the store answered
             obs = await self._fresh(obs) or obs
             held = [self._held(v, packed if exact else None) for v in obs.slots or ()]
@@ -509,9 +554,12 @@ class Placer:
         signature = view.signature if view.signature is not None else events.UNREAD
         return await self._core.save(policy.Save(view.id, signature, view.tokens, policy.SaveReason.SWAP))
 
-    def _held(self, view: events.SlotView, exact_for: bytes | None = None) -> routing.Held:
+    def _held(
+        self, view: events.SlotView, exact_for: bytes | None = None, within: frozenset[int] | None = None
+    ) -> routing.Held:
         """What ``view``'s slot holds for routing; ``exact_for``: the request's ids, on a model that cannot
-        cut a state back (a slot holding only a restored snapshot then counts only if it is an exact prefix)."""
+        cut a state back (a slot holding only a restored snapshot then counts only if it is an exact prefix);
+        ``within``: the only slots the request may go to (any other counts busy)."""
         state = self._slot(view.id)
         prefix = state.chain
         if (
@@ -523,7 +571,10 @@ class Placer:
         return routing.Held(
             slot=view.id,
             prefix=prefix,
-            busy=view.processing or state.pinned > 0 or state.lock.locked(),
+            busy=view.processing
+            or state.pinned > 0
+            or state.lock.locked()
+            or (within is not None and view.id not in within),
             last_used=state.used,
             dirty=self._dirty(view, state),
         )

@@ -63,6 +63,10 @@ class Placement(Protocol):
     def counted(self) -> bool:
         """Whether :meth:`answered` needs the answer's reuse figure (``Ended.cached``); else it is not read."""
 
+    @property
+    def later(self) -> bool:
+        """Not placed: a request let through before the restore round ended waits for the whole round."""
+
     def answered(self, ended: answer.Ended) -> None:
         """llama-server's answer was relayed (to its end, or cut): count it from its own figures."""
 
@@ -70,11 +74,19 @@ class Placement(Protocol):
 class Pinner(Protocol):
     """Places a completion before it is forwarded (the library pins it to the slot that holds its KV)."""
 
-    def pin(self, raw_path: str, body: bytes) -> contextlib.AbstractAsyncContextManager[Placement]:
-        """The placement, valid until the request ends; never raises for a bad request."""
+    def pin(
+        self, raw_path: str, body: bytes, *, within: frozenset[int] | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Placement]:
+        """The placement, valid until the request ends; never raises for a bad request.
 
-    async def prepare(self, raw_path: str, body: bytes) -> None:
-        """What needs no slot (the token ids), done while the request waits for a restore round; never raises."""
+        ``within``: the slots restored so far by the restore round that let the request through early.
+        """
+
+    async def prepare(self, raw_path: str, body: bytes) -> int | None:
+        """What needs no slot (the token ids), done while the request waits for a restore round; never raises.
+
+        Returns the slot whose restore the request waits for (None: the whole round).
+        """
 
 
 class _Repin(Exception):
@@ -89,6 +101,8 @@ class _Attempts:
     hold: gate.Hold
     """Its waits at the gate, observed in ``proxy_hold_seconds`` when the request ends."""
     replays: int = 0
+    whole_round: bool = False
+    """Let through early but not placed: it waits for the whole restore round (``Placement.later``)."""
 
 
 _classify = functools.lru_cache(maxsize=256)(routes.classify)
@@ -197,9 +211,17 @@ class Relay:
         with self._gate.hold(self._metrics) as hold:
             attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
             while True:
-                if not self._gate.is_open and not await self._wait(attempts, lambda: pinner.prepare(target, body)):
-                    return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
-                async with pinner.pin(target, body) as placement:
+                if not self._gate.lets(hold):
+                    meanwhile = None if attempts.whole_round else functools.partial(pinner.prepare, target, body)
+                    if not await self._wait(attempts, meanwhile):
+                        return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
+                within = frozenset(hold.early.ready) if hold.early is not None else None
+                async with pinner.pin(target, body, within=within) as placement:
+                    if placement.later:
+                        hold.leave_early()
+                        attempts.whole_round = True
+                        continue
+                    attempts.whole_round = False
                     try:
                         return await self._send(
                             request,
@@ -231,7 +253,7 @@ class Relay:
             attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
             return await self._send(request, route, target, headers, body, attempts)
 
-    async def _wait(self, attempts: _Attempts, meanwhile: Callable[[], Awaitable[object]] | None = None) -> bool:
+    async def _wait(self, attempts: _Attempts, meanwhile: Callable[[], Awaitable[int | None]] | None = None) -> bool:
         """Wait at the gate until the request's deadline; False if it stayed closed (``meanwhile``: see gate)."""
         return await attempts.hold.wait(attempts.deadline - self._clock.monotonic(), meanwhile=meanwhile)
 
@@ -250,7 +272,7 @@ class Relay:
         gated = route is outcomes.Route.COMPLETION
         url = yarl.URL(self._base + target, encoded=True)
         while True:
-            if gated and not self._gate.is_open:
+            if gated and not self._gate.lets(attempts.hold):
                 if placement is not None:
                     raise _Repin  # placed again once the gate opens: the restore round changed the slots
                 if not await self._wait(attempts):

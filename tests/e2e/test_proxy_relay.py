@@ -24,6 +24,7 @@ class _Placed:
     header: str = ""
     ended: answer.Ended | None = None
     counted: bool = True
+    later: bool = False
 
     def answered(self, ended: answer.Ended) -> None:
         self.ended = ended
@@ -37,11 +38,11 @@ class _SlowBookkeeping:
         self.finish = asyncio.Event()
         self.placed: list[_Placed] = []
 
-    async def prepare(self, raw_path: str, body: bytes) -> None:
-        pass
+    async def prepare(self, raw_path: str, body: bytes) -> int | None:
+        return None
 
     @contextlib.asynccontextmanager
-    async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[_Placed]:
+    async def pin(self, raw_path: str, body: bytes, *, within: frozenset[int] | None = None) -> AsyncIterator[_Placed]:
         placed = _Placed(body)
         self.placed.append(placed)
         yield placed

@@ -404,11 +404,11 @@ class Placing:
     def __init__(self) -> None:
         self.placed: list[Any] = []
 
-    async def prepare(self, raw_path: str, body: bytes) -> None:
-        pass
+    async def prepare(self, raw_path: str, body: bytes) -> int | None:
+        return None
 
     @contextlib.asynccontextmanager
-    async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[Any]:
+    async def pin(self, raw_path: str, body: bytes, *, within: frozenset[int] | None = None) -> AsyncIterator[Any]:
         placement = _Placement(b'{"id_slot": %d}' % len(self.placed), f"slot={len(self.placed)}")
         self.placed.append(placement)
         yield placement
@@ -420,6 +420,7 @@ class _Placement:
     header: str
     ended: Any = None
     counted: bool = True
+    later: bool = False
 
     def answered(self, ended: Any) -> None:
         self.ended = ended
@@ -554,8 +555,8 @@ class _Uncounted(Placing):
         self.counted = counted
 
     @contextlib.asynccontextmanager
-    async def pin(self, raw_path: str, body: bytes) -> AsyncIterator[Any]:
-        async with super().pin(raw_path, body) as placement:
+    async def pin(self, raw_path: str, body: bytes, *, within: frozenset[int] | None = None) -> AsyncIterator[Any]:
+        async with super().pin(raw_path, body, within=within) as placement:
             placement.counted = self.counted
             yield placement
 

@@ -79,6 +79,12 @@ class Api:
         raise NotImplementedError
 
 
+def chat_tools() -> list[dict[str, Any]]:
+    """The tool every Chat Completions request carries, as the body's ``tools``."""
+    function = {"name": TOOL_NAME, "description": "Read a file", "parameters": TOOL_SCHEMA}
+    return [{"type": "function", "function": function}]
+
+
 class Chat(Api):
     """OpenAI Chat Completions (opencode, aider and most agents), with ``stream`` on or off."""
 
@@ -104,8 +110,7 @@ class Chat(Api):
         return out
 
     def send(self, conversation: Conversation) -> Reply:
-        function = {"name": TOOL_NAME, "description": "Read a file", "parameters": TOOL_SCHEMA}
-        tools: Any = [{"type": "function", "function": function}]
+        tools: Any = chat_tools()
         messages: Any = self.messages(conversation)
         common: dict[str, Any] = {"model": "m", "messages": messages, "tools": tools, "max_tokens": MAX_TOKENS}
         if not self.stream:

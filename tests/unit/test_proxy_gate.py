@@ -118,10 +118,11 @@ async def test_work_meanwhile_starts_only_once_the_server_answers_and_is_done_be
     done: list[str] = []
     release = asyncio.Event()
 
-    async def work() -> None:
+    async def work() -> int | None:
         done.append("started")
         await release.wait()
         done.append("ended")
+        return None
 
     waiter = asyncio.ensure_future(g.wait_meanwhile(5.0, work))
     await asyncio.sleep(0.01)
@@ -133,7 +134,7 @@ async def test_work_meanwhile_starts_only_once_the_server_answers_and_is_done_be
     await asyncio.sleep(0.01)
     assert not waiter.done()  # the work under way is awaited: what it did is done when the request goes on
     release.set()
-    assert await waiter
+    assert await waiter == (True, None)
     assert done == ["started", "ended"]
 
 
@@ -143,16 +144,17 @@ async def test_work_meanwhile_is_not_started_when_the_gate_opens_first_and_the_o
     g.close("llama-server is down")
     started: list[int] = []
 
-    async def work() -> None:
+    async def work() -> int | None:
         started.append(1)
+        return None
 
     waiter = asyncio.ensure_future(g.wait_meanwhile(5.0, work))
     await asyncio.sleep(0.01)
     g.open(seen_at=clock.now)  # no restore round: straight from down to open
-    assert await waiter
+    assert await waiter == (True, None)
     assert started == []
     g.close("a restore round is owed", serving=True)
-    assert await g.wait_meanwhile(0.05, work) is False  # closed throughout: the work ran, the wait timed out
+    assert await g.wait_meanwhile(0.05, work) == (False, None)  # closed throughout: the work ran, the wait timed out
     assert started == [1]
     assert g.prepared == 1
     g.close("llama-server is down")  # not serving: later waiters wait for the server first

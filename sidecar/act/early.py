@@ -1,0 +1,109 @@
+"""One restore round's order, and the requests it lets through before it ends.
+
+A completion held at the restore gate while the server answers and only its
+slots are being restored reads its token ids meanwhile (see
+:mod:`sidecar.act.gate`) and names the slot whose newest snapshot holds its
+prefix: its *want*. The round restores wanted slots first, in the order the
+wants came, and a request goes on as soon as its own slot is restored; the
+proxy then places it only among the slots this round has restored (any other
+may still be restored into, which would replace what the request left there).
+
+The rest of the round waits while such a request runs and nothing else waits
+at the gate (at most :data:`QUIET_SECONDS` after the first one went on):
+llama-server runs one task at a time, so a restore sent beside the request
+stalls it for the restore's length, and one that lands before the request's
+task starts makes that task first copy the restored idle slot into the
+server's RAM prompt cache (``--cache-idle-slots``, on by default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+WANT_SECONDS = 0.1
+"""Seconds a round waits, before its first restore, for held requests still reading their token ids to name
+their slot (the ids usually come from the sidecar's token cache in well under that)."""
+QUIET_SECONDS = 1.0
+"""Seconds after the first request let through early that the rest of the round may wait for such requests to
+end; then it goes on beside them."""
+
+
+class Round:
+    """The wants, the restored slots and the requests let through early of one restore round."""
+
+    def __init__(self) -> None:
+        self.wants: dict[int, int] = {}
+        """Requests waiting for each slot to be restored, by slot, in the order the slots were first wanted."""
+        self.ready: set[int] = set()
+        """Slots this round has restored."""
+        self.passed = 0
+        """Requests let through early that have not ended."""
+        self.early = 0
+        """Requests let through early in all (for the gate's open log line)."""
+        self._ready: dict[int, asyncio.Event] = {}
+        self._changed = asyncio.Event()
+        self._started: float | None = None
+        self._passed_at: float | None = None
+
+    def changed(self) -> None:
+        """Something :meth:`next_slot` decides on changed: a want, a waiting or naming request, a pass."""
+        self._changed.set()
+
+    def restored(self, slot: int) -> None:
+        """``slot`` is restored: the requests waiting for it may go."""
+        self.ready.add(slot)
+        self.event(slot).set()
+
+    def event(self, slot: int) -> asyncio.Event:
+        """Set once ``slot`` is restored in this round."""
+        return self._ready.setdefault(slot, asyncio.Event())
+
+    def want(self, slot: int, more: int) -> None:
+        """One more (``more`` 1) or one fewer (-1) request waiting for ``slot``."""
+        left = self.wants.get(slot, 0) + more
+        if left > 0:
+            self.wants[slot] = left
+        else:
+            self.wants.pop(slot, None)
+        self.changed()
+
+    def went(self) -> None:
+        """A request went on early."""
+        self.passed += 1
+        self.early += 1
+        if self._passed_at is None:
+            self._passed_at = asyncio.get_running_loop().time()
+
+    def ended(self) -> None:
+        """A request let through early ended."""
+        self.passed -= 1
+        self.changed()
+
+    async def next_slot(self, pending: Sequence[int], waiting: Callable[[], int], unnamed: Callable[[], int]) -> int:
+        """The slot to restore next among ``pending`` (not empty); waits as the module says.
+
+        ``waiting``: how many requests wait at the gate now; ``unnamed``: how many of them are to name
+        the slot they wait for once their ids are read, and have not yet.
+        """
+        loop = asyncio.get_running_loop()
+        if self._started is None:
+            self._started = loop.time()
+        while True:
+            self._changed.clear()
+            wanted = next((slot for slot in self.wants if slot in pending), None)
+            if wanted is not None:
+                return wanted
+            now = loop.time()
+            until: float | None = None
+            if unnamed() and now < self._started + WANT_SECONDS:
+                until = self._started + WANT_SECONDS
+            elif self.passed > 0 and not waiting() and self._passed_at is not None:
+                until = self._passed_at + QUIET_SECONDS if now < self._passed_at + QUIET_SECONDS else None
+            if until is None:
+                return pending[0]
+            try:
+                async with asyncio.timeout(until - now):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass

@@ -1,0 +1,81 @@
+"""A turn held at the restore gate after a kill -9 goes on once its own slot is restored, on the real server.
+
+Two conversations on 2 slots (their first turns straight to llama-server,
+one per slot), each saved; llama-server is killed with SIGKILL and started
+again, and the conversation in slot 1 sends its next turn through the proxy
+at once, streamed with the official ``openai`` SDK, on the dense test model
+and on the tiny ``qwen35`` hybrid (whose recurrent state the server cannot
+cut back: its restored snapshot serves only an exact prefix). Slot order would restore
+slot 1 last: the round restores it first, lets the turn through before it
+ends (``restore_gate_open`` says ``early=1``), and restores slot 0 after the
+turn; the turn reuses its restored prompt.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from support import agents, tinymodels
+from support.llamabed import MakeServer, http_json, make_prompt
+from support.sidecarbed import MakeSidecar, SidecarProcess, proxied
+
+WARM = 0.9
+
+
+def _first_turn(server: str, api: agents.Chat, chat: agents.Conversation, slot: int) -> None:
+    """The conversation's first turn, straight to llama-server in ``slot``, as ``api`` would send it."""
+    body = {
+        "messages": api.messages(chat),
+        "tools": agents.chat_tools(),
+        "max_tokens": agents.MAX_TOKENS,
+        "temperature": 0,
+        "id_slot": slot,
+    }
+    status, answer = http_json("POST", server + "/v1/chat/completions", body, timeout=300)
+    assert status == 200, answer
+    text = answer["choices"][0]["message"].get("content") or ""
+    chat.answered(agents.Reply(text, 0, answer["usage"]["prompt_tokens"], "", True), f"Read record {chat.n}.")
+
+
+def _saved(side: SidecarProcess, slot: str) -> bool:
+    return side.metric("llama_sidecar_snapshots_total", slot=slot, result="ok") >= 1
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["gemma3", "qwen35"])
+def test_a_turn_held_after_a_kill9_goes_on_once_its_own_slot_is_restored_before_the_rest(
+    llama: MakeServer,
+    sidecar: MakeSidecar,
+    slot_dir: Path,
+    tiny_models: dict[tinymodels.Arch, Path],
+    kind: str,
+) -> None:
+    if kind == "gemma3":
+        server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192)
+    else:
+        served = tiny_models[tinymodels.Arch.QWEN35]
+        server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192, model=served, swa_full=False)
+    side, url = proxied(sidecar, server, slot_dir, {"--idle-seconds": "0.2"})
+    api = agents.Chat(url, stream=True)
+    chats = [agents.Conversation.start(n, make_prompt(server.url, 600, seed=710 + n)) for n in range(2)]
+    for slot, chat in enumerate(chats):
+        _first_turn(server.url, api, chat, slot)
+        side.wait_for(functools.partial(_saved, side, str(slot)), timeout=60, what=f"slot {slot}'s snapshot")
+    restored_before = len(side.log_events("slot_restored"))
+    opened_before = len(side.log_events("restore_gate_open"))
+    server.kill()
+    side.wait_for(lambda: side.get("/readyz")[0] == 503, what="the gate closed for the kill")
+    server.start()  # not waited for: the turn below is held at the gate while the server loads
+    later = chats[1]
+    reply = api.send(later)
+    assert reply.complete, reply
+    side.wait_for(lambda: len(side.log_events("slot_restored")) >= restored_before + 2, what="both slots restored")
+    restored = [e["slot"] for e in side.log_events("slot_restored")[restored_before:]]
+    opened = side.log_events("restore_gate_open")[opened_before:]
+    print(f"{kind}: cache_n {reply.cached} of an earlier {later.prompt}; restored in order {restored}; open {opened}")
+    assert reply.cached >= WARM * later.prompt, (reply.cached, later.prompt, "the turn did not reuse its slot")
+    assert restored == [1, 0], f"slot 1, which the held turn waits for, was not restored first: {restored}"
+    assert [e.get("early") for e in opened][-1:] == [1], f"the turn was not let through early: {opened}"

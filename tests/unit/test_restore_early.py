@@ -1,0 +1,177 @@
+"""A restore round's order and the requests it lets through early (act.early, act.gate), without any network."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.act import early, gate
+from sidecar.core import metrics
+
+SHORT = 0.05
+"""Seconds in which something that must not happen would have happened."""
+
+
+def _gate() -> tuple[gate.Gate, metrics.Metrics]:
+    g = gate.Gate()
+    g.close("a restore round is owed", serving=True)
+    return g, metrics.Metrics(CollectorRegistry(), version="t")
+
+
+def _wanting(slot: int | None) -> tuple[asyncio.Event, Callable[[], Awaitable[int | None]]]:
+    """Work that names ``slot`` once its event is set (the ids read)."""
+    read = asyncio.Event()
+
+    async def work() -> int | None:
+        await read.wait()
+        return slot
+
+    return read, work
+
+
+async def _preparing(g: gate.Gate, n: int = 1) -> None:
+    """Until ``n`` held requests have started their work meanwhile."""
+    async with asyncio.timeout(5.0):
+        while g.prepared < n:
+            await asyncio.sleep(0)
+
+
+async def _not_within(task: asyncio.Future[Any], seconds: float = SHORT) -> bool:
+    """Whether ``task`` is still not done after ``seconds``."""
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    return not done
+
+
+async def test_the_round_restores_first_the_slot_a_held_request_names_once_its_ids_are_read() -> None:
+    g, stats = _gate()
+    read, work = _wanting(2)
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        picking = asyncio.ensure_future(g.next_slot((0, 1, 2, 3)))
+        assert await _not_within(picking)  # a held request is still reading its ids: its want may come
+        read.set()
+        assert await picking == 2
+        assert await _not_within(waiter)  # its slot is not restored yet
+        g.restored(0)
+        assert await _not_within(waiter)  # another slot's restore does not let it through
+        g.restored(2)
+        assert await waiter  # through before the round ends
+        assert not g.is_open
+        assert hold.early is not None
+        assert hold.early.ready == {0, 2}
+        assert g.lets(hold)
+
+
+async def test_a_request_that_waited_through_the_load_is_waited_for_even_by_a_round_that_picks_at_once() -> None:
+    g = gate.Gate()
+    stats = metrics.Metrics(CollectorRegistry(), version="t")
+    g.close("llama-server is loading")
+    read, work = _wanting(1)
+    read.set()
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        async with asyncio.timeout(5.0):
+            while g.waiting < 1:
+                await asyncio.sleep(0)
+        g.close("a restore round is owed", serving=True)
+        assert await g.next_slot((0, 1)) == 1  # picked before the request even woke up to read its ids
+        g.restored(1)
+        assert await waiter
+
+
+async def test_the_round_does_not_wait_longer_than_want_seconds_for_ids_still_being_read() -> None:
+    g, stats = _gate()
+    _, work = _wanting(3)  # never read
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        await asyncio.sleep(0)
+        async with asyncio.timeout(early.WANT_SECONDS + 1.0):
+            assert await g.next_slot((0, 1)) == 0  # after WANT_SECONDS: in slot order
+        waiter.cancel()
+
+
+async def test_the_rest_of_the_round_waits_while_a_request_let_through_early_runs_and_none_waits() -> None:
+    g, stats = _gate()
+    read, work = _wanting(1)
+    read.set()
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        await _preparing(g)
+        assert await g.next_slot((0, 1)) == 1
+        g.restored(1)
+        assert await waiter
+        picking = asyncio.ensure_future(g.next_slot((0,)))
+        assert await _not_within(picking)  # a restore now would land beside the request's own task
+        hold.leave_early()  # the request ended
+        assert await picking == 0
+    assert hold.early is None
+
+
+async def test_a_request_waiting_at_the_gate_for_the_whole_round_keeps_the_round_going() -> None:
+    g, stats = _gate()
+    read, work = _wanting(1)
+    read.set()
+    with g.hold(stats) as first, g.hold(stats) as second:
+        went = asyncio.ensure_future(first.wait(5.0, meanwhile=work))
+        await _preparing(g)
+        assert await g.next_slot((0, 1)) == 1
+        g.restored(1)
+        assert await went
+        waits = asyncio.ensure_future(second.wait(5.0))  # names no slot: it waits for the whole round
+        await asyncio.sleep(0)
+        async with asyncio.timeout(SHORT):
+            assert await g.next_slot((0,)) == 0
+        g.open(seen_at=float("inf"))
+        assert await waits
+
+
+async def test_the_rest_of_the_round_goes_on_quiet_seconds_after_the_first_early_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(early, "QUIET_SECONDS", 0.2)
+    g, stats = _gate()
+    read, work = _wanting(1)
+    read.set()
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        await _preparing(g)
+        assert await g.next_slot((0, 1)) == 1
+        g.restored(1)
+        assert await waiter
+        async with asyncio.timeout(1.0):
+            assert await g.next_slot((0,)) == 0  # the request still runs: the round goes on beside it
+
+
+async def test_a_crash_during_the_round_stops_a_request_let_through_early() -> None:
+    g, stats = _gate()
+    read, work = _wanting(0)
+    read.set()
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        await _preparing(g)
+        assert await g.next_slot((0,)) == 0
+        g.restored(0)
+        assert await waiter
+        assert g.lets(hold)
+        g.suspect("the proxy could not connect to llama-server")
+        assert not g.lets(hold)  # the new process's round must run first
+        g.close("a restore round is owed", serving=True)
+        assert not g.lets(hold)  # a round of its own, not the one that let it through
+
+
+async def test_a_request_that_names_no_slot_waits_for_the_whole_round() -> None:
+    g, stats = _gate()
+    read, work = _wanting(None)
+    read.set()
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        g.restored(0)
+        g.restored(1)
+        assert await _not_within(waiter)
+        g.open(seen_at=float("inf"))
+        assert await waiter
+        assert hold.early is None
