@@ -226,3 +226,26 @@ def test_a_crashed_turn_that_reused_nothing_gets_no_verdict_and_the_results_come
     assert crash.met is None  # the restore did not serve it: the ratio measures something else
     raw = json.loads(json.dumps(goals.Results(price=result).as_json()))
     assert goals.results_from_json(raw).price == result
+
+
+def test_the_proxys_price_is_taken_per_pair_and_per_order_not_from_one_median_over_both_orders() -> None:
+    """The way sent second pays ~17 ms of the server's work after the first; the server drifts over the run.
+
+    A proxy that adds 1 ms: each pair's difference is +1 +- 17 ms by its order, over a server whose own
+    time climbs from 100 to 190 ms. One median over the pairs of both orders reads one order's +18 or
+    -16 ms; the mean of the two orders' medians reads the proxy's +1 ms.
+    """
+    direct, proxied = [], []
+    for i in range(31):
+        base = 100.0 + 3.0 * i
+        direct.append(base)
+        proxied.append(base + 1.0 + (17.0 if i % 2 else -17.0))  # odd pairs: the proxy's turn went second
+    same = {price.DIRECT: direct, price.PROXY: direct}
+    streamed = price.Api("chat completions", same, {price.DIRECT: direct, price.PROXY: proxied}, 0.0)
+    assert abs(streamed.added() - 1.0) < 1e-9
+    assert rig.median([p - d for d, p in zip(direct, proxied, strict=True)]) in (18.0, -16.0)
+    assert streamed.ratio() == 1.0  # its non-streamed turns: the same both ways
+    turns = price.Api("chat completions", {price.DIRECT: direct, price.PROXY: proxied}, same, 0.0)
+    ratios = [p / d for d, p in zip(direct, proxied, strict=True)]
+    assert turns.ratio() == (rig.median(ratios[0::2]) + rig.median(ratios[1::2])) / 2
+    assert abs(turns.ratio() - 1.0) < 0.01
