@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from support import tinymodels
+from support import agents, tinymodels
 from support.llamabed import LlamaServer, MakeServer, llama_server_binary, model_path
 from support.report import SUMMARY
 from support.sidecarbed import MakeSidecar, SidecarProcess
@@ -20,6 +20,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def _agents_closed() -> Iterator[None]:
+    """The SDK clients a test made are closed when it ends, not whenever the garbage collector gets to them."""
+    yield
+    agents.close_all()
 
 
 @pytest.fixture(scope="session")

@@ -53,11 +53,7 @@ def test_a_turn_held_after_a_kill9_goes_on_once_its_own_slot_is_restored_before_
     tiny_models: dict[tinymodels.Arch, Path],
     kind: str,
 ) -> None:
-    if kind == "gemma3":
-        server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192)
-    else:
-        served = tiny_models[tinymodels.Arch.QWEN35]
-        server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192, model=served, swa_full=False)
+    server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192, **tinymodels.serving(kind, tiny_models))
     side, url = proxied(sidecar, server, slot_dir, {"--idle-seconds": "0.2"})
     api = agents.Chat(url, stream=True)
     chats = [agents.Conversation.start(n, make_prompt(server.url, 600, seed=710 + n)) for n in range(2)]

@@ -65,11 +65,7 @@ def test_every_apis_next_turns_go_to_their_slot_with_no_round_trip(
     tiny_models: dict[tinymodels.Arch, Path],
     kind: str,
 ) -> None:
-    if kind == "gemma3":
-        server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192)
-    else:
-        served = tiny_models[tinymodels.Arch.QWEN35]
-        server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192, model=served, swa_full=False)
+    server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192, **tinymodels.serving(kind, tiny_models))
     side, url = proxied(sidecar, server, slot_dir)
     figures: dict[str, list[str]] = {}
     for n, api in enumerate(agents.every_api(url)):

@@ -79,6 +79,16 @@ class Api:
         raise NotImplementedError
 
 
+_made: list[openai.OpenAI | anthropic.Anthropic] = []
+"""Every SDK client made, until :func:`close_all`."""
+
+
+def close_all() -> None:
+    """Close every client made so far (their pooled connections), so none is left to the garbage collector."""
+    while _made:
+        _made.pop().close()
+
+
 def chat_tools() -> list[dict[str, Any]]:
     """The tool every Chat Completions request carries, as the body's ``tools``."""
     function = {"name": TOOL_NAME, "description": "Read a file", "parameters": TOOL_SCHEMA}
@@ -93,6 +103,7 @@ class Chat(Api):
         self.stream = stream
         self.name = "chat, streamed" if stream else "chat"
         self.client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+        _made.append(self.client)
 
     def messages(self, conversation: Conversation) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
@@ -149,6 +160,7 @@ class Messages(Api):
         self.stream = stream
         self.name = "anthropic, streamed" if stream else "anthropic"
         self.client = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=600)
+        _made.append(self.client)
 
     def messages(self, conversation: Conversation) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -202,6 +214,7 @@ class Responses(Api):
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self.client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+        _made.append(self.client)
 
     def items(self, conversation: Conversation) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

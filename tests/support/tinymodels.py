@@ -46,6 +46,16 @@ class Arch(enum.StrEnum):
     """Short-convolution (recurrent) layers with a few attention layers (LFM2)."""
 
 
+DENSE = "gemma3"
+"""The test bed's own model (attention only), beside the tiny hybrids in a parametrized test."""
+
+
+def serving(kind: str, models: dict[Arch, Path]) -> dict[str, Any]:
+    """The ``llama(...)`` keywords that serve ``kind``: :data:`DENSE` (the bed's model) or an :class:`Arch`
+    from ``models`` (the ``tiny_models`` fixture), without ``--swa-full``, which a hybrid does not use."""
+    return {} if kind == DENSE else {"model": models[Arch(kind)], "swa_full": False}
+
+
 N_EMBD = 64
 N_HEAD = 4
 HEAD = 16

@@ -46,6 +46,17 @@ async def _not_within(task: asyncio.Future[Any], seconds: float = SHORT) -> bool
     return not done
 
 
+async def _let_through(g: gate.Gate, hold: gate.Hold, slot: int, pending: tuple[int, ...]) -> None:
+    """Hold a request that names ``slot`` at once, have the round pick and restore it: the request goes on."""
+    read, work = _wanting(slot)
+    read.set()
+    waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+    await _preparing(g)
+    assert await g.next_slot(pending) == slot
+    g.restored(slot)
+    assert await waiter
+
+
 async def test_the_round_restores_first_the_slot_a_held_request_names_once_its_ids_are_read() -> None:
     g, stats = _gate()
     read, work = _wanting(2)
@@ -96,14 +107,8 @@ async def test_the_round_does_not_wait_longer_than_want_seconds_for_ids_still_be
 
 async def test_the_rest_of_the_round_waits_while_a_request_let_through_early_runs_and_none_waits() -> None:
     g, stats = _gate()
-    read, work = _wanting(1)
-    read.set()
     with g.hold(stats) as hold:
-        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
-        await _preparing(g)
-        assert await g.next_slot((0, 1)) == 1
-        g.restored(1)
-        assert await waiter
+        await _let_through(g, hold, 1, (0, 1))
         picking = asyncio.ensure_future(g.next_slot((0,)))
         assert await _not_within(picking)  # a restore now would land beside the request's own task
         hold.leave_early()  # the request ended
@@ -113,14 +118,8 @@ async def test_the_rest_of_the_round_waits_while_a_request_let_through_early_run
 
 async def test_a_request_waiting_at_the_gate_for_the_whole_round_keeps_the_round_going() -> None:
     g, stats = _gate()
-    read, work = _wanting(1)
-    read.set()
     with g.hold(stats) as first, g.hold(stats) as second:
-        went = asyncio.ensure_future(first.wait(5.0, meanwhile=work))
-        await _preparing(g)
-        assert await g.next_slot((0, 1)) == 1
-        g.restored(1)
-        assert await went
+        await _let_through(g, first, 1, (0, 1))
         waits = asyncio.ensure_future(second.wait(5.0))  # names no slot: it waits for the whole round
         await asyncio.sleep(0)
         async with asyncio.timeout(SHORT):
@@ -134,28 +133,16 @@ async def test_the_rest_of_the_round_goes_on_quiet_seconds_after_the_first_early
 ) -> None:
     monkeypatch.setattr(early, "QUIET_SECONDS", 0.2)
     g, stats = _gate()
-    read, work = _wanting(1)
-    read.set()
     with g.hold(stats) as hold:
-        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
-        await _preparing(g)
-        assert await g.next_slot((0, 1)) == 1
-        g.restored(1)
-        assert await waiter
+        await _let_through(g, hold, 1, (0, 1))
         async with asyncio.timeout(1.0):
             assert await g.next_slot((0,)) == 0  # the request still runs: the round goes on beside it
 
 
 async def test_a_crash_during_the_round_stops_a_request_let_through_early() -> None:
     g, stats = _gate()
-    read, work = _wanting(0)
-    read.set()
     with g.hold(stats) as hold:
-        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
-        await _preparing(g)
-        assert await g.next_slot((0,)) == 0
-        g.restored(0)
-        assert await waiter
+        await _let_through(g, hold, 0, (0,))
         assert g.lets(hold)
         g.suspect("the proxy could not connect to llama-server")
         assert not g.lets(hold)  # the new process's round must run first
