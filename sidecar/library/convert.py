@@ -17,7 +17,6 @@ body from a fixed list of fields and drops it (see :mod:`.prompt`).
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -186,9 +185,13 @@ def _tool_result(block: dict[str, Any]) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call, "content": parts if images else text}
 
 
+CANONICAL = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+"""``nlohmann::json::dump()``: compact, keys sorted (its objects are ordered maps), non-ASCII kept; one
+encoder made once (``json.dumps`` with options makes one per call)."""
+
+
 def _dump(value: Any) -> str:
-    """``nlohmann::json::dump()``: compact, keys sorted (its objects are ordered maps), non-ASCII kept."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    return CANONICAL.encode(value)
 
 
 def responses(body: dict[str, Any]) -> dict[str, Any]:
@@ -207,7 +210,8 @@ def responses(body: dict[str, Any]) -> dict[str, Any]:
         messages.append({"role": "user", "content": given})
     elif isinstance(given, list):
         for item in given:
-            _responses_item(copy.deepcopy(item) if isinstance(item, dict) else {}, messages)
+            # A shallow copy: only the item's own keys are set or dropped, and the lists it ends with are new.
+            _responses_item(dict(item) if isinstance(item, dict) else {}, messages)
     else:
         raise Refused("'input' must be a string or array of objects")
     out["messages"] = messages
@@ -250,9 +254,8 @@ def _responses_item(item: dict[str, Any], messages: list[dict[str, Any]]) -> Non
         parts = [_output_part(part) for part in content] if isinstance(content, list) else []
         if merge:
             previous = messages[-1]
-            if not isinstance(previous.get("content"), list):
-                previous["content"] = []
-            previous["content"].extend(parts)
+            held = previous.get("content")
+            previous["content"] = [*(held if isinstance(held, list) else ()), *parts]
         else:
             item.pop("status", None)
             item.pop("type", None)
@@ -265,10 +268,8 @@ def _responses_item(item: dict[str, Any], messages: list[dict[str, Any]]) -> Non
             "type": "function",
         }
         if merge:
-            messages[-1].setdefault("tool_calls", [])
-            if not isinstance(messages[-1]["tool_calls"], list):
-                messages[-1]["tool_calls"] = []
-            messages[-1]["tool_calls"].append(call)
+            calls = messages[-1].get("tool_calls")
+            messages[-1]["tool_calls"] = [*(calls if isinstance(calls, list) else ()), call]
         else:
             messages.append({"role": "assistant", "tool_calls": [call]})
     elif (

@@ -61,6 +61,8 @@ class Prompt:
     chat: dict[str, Any] | None = None
     """With ``Kind.CHAT``: the Chat Completions body the server renders with its template."""
     pin: Pin = Pin.BODY
+    raw: bytes = b""
+    """The request body as it came (``body`` parsed from it), for :func:`pinned` to add the pin to."""
 
 
 _CHAT = ("/chat/completions",)
@@ -114,16 +116,18 @@ def of(raw_path: str, body: bytes) -> Prompt | Unrouted:
         return Unrouted.OWN_SLOT
     try:
         if api is _Api.CHAT:
-            return _chat(parsed, parsed, Pin.BODY)
-        if api is _Api.ANTHROPIC:
-            return _chat(parsed, convert.anthropic(parsed), Pin.PLACED)
-        if api is _Api.RESPONSES:
-            return _chat(parsed, convert.responses(parsed), Pin.BODY)
+            found = _chat(parsed, parsed, Pin.BODY)
+        elif api is _Api.ANTHROPIC:
+            found = _chat(parsed, convert.anthropic(parsed), Pin.PLACED)
+        elif api is _Api.RESPONSES:
+            found = _chat(parsed, convert.responses(parsed), Pin.BODY)
+        elif api is _Api.TEXT:
+            found = _text(parsed)
+        else:
+            return Unrouted.BODY
     except convert.Refused:
         return Unrouted.BODY  # the server answers it with its own 400
-    if api is _Api.TEXT:
-        return _text(parsed)
-    return Unrouted.BODY
+    return dataclasses.replace(found, raw=body) if isinstance(found, Prompt) else found
 
 
 def _chat(body: dict[str, Any], chat: dict[str, Any], pin: Pin) -> Prompt | Unrouted:
@@ -166,7 +170,20 @@ def shorter_than(prompt: Prompt, tokens: int) -> bool:
 
 
 def pinned(prompt: Prompt, slot: int) -> bytes | None:
-    """The request body with ``id_slot`` set to ``slot``; None where the route drops it (forward as it came)."""
+    """The request body with ``id_slot`` set to ``slot``; None where the route drops it (forward as it came).
+
+    The pin is written into the body as it came, right after its opening
+    brace, where the body has no ``id_slot`` of its own (a later key of the
+    same name would win) and is UTF-8: the rest goes byte for byte, with
+    no second encoding of a prompt of thousands of tokens. Else the parsed
+    body is encoded anew with the pin.
+    """
     if prompt.pin is Pin.PLACED:
         return None
+    raw = prompt.raw
+    if "id_slot" not in prompt.body and raw and json.detect_encoding(raw) == "utf-8":
+        brace = raw.find(b"{")  # the body parsed as an object: its first byte but JSON whitespace
+        rest = raw[brace + 1 :].lstrip(b" \t\r\n")
+        if brace >= 0 and not raw[:brace].strip(b" \t\r\n") and rest[:1] not in (b"}", b""):
+            return b'%s{"id_slot":%d,%s' % (raw[:brace], slot, raw[brace + 1 :])
     return json.dumps({**prompt.body, "id_slot": slot}, ensure_ascii=False, separators=(",", ":")).encode()

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from typing import Any
 
-from sidecar.library import prompt
+from sidecar.library import convert, prompt
 
 SAMPLING = frozenset(
     {
@@ -116,7 +115,7 @@ def _head(kind: str, body: dict[str, Any]) -> bytes:
 
 
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    return convert.CANONICAL.encode(value).encode()
 
 
 def _digest(data: bytes) -> bytes:

@@ -151,6 +151,55 @@ def test_routed_requests_say_how_to_get_their_ids(path: str, body: dict[str, obj
     assert json.loads(pinned) == {**body, "id_slot": 1}
 
 
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        # The body as it came, the pin after its opening brace: spacing, key order and 1.0 stay as they were.
+        (
+            b' \n{ "prompt": "a\\u00e9b", "temperature": 1.0 }',
+            b' \n{"id_slot":3, "prompt": "a\\u00e9b", "temperature": 1.0 }',
+        ),
+        (b'{"prompt":"\xc3\xa9"}', b'{"id_slot":3,"prompt":"\xc3\xa9"}'),
+        # id_slot -1 of its own ("any slot"): a later key of that name would win, so the body is encoded anew.
+        (b'{"prompt": "x", "id_slot": -1}', b'{"prompt":"x","id_slot":3}'),
+        # Not UTF-8 (Python reads UTF-16 JSON; llama-server does not): encoded anew, as UTF-8.
+        ('{"prompt": "x"}'.encode("utf-16"), b'{"prompt":"x","id_slot":3}'),
+    ],
+)
+def test_the_pin_is_written_into_the_body_as_it_came(raw: bytes, expected: bytes) -> None:
+    got = prompt.of("/completion", raw)
+    assert isinstance(got, prompt.Prompt)
+    assert prompt.pinned(got, 3) == expected
+
+
+def test_a_responses_request_is_converted_without_changing_the_body_it_came_in() -> None:
+    body = {
+        "input": [
+            {"type": "message", "role": "user", "content": "list", "status": "completed"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}],
+             "tool_calls": [{"id": "given"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "more"}]},
+            {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "f"},
+        ],
+    }  # fmt: skip
+    raw = json.dumps(body).encode()
+    got = prompt.of("/v1/responses", raw)
+    assert isinstance(got, prompt.Prompt)
+    assert got.body == json.loads(raw)  # the items the conversion merged into are copies
+    assert got.chat is not None
+    assert got.chat["messages"] == [
+        {"role": "user", "content": [{"text": "list", "type": "text"}]},
+        {"role": "assistant", "content": [{"text": "ok", "type": "text"}, {"text": "more", "type": "text"}],
+         "tool_calls": [
+             {"id": "given"}, {"function": {"arguments": "{}", "name": "ls"}, "id": "c1", "type": "function"}]},
+        {"content": "f", "role": "tool", "tool_call_id": "c1"},
+    ]  # fmt: skip
+    pinned = prompt.pinned(got, 0)
+    assert pinned is not None
+    assert json.loads(pinned) == {**body, "id_slot": 0}
+
+
 def test_an_anthropic_request_is_rendered_as_the_server_converts_it_and_placed_not_pinned() -> None:
     body = {
         "system": [{"type": "text", "text": "x-anthropic-billing-header: cc=1; cch=a5145;You help."}],
