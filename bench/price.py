@@ -16,6 +16,10 @@ turns (so streamed and non-streamed turns each go first half the time):
   tokens, slot). Even turns are non-streamed and timed to the answer's end
   (``max_tokens`` 1); odd turns are streamed and timed to the first byte of
   the answer's body.
+* **The first streamed byte with the server's compute taken out** (a
+  diagnostic, not a goal): each streamed turn less llama-server's prompt and
+  generation seconds for it (its ``/metrics``, read after the turn), both
+  ways, paired as the goals are (:meth:`Api.outside`).
 * **The proxy's CPU per request**: the sidecar's CPU time (all threads,
   ``schedstat``) over the proxied turns, its idle polling subtracted.
 * **Non-routed requests** (``bench.proxy.NON_ROUTED``: ``/tokenize``, a
@@ -45,6 +49,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import http.client
 import json
 import sys
 import time
@@ -125,6 +130,8 @@ class Api:
     """Streamed warm turns, to the first byte of the answer's body, per way."""
     cpu_us: float
     """The sidecar's CPU time per proxied turn, its idle polling subtracted (µs)."""
+    outside_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    """``first_ms`` less llama-server's own compute for the turn (its prompt and generation seconds)."""
 
     def ratio(self, part: slice = slice(None)) -> float:
         """Through the proxy over direct, per turn (see :func:`_paired`)."""
@@ -133,6 +140,18 @@ class Api:
     def added(self, part: slice = slice(None)) -> float:
         """Through the proxy minus direct, per streamed turn (ms; see :func:`_paired`)."""
         return _paired(self.first_ms, part, _difference)
+
+    def outside(self, part: slice = slice(None)) -> float:
+        """:meth:`added` with llama-server's own compute for each turn taken out, both ways (ms; NaN if not read).
+
+        The compute of one streamed turn varies by tens of milliseconds on a
+        loaded 2-core machine, the same way both ways, and buries a few
+        milliseconds of the proxy's; what is left is the rest of the turn's
+        path (HTTP, template, tokenizing, the slot cache, the proxy). A
+        diagnostic, not the goal: it leaves out whatever the proxy would make
+        the server's compute cost (its CPU beside the server's threads).
+        """
+        return _paired(self.outside_ms, part, _difference) if self.outside_ms else float("nan")
 
 
 def _paired(ms: dict[str, list[float]], part: slice, of: Callable[[float, float], float]) -> float:
@@ -201,6 +220,46 @@ def _parts(n: int) -> list[slice]:
     return [slice(i * size, (i + 1) * size if i < ROUNDS - 1 else None) for i in range(ROUNDS)]
 
 
+class Compute:
+    """llama-server's own compute since the last reading: its prompt and generation seconds, from ``/metrics``."""
+
+    COUNTERS = ("llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total")
+
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self._http = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self._last = self._read()
+
+    def since(self) -> float:
+        """Milliseconds of compute since the last call (or since this was made)."""
+        now = self._read()
+        spent, self._last = (now - self._last) * 1000, now
+        return spent
+
+    def _read(self) -> float:
+        try:
+            return self._get()
+        except (http.client.HTTPException, OSError):  # a kept-alive connection the server closed: once more
+            self._http.close()
+            self._http = http.client.HTTPConnection("127.0.0.1", self._port, timeout=60)
+            return self._get()
+
+    def _get(self) -> float:
+        self._http.request("GET", "/metrics")
+        resp = self._http.getresponse()
+        text = resp.read().decode()
+        if resp.status != 200:
+            raise rig.BenchError(f"/metrics answered HTTP {resp.status}: {text[:200]!r}")
+        values = dict(line.split(" ", 1) for line in text.splitlines() if line.startswith(self.COUNTERS))
+        missing = [name for name in self.COUNTERS if name not in values]
+        if missing:
+            raise rig.BenchError(f"llama-server's /metrics has no {', '.join(missing)}")
+        return sum(float(values[name]) for name in self.COUNTERS)
+
+    def close(self) -> None:
+        self._http.close()
+
+
 def _turns(
     api: str, history: tuple[str, str], ports: dict[str, int], pid: int, *, reps: int, idle: float, say: rig.Say
 ) -> Api:
@@ -208,6 +267,8 @@ def _turns(
     conns = {way: proxy_mod.Conn(port) for way, port in ports.items()}
     turn_ms: dict[str, list[float]] = {DIRECT: [], PROXY: []}
     first_ms: dict[str, list[float]] = {DIRECT: [], PROXY: []}
+    outside_ms: dict[str, list[float]] = {DIRECT: [], PROXY: []}
+    compute = Compute(ports[DIRECT])
     cpu = 0.0
     try:
         for n in range(2 * reps + 2):
@@ -221,17 +282,22 @@ def _turns(
                 first, whole = conns[way].timed_both(path, body)
                 if way == PROXY:
                     cpu += rig.cpu_seconds(pid) - before - idle * (time.monotonic() - started)
+                spent = compute.since()
                 talks[way].grow(n)
                 if n < 2:
                     continue  # the first turn of each conversation is cold, the second its first warm one
                 (first_ms if stream else turn_ms)[way].append(first if stream else whole)
+                if stream:
+                    outside_ms[way].append(first - spent)
     finally:
+        compute.close()
         for conn in conns.values():
             conn.close()
-    found = Api(api, turn_ms, first_ms, cpu / (2 * reps + 2) * 1e6)
+    found = Api(api, turn_ms, first_ms, cpu / (2 * reps + 2) * 1e6, outside_ms)
     say(
         f"  {api}: warm turn {rig.median(turn_ms[PROXY]):.1f} vs {rig.median(turn_ms[DIRECT]):.1f} ms direct "
-        f"({found.ratio():.3f}x); first byte {found.added():+.2f} ms; {found.cpu_us:.0f} µs CPU per request"
+        f"({found.ratio():.3f}x); first byte {found.added():+.2f} ms ({found.outside():+.2f} ms with the server's "
+        f"compute taken out); {found.cpu_us:.0f} µs CPU per request"
     )
     return found
 
@@ -327,7 +393,8 @@ def judged(r: Result) -> list[tuple[str, str, bool | None]]:
             (
                 f"price: {a.name}, first streamed byte through the proxy <= +{FIRST_BYTE_GOAL_MS:g} ms at p50",
                 f"{a.added():+.2f} ms ({rig.median(a.first_ms[PROXY]):.1f} vs {rig.median(a.first_ms[DIRECT]):.1f} "
-                f"ms; per round {', '.join(f'{v:+.2f}' for v in rounds)})",
+                f"ms; per round {', '.join(f'{v:+.2f}' for v in rounds)}; with the server's compute taken out "
+                f"{a.outside():+.2f} ms)",
                 rig.decide(a.added(), FIRST_BYTE_GOAL_MS, rounds=rounds, quick=r.quick),
             )
         )
@@ -376,12 +443,17 @@ def from_json(raw: dict[str, Any]) -> Result:
 def table(r: Result) -> str:
     rows = [
         [a.name, len(a.turn_ms[PROXY]), rig.median(a.turn_ms[DIRECT]), rig.median(a.turn_ms[PROXY]), a.ratio(),
-         rig.median(a.first_ms[DIRECT]), rig.median(a.first_ms[PROXY]), a.added(), a.cpu_us]
+         rig.median(a.first_ms[DIRECT]), rig.median(a.first_ms[PROXY]), a.added(), a.outside(), a.cpu_us]
         for a in r.apis
     ]  # fmt: skip
-    head = ["API", "n", "turn direct", "turn proxy", "ratio", "1st byte direct", "1st byte proxy", "added", "CPU µs"]
+    head = [
+        "API", "n", "turn direct", "turn proxy", "ratio", "1st byte direct", "1st byte proxy", "added",
+        "added, compute out", "CPU µs",
+    ]  # fmt: skip
     note = (
-        f"(ms, p50; ratio and added: over pairs of turns, per order; {SLOTS} slots of {CTX:,} tokens, "
+        f"(ms, p50; ratio and added: over pairs of turns, per order; compute out: each streamed turn less "
+        "llama-server's prompt and generation seconds for it (its /metrics), a diagnostic; "
+        f"{SLOTS} slots of {CTX:,} tokens, "
         f"RAM prompt cache on; histories of ~{r.tokens:,} tokens; "
         "a turn adds an answer and a line; CPU: the sidecar's per proxied request, its polling subtracted)"
     )

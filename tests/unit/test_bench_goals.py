@@ -249,3 +249,17 @@ def test_the_proxys_price_is_taken_per_pair_and_per_order_not_from_one_median_ov
     ratios = [p / d for d, p in zip(direct, proxied, strict=True)]
     assert turns.ratio() == (rig.median(ratios[0::2]) + rig.median(ratios[1::2])) / 2
     assert abs(turns.ratio() - 1.0) < 0.01
+
+
+def test_the_first_byte_with_the_servers_compute_taken_out_is_paired_and_not_read_from_an_older_run() -> None:
+    """Each streamed turn less the server's compute for it: the server's swing cancels, the proxy's 2 ms stays."""
+    rng = random.Random(3)
+    compute = [400.0 + rng.uniform(-50.0, 50.0) for _ in range(30)]  # the server's own, per turn
+    direct = [c + 80.0 for c in compute]
+    proxied = [c + 82.0 + rng.uniform(-40.0, 40.0) for c in compute]  # its compute swings on its own as well
+    outside = {price.DIRECT: [d - c for d, c in zip(direct, compute, strict=True)], price.PROXY: [82.0] * 30}
+    api = price.Api("responses", {}, {price.DIRECT: direct, price.PROXY: proxied}, 0.0, outside)
+    assert api.outside() == 2.0
+    assert abs(api.added() - 2.0) > 1.0  # the swing the diagnostic takes out
+    older = price.Api("responses", {}, {price.DIRECT: direct, price.PROXY: proxied}, 0.0)
+    assert older.outside() != older.outside()  # NaN: a results.json from before the column says nothing
