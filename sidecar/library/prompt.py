@@ -176,7 +176,9 @@ def pinned(prompt: Prompt, slot: int) -> bytes | None:
     brace, where the body has no ``id_slot`` of its own (a later key of the
     same name would win) and is UTF-8: the rest goes byte for byte, with
     no second encoding of a prompt of thousands of tokens. Else the parsed
-    body is encoded anew with the pin.
+    body is encoded anew with the pin (its strings escaped if they hold a
+    lone surrogate, which UTF-8 cannot carry). Never raises: the placer has
+    counted the slot as taken by then.
     """
     if prompt.pin is Pin.PLACED:
         return None
@@ -186,4 +188,8 @@ def pinned(prompt: Prompt, slot: int) -> bytes | None:
         rest = raw[brace + 1 :].lstrip(b" \t\r\n")
         if brace >= 0 and not raw[:brace].strip(b" \t\r\n") and rest[:1] not in (b"}", b""):
             return b'%s{"id_slot":%d,%s' % (raw[:brace], slot, raw[brace + 1 :])
-    return json.dumps({**prompt.body, "id_slot": slot}, ensure_ascii=False, separators=(",", ":")).encode()
+    body = {**prompt.body, "id_slot": slot}
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate json.loads let through: escaped, the pin must not fail
+        return json.dumps(body, separators=(",", ":")).encode()

@@ -162,6 +162,8 @@ def test_routed_requests_say_how_to_get_their_ids(path: str, body: dict[str, obj
         (b'{"prompt":"\xc3\xa9"}', b'{"id_slot":3,"prompt":"\xc3\xa9"}'),
         # id_slot -1 of its own ("any slot"): a later key of that name would win, so the body is encoded anew.
         (b'{"prompt": "x", "id_slot": -1}', b'{"prompt":"x","id_slot":3}'),
+        # A lone surrogate (json.loads lets it through) in a body encoded anew: escaped, where UTF-8 fails.
+        (b'{"prompt": "\\ud800x", "id_slot": -1}', b'{"prompt":"\\ud800x","id_slot":3}'),
         # Not UTF-8 (Python reads UTF-16 JSON; llama-server does not): encoded anew, as UTF-8.
         ('{"prompt": "x"}'.encode("utf-16"), b'{"prompt":"x","id_slot":3}'),
     ],
