@@ -5,8 +5,9 @@ open), the :class:`Placer`:
 
 0. pins a request that continues the conversation an idle slot ran last
    (:mod:`.turns`: the same messages and more, from the body alone) to that
-   slot, with no round trip to llama-server but a read of ``/slots``; every
-   other request goes on to
+   slot, with no round trip to llama-server but a read of ``/slots``, sent
+   as the request comes in so that the server answers it while the body is
+   parsed (:meth:`Placer._read_early`); every other request goes on to
 
 1. gets the prompt's token ids from llama-server (:mod:`.prompt` says how)
    and chains block hashes over them (``slotfile.prefix_hashes``);
@@ -294,6 +295,7 @@ class Placer:
     async def _plan(
         self, raw_path: str, body: bytes, within: frozenset[int] | None = None
     ) -> _Plan | outcomes.Unrouted | None:
+        early = await self._read_early(raw_path, body) if within is None else None
         try:
             request = prompt.of(raw_path, body)
             if not isinstance(request, prompt.Prompt):
@@ -304,7 +306,7 @@ class Placer:
             turn = turns.of(request)
             if within is not None:
                 pass  # a new process: no slot ran a routed turn in it yet
-            elif turn is not None and (went := await self._continue(request, turn)) is not None:
+            elif turn is not None and (went := await self._continue(request, turn, early)) is not None:
                 if isinstance(went, _Plan):
                     self._stats.library_routes.labels(outcomes.RouteBy.TURN.value).inc()
                 return went
@@ -334,12 +336,32 @@ class Placer:
             text = await self._tokenizer.apply_template(request.chat)
         return await self._tokenizer.tokenize(text)
 
-    async def _continue(self, request: prompt.Prompt, turn: turns.Key) -> _Plan | outcomes.Unrouted | None:
+    async def _read_early(self, raw_path: str, body: bytes) -> asyncio.Task[tuple[events.SlotView, ...]] | None:
+        """The fresh read of ``/slots`` that :meth:`_continue` needs, sent now: llama-server answers it while the
+        body is parsed and its messages hashed, instead of after them.
+
+        Sent only where the request may well continue a slot's conversation: some idle slot ran a routed
+        turn, and the body looks routable from its bytes (:func:`prompt.may_route`). A request that turns
+        out not to continue leaves the answer unread (the engine's policy still follows it), and is placed
+        on a read of its own, made after its tokens.
+        """
+        if not prompt.may_route(raw_path, body, slotfile.BLOCK_TOKENS) or not any(
+            state.turn is not None and not state.pinned and not state.lock.locked() for state in self._slots.values()
+        ):
+            return None
+        read = self._loop.create_task(self._core.fresh_slots(), name="placer-early-read")
+        read.add_done_callback(_retrieved)
+        await asyncio.sleep(0)  # the read goes out before the parse holds the loop
+        return read
+
+    async def _continue(
+        self, request: prompt.Prompt, turn: turns.Key, early: asyncio.Task[tuple[events.SlotView, ...]] | None
+    ) -> _Plan | outcomes.Unrouted | None:
         """Pin a request that continues the conversation an idle slot ran last to that slot; None: route it by ids.
 
-        No round trip but a fresh read of ``/slots``, which says whether
-        another client's turn ran there since (the slot then holds another
-        prompt, and its content must be saved before it is given away).
+        No round trip but a fresh read of ``/slots`` (``early`` if it was sent when the request came in),
+        which says whether another client's turn ran there since (the slot then holds another prompt, and
+        its content must be saved before it is given away).
         """
         text = request.text.encode() if request.kind is prompt.Kind.TEXT else b""
         if self._continued(turn, text) is None:
@@ -347,7 +369,7 @@ class Placer:
         polled, _ = self._core.seen()
         if polled is None or polled.slots is None:
             return None
-        obs = await self._fresh(polled)
+        obs = await self._fresh(polled, early=early)
         if obs is None or obs.slots is None:
             return outcomes.Unrouted.ERROR  # counted by _fresh
         slot = self._continued(turn, text)  # the read may show another client's turn there; a request may have come
@@ -467,7 +489,13 @@ class Placer:
                 return False
         return True
 
-    async def _fresh(self, obs: events.Observation, *, quiet: bool = False) -> events.Observation | None:
+    async def _fresh(
+        self,
+        obs: events.Observation,
+        *,
+        quiet: bool = False,
+        early: asyncio.Task[tuple[events.SlotView, ...]] | None = None,
+    ) -> events.Observation | None:
         """``obs`` with the slots as llama-server shows them now; None (request unrouted) if it cannot say.
 
         The poll's view may predate a turn that ended since (sent straight to
@@ -477,9 +505,10 @@ class Placer:
         changed by a turn the placer did not route no longer counts as
         holding the prefix the placer routed there. ``quiet``: a read after a
         request ended, with no request to count as unrouted if it fails.
+        ``early``: the read already sent for the request (:meth:`_read_early`).
         """
         try:
-            slots = await self._core.fresh_slots()
+            slots = await (early if early is not None else self._core.fresh_slots())
         except errors.UpstreamError as exc:
             if not quiet:
                 self._unrouted(outcomes.Unrouted.ERROR, f"cannot read /slots before placing the request: {exc}")
@@ -618,3 +647,9 @@ class Placer:
             effect="forwarded as it came: llama-server picks its slot (logged once per reason; counted in "
             "llama_sidecar_conversation_unrouted_total)",
         )
+
+
+def _retrieved(read: asyncio.Task[tuple[events.SlotView, ...]]) -> None:
+    """An early read no request awaited: its error was the placement's to count, had it needed the read."""
+    if not read.cancelled():
+        read.exception()

@@ -130,6 +130,16 @@ def of(raw_path: str, body: bytes) -> Prompt | Unrouted:
     return dataclasses.replace(found, raw=body) if isinstance(found, Prompt) else found
 
 
+def may_route(raw_path: str, body: bytes, tokens: int) -> bool:
+    """Whether ``of`` may well give a :class:`Prompt` of ``tokens`` ids or more, from the bytes alone (no parse).
+
+    A guess that costs no parse, for work worth starting before it: a route
+    that is never routed, a body too short to hold ``tokens`` ids (each is at
+    least one byte of it), or one that names its own slot says no.
+    """
+    return len(body) >= tokens and b'"id_slot"' not in body and not isinstance(_api(raw_path), Unrouted)
+
+
 def _chat(body: dict[str, Any], chat: dict[str, Any], pin: Pin) -> Prompt | Unrouted:
     if not isinstance(chat.get("messages"), list):
         return Unrouted.BODY

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.act import engine
 from sidecar.core import config, events, metrics, outcomes, protocols
-from sidecar.library import fetching, placer
+from sidecar.library import fetching, placer, prompt, turns
 from sidecar.observe import poller
 from sidecar.proxy import answer
 from sidecar.shared import catalog, decide, records
@@ -534,6 +534,34 @@ async def test_a_next_turn_goes_to_the_slot_that_ran_its_conversation_with_no_te
     assert bed.value("llama_sidecar_conversation_requests_total", source="slot") == 2
 
 
+async def test_a_next_turns_slots_read_goes_out_before_its_body_is_parsed_and_is_the_only_one(
+    bed: Bed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with bed.request("A") as first:
+        assert first is not None
+    seen: list[str] = []
+    read, of = bed.core.fresh_slots, turns.of
+
+    async def fresh_slots() -> tuple[events.SlotView, ...]:
+        seen.append("read")
+        return await read()
+
+    def parsed(request: prompt.Prompt) -> turns.Key | None:
+        seen.append("parsed")
+        return of(request)
+
+    monkeypatch.setattr(bed.core, "fresh_slots", fresh_slots)
+    monkeypatch.setattr(turns, "of", parsed)
+    async with bed.request("A", then=("ok", LONG)) as slot:
+        assert slot == first
+        assert seen == ["read", "parsed"]  # llama-server answers while the messages are hashed; no second read
+    assert bed.value("llama_sidecar_library_routes_total", by="turn") == 1
+    seen.clear()
+    async with bed.request("C", then=(LONG,)) as other:  # no slot ran C: the early read is left unread
+        assert other not in (None, first)
+        assert seen == ["read", "parsed", "read"]  # placed on a read made after its tokens
+
+
 @pytest.mark.parametrize(
     ("then", "fields"),
     [
@@ -554,13 +582,20 @@ async def test_a_request_that_does_not_continue_the_slots_last_turn_is_routed_by
     assert bed.value("llama_sidecar_library_routes_total", by="turn") == 0
 
 
-async def test_a_slot_another_client_ran_a_turn_in_since_is_no_next_turn_and_its_turn_is_saved(bed: Bed) -> None:
+LONG = "and then, " * 20
+"""A message that makes a body long enough for the placer to send its /slots read as the request comes in."""
+
+
+@pytest.mark.parametrize("then", [pytest.param("next", id="short body"), pytest.param(LONG, id="read sent early")])
+async def test_a_slot_another_client_ran_a_turn_in_since_is_no_next_turn_and_its_turn_is_saved(
+    bed: Bed, then: str
+) -> None:
     async with bed.request("A") as slot:
         assert slot is not None
     async with bed.request("B"):
         pass
     bed.server.serve(slot, ids_of("Z"))  # straight to llama-server, after the last poll
-    async with bed.request("A", then=("ok", "next")) as again:
+    async with bed.request("A", then=("ok", then)) as again:
         assert again is not None
     assert bed.tokenizer.asked == 3  # the fresh /slots read showed the other turn: routed by ids
     assert bed.value("llama_sidecar_library_routes_total", by="turn") == 0
