@@ -48,6 +48,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import structlog
 
@@ -121,7 +122,9 @@ class Placer:
         self._unrouted_counts = {
             reason: stats.conversation_unrouted.labels(reason.value) for reason in outcomes.Unrouted
         }
-        self._reads: set[asyncio.Task[events.Observation | None]] = set()
+        self._reads: set[asyncio.Task[Any]] = set()
+        """Reads of /slots running in the background (after a request ended, or sent early for one), held to their
+        end: the event loop keeps no strong reference to a task."""
         self._loop = asyncio.get_running_loop()
         core.follow(self)
         snapshots.subscribe(self._committed)
@@ -295,8 +298,8 @@ class Placer:
     async def _plan(
         self, raw_path: str, body: bytes, within: frozenset[int] | None = None
     ) -> _Plan | outcomes.Unrouted | None:
-        early = await self._read_early(raw_path, body) if within is None else None
         try:
+            early = await self._read_early(raw_path, body) if within is None else None
             request = prompt.of(raw_path, body)
             if not isinstance(request, prompt.Prompt):
                 self._unrouted(request, "")
@@ -350,6 +353,8 @@ class Placer:
         ):
             return None
         read = self._loop.create_task(self._core.fresh_slots(), name="placer-early-read")
+        self._reads.add(read)  # the loop keeps no strong reference: a read no request awaits would be collected
+        read.add_done_callback(self._reads.discard)
         read.add_done_callback(_retrieved)
         await asyncio.sleep(0)  # the read goes out before the parse holds the loop
         return read
