@@ -30,6 +30,10 @@ class Link:
 
 
 UNKNOWN = Link(None)
+PROBE_SECONDS = 5.0
+"""Longest the probe's save may take: a few ms on any server. A request that takes the slot just as the
+probe is sent makes llama-server hold the save until that request ends, and the probe holds the one road
+for slot actions meanwhile: past this it gives up, so that saves and restores go on."""
 
 
 def not_supported(slot_dir: str) -> Link:
@@ -44,7 +48,18 @@ async def probe(slot_actions: actions.SlotActions, snapshots: store.SnapshotStor
     """Have the server save ``slot`` (idle and never used) under a probe name; hold ``slot_actions.lock``."""
     name = snapshots.probe_name()
     try:
-        await slot_actions.save(slot, name)
+        async with asyncio.timeout(PROBE_SECONDS):
+            await slot_actions.save(slot, name)
+    except TimeoutError:
+        log.warning(
+            "slot_dir_probe_failed",
+            error=f"llama-server did not answer the probe's save of slot {slot} within {PROBE_SECONDS:g} s",
+            reason="a request took the slot as the probe was sent, and llama-server holds the save of a busy "
+            "slot until its request ends",
+            effect="the probe gave up so that saves and restores go on; the next save proves or disproves the "
+            "link, and the probe's file is removed if llama-server writes it later",
+        )
+        return UNKNOWN
     except errors.UpstreamNotSupported:
         return not_supported(str(snapshots.dir))
     except errors.UpstreamError as exc:

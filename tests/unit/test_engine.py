@@ -12,7 +12,7 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import engine, policy, snapshotter
+from sidecar.act import engine, policy, probe, snapshotter
 from sidecar.core import config, errors, events, hashing, metrics, outcomes
 from sidecar.observe import poller
 from sidecar.snapshots import manifest, store
@@ -165,6 +165,31 @@ async def test_a_probe_cut_short_leaves_no_file(bed: Bed) -> None:
     await bed.cycle(after=3.0)  # the next action sweeps first
     assert not (bed.snapshots.dir / probe_name).exists()
     assert bed.core.status().link_ok is True
+
+
+async def test_a_probe_the_server_holds_gives_up_and_saves_go_on(bed: Bed, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe, "PROBE_SECONDS", 0.05)
+    forever = asyncio.Event()
+
+    async def hold(slot: int, filename: str) -> None:
+        if filename.startswith(store.PROBE_PREFIX):
+            await forever.wait()  # llama-server holds a save of a slot a request took until the request ends
+
+    bed.server.hooks["save"] = hold
+    async with asyncio.timeout(5):
+        await bed.cycle()  # every slot unused: the engine probes the slot dir link with slot 0
+    ((_, probe_name),) = bed.actions("save")
+    assert bed.core.status().link_ok is None
+    bed.server.run_turn(1, task=1, tokens=500)
+    await bed.cycle()
+    await bed.cycle(after=3.0)
+    assert [slot for slot, _ in bed.saves()] == [1], "the slot action road is free again"
+    assert bed.core.status().link_ok is True
+    (bed.snapshots.dir / probe_name).write_bytes(b"x" * 44)  # the held save, written once the request ended
+    bed.server.run_turn(1, task=2, tokens=600)
+    await bed.cycle()
+    await bed.cycle(after=3.0)  # the next action sweeps first
+    assert not (bed.snapshots.dir / probe_name).exists()
 
 
 async def test_the_probe_proves_the_link_and_leaves_nothing(bed: Bed) -> None:
