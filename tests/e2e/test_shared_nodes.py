@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sidecar.core import location
-from sidecar.shared import connect
+from sidecar.shared import catalog, connect
 from support import weights
 from support.llamabed import MakeServer, complete, http_json, make_prompt
 from support.net import free_port
@@ -119,6 +120,20 @@ def _wait_uploaded(node: SidecarProcess) -> None:
     )
 
 
+def _wait_listings_stale(node: SidecarProcess) -> None:
+    """Wait until every listing of the store ``node`` made before now is older than ``catalog.REFRESH_EVERY``.
+
+    A node reuses its listing that long (only its own uploads make it list again), so one made before
+    another node's upload shows nothing of it: the node's next lookup then lists the store afresh.
+    """
+    made_before = time.monotonic()
+    node.wait_for(
+        lambda: time.monotonic() - made_before >= catalog.REFRESH_EVERY,
+        timeout=catalog.REFRESH_EVERY + 5.0,
+        what="the node's earlier listings of the store to expire",
+    )
+
+
 def _chat(url: str, messages: list[dict[str, str]]) -> dict[str, Any]:
     status, answer = http_json(
         "POST", url + "/v1/chat/completions", {"messages": messages, "max_tokens": 2, "temperature": 0}, timeout=300
@@ -201,6 +216,7 @@ def test_a_node_that_just_started_fetches_a_mid_size_chat_at_the_rate_its_snapsh
     first = _chat(f"http://{proxy_a}", messages)
     node_a.wait_saved()
     _wait_uploaded(node_a)
+    _wait_listings_stale(node_b)  # its restore round listed the store, maybe before node A's upload
     recorded = json.loads((dir_a / manifests(dir_a)[0]).read_text())["prefill_rate"]
     assert recorded > 0, "node A records its measured prefill rate in the snapshot's manifest"
 
