@@ -54,8 +54,8 @@ async def probe(slot_actions: actions.SlotActions, snapshots: store.SnapshotStor
         log.warning(
             "slot_dir_probe_failed",
             error=f"llama-server did not answer the probe's save of slot {slot} within {PROBE_SECONDS:g} s",
-            reason="a request took the slot as the probe was sent, and llama-server holds the save of a busy "
-            "slot until its request ends",
+            reason="most likely a request took the slot as the probe was sent: llama-server holds the save of a "
+            "busy slot until its request ends (else the server is too loaded to answer a few-ms save in time)",
             effect="the probe gave up so that saves and restores go on; the next save proves or disproves the "
             "link, and the probe's file is removed if llama-server writes it later",
         )
