@@ -26,6 +26,8 @@ from sidecar.snapshots import manifest, slotfile, store
 from support import clocks
 
 BLOCK = slotfile.BLOCK_TOKENS
+LONG = "and then, " * 20
+"""A message that makes a body long enough for the placer to send its /slots read as the request comes in."""
 
 
 def ids_of(name: str, blocks: int = 3) -> list[int]:
@@ -580,10 +582,6 @@ async def test_a_request_that_does_not_continue_the_slots_last_turn_is_routed_by
         assert slot is not None
     assert bed.tokenizer.asked == asked + 1
     assert bed.value("llama_sidecar_library_routes_total", by="turn") == 0
-
-
-LONG = "and then, " * 20
-"""A message that makes a body long enough for the placer to send its /slots read as the request comes in."""
 
 
 @pytest.mark.parametrize("then", [pytest.param("next", id="short body"), pytest.param(LONG, id="read sent early")])
