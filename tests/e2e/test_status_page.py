@@ -38,6 +38,7 @@ def test_the_page_shows_the_restore_its_verdict_and_the_time_saved_as_metrics_co
     side.wait_for(
         lambda: side.metric("llama_sidecar_prefill_saved_seconds_total") > 0, what="the time saved to be counted"
     )
+    side.wait_saved(2)  # the warm turn's save, before the page and /metrics are read (else it lands between)
 
     dom = browser.Dom(browser.dump_dom(side.url + "/"))
     code, text = side.get("/metrics")
