@@ -331,9 +331,9 @@ async def _start_proxy(
 ) -> listener.Listener | None:
     if settings.proxy.host is None:
         return None
-    client = listener.session(settings.upstream)
+    client = listener.client(settings.upstream)
     handler = relay.Relay(
-        session=client,
+        client=client,
         restore_gate=restore_gate,
         stats=stats,
         upstream=settings.upstream,

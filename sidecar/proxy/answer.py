@@ -21,12 +21,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-import aiohttp
 import structlog
 from aiohttp import web
 
 from sidecar.core import outcomes
-from sidecar.proxy import sse
+from sidecar.proxy import sse, upclient
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -60,18 +59,17 @@ class Ended:
     """The prompt tokens the server reused for this request, as its answer says; None if it says nothing."""
 
 
-async def first_part(up: aiohttp.ClientResponse) -> First:
-    """Read until the answer's first event (or its whole body); raises ``aiohttp.ClientError`` if it is cut first.
+async def first_part(up: upclient.Answer) -> First:
+    """Read until the answer's first event (or its whole body); raises ``upclient.Lost`` if it is cut first.
 
     SSE comments (llama-server's ``:`` pings every 30 s) are no event: a
     stream still in its prefill keeps the client waiting for its headers.
     """
-    length = _length(up)
-    if length is not None and length <= WHOLE_ANSWER_BYTES:
+    if up.length is not None and up.length <= WHOLE_ANSWER_BYTES:
         return First(await up.read())
     head = b""
     while True:
-        chunk = await up.content.readany()
+        chunk = await up.readany()
         if not chunk:
             return First(None, head, done=True)
         head += chunk
@@ -79,13 +77,9 @@ async def first_part(up: aiohttp.ClientResponse) -> First:
             return First(None, head)
 
 
-def _length(up: aiohttp.ClientResponse) -> int | None:
-    return up.content_length if "Transfer-Encoding" not in up.headers else None
-
-
 async def relay(
     request: web.BaseRequest,
-    up: aiohttp.ClientResponse,
+    up: upclient.Answer,
     first: First,
     headers: list[tuple[str, str]],
     *,
@@ -110,9 +104,8 @@ async def relay(
         return whole, ended
     response = web.StreamResponse(status=up.status, reason=up.reason)
     response.headers.extend(headers)
-    length = _length(up)
-    if length is not None:
-        response.content_length = length
+    if up.length is not None:
+        response.content_length = up.length
     cached = sse.cached_tokens(first.head) if counted else None
     ended = Ended(up.status, outcomes.ProxyOutcome.OK, cached)
     await response.prepare(request)
@@ -120,8 +113,8 @@ async def relay(
         await response.write(first.head)
         while not first.done:
             try:
-                chunk = await up.content.readany()
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                chunk = await up.readany()
+            except upclient.Lost as exc:
                 await _cut(request, response, up, exc)
                 ended.outcome = outcomes.ProxyOutcome.ERROR
                 return response, ended
@@ -136,11 +129,9 @@ async def relay(
     return response, ended
 
 
-async def _cut(
-    request: web.BaseRequest, response: web.StreamResponse, up: aiohttp.ClientResponse, exc: Exception
-) -> None:
+async def _cut(request: web.BaseRequest, response: web.StreamResponse, up: upclient.Answer, exc: Exception) -> None:
     """llama-server went away mid-answer: end a stream with an error event, cut anything else."""
-    stream = sse.is_event_stream(up.headers.get("Content-Type", ""))
+    stream = sse.is_event_stream(up.header("content-type") or "")
     log.warning(
         "proxy_answer_cut",
         error=exc.__class__.__name__,

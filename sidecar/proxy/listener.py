@@ -16,16 +16,13 @@ import asyncio
 import contextlib
 import dataclasses
 
-import aiohttp
 from aiohttp import web
 
 from sidecar.core import config, metrics
-from sidecar.proxy import conns, relay, sentinel
+from sidecar.proxy import conns, relay, sentinel, upclient
 
 KEEPALIVE = 2.0
 """Seconds an idle connection to llama-server is kept for reuse; llama-server closes its own after 5 s."""
-NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
-"""Headers aiohttp would add to a request on its own: the proxy sends the client's, or none."""
 MAX_FIELD_SIZE = 64 << 10
 """Largest header line accepted, in bytes (aiohttp's default is 8 KiB; long API keys and cookies fit)."""
 
@@ -33,47 +30,37 @@ MAX_FIELD_SIZE = 64 << 10
 @dataclasses.dataclass(slots=True)
 class Listener:
     runner: web.ServerRunner
-    session: aiohttp.ClientSession
+    client: upclient.Client
     host: str
     port: int
     sentry: asyncio.Task[None] | None = None
-    handler: relay.Relay | None = None
 
     async def close(self) -> None:
         try:
-            if self.handler is not None:
-                self.handler.close()
             if self.sentry is not None:
                 self.sentry.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self.sentry
             await self.runner.cleanup()
         finally:
-            await self.session.close()
+            await self.client.close()
 
 
-def session(upstream: config.UpstreamSettings) -> aiohttp.ClientSession:
+def client(upstream: config.UpstreamSettings) -> upclient.Client:
     """The proxy's own connection pool to llama-server, apart from the poller's.
 
-    No total or read timeout: a completion may prefill for minutes before
-    its first byte, and a client that gives up cancels it. Answers are
-    relayed as sent (no decompression), with only the client's headers (no
-    headers of aiohttp's own) and no cookie jar (cookies are the clients',
-    passed on as headers, never kept).
+    No read timeout: a completion may prefill for minutes before its first
+    byte, and a client that gives up cancels it. Answers are relayed as
+    sent (no decompression), with only the client's headers (no headers of
+    the proxy's own but ``Host`` and ``Content-Length``), and no cookies
+    kept (they are the clients', passed on as headers).
     """
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=upstream.connect_timeout),
-        auto_decompress=False,
-        raise_for_status=False,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        skip_auto_headers=NO_AUTO_HEADERS,
-    )
+    return upclient.Client(upstream.url, connect_timeout=upstream.connect_timeout, keepalive=KEEPALIVE)
 
 
 async def start(
     handler: relay.Relay,
-    client: aiohttp.ClientSession,
+    client: upclient.Client,
     settings: config.ProxySettings,
     stats: metrics.Metrics,
     *,
@@ -98,4 +85,4 @@ async def start(
     addresses = runner.addresses
     port = int(addresses[0][1]) if addresses else settings.port
     task = asyncio.create_task(sentry.run(), name="proxy-sentinel") if sentry is not None else None
-    return Listener(runner, client, settings.host, port, task, handler)
+    return Listener(runner, client, settings.host, port, task)

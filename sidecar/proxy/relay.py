@@ -28,14 +28,12 @@ import hmac
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-import aiohttp
 import structlog
-import yarl
 from aiohttp import web
 
 from sidecar.act import gate
 from sidecar.core import config, metrics, outcomes, protocols
-from sidecar.proxy import answer, bodies, held, passon, predict, refusals, routes, upconns
+from sidecar.proxy import answer, bodies, held, passon, predict, refusals, routes, upclient
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -113,7 +111,7 @@ class Relay:
     def __init__(
         self,
         *,
-        session: aiohttp.ClientSession,
+        client: upclient.Client,
         restore_gate: gate.Gate,
         stats: metrics.Metrics,
         upstream: config.UpstreamSettings,
@@ -124,10 +122,9 @@ class Relay:
         admit: Admit | None = None,
     ) -> None:
         self._pinner = pinner
-        self._session = session
+        self._client = client
         self._gate = restore_gate
         self._metrics = stats
-        self._base = upstream.url.rstrip("/")
         self._api_key = upstream.api_key
         self._settings = settings
         self._admin_token = admin_token
@@ -137,16 +134,11 @@ class Relay:
         self._held = held.HeldTooLong(
             hold_seconds=settings.hold_seconds, retry_after=settings.retry_after, clock=self._clock
         )
-        self._spare = upconns.Spare(session, self._base)
         self._counted = {
             (route, outcome): stats.proxy_requests.labels(route.value, outcome.value)
             for route in outcomes.Route
             for outcome in outcomes.ProxyOutcome
         }
-
-    def close(self) -> None:
-        """Stop opening spare connections (the listener is closing)."""
-        self._spare.close()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         kind = _classify(request.method, request.raw_path)
@@ -270,7 +262,6 @@ class Relay:
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         """Send until an answer's first event arrives, then relay it; raises ``_Repin`` for a placement to redo."""
         gated = route is outcomes.Route.COMPLETION
-        url = yarl.URL(self._base + target, encoded=True)
         while True:
             if gated and not self._gate.lets(attempts.hold):
                 if placement is not None:
@@ -284,25 +275,18 @@ class Relay:
                     # and the model's gate, as a new request does.
                     return refused
             try:
-                up = await self._session.request(
-                    request.method,
-                    url,
-                    headers=headers,
-                    data=body or None,
-                    allow_redirects=False,
-                )
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                up = await self._client.request(request.method, target, headers, body)
+            except upclient.ConnectFailed as exc:
                 # Nothing listens: a crash the poller may not have seen yet. The request never
                 # reached llama-server, so a completion can wait and be sent when it is back.
                 self._gate.suspect(f"the proxy could not connect to llama-server ({exc.__class__.__name__})")
                 if not gated:
                     return refusals.unreachable(exc), outcomes.ProxyOutcome.ERROR
                 continue
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except upclient.Lost as exc:
                 if (refused := self._lost(exc, attempts, gated)) is not None:
                     return refused
                 continue
-            upconns.no_reuse_if_chunked(up)
             if gated and up.status == 503:
                 whole, text = await _read_all(up)
                 if _LOADING not in text:
@@ -311,7 +295,7 @@ class Relay:
                 continue
             try:
                 first = await answer.first_part(up)
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except upclient.Lost as exc:
                 up.close()
                 if (refused := self._lost(exc, attempts, gated)) is not None:
                     return refused
@@ -344,11 +328,11 @@ class Relay:
         return self._held.answer(self._gate.reason or "the restore gate kept closing")
 
     async def _relay(
-        self, request: web.BaseRequest, up: aiohttp.ClientResponse, first: answer.First, placement: Placement | None
+        self, request: web.BaseRequest, up: upclient.Answer, first: answer.First, placement: Placement | None
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         clean = False
         try:
-            headers = passon.to_client(up.headers.items())
+            headers = passon.to_client(up.headers)
             if placement is not None and placement.header and self._settings.prefix_header:
                 headers.append((PREFIX_HEADER, placement.header))
             counted = placement is not None and placement.counted
@@ -360,19 +344,19 @@ class Relay:
         finally:
             if clean:
                 up.release()
-                if first.whole is None and upconns.chunked(up) and self._gate.is_open:
-                    self._spare.open()  # llama-server closed this one: the next request finds a new one ready
+                if first.whole is None and up.chunked and self._gate.is_open:
+                    self._client.open_spare()  # llama-server closed this one: the next request finds a new one ready
             else:
                 up.close()  # a cut or cancelled answer: llama-server sees the connection drop and stops the task
 
 
-async def _read_all(up: aiohttp.ClientResponse) -> tuple[web.Response, bytes]:
+async def _read_all(up: upclient.Answer) -> tuple[web.Response, bytes]:
     """A short answer read whole (a 503), to look into it before relaying it."""
     try:
         body = await up.read()
-    except (aiohttp.ClientError, TimeoutError):
+    except upclient.Lost:
         body = b""
     finally:
         up.close()
-    headers = routes.end_to_end(list(up.headers.items()), drop=passon.DROP_RESPONSE)
+    headers = routes.end_to_end(up.headers, drop=passon.DROP_RESPONSE)
     return web.Response(status=up.status, reason=up.reason, body=body, headers=headers), body

@@ -181,9 +181,9 @@ async def run_proxy(
         max_inflight_body_bytes=max_inflight_body_bytes,
         body_timeout=body_timeout,
     )
-    client = listener.session(upstream)
+    client = listener.client(upstream)
     handler = relay.Relay(
-        session=client,
+        client=client,
         restore_gate=restore_gate,
         stats=stats,
         upstream=upstream,
