@@ -6,11 +6,13 @@ machine (four runs of 300-500 requests), a bare relay on aiohttp's server
 and client added 0.85-1.44 ms to a non-streamed ``/completion``, the same
 relay with a minimal client on ``httptools`` 0.24-0.93 ms (less in three
 runs of four, as much in one): aiohttp's request and response objects,
-payloads, timers and stream reader cost more than the request itself. This client does what the relay needs
-and no more: one request at a time per connection, the body sent whole, the
-answer's status and headers awaited, then its body read whole or chunk by
-chunk as llama-server writes it, with reading paused while a slow client
-has not taken what was read.
+payloads, timers and stream reader cost more than the request itself. This
+client does what the relay needs and no more: one request at a time per
+connection, the body sent whole, the answer's status and headers awaited,
+then its body read whole or chunk by chunk as llama-server writes it, with
+reading paused while a slow client has not taken what was read. An answer
+with neither a length nor chunks (a server in between that speaks
+HTTP/1.0) ends where its connection does.
 
 Connections are pooled for reuse while they are idle for less than
 ``keepalive`` seconds (llama-server closes its own after 5 s). llama-server
@@ -163,6 +165,8 @@ class _Connection(asyncio.Protocol):
         self.reusable = True
         self.idle_since = 0.0
         self._paused = False
+        self._until_close = False
+        """The answer in hand has neither a Content-Length nor chunks: it ends when the connection closes."""
 
     # asyncio.Protocol
 
@@ -181,6 +185,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        answer = self.answer
+        if exc is None and answer is not None and self._until_close:
+            answer._end()  # its body ends where the connection does: this close is its end
+            return
         self._lose(Lost("llama-server closed the connection before the end of its answer"))
 
     # httptools callbacks
@@ -202,6 +210,7 @@ class _Connection(asyncio.Protocol):
         answer.length = int(length) if length is not None and not answer.chunked and length.isdigit() else None
         if answer.chunked or not self._parser.should_keep_alive():
             self.reusable = False
+        self._until_close = answer.length is None and not answer.chunked and length is None
         if self._headers_ready is not None and not self._headers_ready.done():
             self._headers_ready.set_result(None)
 
@@ -223,6 +232,7 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self.answer = answer = Answer(self)
         self._reason = b""
+        self._until_close = False
         self._headers_ready = asyncio.get_running_loop().create_future()
         self._transport.write(head + body if len(body) < 1 << 16 else head)
         if len(body) >= 1 << 16:
@@ -330,7 +340,10 @@ class Client:
         if self._closed:
             conn.close()
             return
-        conn.idle_since = time.monotonic()
+        conn.idle_since = now = time.monotonic()
+        # The oldest idle connections, at the bottom, are never the next taken: drop those no longer of use.
+        while self._idle and (self._idle[0].closed or now - self._idle[0].idle_since >= self._keepalive):
+            self._idle.pop(0).close()
         self._idle.append(conn)
 
     def open_spare(self) -> None:

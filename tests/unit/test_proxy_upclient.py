@@ -200,9 +200,49 @@ async def test_a_head_answer_ends_at_its_headers() -> None:
     async with serving(lambda head: [b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n"]) as (_server, client):
         up = await client.request("HEAD", "/", [], b"")
         assert (up.status, up.length) == (200, 5000)
-        assert await up.read() == b""
+        assert await asyncio.wait_for(up.read(), 5) == b""
 
 
 async def _until(check: Callable[[], bool]) -> None:
     while not check():
         await asyncio.sleep(0.01)
+
+
+async def test_an_answer_with_neither_length_nor_chunks_ends_where_its_connection_does() -> None:
+    """An HTTP/1.0 server in between: the close is the answer's end, not a cut; the connection is not reused."""
+    async with serving(
+        lambda head: [b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n", b'{"a":', b"1}"]
+    ) as (
+        server,
+        client,
+    ):
+        up = await client.request("GET", "/props", [], b"")
+        assert up.length is None
+        await asyncio.wait_for(_until(lambda: len(server.heads) == 1), 5)
+        for writer in server.writers:
+            writer.close()
+        assert await asyncio.wait_for(up.read(), 5) == b'{"a":1}'
+        up.release()
+        assert not client._idle
+
+
+async def test_idle_connections_no_longer_of_use_are_dropped_as_others_come_back() -> None:
+    """The pool takes its newest connection first, so the oldest are closed as another comes back, not kept."""
+    async with serving(lambda head: length(b"ok"), keepalive=0.5) as (server, client):
+
+        async def once() -> None:
+            up = await client.request("GET", "/health", [], b"")
+            await up.read()
+            up.release()
+
+        answers = [await client.request("GET", "/health", [], b"") for _ in range(3)]  # three at once
+        for up in answers:
+            await up.read()
+            up.release()
+        assert len(client._idle) == 3
+        await asyncio.sleep(0.3)  # time passing is the behaviour under test: the keep-alive is 0.5 s
+        await once()  # the newest, still fresh, goes out and comes back
+        await asyncio.sleep(0.3)  # now the two below it are past the keep-alive, it is not
+        await once()
+        assert len(client._idle) == 1, "the two stale connections were closed, not kept"
+        assert server.connections == 3
