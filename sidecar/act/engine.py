@@ -81,6 +81,8 @@ class Engine:
         self._max_age = s.max_age
         self._next_age_check = 0.0
         self._actions = actions.SlotActions(client=client, snapshots=snapshots)
+        self._read_fresh: Callable[[], Awaitable[tuple[events.SlotView, ...]]] = self._actions.slots
+        """How :meth:`fresh_slots` reads the slots (:meth:`read_fresh_by` puts it on the request path's client)."""
         self._policy = policy.Policy(s)
         self._saver = snapshotter.Snapshotter(
             slot_actions=self._actions,
@@ -186,6 +188,10 @@ class Engine:
         ok = await self.save(policy.Save(view.id, view.signature, view.tokens, policy.SaveReason.MANUAL))
         return report.SaveReply(ok, self._saver.last)
 
+    def read_fresh_by(self, read: Callable[[], Awaitable[tuple[events.SlotView, ...]]]) -> None:
+        """Have :meth:`fresh_slots` read the slots with ``read`` (the proxy's client), not the poller's."""
+        self._read_fresh = read
+
     async def fresh_slots(self) -> tuple[events.SlotView, ...]:
         """Every slot as the server shows it now, not as the last poll saw it; the policy follows it.
 
@@ -194,7 +200,7 @@ class Engine:
         came by. Raises ``errors.UpstreamError``.
         """
         read_at = self._clock.monotonic()
-        fresh = await self._actions.slots()
+        fresh = await self._read_fresh()
         self._policy.observe(fresh, self._clock.monotonic(), read_at=read_at)
         self._export_unsaved()
         return fresh

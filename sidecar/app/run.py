@@ -39,7 +39,7 @@ import sidecar
 from sidecar.act import engine, gate, report, spawn
 from sidecar.app import figures, history, reports, server
 from sidecar.core import config, errors, events, metrics, protocols
-from sidecar.library import placer, tokens
+from sidecar.library import placer, reads, tokens
 from sidecar.observe import upstream, weights
 from sidecar.proxy import listener, relay, sentinel
 from sidecar.router import admission, fleet
@@ -141,6 +141,8 @@ class _Parts:
     """Router mode: which model's gate a request waits at."""
     shared: service.SharedStore | None = None
     library: relay.Pinner | None = None
+    slots_reader: reads.SlotsReader | None = None
+    """The library's read of /slots on a routed request's path (closed after the proxy)."""
 
 
 async def _run(
@@ -189,6 +191,8 @@ async def _run(
         finally:
             if proxy is not None:
                 await proxy.close()  # no new requests may change the slots during the final snapshots
+            if parts.slots_reader is not None:
+                await parts.slots_reader.close()
             await _shutdown(parts.core, settings, watch, handle)
             if parts.shared is not None:
                 await parts.shared.close()
@@ -239,6 +243,7 @@ def _plain(
         prompts=client,
     )
     library = None
+    slots_reader = None
     if settings.proxy.host is not None:
         core = watched.engine
 
@@ -248,6 +253,8 @@ def _plain(
 
         tokenizer = tokens.Cached(client, stats=stats, vocabulary=vocabulary)
         core.follow(tokenizer)  # a restart forgets the remembered ids, unless the model and build are the same
+        slots_reader = reads.SlotsReader(settings.upstream)
+        core.read_fresh_by(slots_reader.slots)
         library = placer.Placer(
             core=watched.engine,
             tokenizer=tokenizer,
@@ -257,7 +264,9 @@ def _plain(
             shared=shared,
             hold_seconds=settings.proxy.hold_seconds,
         )
-    return _Parts(watched.engine, watched.loops(), watched.gate, shared=shared, library=library)
+    return _Parts(
+        watched.engine, watched.loops(), watched.gate, shared=shared, library=library, slots_reader=slots_reader
+    )
 
 
 def _router(

@@ -115,10 +115,7 @@ class LlamaClient:
         return events.Health.UNLOADED, f"model {model!r} is {status.value} (the router runs no server for it)"
 
     async def slots(self) -> tuple[events.SlotView, ...]:
-        body = await self._json("GET", self._at("/slots"), self._timeout)
-        if not isinstance(body, list):
-            raise errors.UpstreamProtocolError("/slots did not return a list", endpoint="/slots")
-        return tuple(_slot_view(item) for item in body)
+        return slot_views(await self._json("GET", self._at("/slots"), self._timeout))
 
     async def props(self) -> tuple[events.Identity, bool]:
         """Read /props: the identity without the model's size, and whether the server sleeps."""
@@ -313,14 +310,26 @@ class LlamaClient:
             raise errors.UpstreamUnavailable(f"{endpoint}: {type(exc).__name__}: {exc}", endpoint=endpoint) from exc
         if status == 200:
             return status, headers, text
-        message = f"{endpoint}: HTTP {status}: {_error_message(text)}"
-        if status == 501:
-            raise errors.UpstreamNotSupported(message, endpoint=endpoint, status=status)
-        if status in (401, 403):
-            raise errors.UpstreamDenied(message, endpoint=endpoint, status=status)
-        if 400 <= status < 500:
-            raise errors.UpstreamRejected(message, endpoint=endpoint, status=status)
-        raise errors.UpstreamUnavailable(message, endpoint=endpoint, status=status)
+        raise status_error(endpoint, status, text)
+
+
+def status_error(endpoint: str, status: int, text: str) -> errors.UpstreamError:
+    """The error a reply of ``endpoint`` with HTTP ``status`` (not 200) and body ``text`` stands for."""
+    message = f"{endpoint}: HTTP {status}: {_error_message(text)}"
+    if status == 501:
+        return errors.UpstreamNotSupported(message, endpoint=endpoint, status=status)
+    if status in (401, 403):
+        return errors.UpstreamDenied(message, endpoint=endpoint, status=status)
+    if 400 <= status < 500:
+        return errors.UpstreamRejected(message, endpoint=endpoint, status=status)
+    return errors.UpstreamUnavailable(message, endpoint=endpoint, status=status)
+
+
+def slot_views(body: Any) -> tuple[events.SlotView, ...]:
+    """The slots of a ``GET /slots`` reply's parsed JSON; raises ``UpstreamProtocolError``."""
+    if not isinstance(body, list):
+        raise errors.UpstreamProtocolError("/slots did not return a list", endpoint="/slots")
+    return tuple(_slot_view(item) for item in body)
 
 
 def _error_message(text: str) -> str:

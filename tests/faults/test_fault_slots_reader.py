@@ -1,0 +1,142 @@
+"""The placer's ``GET /slots`` on the relay's client, against replies the real server cannot be made to give.
+
+Required of every bad reply: the poller's error for it (unavailable, denied,
+not slots), never a parser's exception, and a connection that served a bad
+reply is not kept. Its main path (a real llama-server, with an API key) is
+tests/e2e/test_library_slots_reads.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import pytest
+
+from sidecar.core import config, errors
+from sidecar.library import reads
+from sidecar.observe import upstream
+from support import net
+from support.fakellama import FakeLlama, MakeFake, Reply
+from support.wait import until
+
+KEY = "reads-secret-key"
+
+
+def _settings(url: str, **changes: object) -> config.UpstreamSettings:
+    return dataclasses.replace(config.UpstreamSettings(url=url, api_key=KEY, request_timeout=2.0), **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def keyed(make_fake: MakeFake) -> AsyncIterator[tuple[FakeLlama, reads.SlotsReader]]:
+    fake = make_fake(api_key=KEY)
+    reader = reads.SlotsReader(_settings(fake.url))
+    try:
+        yield fake, reader
+    finally:
+        await reader.close()
+
+
+async def test_the_slots_read_as_the_pollers_client_reads_them_with_the_key_on_kept_alive_connections(
+    keyed: tuple[FakeLlama, reads.SlotsReader],
+) -> None:
+    fake, reader = keyed
+    fake.use(1, 321)
+    async with aiohttp.ClientSession() as session:
+        polled = await upstream.LlamaClient(session, _settings(fake.url)).slots()
+    for _ in range(3):
+        assert await reader.slots() == polled
+    assert polled[1].tokens == 321
+    assert polled[1].task is not None
+    mine = fake.requests("/slots")[1:]
+    assert [seen.auth for seen in mine] == [f"Bearer {KEY}"] * 3
+
+
+async def test_a_reply_in_chunks_reads_whole(keyed: tuple[FakeLlama, reads.SlotsReader]) -> None:
+    fake, reader = keyed
+    fake.use(0, 77)
+    fake.replies["/slots"] = Reply.chunked(fake.slots_body(), chunk=16, pause=0.0)
+    views = await reader.slots()
+    assert [(v.id, v.tokens) for v in views] == [(0, 77), (1, 0)]
+
+
+async def test_a_server_that_went_away_and_came_back_is_read_again(keyed: tuple[FakeLlama, reads.SlotsReader]) -> None:
+    fake, reader = keyed
+    fake.use(0, 50)
+    assert (await reader.slots())[0].tokens == 50
+    fake.respawn()  # every connection closed, the kept-alive one included; slots empty
+    assert (await reader.slots())[0].tokens == 0
+
+
+async def test_a_wrong_key_is_denied_with_the_servers_status(make_fake: MakeFake) -> None:
+    fake = make_fake(api_key=KEY)
+    reader = reads.SlotsReader(_settings(fake.url, api_key="wrong"))
+    try:
+        with pytest.raises(errors.UpstreamDenied, match="/slots: HTTP 401: Invalid API Key") as caught:
+            await reader.slots()
+        assert caught.value.status == 401
+    finally:
+        await reader.close()
+
+
+BadReply = Callable[[FakeLlama], Reply]
+
+
+@pytest.mark.parametrize(
+    ("reply", "error", "message"),
+    [
+        (lambda f: Reply.error(500), errors.UpstreamUnavailable, "/slots: HTTP 500: fake internal error"),
+        (lambda f: Reply.error(404, "no such endpoint"), errors.UpstreamRejected, "/slots: HTTP 404"),
+        (lambda f: Reply.raw("<html>proxy error</html>"), errors.UpstreamProtocolError, "did not return JSON"),
+        (lambda f: Reply.json({"slots": []}), errors.UpstreamProtocolError, "did not return a list"),
+        (lambda f: Reply.json([{"id": "zero"}]), errors.UpstreamProtocolError, "field 'id'"),
+        (lambda f: Reply.huge(), errors.UpstreamProtocolError, f"answered more than {upstream.MAX_BODY} bytes"),
+        (
+            lambda f: Reply.chunked([{"pad": "x" * (upstream.MAX_BODY + 1)}], chunk=1 << 20, pause=0.0),
+            errors.UpstreamProtocolError,
+            f"answered more than {upstream.MAX_BODY} bytes",
+        ),
+    ],
+    ids=["500", "404", "not-json", "not-a-list", "bad-field", "too-long", "too-long-in-chunks"],
+)
+async def test_a_bad_reply_is_the_pollers_error_and_the_next_good_one_reads(
+    keyed: tuple[FakeLlama, reads.SlotsReader], reply: BadReply, error: type[errors.UpstreamError], message: str
+) -> None:
+    fake, reader = keyed
+    fake.replies["/slots"] = reply(fake)
+    with pytest.raises(error, match=message):
+        await reader.slots()
+    del fake.replies["/slots"]
+    fake.use(0, 9)
+    assert (await reader.slots())[0].tokens == 9
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [lambda f: Reply.hang(), lambda f: Reply.drip(f.slots_body(), pause=0.1)],
+    ids=["no-headers", "body-a-byte-at-a-time"],
+)
+async def test_a_hung_server_is_unavailable_after_the_request_timeout_and_its_connection_dropped(
+    make_fake: MakeFake, reply: BadReply
+) -> None:
+    fake = make_fake()
+    fake.replies["/slots"] = reply(fake)
+    reader = reads.SlotsReader(_settings(fake.url, api_key=None, request_timeout=0.3))
+    try:
+        with pytest.raises(errors.UpstreamUnavailable, match=r"/slots: no answer within 0\.3 s"):
+            await reader.slots()
+        await until(lambda: fake.requests("/slots")[0].hung_up, timeout=5, what="the fake sees the read hang up")
+        del fake.replies["/slots"]
+        assert len(await reader.slots()) == 2
+    finally:
+        await reader.close()
+
+
+async def test_nothing_listening_is_unavailable() -> None:
+    reader = reads.SlotsReader(_settings(f"http://127.0.0.1:{net.free_port()}"))
+    try:
+        with pytest.raises(errors.UpstreamUnavailable, match="/slots: "):
+            await reader.slots()
+    finally:
+        await reader.close()
