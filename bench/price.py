@@ -16,10 +16,16 @@ turns (so streamed and non-streamed turns each go first half the time):
   tokens, slot). Even turns are non-streamed and timed to the answer's end
   (``max_tokens`` 1); odd turns are streamed and timed to the first byte of
   the answer's body.
-* **The first streamed byte with the server's compute taken out** (a
-  diagnostic, not a goal): each streamed turn less llama-server's prompt and
-  generation seconds for it (its ``/metrics``, read after the turn), both
-  ways, paired as the goals are (:meth:`Api.outside`).
+* **The same work**: after each turn, llama-server's compute for it (its
+  prompt and generation seconds, its ``/metrics``) and the prompt tokens it
+  processed. Where the proxied turn made the server process no more than the
+  direct one (:data:`SAME_WORK_TOKENS`), it is counted with the direct
+  turn's compute in place of its own (:func:`_swapped`): the server's swing
+  from turn to turn is taken out, what the proxy adds stays. The goals are
+  judged on these; the figures as measured are printed beside them.
+* **A spacer** (:class:`Spacer`): a one-token ``/completion`` on a third
+  slot, straight to the server, after every timed turn, so that neither way
+  waits for the server's work after the other's turn.
 * **The proxy's CPU per request**: the sidecar's CPU time (all threads,
   ``schedstat``) over the proxied turns, its idle polling subtracted.
 * **Non-routed requests** (``bench.proxy.NON_ROUTED``: ``/tokenize``, a
@@ -37,7 +43,8 @@ Goals (MISSED and exit status 1 when missed): a warm turn at most
 request) straight to the server and the same turn through the proxy, sent
 one right after the other, give one ratio or difference; the median of the
 pairs where the direct one went first and that of the pairs where the proxy
-went first are averaged (see :func:`_paired`). With ``--quick``, a goal whose figure
+went first are averaged (see :func:`_paired`); warm turns and first bytes
+with the same work's compute (above). With ``--quick``, a goal whose figure
 varies between rounds (the turns cut in :data:`ROUNDS`; each crash) by more
 than its margin to the bar gets NO VERDICT; the full run decides.
 
@@ -71,6 +78,9 @@ CRASH_GOAL = 1.2
 """The turn after a kill -9 (from /health ok) over the same turn with no crash (medians)."""
 ROUNDS = 2
 """Rounds the turns are cut into, for the spread that decides whether a quick run can give a verdict."""
+SAME_WORK_TOKENS = 16
+"""Prompt tokens the server may process more for the proxied turn than for the direct one and still count as the
+same work (see :func:`_swapped`)."""
 SLOTS, CTX = 4, 8192
 APIS = ("chat completions", "anthropic messages", "responses", "/completion")
 WORDS = ("Amber", "Basil", "Cedar", "Delta", "Ember", "Flint", "Garnet", "Harbor", "Indigo", "Juniper", "Kestrel")
@@ -132,14 +142,45 @@ class Api:
     """The sidecar's CPU time per proxied turn, its idle polling subtracted (µs)."""
     outside_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     """``first_ms`` less llama-server's own compute for the turn (its prompt and generation seconds)."""
+    compute_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    """llama-server's own compute for each non-streamed turn of ``turn_ms`` (its prompt and generation seconds)."""
+    turn_tokens: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Prompt tokens llama-server processed (not reused) for each turn of ``turn_ms``."""
+    first_tokens: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Prompt tokens llama-server processed (not reused) for each streamed turn of ``first_ms``."""
 
     def ratio(self, part: slice = slice(None)) -> float:
-        """Through the proxy over direct, per turn (see :func:`_paired`)."""
+        """Through the proxy over direct, per turn, as measured (see :func:`_paired`)."""
         return _paired(self.turn_ms, part, _ratio)
 
     def added(self, part: slice = slice(None)) -> float:
-        """Through the proxy minus direct, per streamed turn (ms; see :func:`_paired`)."""
+        """Through the proxy minus direct, per streamed turn, as measured (ms; see :func:`_paired`)."""
         return _paired(self.first_ms, part, _difference)
+
+    def turn_ratio(self, part: slice = slice(None)) -> float:
+        """:meth:`ratio` with each proxied turn of the same work given the direct turn's compute (the goal's figure).
+
+        See :func:`_swapped`; as measured for a ``results.json`` from before the server's compute was read.
+        """
+        if not self.compute_ms:
+            return self.ratio(part)
+        swapped = _swapped(self.turn_ms, self.compute_ms, self.turn_tokens)
+        return _paired({DIRECT: self.turn_ms[DIRECT], PROXY: swapped}, part, _ratio)
+
+    def first_added(self, part: slice = slice(None)) -> float:
+        """:meth:`added` with each proxied turn of the same work given the direct turn's compute (ms; the goal's)."""
+        if not self.first_tokens:
+            return self.added(part)
+        compute = {
+            way: [f - o for f, o in zip(self.first_ms[way], self.outside_ms[way], strict=True)]
+            for way in (DIRECT, PROXY)
+        }
+        swapped = _swapped(self.first_ms, compute, self.first_tokens)
+        return _paired({DIRECT: self.first_ms[DIRECT], PROXY: swapped}, part, _difference)
+
+    def different_work(self) -> int:
+        """Pairs, of both kinds, where the server processed more for the proxied turn (counted as measured)."""
+        return sum(_more_work(tokens) for tokens in (self.turn_tokens, self.first_tokens) if tokens)
 
     def outside(self, part: slice = slice(None)) -> float:
         """:meth:`added` with llama-server's own compute for each turn taken out, both ways (ms; NaN if not read).
@@ -170,6 +211,28 @@ def _paired(ms: dict[str, list[float]], part: slice, of: Callable[[float, float]
         by_order[i % 2].append(of(ms[DIRECT][i], ms[PROXY][i]))
     medians = [rig.median(values) for values in by_order if values]
     return sum(medians) / len(medians)
+
+
+def _swapped(ms: dict[str, list[float]], compute: dict[str, list[float]], tokens: dict[str, list[int]]) -> list[float]:
+    """The proxied turns' times, each with the direct turn's server compute in place of its own where the server
+    did the same work for both (it processed at most :data:`SAME_WORK_TOKENS` more prompt tokens for the proxy's).
+
+    llama-server's compute for one turn swings by tens of milliseconds on a loaded 2-core machine, each turn
+    on its own, and buries the few milliseconds the proxy adds; given the same work, that swing is the
+    server's, not the proxy's. What is left to compare is the rest of the turn's path: HTTP, the library's
+    template, tokens and slot, the relay. A proxied turn that made the server process more (a missed route,
+    a slot it had to fill) keeps its own compute: that cost is the proxy's. Not taken out: anything the
+    proxy's CPU costs the server's threads while they compute (the proxy's CPU per request is beside it).
+    """
+    out = []
+    for i, proxied in enumerate(ms[PROXY]):
+        same = tokens[PROXY][i] - tokens[DIRECT][i] <= SAME_WORK_TOKENS
+        out.append(proxied - compute[PROXY][i] + compute[DIRECT][i] if same else proxied)
+    return out
+
+
+def _more_work(tokens: dict[str, list[int]]) -> int:
+    return sum(p - d > SAME_WORK_TOKENS for d, p in zip(tokens[DIRECT], tokens[PROXY], strict=True))
 
 
 def _ratio(direct: float, proxy: float) -> float:
@@ -221,22 +284,25 @@ def _parts(n: int) -> list[slice]:
 
 
 class Compute:
-    """llama-server's own compute since the last reading: its prompt and generation seconds, from ``/metrics``."""
+    """llama-server's own work since the last reading, from ``/metrics``: its prompt and generation seconds, and
+    the prompt tokens it processed."""
 
     COUNTERS = ("llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total")
+    TOKENS = "llamacpp:prompt_tokens_total"
 
     def __init__(self, port: int) -> None:
         self._port = port
         self._http = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         self._last = self._read()
 
-    def since(self) -> float:
-        """Milliseconds of compute since the last call (or since this was made)."""
+    def since(self) -> tuple[float, int]:
+        """(milliseconds of compute, prompt tokens processed) since the last call (or since this was made)."""
         now = self._read()
-        spent, self._last = (now - self._last) * 1000, now
+        spent = ((now[0] - self._last[0]) * 1000, round(now[1] - self._last[1]))
+        self._last = now
         return spent
 
-    def _read(self) -> float:
+    def _read(self) -> tuple[float, float]:
         try:
             return self._get()
         except (http.client.HTTPException, OSError):  # a kept-alive connection the server closed: once more
@@ -244,20 +310,64 @@ class Compute:
             self._http = http.client.HTTPConnection("127.0.0.1", self._port, timeout=60)
             return self._get()
 
-    def _get(self) -> float:
+    def _get(self) -> tuple[float, float]:
         self._http.request("GET", "/metrics")
         resp = self._http.getresponse()
         text = resp.read().decode()
         if resp.status != 200:
             raise rig.BenchError(f"/metrics answered HTTP {resp.status}: {text[:200]!r}")
-        values = dict(line.split(" ", 1) for line in text.splitlines() if line.startswith(self.COUNTERS))
-        missing = [name for name in self.COUNTERS if name not in values]
+        wanted = (*self.COUNTERS, self.TOKENS)
+        values = dict(line.split(" ", 1) for line in text.splitlines() if line.startswith(wanted))
+        missing = [name for name in wanted if name not in values]
         if missing:
             raise rig.BenchError(f"llama-server's /metrics has no {', '.join(missing)}")
-        return sum(float(values[name]) for name in self.COUNTERS)
+        return sum(float(values[name]) for name in self.COUNTERS), float(values[self.TOKENS])
 
     def close(self) -> None:
         self._http.close()
+
+
+class Spacer:
+    """A one-token ``/completion`` on a slot neither conversation holds, sent straight to llama-server after each
+    timed turn, so that no timed turn waits for the server's work after the one before it.
+
+    With the RAM prompt cache on, the server's next task after a turn first does that turn's after-work (about
+    17 ms on these histories, see :func:`_paired`): without the spacer it falls on whichever way goes next.
+    The spacer's slot is one the conversations are not on: after each conversation's first turn, the slot
+    ``/slots`` shows with the newest task is taken as that conversation's (:meth:`note`).
+    """
+
+    def __init__(self, port: int, slots: int) -> None:
+        self._conn = proxy_mod.Conn(port)
+        self._port = port
+        self._free = list(range(slots))
+
+    def note(self) -> None:
+        """The conversation that just had its first turn holds the slot with the newest task: not the spacer's."""
+        conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=60)
+        try:
+            conn.request("GET", "/slots")
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise rig.BenchError(f"/slots answered HTTP {resp.status}: {body[:200]!r}")
+        tasks = [(s["id_task"], s["id"]) for s in json.loads(body) if s.get("id_task") is not None]
+        if not tasks:
+            raise rig.BenchError("/slots shows no slot with a task after a conversation's first turn")
+        newest = max(tasks)[1]
+        if newest in self._free:
+            self._free.remove(newest)
+
+    def run(self) -> None:
+        if len(self._free) == 0:
+            raise rig.BenchError("every slot holds a timed conversation: no slot is left for the spacer")
+        body = {"prompt": "Spacer.", "n_predict": 1, "id_slot": self._free[-1], "cache_prompt": True}
+        self._conn.timed("/completion", body)
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 def _turns(
@@ -268,7 +378,11 @@ def _turns(
     turn_ms: dict[str, list[float]] = {DIRECT: [], PROXY: []}
     first_ms: dict[str, list[float]] = {DIRECT: [], PROXY: []}
     outside_ms: dict[str, list[float]] = {DIRECT: [], PROXY: []}
+    compute_ms: dict[str, list[float]] = {DIRECT: [], PROXY: []}
+    turn_tokens: dict[str, list[int]] = {DIRECT: [], PROXY: []}
+    first_tokens: dict[str, list[int]] = {DIRECT: [], PROXY: []}
     compute = Compute(ports[DIRECT])
+    spacer = Spacer(ports[DIRECT], SLOTS)
     cpu = 0.0
     try:
         for n in range(2 * reps + 2):
@@ -282,22 +396,33 @@ def _turns(
                 first, whole = conns[way].timed_both(path, body)
                 if way == PROXY:
                     cpu += rig.cpu_seconds(pid) - before - idle * (time.monotonic() - started)
-                spent = compute.since()
+                spent, processed = compute.since()
+                if n == 0:
+                    spacer.note()
+                spacer.run()
+                compute.since()  # the spacer's own work is no turn's
                 talks[way].grow(n)
                 if n < 2:
                     continue  # the first turn of each conversation is cold, the second its first warm one
-                (first_ms if stream else turn_ms)[way].append(first if stream else whole)
                 if stream:
+                    first_ms[way].append(first)
                     outside_ms[way].append(first - spent)
+                    first_tokens[way].append(processed)
+                else:
+                    turn_ms[way].append(whole)
+                    compute_ms[way].append(spent)
+                    turn_tokens[way].append(processed)
     finally:
         compute.close()
+        spacer.close()
         for conn in conns.values():
             conn.close()
-    found = Api(api, turn_ms, first_ms, cpu / (2 * reps + 2) * 1e6, outside_ms)
+    found = Api(api, turn_ms, first_ms, cpu / (2 * reps + 2) * 1e6, outside_ms, compute_ms, turn_tokens, first_tokens)
     say(
         f"  {api}: warm turn {rig.median(turn_ms[PROXY]):.1f} vs {rig.median(turn_ms[DIRECT]):.1f} ms direct "
-        f"({found.ratio():.3f}x); first byte {found.added():+.2f} ms ({found.outside():+.2f} ms with the server's "
-        f"compute taken out); {found.cpu_us:.0f} µs CPU per request"
+        f"({found.turn_ratio():.3f}x for the same work, {found.ratio():.3f}x as measured); first byte "
+        f"{found.first_added():+.2f} ms ({found.added():+.2f} ms as measured); {found.different_work()} pairs "
+        f"where the proxy's turn made the server process more; {found.cpu_us:.0f} µs CPU per request"
     )
     return found
 
@@ -377,25 +502,27 @@ def judged(r: Result) -> list[tuple[str, str, bool | None]]:
     out: list[tuple[str, str, bool | None]] = []
     for a in r.apis:
         parts = _parts(len(a.turn_ms[PROXY]))
-        rounds = [a.ratio(p) for p in parts]
+        rounds = [a.turn_ratio(p) for p in parts]
         out.append(
             (
                 f"price: {a.name}, warm turn through the proxy <= {TURN_GOAL:g}x direct at p50",
-                f"{a.ratio():.3f}x ({rig.median(a.turn_ms[PROXY]):.1f} vs {rig.median(a.turn_ms[DIRECT]):.1f} ms; "
+                f"{a.turn_ratio():.3f}x for the same work ({a.ratio():.3f}x as measured, "
+                f"{rig.median(a.turn_ms[PROXY]):.1f} vs {rig.median(a.turn_ms[DIRECT]):.1f} ms; "
                 f"per round {', '.join(f'{v:.3f}' for v in rounds)})",
-                rig.decide(a.ratio(), TURN_GOAL, rounds=rounds, quick=r.quick),
+                rig.decide(a.turn_ratio(), TURN_GOAL, rounds=rounds, quick=r.quick),
             )
         )
     for a in r.apis:
         parts = _parts(len(a.first_ms[PROXY]))
-        rounds = [a.added(p) for p in parts]
+        rounds = [a.first_added(p) for p in parts]
         out.append(
             (
                 f"price: {a.name}, first streamed byte through the proxy <= +{FIRST_BYTE_GOAL_MS:g} ms at p50",
-                f"{a.added():+.2f} ms ({rig.median(a.first_ms[PROXY]):.1f} vs {rig.median(a.first_ms[DIRECT]):.1f} "
-                f"ms; per round {', '.join(f'{v:+.2f}' for v in rounds)}; with the server's compute taken out "
-                f"{a.outside():+.2f} ms)",
-                rig.decide(a.added(), FIRST_BYTE_GOAL_MS, rounds=rounds, quick=r.quick),
+                f"{a.first_added():+.2f} ms for the same work ({a.added():+.2f} ms as measured, "
+                f"{rig.median(a.first_ms[PROXY]):.1f} vs {rig.median(a.first_ms[DIRECT]):.1f} "
+                f"ms; per round {', '.join(f'{v:+.2f}' for v in rounds)}; {a.different_work()} pairs of either "
+                "kind where the proxy's turn made the server process more)",
+                rig.decide(a.first_added(), FIRST_BYTE_GOAL_MS, rounds=rounds, quick=r.quick),
             )
         )
     for lat in r.non_routed:
@@ -442,17 +569,20 @@ def from_json(raw: dict[str, Any]) -> Result:
 
 def table(r: Result) -> str:
     rows = [
-        [a.name, len(a.turn_ms[PROXY]), rig.median(a.turn_ms[DIRECT]), rig.median(a.turn_ms[PROXY]), a.ratio(),
-         rig.median(a.first_ms[DIRECT]), rig.median(a.first_ms[PROXY]), a.added(), a.outside(), a.cpu_us]
+        [a.name, len(a.turn_ms[PROXY]), rig.median(a.turn_ms[DIRECT]), rig.median(a.turn_ms[PROXY]),
+         f"{a.turn_ratio():.3f}", f"{a.ratio():.3f}", rig.median(a.first_ms[DIRECT]), rig.median(a.first_ms[PROXY]),
+         a.first_added(), a.added(), a.different_work(), a.cpu_us]
         for a in r.apis
     ]  # fmt: skip
     head = [
-        "API", "n", "turn direct", "turn proxy", "ratio", "1st byte direct", "1st byte proxy", "added",
-        "added, compute out", "CPU µs",
+        "API", "n", "turn direct", "turn proxy", "ratio", "as measured", "1st byte direct", "1st byte proxy",
+        "added", "as measured", "more work", "CPU µs",
     ]  # fmt: skip
     note = (
-        f"(ms, p50; ratio and added: over pairs of turns, per order; compute out: each streamed turn less "
-        "llama-server's prompt and generation seconds for it (its /metrics), a diagnostic; "
+        f"(ms, p50; ratio and added: over pairs of turns, per order, each proxied turn given the direct turn's "
+        f"server compute (its /metrics) where the server processed at most {SAME_WORK_TOKENS} more prompt tokens "
+        "for it; as measured: without; more work: pairs where it processed more, counted as measured; "
+        "a spacer request on a third slot after each timed turn; "
         f"{SLOTS} slots of {CTX:,} tokens, "
         f"RAM prompt cache on; histories of ~{r.tokens:,} tokens; "
         "a turn adds an answer and a line; CPU: the sidecar's per proxied request, its polling subtracted)"

@@ -263,3 +263,38 @@ def test_the_first_byte_with_the_servers_compute_taken_out_is_paired_and_not_rea
     assert abs(api.added() - 2.0) > 1.0  # the swing the diagnostic takes out
     older = price.Api("responses", {}, {price.DIRECT: direct, price.PROXY: proxied}, 0.0)
     assert older.outside() != older.outside()  # NaN: a results.json from before the column says nothing
+
+
+def test_a_proxied_turn_of_the_same_work_is_judged_with_the_direct_turns_compute_and_one_of_more_work_as_measured() -> (
+    None
+):
+    """The server's compute swings per turn by ±50 ms on its own; the proxy adds 1.5 ms outside it.
+
+    Where the server processed the same prompt tokens both ways, the goal's figure reads the proxy's 1.5 ms;
+    a proxied turn that made the server process 200 tokens more keeps its own (longer) compute.
+    """
+    rng = random.Random(11)
+    n = 30
+    direct_compute = [150.0 + rng.uniform(-50.0, 50.0) for _ in range(n)]
+    proxy_compute = [150.0 + rng.uniform(-50.0, 50.0) for _ in range(n)]
+    direct = [c + 20.0 for c in direct_compute]
+    proxied = [c + 21.5 for c in proxy_compute]
+    same = {price.DIRECT: [40] * n, price.PROXY: [40 + price.SAME_WORK_TOKENS] * n}
+    compute = {price.DIRECT: direct_compute, price.PROXY: proxy_compute}
+    ms = {price.DIRECT: direct, price.PROXY: proxied}
+    outside = {way: [t - c for t, c in zip(ms[way], compute[way], strict=True)] for way in ms}
+    api = price.Api("chat completions", ms, ms, 0.0, outside, compute, same, same)
+    assert abs(api.first_added() - 1.5) < 1e-9
+    plus = {price.DIRECT: direct, price.PROXY: [d + 1.5 for d in direct]}
+    assert abs(api.turn_ratio() - price._paired(plus, slice(None), price._ratio)) < 1e-12
+    assert abs(api.added() - 1.5) > 2.0  # as measured, the server's swing buries the proxy's 1.5 ms
+    assert api.different_work() == 0
+    more = {price.DIRECT: [40] * n, price.PROXY: [40] * (n - 1) + [240]}
+    heavier = price.Api("chat completions", ms, ms, 0.0, outside, compute, more, more)
+    assert price._swapped(ms, compute, more)[-1] == proxied[-1]  # kept as measured
+    assert price._swapped(ms, compute, more)[0] == direct[0] + 1.5
+    assert heavier.different_work() == 2  # one pair of each kind
+    result = dataclasses.replace(_price(turn_ms=202.0, first_ms=101.0, crashed_ms=220.0), apis=[api])
+    back = goals.results_from_json(json.loads(json.dumps(goals.Results(price=result).as_json()))).price
+    assert back is not None
+    assert back.apis == [api]
