@@ -9,14 +9,13 @@ conversation that comes back warm was swapped in from the library; after a
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from sidecar.snapshots import slotfile
 from support.llamabed import LlamaServer, MakeServer, complete, http_json, make_prompt
 from support.net import free_port
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from support.sidecarbed import MakeSidecar, SidecarProcess, manifest_records
 
 CONVERSATIONS = 6
 PROMPT_TOKENS = 600
@@ -57,8 +56,8 @@ class Chat:
 def _library(slot_dir: Path) -> list[tuple[tuple[str, ...], int]]:
     """(chain, tokens) of every indexed snapshot in the slot dir."""
     found = []
-    for path in slot_dir.glob("slot*.json"):
-        index = json.loads(path.read_text()).get("index")
+    for record in manifest_records(slot_dir):
+        index = record.get("index")
         if index:
             found.append((tuple(index["chain"]), int(index["tokens"])))
     return found

@@ -19,14 +19,13 @@ before the conversation's snapshot goes back in, and it comes back warm.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from support import agents, tinymodels
 from support.llamabed import MakeServer, http_json, make_prompt, slots
-from support.sidecarbed import MakeSidecar, SidecarProcess, proxied
+from support.sidecarbed import MakeSidecar, SidecarProcess, manifest_records, proxied
 
 TURNS = 3
 WARM = 0.9
@@ -135,8 +134,7 @@ def test_a_turn_another_client_ran_in_the_slot_is_saved_and_the_next_turn_is_rou
     assert reply.cached >= WARM * earlier, (reply.cached, earlier, reply.header)
 
     def kept() -> bool:
-        for path in slot_dir.glob("slot*.json"):
-            record = json.loads(path.read_text())
+        for record in manifest_records(slot_dir):
             if record["slot"] == home and theirs <= int(record["tokens"]) <= theirs + 2:
                 return True
         return False

@@ -41,6 +41,22 @@ def manifests(slot_dir: Path) -> list[str]:
     return sorted(p.name for p in slot_dir.glob("slot*.json"))
 
 
+def manifest_records(slot_dir: Path) -> list[dict[str, Any]]:
+    """The committed manifests in a slot dir, as read now.
+
+    The sidecar prunes an older snapshot when a newer one of the same slot or
+    conversation is committed, so a manifest listed a moment ago may be gone
+    when it is opened: it is left out, as it is no longer committed.
+    """
+    records = []
+    for path in slot_dir.glob("slot*.json"):
+        try:
+            records.append(json.loads(path.read_text()))
+        except FileNotFoundError:
+            continue
+    return records
+
+
 def bin_of(manifest_name: str) -> str:
     return manifest_name.removesuffix(".json") + ".bin"
 
