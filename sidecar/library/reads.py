@@ -10,6 +10,15 @@ against 0.74-0.84 ms on aiohttp (three runs). Its connections are its own (the r
 requests only), and the reply is parsed by the same
 :func:`sidecar.observe.upstream.slot_views` as the poller's.
 
+A read with no answer after ``HEDGE_SECONDS`` is asked once more, on a
+connection opened for it, and the first answer is taken (the other read is
+dropped with its connection). llama-server answers ``/slots`` within a
+millisecond here, even during a decode (its worker thread serves it while
+the model computes), yet a read on the request's path was once seen to get
+no answer at all until ``--request-timeout`` ran out, right after a
+restart: the turn waited 5 s and went unrouted. A second ``GET /slots``
+costs the server nothing it does not do four times a second for the poller.
+
 Errors are the poller's: ``errors.UpstreamUnavailable`` when nothing answers
 (or not within ``--request-timeout``), ``errors.UpstreamDenied`` for a wrong
 API key, ``errors.UpstreamProtocolError`` for a reply that is not slots.
@@ -25,6 +34,8 @@ from sidecar.observe import upstream
 from sidecar.proxy import listener, upclient
 
 _ENDPOINT = "/slots"
+HEDGE_SECONDS = 0.5
+"""How long a read waits for its answer before the same read goes out once more on a new connection."""
 
 
 class SlotsReader:
@@ -58,10 +69,25 @@ class SlotsReader:
         return upstream.slot_views(parsed)
 
     async def _read(self) -> tuple[int, bytes]:
+        """The first reply of the read and, if it is slow, of the same read on a new connection."""
+        first = asyncio.ensure_future(self._attempts())
+        try:
+            done, _ = await asyncio.wait({first}, timeout=HEDGE_SECONDS)
+            if done:
+                return first.result()
+            second = asyncio.ensure_future(self._attempts(fresh=True))
+            try:
+                return await _first_answer(first, second)
+            finally:
+                await _drop(second)
+        finally:
+            await _drop(first)
+
+    async def _attempts(self, *, fresh: bool = False) -> tuple[int, bytes]:
         """The reply's status and body; a kept-alive connection the server closed meanwhile is retried once."""
         for attempt in (1, 2):
             try:
-                return await self._once()
+                return await self._once(fresh=fresh)
             except upclient.Lost as exc:
                 if attempt == 2:
                     raise errors.UpstreamUnavailable(f"{_ENDPOINT}: {exc}", endpoint=_ENDPOINT) from exc
@@ -69,8 +95,8 @@ class SlotsReader:
                 raise errors.UpstreamUnavailable(f"{_ENDPOINT}: {exc}", endpoint=_ENDPOINT) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _once(self) -> tuple[int, bytes]:
-        answer = await self._client.request("GET", _ENDPOINT, self._headers, b"")
+    async def _once(self, *, fresh: bool) -> tuple[int, bytes]:
+        answer = await self._client.request("GET", _ENDPOINT, self._headers, b"", fresh=fresh)
         try:
             body = await _body(answer)
         except BaseException:
@@ -81,6 +107,25 @@ class SlotsReader:
 
     async def close(self) -> None:
         await self._client.close()
+
+
+async def _first_answer(*reads: asyncio.Future[tuple[int, bytes]]) -> tuple[int, bytes]:
+    """The first read to answer; if one fails, the other's outcome (the last failure if both fail)."""
+    pending = set(reads)
+    while True:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        answered = [read for read in done if read.exception() is None]
+        if answered or not pending:
+            return (answered or list(done))[0].result()
+
+
+async def _drop(read: asyncio.Future[tuple[int, bytes]]) -> None:
+    """Cancel a read still out (its connection closes) and wait for it to end; its outcome is not wanted."""
+    if not read.done():
+        read.cancel()
+        await asyncio.wait({read})
+    if not read.cancelled():
+        read.exception()  # retrieved, so that asyncio does not report it as never retrieved
 
 
 async def _body(answer: upclient.Answer) -> bytes:

@@ -291,10 +291,15 @@ class Client:
         self._spare: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def request(self, method: str, target: str, headers: list[tuple[str, str]], body: bytes) -> Answer:
-        """Send one request (``target``: path and query, as the client sent them); raises ``UpstreamError``."""
+    async def request(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes, *, fresh: bool = False
+    ) -> Answer:
+        """Send one request (``target``: path and query, as the client sent them); raises ``UpstreamError``.
+
+        ``fresh``: on a connection opened for it, never a kept-alive one.
+        """
         head = self._head(method, target, headers, body)
-        conn = self._reuse() or await self._connect()
+        conn = (None if fresh else self._reuse()) or await self._connect()
         return await conn.send(head, body, head_only=method == "HEAD")
 
     def _head(self, method: str, target: str, headers: list[tuple[str, str]], body: bytes) -> bytes:

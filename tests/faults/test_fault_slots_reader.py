@@ -8,7 +8,9 @@ tests/e2e/test_library_slots_reads.py.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
@@ -140,3 +142,37 @@ async def test_nothing_listening_is_unavailable() -> None:
             await reader.slots()
     finally:
         await reader.close()
+
+
+async def test_a_read_left_without_an_answer_is_asked_again_on_a_new_connection_and_the_first_answer_is_taken(
+    make_fake: MakeFake,
+) -> None:
+    """The read once got no answer at all after a restart; the turn must not wait for ``--request-timeout``."""
+    fake = make_fake()
+    fake.use(0, 42)
+    reader = reads.SlotsReader(_settings(fake.url, api_key=None, request_timeout=10.0))
+    try:
+        assert (await reader.slots())[0].tokens == 42  # a kept-alive connection now waits in the pool
+        fake.replies["/slots"] = reads_hang = Reply.hang()
+        started = time.monotonic()
+        read = asyncio.ensure_future(reader.slots())
+        await until(lambda: len(fake.requests("/slots")) == 2, timeout=5, what="the read reaches the fake")
+        assert fake.replies.pop("/slots") is reads_hang  # the read in hand hangs; the next is answered
+        views = await read
+        waited = time.monotonic() - started
+        assert views[0].tokens == 42
+        assert reads.HEDGE_SECONDS <= waited < reads.HEDGE_SECONDS + 1.0, waited
+        hung, asked_again = fake.requests("/slots")[1:]
+        assert asked_again.start - hung.start >= reads.HEDGE_SECONDS
+        await until(lambda: hung.hung_up, timeout=5, what="the hung read's connection is dropped")
+        assert (await reader.slots())[0].tokens == 42
+    finally:
+        await reader.close()
+
+
+async def test_a_read_answered_before_the_hedge_is_asked_once(keyed: tuple[FakeLlama, reads.SlotsReader]) -> None:
+    fake, reader = keyed
+    fake.use(1, 5)
+    for _ in range(5):
+        assert (await reader.slots())[1].tokens == 5
+    assert len(fake.requests("/slots")) == 5
