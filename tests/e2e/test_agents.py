@@ -136,10 +136,11 @@ def test_metrics_and_status_agree_with_each_answers_own_reuse_in_a_mixed_run(
 ) -> None:
     server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=4096, extra_args=["--cache-ram", "0"])
     side, url = proxied(sidecar, server, slot_dir)
-    apis = [agents.Chat(url, stream=False), agents.Messages(url, stream=False)]
+    # One conversation of each API and mode, streamed or not: each answer's own reuse figure is read from
+    # its own place (usage of the last event, message_delta, response.completed) by the client and the relay.
     pairs = [
         (api, agents.Conversation.start(n, make_prompt(server.url, PROMPT_TOKENS, seed=700 + n)))
-        for n, api in enumerate(apis * 2)
+        for n, api in enumerate(agents.every_api(url))
     ]
     seen: list[tuple[agents.Reply, int]] = []
     for turn in range(3):
