@@ -69,19 +69,53 @@ class SlotsReader:
         return upstream.slot_views(parsed)
 
     async def _read(self) -> tuple[int, bytes]:
-        """The first reply of the read and, if it is slow, of the same read on a new connection."""
-        first = asyncio.ensure_future(self._attempts())
+        """The first reply of the read and, if it is slow, of the same read on a new connection.
+
+        The first read runs in the caller's task, so that its request is written before the caller's
+        next step (the placer sends its read early, then parses while llama-server answers). Only if
+        it has no answer after ``HEDGE_SECONDS`` does the second read start, in a task of its own: if
+        that one answers first, the caller's wait on the first is cancelled and the second's reply is
+        returned in its place.
+        """
+        loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
+        assert me is not None
+        second: asyncio.Task[tuple[int, bytes]] | None = None
+        took_second = False
+        settled = False
+        """The first read ended (or failed with the second out): the second's answer no longer cancels anything."""
+
+        def take_second(read: asyncio.Task[tuple[int, bytes]]) -> None:
+            nonlocal took_second
+            if not settled and not took_second and not read.cancelled() and read.exception() is None:
+                took_second = True
+                me.cancel()
+
+        def ask_again() -> None:
+            nonlocal second
+            second = loop.create_task(self._attempts(fresh=True), name="slots-read-again")
+            second.add_done_callback(take_second)
+
+        timer = loop.call_later(HEDGE_SECONDS, ask_again)
         try:
-            done, _ = await asyncio.wait({first}, timeout=HEDGE_SECONDS)
-            if done:
-                return first.result()
-            second = asyncio.ensure_future(self._attempts(fresh=True))
             try:
-                return await _first_answer(first, second)
-            finally:
-                await _drop(second)
+                return await self._attempts()
+            except asyncio.CancelledError:
+                if took_second and me.uncancel() == 0:
+                    assert second is not None
+                    return second.result()
+                raise
+            except errors.UpstreamError:
+                settled = True
+                if second is None:
+                    raise
+                timer.cancel()
+                return await second  # the first failed while the second is out: its outcome is the read's
         finally:
-            await _drop(first)
+            settled = True
+            timer.cancel()
+            if second is not None:
+                await _drop(second)
 
     async def _attempts(self, *, fresh: bool = False) -> tuple[int, bytes]:
         """The reply's status and body; a kept-alive connection the server closed meanwhile is retried once."""
@@ -107,16 +141,6 @@ class SlotsReader:
 
     async def close(self) -> None:
         await self._client.close()
-
-
-async def _first_answer(*reads: asyncio.Future[tuple[int, bytes]]) -> tuple[int, bytes]:
-    """The first read to answer; if one fails, the other's outcome (the last failure if both fail)."""
-    pending = set(reads)
-    while True:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        answered = [read for read in done if read.exception() is None]
-        if answered or not pending:
-            return (answered or list(done))[0].result()
 
 
 async def _drop(read: asyncio.Future[tuple[int, bytes]]) -> None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -176,3 +179,38 @@ async def test_a_read_answered_before_the_hedge_is_asked_once(keyed: tuple[FakeL
     for _ in range(5):
         assert (await reader.slots())[1].tokens == 5
     assert len(fake.requests("/slots")) == 5
+
+
+async def test_the_read_is_written_in_its_tasks_first_step_so_an_early_read_goes_out_before_the_callers_parse() -> None:
+    """The placer sends its read, yields once, then parses while the loop is held: the request must be out by then."""
+    arrived: list[float] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    body = json.dumps([{"id": 0, "n_ctx": 4096, "is_processing": False, "id_task": -1}]).encode()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(65536)
+            arrived.append(time.monotonic())
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    reader = reads.SlotsReader(_settings(f"http://127.0.0.1:{port}", api_key=None))
+    try:
+        connected = await reader._client._connect()  # a kept-alive connection, as the placer's read finds one
+        reader._client.give_back(connected)
+        read = asyncio.ensure_future(reader.slots())
+        await asyncio.sleep(0)  # the read's task takes its first step
+        held = time.monotonic()
+        while not arrived and time.monotonic() < held + 5:  # the caller's parse, holding the loop
+            time.sleep(0.001)
+        assert arrived, "the request went out only after the caller let the loop go"
+        assert (await read)[0].id == 0
+    finally:
+        await reader.close()
+        listener.close()
+        server.join(timeout=5)
