@@ -7,10 +7,11 @@ slots with ``--cache-ram 0`` (llama-server keeps nothing outside its slots,
 standing for conversations too big for its RAM cache, or for a restart).
 They take turns, so every return comes after the others took both slots, and
 once more after a ``kill -9``: each return must reuse its whole earlier
-prompt (99% of it: a conversation that came back from an older snapshot
-reuses less, about 92% at the third turn). Then a ``kill -9`` lands during the prefill of a streamed
-request of each streamed API: its client must get a whole answer, no error,
-reusing its own conversation's KV.
+prompt (99% of it: a conversation that came back after the kill from the
+snapshot of the turn before reused 497 of 539 tokens, 92%). Then a
+``kill -9`` lands during the prefill of a streamed request of each streamed
+API: its client must get a whole answer, no error, reusing its own
+conversation's KV.
 """
 
 from __future__ import annotations
