@@ -100,7 +100,7 @@ def of(request: prompt.Prompt) -> Key | None:
         marks = []
         mark = head
         for message in messages:
-            mark = _digest(mark + _canonical(message))
+            mark = _digest(mark + _literal(message))
             marks.append(mark)
         return Key(head, tuple(marks))
     if request.kind is prompt.Kind.TEXT:
@@ -116,6 +116,18 @@ def _head(kind: str, body: dict[str, Any]) -> bytes:
 
 def _canonical(value: Any) -> bytes:
     return convert.CANONICAL.encode(value).encode()
+
+
+def _literal(message: Any) -> bytes:
+    """A message as its Python literal (``repr``): two different messages never give one text, and it takes
+    half the time of :func:`_canonical` (2 against 4 µs for a message of 400 characters here).
+
+    Its keys keep the order they came in: a client that sent the same history with its keys in another
+    order would continue no slot's conversation and be routed by its token ids (a miss, never a wrong
+    slot). The SDKs write a history the same way on every turn, and :mod:`.convert` builds its messages
+    in one order.
+    """
+    return repr(message).encode()
 
 
 def _digest(data: bytes) -> bytes:
