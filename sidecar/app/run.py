@@ -253,7 +253,7 @@ def _plain(
 
         tokenizer = tokens.Cached(client, stats=stats, vocabulary=vocabulary)
         core.follow(tokenizer)  # a restart forgets the remembered ids, unless the model and build are the same
-        slots_reader = reads.SlotsReader(settings.upstream)
+        slots_reader = reads.SlotsReader(settings.upstream, stats=stats)
         core.read_fresh_by(slots_reader.slots)
         library = placer.Placer(
             core=watched.engine,

@@ -23,6 +23,7 @@ UNROUTED_REASONS = tuple(r.value for r in outcomes.Unrouted)
 UNSERVED_REASONS = tuple(r.value for r in outcomes.Unserved)
 PROMPT_BYTE_SOURCES = tuple(s.value for s in outcomes.PromptBytes)
 ROUTE_METHODS = tuple(b.value for b in outcomes.RouteBy)
+SLOTS_RETRY_ANSWERS = tuple(a.value for a in outcomes.SlotsRetry)
 QUARANTINE_REASONS = tuple(p.value for p in outcomes.SnapshotProblem if p in outcomes.BAD_CONTENT)
 SLOT_DIR_OPERATIONS = tuple(o.value for o in outcomes.SlotDirOperation)
 SHARED_DIRECTIONS = tuple(d.value for d in outcomes.Direction)
@@ -359,6 +360,18 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.library_slots_read_retries = Counter(
+            "library_slots_read_retries",
+            "Reads of llama-server's /slots on a routed request's path that had no answer within 0.5 s and were "
+            "sent once more on a new connection, by which read answered: first (the one sent first), second (the "
+            "one sent again), neither (none within --request-timeout or errors on both, and the request went "
+            'unrouted, counted in conversation_unrouted_total{reason="error"}; or the client went away first). '
+            "llama-server answers /slots within a millisecond even while it computes: a count that keeps rising "
+            "means its HTTP threads are stalling (see its log); each such read still cost its request 0.5 s.",
+            ["answered"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.library_tokens = Counter(
             "library_tokens",
             "Prompt tokens served from the library: of the prefix a swap put into a slot ahead of its request, "
@@ -397,6 +410,8 @@ class Metrics:
             self.library_prompt_bytes.labels(source)
         for by in ROUTE_METHODS:
             self.library_routes.labels(by)
+        for answered in SLOTS_RETRY_ANSWERS:
+            self.library_slots_read_retries.labels(answered)
 
     def _shared_families(self, registry: CollectorRegistry) -> None:
         """The shared store: transfers, errors, uploads waiting."""

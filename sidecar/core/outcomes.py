@@ -115,6 +115,18 @@ class PromptBytes(enum.StrEnum):
     """Ids held from an earlier text (the token cache): no bytes sent."""
 
 
+class SlotsRetry(enum.StrEnum):
+    """Which read of ``/slots`` answered once it was sent again (``library_slots_read_retries_total{answered}``)."""
+
+    FIRST = "first"
+    """The read sent first, after all: the second was dropped."""
+    SECOND = "second"
+    """The read sent again, on a new connection: the first was dropped."""
+    NEITHER = "neither"
+    """No answer taken: none within ``--request-timeout`` or errors on both (the request went unrouted), or the
+    request went away first."""
+
+
 class Unrouted(enum.StrEnum):
     """Why a request was forwarded without routing (``conversation_unrouted_total{reason}``)."""
 

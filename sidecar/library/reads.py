@@ -12,7 +12,8 @@ requests only), and the reply is parsed by the same
 
 A read with no answer after ``HEDGE_SECONDS`` is asked once more, on a
 connection opened for it, and the first answer is taken (the other read is
-dropped with its connection). llama-server answers ``/slots`` within a
+dropped with its connection); each such read is counted, by which one
+answered, in ``library_slots_read_retries_total``. llama-server answers ``/slots`` within a
 millisecond here, even during a decode (its worker thread serves it while
 the model computes), yet a read on the request's path was once seen to get
 no answer at all until ``--request-timeout`` ran out, right after a
@@ -29,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from sidecar.core import config, errors, events
+from sidecar.core import config, errors, events, metrics, outcomes
 from sidecar.observe import upstream
 from sidecar.proxy import listener, upclient
 
@@ -41,12 +42,13 @@ HEDGE_SECONDS = 0.5
 class SlotsReader:
     """``GET /slots`` of one plain llama-server, on a connection pool of its own."""
 
-    def __init__(self, settings: config.UpstreamSettings) -> None:
+    def __init__(self, settings: config.UpstreamSettings, *, stats: metrics.Metrics) -> None:
         self._client = upclient.Client(
             settings.url, connect_timeout=settings.connect_timeout, keepalive=listener.KEEPALIVE
         )
         self._headers = [("Authorization", f"Bearer {settings.api_key}")] if settings.api_key else []
         self._timeout = settings.request_timeout
+        self._retries = {a: stats.library_slots_read_retries.labels(a.value) for a in outcomes.SlotsRetry}
 
     async def slots(self) -> tuple[events.SlotView, ...]:
         """Every slot as the server shows it now; raises ``errors.UpstreamError``."""
@@ -97,12 +99,15 @@ class SlotsReader:
             second.add_done_callback(take_second)
 
         timer = loop.call_later(HEDGE_SECONDS, ask_again)
+        answered = outcomes.SlotsRetry.NEITHER
+        """Which read's answer is returned, once the second went out (counted then)."""
         try:
             try:
-                return await self._attempts()
+                reply = await self._attempts()
             except asyncio.CancelledError:
                 if took_second and me.uncancel() == 0:
                     assert second is not None
+                    answered = outcomes.SlotsRetry.SECOND
                     return second.result()
                 raise
             except errors.UpstreamError:
@@ -110,11 +115,17 @@ class SlotsReader:
                 if second is None:
                     raise
                 timer.cancel()
-                return await second  # the first failed while the second is out: its outcome is the read's
+                reply = await second  # the first failed while the second is out: its outcome is the read's
+                answered = outcomes.SlotsRetry.SECOND
+                return reply
+            else:
+                answered = outcomes.SlotsRetry.FIRST
+                return reply
         finally:
             settled = True
             timer.cancel()
             if second is not None:
+                self._retries[answered].inc()
                 await _drop(second)
 
     async def _attempts(self, *, fresh: bool = False) -> tuple[int, bytes]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
-from sidecar.core import config, errors
+from sidecar.core import config, errors, metrics
 from sidecar.library import reads
 from sidecar.observe import upstream
 from support.llamabed import MakeServer, complete, make_prompt
@@ -23,7 +24,8 @@ async def test_the_slots_read_on_the_relays_client_are_the_pollers(llama: MakeSe
     server = llama(n_slots=2, api_key=KEY)
     settings = config.UpstreamSettings(url=server.url, api_key=KEY)
     answer = complete(server.url, make_prompt(server.url, 300, seed=5, api_key=KEY), id_slot=1, api_key=KEY)
-    reader = reads.SlotsReader(settings)
+    registry = CollectorRegistry()
+    reader = reads.SlotsReader(settings, stats=metrics.Metrics(registry, version="test"))
     try:
         async with aiohttp.ClientSession() as session:
             polled = await upstream.LlamaClient(session, settings).slots()
@@ -38,11 +40,19 @@ async def test_the_slots_read_on_the_relays_client_are_the_pollers(llama: MakeSe
     assert polled[1].task is not None
     assert polled[0].task is None
     assert [(v.id, v.task, v.tokens) for v in after] == [(0, None, 0), (1, None, 0)]
+    retried = [
+        registry.get_sample_value("llama_sidecar_library_slots_read_retries_total", {"answered": a})
+        for a in metrics.SLOTS_RETRY_ANSWERS
+    ]
+    assert retried == [0.0] * len(metrics.SLOTS_RETRY_ANSWERS), "a healthy server's reads are answered at once"
 
 
 async def test_a_key_the_server_refuses_is_denied(llama: MakeServer) -> None:
     server = llama(api_key=KEY)
-    reader = reads.SlotsReader(config.UpstreamSettings(url=server.url, api_key="sk-revoked-0000"))
+    reader = reads.SlotsReader(
+        config.UpstreamSettings(url=server.url, api_key="sk-revoked-0000"),
+        stats=metrics.Metrics(CollectorRegistry(), version="test"),
+    )
     try:
         with pytest.raises(errors.UpstreamDenied, match="/slots: HTTP 401") as caught:
             await reader.slots()

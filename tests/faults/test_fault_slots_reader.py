@@ -18,8 +18,9 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
-from sidecar.core import config, errors
+from sidecar.core import config, errors, metrics
 from sidecar.library import reads
 from sidecar.observe import upstream
 from support import net
@@ -33,10 +34,26 @@ def _settings(url: str, **changes: object) -> config.UpstreamSettings:
     return dataclasses.replace(config.UpstreamSettings(url=url, api_key=KEY, request_timeout=2.0), **changes)  # type: ignore[arg-type]
 
 
+class _Reader(reads.SlotsReader):
+    """The reader, with the counts of its second tries (``library_slots_read_retries_total``) at hand."""
+
+    def __init__(self, settings: config.UpstreamSettings) -> None:
+        self.registry = CollectorRegistry()
+        super().__init__(settings, stats=metrics.Metrics(self.registry, version="test"))
+
+    def retries(self) -> dict[str, float]:
+        """Reads sent again, by which answered."""
+        name = "llama_sidecar_library_slots_read_retries_total"
+        return {a: self.registry.get_sample_value(name, {"answered": a}) or 0.0 for a in metrics.SLOTS_RETRY_ANSWERS}
+
+
+NO_RETRIES = dict.fromkeys(metrics.SLOTS_RETRY_ANSWERS, 0.0)
+
+
 @pytest.fixture
-async def keyed(make_fake: MakeFake) -> AsyncIterator[tuple[FakeLlama, reads.SlotsReader]]:
+async def keyed(make_fake: MakeFake) -> AsyncIterator[tuple[FakeLlama, _Reader]]:
     fake = make_fake(api_key=KEY)
-    reader = reads.SlotsReader(_settings(fake.url))
+    reader = _Reader(_settings(fake.url))
     try:
         yield fake, reader
     finally:
@@ -44,7 +61,7 @@ async def keyed(make_fake: MakeFake) -> AsyncIterator[tuple[FakeLlama, reads.Slo
 
 
 async def test_the_slots_read_as_the_pollers_client_reads_them_with_the_key_on_kept_alive_connections(
-    keyed: tuple[FakeLlama, reads.SlotsReader],
+    keyed: tuple[FakeLlama, _Reader],
 ) -> None:
     fake, reader = keyed
     fake.use(1, 321)
@@ -58,7 +75,7 @@ async def test_the_slots_read_as_the_pollers_client_reads_them_with_the_key_on_k
     assert [seen.auth for seen in mine] == [f"Bearer {KEY}"] * 3
 
 
-async def test_a_reply_in_chunks_reads_whole(keyed: tuple[FakeLlama, reads.SlotsReader]) -> None:
+async def test_a_reply_in_chunks_reads_whole(keyed: tuple[FakeLlama, _Reader]) -> None:
     fake, reader = keyed
     fake.use(0, 77)
     fake.replies["/slots"] = Reply.chunked(fake.slots_body(), chunk=16, pause=0.0)
@@ -66,7 +83,7 @@ async def test_a_reply_in_chunks_reads_whole(keyed: tuple[FakeLlama, reads.Slots
     assert [(v.id, v.tokens) for v in views] == [(0, 77), (1, 0)]
 
 
-async def test_a_server_that_went_away_and_came_back_is_read_again(keyed: tuple[FakeLlama, reads.SlotsReader]) -> None:
+async def test_a_server_that_went_away_and_came_back_is_read_again(keyed: tuple[FakeLlama, _Reader]) -> None:
     fake, reader = keyed
     fake.use(0, 50)
     assert (await reader.slots())[0].tokens == 50
@@ -76,7 +93,7 @@ async def test_a_server_that_went_away_and_came_back_is_read_again(keyed: tuple[
 
 async def test_a_wrong_key_is_denied_with_the_servers_status(make_fake: MakeFake) -> None:
     fake = make_fake(api_key=KEY)
-    reader = reads.SlotsReader(_settings(fake.url, api_key="wrong"))
+    reader = _Reader(_settings(fake.url, api_key="wrong"))
     try:
         with pytest.raises(errors.UpstreamDenied, match="/slots: HTTP 401: Invalid API Key") as caught:
             await reader.slots()
@@ -106,7 +123,7 @@ BadReply = Callable[[FakeLlama], Reply]
     ids=["500", "404", "not-json", "not-a-list", "bad-field", "too-long", "too-long-in-chunks"],
 )
 async def test_a_bad_reply_is_the_pollers_error_and_the_next_good_one_reads(
-    keyed: tuple[FakeLlama, reads.SlotsReader], reply: BadReply, error: type[errors.UpstreamError], message: str
+    keyed: tuple[FakeLlama, _Reader], reply: BadReply, error: type[errors.UpstreamError], message: str
 ) -> None:
     fake, reader = keyed
     fake.replies["/slots"] = reply(fake)
@@ -127,7 +144,7 @@ async def test_a_hung_server_is_unavailable_after_the_request_timeout_and_its_co
 ) -> None:
     fake = make_fake()
     fake.replies["/slots"] = reply(fake)
-    reader = reads.SlotsReader(_settings(fake.url, api_key=None, request_timeout=0.3))
+    reader = _Reader(_settings(fake.url, api_key=None, request_timeout=0.3))
     try:
         with pytest.raises(errors.UpstreamUnavailable, match=r"/slots: no answer within 0\.3 s"):
             await reader.slots()
@@ -139,7 +156,7 @@ async def test_a_hung_server_is_unavailable_after_the_request_timeout_and_its_co
 
 
 async def test_nothing_listening_is_unavailable() -> None:
-    reader = reads.SlotsReader(_settings(f"http://127.0.0.1:{net.free_port()}"))
+    reader = _Reader(_settings(f"http://127.0.0.1:{net.free_port()}"))
     try:
         with pytest.raises(errors.UpstreamUnavailable, match="/slots: "):
             await reader.slots()
@@ -153,7 +170,7 @@ async def test_a_read_left_without_an_answer_is_asked_again_on_a_new_connection_
     """The read once got no answer at all after a restart; the turn must not wait for ``--request-timeout``."""
     fake = make_fake()
     fake.use(0, 42)
-    reader = reads.SlotsReader(_settings(fake.url, api_key=None, request_timeout=10.0))
+    reader = _Reader(_settings(fake.url, api_key=None, request_timeout=10.0))
     try:
         assert (await reader.slots())[0].tokens == 42  # a kept-alive connection now waits in the pool
         fake.replies["/slots"] = reads_hang = Reply.hang()
@@ -168,17 +185,47 @@ async def test_a_read_left_without_an_answer_is_asked_again_on_a_new_connection_
         hung, asked_again = fake.requests("/slots")[1:]
         assert asked_again.start - hung.start >= reads.HEDGE_SECONDS
         await until(lambda: hung.hung_up, timeout=5, what="the hung read's connection is dropped")
+        assert reader.retries() == {**NO_RETRIES, "second": 1.0}
         assert (await reader.slots())[0].tokens == 42
+        assert reader.retries() == {**NO_RETRIES, "second": 1.0}, "a read answered at once is no retry"
     finally:
         await reader.close()
 
 
-async def test_a_read_answered_before_the_hedge_is_asked_once(keyed: tuple[FakeLlama, reads.SlotsReader]) -> None:
+async def test_a_slow_first_read_that_answers_before_the_second_is_taken_and_counted_so(make_fake: MakeFake) -> None:
+    fake = make_fake()
+    fake.replies["/slots"] = Reply.drip(fake.slots_body(), pause=0.01)  # each read takes about 1 s
+    reader = _Reader(_settings(fake.url, api_key=None, request_timeout=10.0))
+    try:
+        started = time.monotonic()
+        assert len(await reader.slots()) == 2
+        assert time.monotonic() - started < 2 * len(json.dumps(fake.slots_body())) * 0.01
+        assert len(fake.requests("/slots")) == 2, "the read was sent again while the first still dripped"
+        assert reader.retries() == {**NO_RETRIES, "first": 1.0}
+    finally:
+        await reader.close()
+
+
+async def test_a_read_neither_try_answers_fails_after_the_request_timeout_and_is_counted(make_fake: MakeFake) -> None:
+    fake = make_fake()
+    fake.replies["/slots"] = Reply.hang()
+    reader = _Reader(_settings(fake.url, api_key=None, request_timeout=1.0))
+    try:
+        with pytest.raises(errors.UpstreamUnavailable, match=r"/slots: no answer within 1 s"):
+            await reader.slots()
+        assert len(fake.requests("/slots")) == 2
+        assert reader.retries() == {**NO_RETRIES, "neither": 1.0}
+    finally:
+        await reader.close()
+
+
+async def test_a_read_answered_before_the_hedge_is_asked_once(keyed: tuple[FakeLlama, _Reader]) -> None:
     fake, reader = keyed
     fake.use(1, 5)
     for _ in range(5):
         assert (await reader.slots())[1].tokens == 5
     assert len(fake.requests("/slots")) == 5
+    assert reader.retries() == NO_RETRIES
 
 
 async def test_the_read_is_written_in_its_tasks_first_step_so_an_early_read_goes_out_before_the_callers_parse() -> None:
@@ -199,7 +246,7 @@ async def test_the_read_is_written_in_its_tasks_first_step_so_an_early_read_goes
 
     server = threading.Thread(target=serve, daemon=True)
     server.start()
-    reader = reads.SlotsReader(_settings(f"http://127.0.0.1:{port}", api_key=None))
+    reader = _Reader(_settings(f"http://127.0.0.1:{port}", api_key=None))
     try:
         connected = await reader._client._connect()  # a kept-alive connection, as the placer's read finds one
         reader._client.give_back(connected)
