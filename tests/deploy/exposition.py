@@ -25,6 +25,7 @@ VERIFICATION_OUTCOMES = ("effective", "ineffective", "unverified")
 GC_REASONS = ("keep", "superseded", "bytes", "age")
 CONVERSATION_SOURCES = ("slot", "library", "shared", "cold")
 UNROUTED_REASONS = ("tokenize", "swap", "error")
+SLOTS_RETRY_ANSWERS = ("first", "second", "neither")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
 PROXY_ROUTES = ("completion", "other")
 PROXY_OUTCOMES = ("ok", "error", "held_timeout", "refused", "invalid", "busy", "cancelled")
@@ -135,6 +136,9 @@ def sidecar_registry() -> CollectorRegistry:
     routes = Counter("library_routes", "Routed requests", ["by"], namespace=ns, registry=registry)
     routes.labels(by="turn").inc(940)
     routes.labels(by="tokens").inc(60)
+    retries = Counter("library_slots_read_retries", "Reads sent again", ["answered"], namespace=ns, registry=registry)
+    for n, answered in enumerate(SLOTS_RETRY_ANSWERS):
+        retries.labels(answered=answered).inc(3 - n)
     memory = Gauge("model_memory_info", "The model's memory kind", ["memory"], namespace=ns, registry=registry)
     for kind in ("attention", "swa", "recurrent", "hybrid", "unknown"):
         memory.labels(memory=kind).set(1 if kind == "attention" else 0)
