@@ -13,8 +13,8 @@ requests only), and the reply is parsed by the same
 A read with no answer after ``HEDGE_SECONDS`` is asked once more, on a
 connection opened for it, and the first answer is taken (the other read is
 dropped with its connection); each such read is counted, by which one
-answered, in ``library_slots_read_retries_total``. llama-server answers ``/slots`` within a
-millisecond here, even during a decode (its worker thread serves it while
+answered, in ``library_slots_read_retries_total``. llama-server answers
+``/slots`` within a millisecond here, even during a decode (its worker thread serves it while
 the model computes), yet a read on the request's path was once seen to get
 no answer at all until ``--request-timeout`` ran out, right after a
 restart: the turn waited 5 s and went unrouted. A second ``GET /slots``

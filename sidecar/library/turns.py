@@ -120,12 +120,12 @@ def _canonical(value: Any) -> bytes:
 
 def _literal(message: Any) -> bytes:
     """A message as its Python literal (``repr``): two different messages never give one text, and it takes
-    half the time of :func:`_canonical` (2 against 4 µs for a message of 400 characters here).
+    half the time of :func:`_canonical` (1.2-2.1 against 3.3-4.4 µs for a message of 400 characters, on a
+    2-core AMD EPYC).
 
     Its keys keep the order they came in: a client that sent the same history with its keys in another
     order would continue no slot's conversation and be routed by its token ids (a miss, never a wrong
-    slot). The SDKs write a history the same way on every turn, and :mod:`.convert` builds its messages
-    in one order.
+    slot). :mod:`.convert` builds the messages of an Anthropic or Responses body in one order.
     """
     return repr(message).encode()
 
