@@ -9,7 +9,10 @@ proxy then places it only among the slots this round has restored (any other
 may still be restored into, which would replace what the request left there).
 
 The rest of the round waits while such a request runs and nothing else waits
-at the gate (at most :data:`QUIET_SECONDS` after the first one went on):
+at the gate (at most :data:`QUIET_SECONDS` after the first one went on), and
+from the moment its slot is restored until it goes on (its task wakes a few
+steps of the event loop after the restore; a restore picked meanwhile used to
+land right beside it):
 llama-server runs one task at a time, so a restore sent beside the request
 stalls it for the restore's length, and one that lands before the request's
 task starts makes that task first copy the restored idle slot into the
@@ -45,6 +48,7 @@ class Round:
         self._changed = asyncio.Event()
         self._started: float | None = None
         self._passed_at: float | None = None
+        self._restored_at: float | None = None
 
     def changed(self) -> None:
         """Something :meth:`next_slot` decides on changed: a want, a waiting or naming request, a pass."""
@@ -53,6 +57,7 @@ class Round:
     def restored(self, slot: int) -> None:
         """``slot`` is restored: the requests waiting for it may go."""
         self.ready.add(slot)
+        self._restored_at = asyncio.get_running_loop().time()
         self.event(slot).set()
 
     def event(self, slot: int) -> asyncio.Event:
@@ -80,6 +85,10 @@ class Round:
         self.passed -= 1
         self.changed()
 
+    def _going(self) -> bool:
+        """Whether a request waits for a slot this round has restored: it is about to go on early."""
+        return any(slot in self.ready for slot in self.wants)
+
     async def next_slot(self, pending: Sequence[int], waiting: Callable[[], int], unnamed: Callable[[], int]) -> int:
         """The slot to restore next among ``pending`` (not empty); waits as the module says.
 
@@ -98,6 +107,8 @@ class Round:
             until: float | None = None
             if unnamed() and now < self._started + WANT_SECONDS:
                 until = self._started + WANT_SECONDS
+            elif self._going() and self._restored_at is not None and now < self._restored_at + QUIET_SECONDS:
+                until = self._restored_at + QUIET_SECONDS  # they go on within a few steps: then the wait below
             elif self.passed > 0 and not waiting() and self._passed_at is not None:
                 until = self._passed_at + QUIET_SECONDS if now < self._passed_at + QUIET_SECONDS else None
             if until is None:

@@ -8,7 +8,8 @@ and on the tiny ``qwen35`` hybrid (whose recurrent state the server cannot
 cut back: its restored snapshot serves only an exact prefix). Slot order would restore
 slot 1 last: the round restores it first, lets the turn through before it
 ends (``restore_gate_open`` says ``early=1``), and restores slot 0 after the
-turn; the turn reuses its restored prompt.
+turn has ended (its answer's reuse judged the restore first: no restore lands
+beside the turn's task); the turn reuses its restored prompt.
 """
 
 from __future__ import annotations
@@ -75,3 +76,10 @@ def test_a_turn_held_after_a_kill9_goes_on_once_its_own_slot_is_restored_before_
     assert reply.cached >= WARM * later.prompt, (reply.cached, later.prompt, "the turn did not reuse its slot")
     assert restored == [1, 0], f"slot 1, which the held turn waits for, was not restored first: {restored}"
     assert [e.get("early") for e in opened][-1:] == [1], f"the turn was not let through early: {opened}"
+    order = [
+        (e["event"], e.get("slot"))
+        for e in side.logs()
+        if e.get("event") in ("slot_restored", "restore_effective", "restore_ineffective")
+    ]
+    judged = next(i for i, e in enumerate(order) if e[0] != "slot_restored" and e[1] == 1)
+    assert order.index(("slot_restored", 0)) > judged, f"slot 0 was restored while the turn ran: {order}"

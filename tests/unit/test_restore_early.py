@@ -116,6 +116,38 @@ async def test_the_rest_of_the_round_waits_while_a_request_let_through_early_run
     assert hold.early is None
 
 
+async def test_the_round_picks_no_other_slot_between_a_requests_restore_and_the_request_going_on() -> None:
+    g, stats = _gate()
+    read, work = _wanting(1)
+    read.set()
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        await _preparing(g)
+        assert await g.next_slot((0, 1)) == 1
+        g.restored(1)
+        picking = asyncio.ensure_future(g.next_slot((0,)))  # at once, as the restore round asks
+        assert await _not_within(picking)  # slot 0's restore would land beside the request's first task
+        assert await waiter
+        assert hold.early is not None
+        assert await _not_within(picking)  # the request runs now
+        hold.leave_early()
+        assert await picking == 0
+
+
+async def test_a_request_whose_slot_was_restored_stops_holding_the_round_once_it_is_cancelled() -> None:
+    g, stats = _gate()
+    read, work = _wanting(1)
+    read.set()
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        await _preparing(g)
+        assert await g.next_slot((0, 1)) == 1
+        g.restored(1)
+        waiter.cancel()  # the client went away before its request went on
+        async with asyncio.timeout(1.0):
+            assert await g.next_slot((0,)) == 0
+
+
 async def test_a_request_waiting_at_the_gate_for_the_whole_round_keeps_the_round_going() -> None:
     g, stats = _gate()
     with g.hold(stats) as first, g.hold(stats) as second:
