@@ -3,8 +3,9 @@
 One llama-server at its defaults but for the test bed's layout (4 slots of
 8,192 tokens, ``-c 32768``, ``--swa-full``; the RAM prompt cache on) and one
 sidecar with the proxy on, its own defaults. Measured side by side, each
-way on its own keep-alive connection, alternating which goes first every two
-turns (so streamed and non-streamed turns each go first half the time):
+way on its own keep-alive connection, alternating which goes first from one
+timed turn of a kind to the next (so streamed and non-streamed turns each go
+first half the time):
 
 * **Warm turns**, per API the proxy routes (Chat Completions, Anthropic
   Messages, Responses, ``/completion``): two conversations of the same
@@ -13,9 +14,12 @@ turns (so streamed and non-streamed turns each go first half the time):
   proxy, each turn adding an assistant answer and a new user line, so every
   turn is a conversation's next one (the server reuses its prefix and
   prefills the new line; through the proxy the library routes it: template,
-  tokens, slot). Even turns are non-streamed and timed to the answer's end
-  (``max_tokens`` 1); odd turns are streamed and timed to the first byte of
-  the answer's body.
+  tokens, slot). 30 non-streamed turns are timed to the answer's end
+  (``max_tokens`` 1) and :data:`STREAMED` streamed ones (120) to the first
+  byte of the answer's body, spread among each other (:func:`schedule`).
+  Every :data:`SEGMENT` turns the conversation goes back to its history with
+  a new line (its first two turns then are not timed), so that it stays
+  inside its slot.
 * **The same work**: after each turn, llama-server's compute for it (its
   prompt and generation seconds, its ``/metrics``) and the prompt tokens it
   processed. Where the proxied turn made the server process no more than the
@@ -33,7 +37,10 @@ turns (so streamed and non-streamed turns each go first half the time):
 * **A turn after a kill -9**: a proxied chat's next turn sent the moment the
   restarted server answers ``/health`` (the sidecar's detection, restore and
   the gate on its path), against the same turn with no crash (both reuse the
-  same prefix: each turn's new line starts with a word of its own).
+  same prefix: each turn's new line starts with a word of its own), sent
+  once the last crash's restore round has ended and a spacer has had the
+  server copy the slots it restored into its RAM prompt cache.
+  :data:`CRASHES` crashes (3 with ``--quick``).
 
 Goals (MISSED and exit status 1 when missed): a warm turn at most
 :data:`TURN_GOAL` x direct at p50, the first streamed byte at most
@@ -81,6 +88,12 @@ ROUNDS = 2
 SAME_WORK_TOKENS = 16
 """Prompt tokens the server may process more for the proxied turn than for the direct one and still count as the
 same work (see :func:`_swapped`)."""
+STREAMED = 120
+"""Streamed turns timed per API and way in a full run (30 non-streamed): one streamed turn's time outside the
+server's compute moves by 5-8 ms (interquartile range of the pairs' differences) from turn to turn, so 30 pairs
+left the first-byte figure's median about 1.5 ms from where the next run put it, half the goal."""
+CRASHES = 9
+"""Crashes in a full run (each against the turn with no crash right before it)."""
 SLOTS, CTX = 4, 8192
 APIS = ("chat completions", "anthropic messages", "responses", "/completion")
 WORDS = ("Amber", "Basil", "Cedar", "Delta", "Ember", "Flint", "Garnet", "Harbor", "Indigo", "Juniper", "Kestrel")
@@ -101,6 +114,10 @@ class Talk:
 
     def grow(self, n: int) -> None:
         self.turns.append(_line(n))
+
+    def again(self, n: int) -> None:
+        """Back to the history and a new line: the next turn starts a new conversation that reuses the history."""
+        self.turns[1:] = [f"{_line(n)} Once more."]
 
     def request(self, *, stream: bool, line: str | None = None) -> tuple[str, dict[str, Any]]:
         """(path, body) of the next turn (the conversation so far, plus ``line`` if given)."""
@@ -370,8 +387,40 @@ class Spacer:
         self._conn.close()
 
 
+SEGMENT = 40
+"""Turns a conversation grows by before it goes back to its history (at about 45 tokens a chat turn, a 4,000-token
+history stays inside a slot's 8,192); the first two of each segment are not timed."""
+
+
+def schedule(timed: int, streamed: int) -> list[tuple[bool, bool, bool]]:
+    """(streamed, timed, back to the history first) of each turn of one conversation, in order.
+
+    ``timed`` non-streamed and ``streamed`` streamed turns are timed, the non-streamed ones spread evenly among
+    the streamed ones. Each segment of :data:`SEGMENT` turns starts with two turns that are not timed: the
+    first goes back to the conversation's history with a new line (a new conversation on the server's side
+    that reuses the history: routed by its token ids, not as a next turn; the very first one is cold), the
+    second is that conversation's first next turn.
+    """
+    total = timed + streamed
+    kinds = [(i + 1) * timed // total > i * timed // total for i in range(total)]  # True: non-streamed
+    out: list[tuple[bool, bool, bool]] = []
+    for n, plain in enumerate(kinds):
+        if n % (SEGMENT - 2) == 0:
+            out += [(False, False, n > 0), (True, False, False)]
+        out.append((not plain, True, False))
+    return out
+
+
 def _turns(
-    api: str, history: tuple[str, str], ports: dict[str, int], pid: int, *, reps: int, idle: float, say: rig.Say
+    api: str,
+    history: tuple[str, str],
+    ports: dict[str, int],
+    pid: int,
+    *,
+    reps: int,
+    streamed: int,
+    idle: float,
+    say: rig.Say,
 ) -> Api:
     talks = {DIRECT: Talk(api, history[0]), PROXY: Talk(api, history[1])}
     conns = {way: proxy_mod.Conn(port) for way, port in ports.items()}
@@ -384,13 +433,17 @@ def _turns(
     compute = Compute(ports[DIRECT])
     spacer = Spacer(ports[DIRECT], SLOTS)
     cpu = 0.0
+    turns = schedule(reps, streamed)
     try:
-        for n in range(2 * reps + 2):
-            # Which way goes first changes every two turns, so streamed and non-streamed turns alike go first
-            # half the time: a turn sent right after another waits for the server's work after that one.
-            order = (DIRECT, PROXY) if (n // 2) % 2 == 0 else (PROXY, DIRECT)
-            stream = n % 2 == 1
+        for n, (stream, timed, again) in enumerate(turns):
+            # Which way goes first changes from one timed turn of a kind to the next, so streamed and
+            # non-streamed turns alike go first half the time (see _paired): a turn sent right after
+            # another waits for the server's work after that one.
+            kind = first_ms if stream else turn_ms
+            order = (DIRECT, PROXY) if (len(kind[DIRECT]) if timed else n) % 2 == 0 else (PROXY, DIRECT)
             for way in order:
+                if again:
+                    talks[way].again(n)
                 path, body = talks[way].request(stream=stream)
                 before, started = rig.cpu_seconds(pid), time.monotonic()
                 first, whole = conns[way].timed_both(path, body)
@@ -402,8 +455,8 @@ def _turns(
                 spacer.run()
                 compute.since()  # the spacer's own work is no turn's
                 talks[way].grow(n)
-                if n < 2:
-                    continue  # the first turn of each conversation is cold, the second its first warm one
+                if not timed:
+                    continue
                 if stream:
                     first_ms[way].append(first)
                     outside_ms[way].append(first - spent)
@@ -417,7 +470,7 @@ def _turns(
         spacer.close()
         for conn in conns.values():
             conn.close()
-    found = Api(api, turn_ms, first_ms, cpu / (2 * reps + 2) * 1e6, outside_ms, compute_ms, turn_tokens, first_tokens)
+    found = Api(api, turn_ms, first_ms, cpu / len(turns) * 1e6, outside_ms, compute_ms, turn_tokens, first_tokens)
     say(
         f"  {api}: warm turn {rig.median(turn_ms[PROXY]):.1f} vs {rig.median(turn_ms[DIRECT]):.1f} ms direct "
         f"({found.turn_ratio():.3f}x for the same work, {found.ratio():.3f}x as measured); first byte "
@@ -454,9 +507,16 @@ def _crash(
         return any(made <= int(e.get("tokens", 0)) <= made + 2 for e in side.log_events("snapshot_committed")[seen:])
 
     side.wait_for(saved, timeout=120, what="the conversation's snapshot")
+    spacer = Spacer(server.port, SLOTS)
+    spacer.note()
     crashed, calm, cache_n, calm_cache_n = [], [], [], []
     for r in range(reps):
-        # Calm: the slot holds the conversation and an earlier line; this line starts with another word.
+        # Calm: the restore round after the last crash has ended, and the spacer has had the server copy
+        # the slots it restored into its RAM prompt cache (the first task after a round does that, at the
+        # server's defaults): the turn runs as any turn with no crash before it does.
+        side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=60, what="the restore round's end")
+        spacer.run()
+        # The slot holds the conversation and an earlier line; this line starts with another word.
         ms, n, _ = _chat_turn(port, talk, _line(2 * r + 1))
         calm.append(ms)
         calm_cache_n.append(n)
@@ -469,10 +529,11 @@ def _crash(
         crashed.append(ms)
         cache_n.append(n)
         say(f"  crash {r + 1}/{reps}: {ms:.1f} ms from /health ok (cache_n {n}) vs {calm[-1]:.1f} ms with no crash")
+    spacer.close()
     return Crash(tokens, crashed, calm, cache_n, calm_cache_n)
 
 
-def run(bed: rig.Rig, *, tokens: int, reps: int, crashes: int, quick: bool, say: rig.Say) -> Result:
+def run(bed: rig.Rig, *, tokens: int, reps: int, streamed: int, crashes: int, quick: bool, say: rig.Say) -> Result:
     slot_dir = bed.slot_dir("price")
     server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=CTX)
     proxy_port = net.free_port()
@@ -488,8 +549,8 @@ def run(bed: rig.Rig, *, tokens: int, reps: int, crashes: int, quick: bool, say:
             llamabed.make_prompt(server.url, tokens, seed=300 + 2 * i),
             llamabed.make_prompt(server.url, tokens, seed=301 + 2 * i),
         )
-        say(f"  {api}: {reps} warm turns and {reps} streamed each way, ~{tokens:,}-token histories")
-        apis.append(_turns(api, history, ports, pid, reps=reps, idle=idle, say=say))
+        say(f"  {api}: {reps} warm turns and {streamed} streamed each way, ~{tokens:,}-token histories")
+        apis.append(_turns(api, history, ports, pid, reps=reps, streamed=streamed, idle=idle, say=say))
     non_routed = proxy_mod.latencies(pid, ports, reps=100 if quick else 400, idle=idle, say=say)
     crash = _crash(server, side, proxy_port, tokens=tokens, reps=crashes, say=say)
     side.kill()
@@ -607,7 +668,13 @@ def table(r: Result) -> str:
 
 def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[Result, str]:
     result = run(
-        bed, tokens=2000 if quick else 4000, reps=12 if quick else 30, crashes=3 if quick else 7, quick=quick, say=say
+        bed,
+        tokens=2000 if quick else 4000,
+        reps=12 if quick else 30,
+        streamed=24 if quick else STREAMED,
+        crashes=3 if quick else CRASHES,
+        quick=quick,
+        say=say,
     )
     return result, table(result)
 
