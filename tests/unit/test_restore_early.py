@@ -46,15 +46,21 @@ async def _not_within(task: asyncio.Future[Any], seconds: float = SHORT) -> bool
     return not done
 
 
-async def _let_through(g: gate.Gate, hold: gate.Hold, slot: int, pending: tuple[int, ...]) -> None:
-    """Hold a request that names ``slot`` at once, have the round pick and restore it: the request goes on."""
+async def _restored_for(g: gate.Gate, hold: gate.Hold, slot: int, pending: tuple[int, ...]) -> asyncio.Future[bool]:
+    """Hold a request that names ``slot`` at once, have the round pick and restore it; the request's wait,
+    not yet awaited (it goes on a few steps later)."""
     read, work = _wanting(slot)
     read.set()
     waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
     await _preparing(g)
     assert await g.next_slot(pending) == slot
     g.restored(slot)
-    assert await waiter
+    return waiter
+
+
+async def _let_through(g: gate.Gate, hold: gate.Hold, slot: int, pending: tuple[int, ...]) -> None:
+    """Hold a request that names ``slot`` at once, have the round pick and restore it: the request goes on."""
+    assert await (await _restored_for(g, hold, slot, pending))
 
 
 async def test_the_round_restores_first_the_slot_a_held_request_names_once_its_ids_are_read() -> None:
@@ -118,13 +124,8 @@ async def test_the_rest_of_the_round_waits_while_a_request_let_through_early_run
 
 async def test_the_round_picks_no_other_slot_between_a_requests_restore_and_the_request_going_on() -> None:
     g, stats = _gate()
-    read, work = _wanting(1)
-    read.set()
     with g.hold(stats) as hold:
-        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
-        await _preparing(g)
-        assert await g.next_slot((0, 1)) == 1
-        g.restored(1)
+        waiter = await _restored_for(g, hold, 1, (0, 1))
         picking = asyncio.ensure_future(g.next_slot((0,)))  # at once, as the restore round asks
         assert await _not_within(picking)  # slot 0's restore would land beside the request's first task
         assert await waiter
@@ -136,13 +137,8 @@ async def test_the_round_picks_no_other_slot_between_a_requests_restore_and_the_
 
 async def test_a_request_whose_slot_was_restored_stops_holding_the_round_once_it_is_cancelled() -> None:
     g, stats = _gate()
-    read, work = _wanting(1)
-    read.set()
     with g.hold(stats) as hold:
-        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
-        await _preparing(g)
-        assert await g.next_slot((0, 1)) == 1
-        g.restored(1)
+        waiter = await _restored_for(g, hold, 1, (0, 1))
         waiter.cancel()  # the client went away before its request went on
         async with asyncio.timeout(1.0):
             assert await g.next_slot((0,)) == 0
