@@ -1,4 +1,4 @@
-"""The one road by which slot actions (save, restore) reach llama-server.
+"""The one road by which slot actions (save, restore, erase) reach llama-server.
 
 llama-server runs a slot action on its main loop, so every slot stalls while
 one runs, and it defers an action on a processing slot until that slot's
@@ -53,6 +53,10 @@ class SlotActions:
     async def restore(self, slot: int, filename: str) -> protocols.ActionResult:
         """Have the server read ``filename`` into ``slot``; hold :attr:`lock`."""
         return await self._send(self._client.restore, slot, filename, writes=False)
+
+    async def erase(self, slot: int) -> int:
+        """Have the server empty ``slot``; hold :attr:`lock`. Returns the tokens it held."""
+        return await self._client.erase(slot)
 
     def sweep(self) -> list[str]:
         """Remove the files of abandoned saves that have appeared since; returns their names."""

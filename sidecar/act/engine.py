@@ -27,7 +27,7 @@ from typing import Protocol
 import structlog
 
 from sidecar.act import actions, boundary, gate, memory, policy, probe, report, restorer, savings, snapshotter
-from sidecar.core import config, errors, events, hashing, metrics, outcomes, protocols
+from sidecar.core import apikeys, config, errors, events, hashing, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.engine")
@@ -47,6 +47,9 @@ class SlotContent(Protocol):
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         """The restore round put ``record`` into ``slot``."""
+
+    def owner(self, slot: int) -> str | None:
+        """Whose conversation ``slot`` holds (``apikeys.owner_of``), recorded in its next snapshot; None: unknown."""
 
 
 BeforeRestore = Callable[[events.Identity, tuple[events.SlotView, ...]], Awaitable[object]]
@@ -169,6 +172,30 @@ class Engine:
             self._policy.settle(slot, after.signature)
         return result
 
+    async def erase(self, slot: int) -> bool:
+        """Empty ``slot`` for a request of another owner (the caller saved what it holds first, if it mattered).
+
+        False, and nothing sent, if the slot is processing now; False if the call failed.
+        """
+        async with self._actions.lock:
+            try:
+                view = await self._actions.view(slot)
+                if view is None or view.processing:
+                    return False
+                if view.signature is None or view.tokens == 0:
+                    return True
+                erased = await self._actions.erase(slot)
+            except errors.UpstreamError as exc:
+                log.warning(
+                    "slot_erase_failed",
+                    slot=slot,
+                    error=str(exc),
+                    effect="the request goes on, with what the slot holds: llama-server may pick that slot",
+                )
+                return False
+        log.info("slot_erased", slot=slot, tokens=erased, reason="another owner's request, llama-server picks its slot")
+        return True
+
     def answered(self, slot: int, reused: int) -> None:
         """A routed request's own answer says the server reused ``reused`` prompt tokens in ``slot``.
 
@@ -179,6 +206,12 @@ class Engine:
     def follow(self, listener: SlotContent) -> None:
         """Tell ``listener`` each time the engine changes what the slots hold (a restart, a restore round)."""
         self._listeners.append(listener)
+
+    def _owner(self, slot: int) -> str:
+        """Whose conversation ``slot`` holds, as the listeners know it; ``apikeys.NOBODY`` if none knows."""
+        return next(
+            (o for o in (listener.owner(slot) for listener in self._listeners) if o is not None), apikeys.NOBODY
+        )
 
     async def save_now(self, slot: int) -> report.SaveReply | None:
         """An admin's save of ``slot``; None when the newest poll shows no such slot holding tokens."""
@@ -542,6 +575,7 @@ class Engine:
                 others_busy=others_busy,
                 epoch=self._server.epoch,
                 prefill_rate=savings.measured_rate(counters) if counters is not None else None,
+                owner=self._owner(action.slot),
             )
         if isinstance(record, snapshotter.Written):
             self._policy.settle(action.slot, action.signature)  # its commit waits; undone if that fails

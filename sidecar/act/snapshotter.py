@@ -28,7 +28,7 @@ from collections.abc import Callable
 import structlog
 
 from sidecar.act import actions, policy
-from sidecar.core import config, errors, events, metrics, outcomes, protocols
+from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.snapshot")
@@ -75,6 +75,8 @@ class Written:
     """The caller's count of server processes at the save (see ``Engine``)."""
     prefill_rate: float | None = None
     """The server's measured prompt tokens per second at the save, recorded in the manifest."""
+    owner: str = apikeys.NOBODY
+    """Whose conversation the slot held at the save, recorded in the manifest."""
 
 
 class Snapshotter:
@@ -111,6 +113,7 @@ class Snapshotter:
         others_busy: bool = False,
         epoch: int = 0,
         prefill_rate: float | None = None,
+        owner: str = apikeys.NOBODY,
     ) -> SaveRecord | Written:
         """Save one slot: the caller holds the action lock and has just read the slot idle.
 
@@ -137,6 +140,7 @@ class Snapshotter:
                 call_seconds=time.perf_counter() - started,
                 epoch=epoch,
                 prefill_rate=prefill_rate,
+                owner=owner,
             )
             if others_busy and action.reason in BACKGROUND:
                 await asyncio.to_thread(self._snapshots.check_written, temp, tokens=result.tokens, written=result.bytes)
@@ -204,6 +208,7 @@ class Snapshotter:
                 pause=pause,
                 created=written.created,
                 prefill_rate=written.prefill_rate,
+                owner=written.owner,
             )
         except errors.SnapshotError as exc:
             return self._failed(slot, exc, written.call_seconds + time.perf_counter() - started)

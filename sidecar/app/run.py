@@ -263,6 +263,7 @@ def _plain(
             clock=clock,
             shared=shared,
             hold_seconds=settings.proxy.hold_seconds,
+            isolated=settings.upstream.keys is not None,
         )
     return _Parts(
         watched.engine, watched.loops(), watched.gate, shared=shared, library=library, slots_reader=slots_reader

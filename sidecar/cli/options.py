@@ -141,18 +141,20 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--api-key",
         "LLAMA_API_KEY",
-        ("upstream.api_key",),
+        ("upstream.api_key", "upstream.keys"),
         "llama-server's --api-key, sent as a Bearer token, never logged; of a comma-separated list "
-        "(key rotation) the first key is sent; prefer --api-key-file: flags show in the process list",
+        "(key rotation) the first key is sent, and the proxy refuses clients whose key is none of them and keeps "
+        "each key's conversations apart; prefer --api-key-file: flags show in the process list",
         "KEY",
         check=parse.first_key,
     ),
     Option(
         "--api-key-file",
         "LLAMA_API_KEY_FILE",
-        ("upstream.api_key",),
-        "read the API key from this file instead: llama-server's --api-key-file format, one key per line, "
-        "# for comments; the first key is sent",
+        ("upstream.api_key", "upstream.keys"),
+        "read the API keys from this file instead: llama-server's --api-key-file format, one key per line, "
+        "# for comments; the first key is sent; a '# pool: NAME' line puts the keys after it in one pool, whose "
+        "keys share their conversations through the proxy",
         "FILE",
         check=parse.key_file,
     ),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from sidecar.core import location
+from sidecar.core import apikeys, location
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,6 +20,9 @@ class UpstreamSettings:
     """Base URL of llama-server."""
     api_key: str | None = None
     """One of llama-server's API keys, sent as ``Authorization: Bearer``; never logged."""
+    keys: apikeys.Keys | None = None
+    """All of llama-server's API keys (with their pools): the proxy checks each client's key against them and
+    keeps each key's conversations apart; None: the server has no keys, and everything is shared."""
     request_timeout: float = 5.0
     """Timeout of /health, /slots, /props and /metrics calls, in seconds."""
     action_timeout: float = 300.0

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sidecar.core import errors
+from sidecar.core import apikeys, errors
 
 _DIGITS = frozenset("0123456789")
 MAX_DIGITS = 18
@@ -110,13 +110,15 @@ def proxy_listen(text: str) -> tuple[str, int]:
         raise errors.ConfigError(f"--proxy-listen {text!r} is not HOST:PORT (for example 127.0.0.1:8081)") from None
 
 
-def first_key(text: str) -> str | None:
-    """The first key of a list as llama-server reads ``--api-key``: comma-separated, CSV quoting."""
+def first_key(text: str) -> tuple[str | None, apikeys.Keys | None]:
+    """The key list as llama-server reads ``--api-key`` (comma-separated, CSV quoting): the first key, to send,
+    and all of them, for the proxy to check clients' keys against."""
     try:
-        keys = next(csv.reader([text]), [])
+        found = next(csv.reader([text]), [])
     except csv.Error as exc:
         raise errors.ConfigError(f"--api-key: the key list is not one line of comma-separated keys: {exc}") from exc
-    return next((key for key in keys if key), None)
+    listed = apikeys.of_list(found)
+    return (listed.first if listed is not None else None), listed
 
 
 def _read_secret(flag: str, path: str) -> str:
@@ -126,13 +128,13 @@ def _read_secret(flag: str, path: str) -> str:
         raise errors.ConfigError(f"{flag} {path}: cannot read the file: {exc}") from exc
 
 
-def key_file(path: str) -> str:
-    """The first key of a file as llama-server reads ``--api-key-file``: one per line, ``#`` comments."""
-    lines = _read_secret("--api-key-file", path).splitlines()
-    key = next((line for line in lines if line and not line.startswith("#")), None)
-    if key is None:
+def key_file(path: str) -> tuple[str, apikeys.Keys]:
+    """The keys of a file as llama-server reads ``--api-key-file`` (one per line, ``#`` comments): the first,
+    to send, and all of them with their pools (``# pool: NAME`` lines, see :mod:`sidecar.core.keys`)."""
+    found = apikeys.of_file(_read_secret("--api-key-file", path).splitlines())
+    if found is None or found.first is None:
         raise errors.ConfigError(f"--api-key-file {path}: the file holds no key (one key per line, # for comments)")
-    return key
+    return found.first, found
 
 
 def token_file(path: str) -> str:

@@ -63,6 +63,10 @@ class Upstream(Protocol):
 
     async def save(self, slot: int, filename: str) -> ActionResult: ...
 
+    async def erase(self, slot: int) -> int:
+        """Empty ``slot``; returns the tokens it held."""
+        ...
+
     async def restore(self, slot: int, filename: str) -> ActionResult: ...
 
 

@@ -37,14 +37,22 @@ class Fetcher:
         self._hold = hold_seconds
 
     async def find(
-        self, identity: events.Identity, chain: tuple[str, ...], local: routing.Decision, obs: events.Observation
+        self,
+        identity: events.Identity,
+        chain: tuple[str, ...],
+        local: routing.Decision,
+        obs: events.Observation,
+        owner: str,
     ) -> tuple[routing.Entry, records.SharedRecord] | None:
-        """The shared snapshot worth fetching for ``chain`` over the best local choice ``local``; None if none."""
+        """The shared snapshot of ``owner``'s worth fetching for ``chain`` over the best local choice ``local``;
+        None if none."""
         if local.slot is None or len(chain) <= local.blocks or not obs.slots:
             return None  # no store, no idle slot to fetch into, or the whole prompt is at hand already
         try:
             async with asyncio.timeout(min(LOOKUP_SECONDS, self._hold)):
-                match = await self._shared.lookup(identity, chain, max_tokens=min(v.n_ctx for v in obs.slots))
+                match = await self._shared.lookup(
+                    identity, chain, max_tokens=min(v.n_ctx for v in obs.slots), owner=owner
+                )
         except TimeoutError:
             self._slow(outcomes.SharedOperation.LIST, LOOKUP_SECONDS, "looking up the request's prefix")
             return None

@@ -53,7 +53,7 @@ from typing import Any
 import structlog
 
 from sidecar.act import policy
-from sidecar.core import errors, events, metrics, outcomes, protocols
+from sidecar.core import apikeys, errors, events, metrics, outcomes, protocols
 from sidecar.library import fetching, prompt, routing, seams, slotstate, turns, verdict
 from sidecar.observe import memory
 from sidecar.proxy import answer
@@ -70,6 +70,8 @@ class _Plan:
     turn: turns.Key | None
     body: bytes
     """The body to forward; b"": as it came (every slot busy, or a route that drops ``id_slot``)."""
+    owner: str = apikeys.NOBODY
+    """Whose request it is: the slot holds that owner's conversation once it ends."""
     placed: bool = False
     """Not pinned (``prompt.Pin.PLACED``): the server chose the slot, which is read back after the answer."""
 
@@ -106,7 +108,11 @@ class Placer:
         clock: protocols.Clock,
         shared: seams.Shared | None = None,
         hold_seconds: float = 120.0,
+        isolated: bool = False,
     ) -> None:
+        """``isolated``: llama-server has API keys, and each owner's conversations are kept from the others'
+        (a request the library does not put on its owner's own KV is sent with ``cache_prompt`` off)."""
+        self._isolated = isolated
         self._core = core
         self._fetcher = (
             fetching.Fetcher(shared, snapshots=snapshots, stats=stats, hold_seconds=hold_seconds)
@@ -138,27 +144,33 @@ class Placer:
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         state = self._slot(slot)
-        state.holds(record.index.chain if record.index is not None else ())
+        state.holds(record.index.chain if record.index is not None else (), owner=record.owner)
         state.seen = None
         state.restored = record.index
+
+    def owner(self, slot: int) -> str | None:
+        state = self._slots.get(slot)
+        return state.owner if state is not None else None
 
     def _committed(self, record: manifest.Manifest) -> None:
         """A save of a slot read idle: the slot holds what the snapshot holds (called from a worker thread)."""
         if record.index is not None:
             seen = (record.task, record.tokens) if record.task is not None else None
-            self._loop.call_soon_threadsafe(self._holds, record.slot, record.index.chain, seen)
+            self._loop.call_soon_threadsafe(self._holds, record.slot, record.index.chain, seen, record.owner)
 
-    def _holds(self, slot: int, chain: tuple[str, ...], seen: tuple[int, int] | None = None) -> None:
+    def _holds(
+        self, slot: int, chain: tuple[str, ...], seen: tuple[int, int] | None = None, owner: str = apikeys.NOBODY
+    ) -> None:
         state = self._slot(slot)
         if state.pinned or state.lock.locked():
             return
         shared = slotfile.shared_blocks(chain, state.chain)
         if shared == len(state.chain):
-            state.holds(chain, state.turn)  # the prompt routed there plus what the server generated after it
+            state.holds(chain, state.turn, owner)  # the prompt routed there plus what the server generated after it
         elif shared == len(chain) and seen is not None:
             # Brought back to its prompt's boundary before the save (``act.boundary``): the engine's own
             # turn on the slot, not another client's.
-            state.holds(chain, state.turn)
+            state.holds(chain, state.turn, owner)
         else:
             return
         if seen is not None:  # read idle after the routed request: a later change is another client's
@@ -166,7 +178,7 @@ class Placer:
 
     # ---- the proxy's hook -----------------------------------------------------------------
 
-    async def prepare(self, raw_path: str, body: bytes) -> int | None:
+    async def prepare(self, raw_path: str, body: bytes, *, owner: str = apikeys.NOBODY) -> int | None:
         """Have the token ids of a request held at the restore gate read while the server restores its slots.
 
         Ids depend on no slot: the tokenizer remembers them, and the request's
@@ -179,14 +191,14 @@ class Placer:
         try:
             request = prompt.of(raw_path, body)
             if isinstance(request, prompt.Prompt) and not prompt.shorter_than(request, slotfile.BLOCK_TOKENS):
-                return self._awaited(slotfile.pack_ids(await self._ids(request)))
+                return self._awaited(slotfile.pack_ids(await self._ids(request)), owner)
         except Exception:  # noqa: S110 - the placement tokenizes it again and says what failed
             pass
         return None
 
-    def _awaited(self, packed: bytes) -> int | None:
-        """The slot whose newest snapshot shares the most blocks with the ids ``packed`` (an exact prefix of
-        them on a model that cannot cut a state back)."""
+    def _awaited(self, packed: bytes, owner: str) -> int | None:
+        """The slot whose newest snapshot, of ``owner``'s, shares the most blocks with the ids ``packed`` (an
+        exact prefix of them on a model that cannot cut a state back)."""
         _, identity = self._core.seen()
         exact = identity is not None and not memory.cuts_back(identity.memory)
         chain = slotfile.prefix_hashes(packed)
@@ -196,7 +208,11 @@ class Placer:
             if record.slot in newest:
                 continue
             newest.add(record.slot)
-            if record.index is None or (exact and not slotstate.exact_prefix(record.index, packed)):
+            if (
+                record.owner != owner
+                or record.index is None
+                or (exact and not slotstate.exact_prefix(record.index, packed))
+            ):
                 continue
             shared = slotfile.shared_blocks(chain, record.index.chain)
             if shared and (best is None or shared > best[1]):
@@ -204,21 +220,27 @@ class Placer:
         return best[0] if best is not None else None
 
     @contextlib.asynccontextmanager
-    async def pin(self, raw_path: str, body: bytes, *, within: frozenset[int] | None = None) -> AsyncIterator[Placed]:
+    async def pin(
+        self, raw_path: str, body: bytes, *, owner: str = apikeys.NOBODY, within: frozenset[int] | None = None
+    ) -> AsyncIterator[Placed]:
         """The placement (pinned with ``id_slot``, or as it came); the slot counts busy inside.
 
-        ``within``: the slots a restore round still running has restored (a request it let through
-        early): the request is pinned to one of them holding its prefix, or it is ``later`` (it waits
-        for the whole round), as any other slot may still be restored into.
+        ``owner``: whose request it is; only that owner's conversations serve it. ``within``: the slots a
+        restore round still running has restored (a request it let through early): the request is pinned
+        to one of them holding its prefix, or it is ``later`` (it waits for the whole round), as any other
+        slot may still be restored into.
         """
-        plan = await self._plan(raw_path, body, within)
+        plan = await self._plan(raw_path, body, within, owner)
         if within is not None and not isinstance(plan, _Plan):
             yield Placed(body, "", None, later=True)
             return
         if not isinstance(plan, _Plan):
-            yield Placed(body, verdict.header(None, plan), None)
+            yield Placed(self._uncached(raw_path, body), verdict.header(None, plan), None)
             return
-        placed = Placed(plan.body or body, verdict.header(plan.planned), plan)
+        forwarded = plan.body or body
+        if plan.planned.source is outcomes.Source.COLD:
+            forwarded = self._uncached(raw_path, forwarded)
+        placed = Placed(forwarded, verdict.header(plan.planned), plan)
         try:
             yield placed
         except asyncio.CancelledError:
@@ -235,6 +257,13 @@ class Placer:
             self._ended(plan, placed.ended, ran_on)
             if ok:
                 self._settle()
+
+    def _uncached(self, raw_path: str, body: bytes) -> bytes:
+        """``body`` with ``cache_prompt`` off where owners are kept apart: a request the library did not put on
+        its owner's own KV must reuse nothing the slot, or llama-server's RAM cache, holds of another's."""
+        if not self._isolated:
+            return body
+        return prompt.uncached(raw_path, body)
 
     async def _ran_on(self, planned: int) -> int:
         """The slot the server ran a placed request in: the idle one with the newest task (``planned`` if unknown).
@@ -289,14 +318,14 @@ class Placer:
         state.routed_since = True  # its content changed by a routed request: see _fresh
         state.restored = None  # the server ran a prompt there: it holds its own checkpoints of it
         if ended is not None and ended.outcome is outcomes.ProxyOutcome.OK and ended.status < 400:
-            state.holds(plan.chain, plan.turn)
+            state.holds(plan.chain, plan.turn, plan.owner)
             state.ended = self._clock.wall()
         elif ended is None or ended.outcome is not outcomes.ProxyOutcome.OK:
             state.holds(())  # cut, cancelled or sent again elsewhere: what the slot holds is unknown
             state.ended = self._clock.wall()
 
     async def _plan(
-        self, raw_path: str, body: bytes, within: frozenset[int] | None = None
+        self, raw_path: str, body: bytes, within: frozenset[int] | None, owner: str
     ) -> _Plan | outcomes.Unrouted | None:
         try:
             early = await self._read_early(raw_path, body) if within is None else None
@@ -309,7 +338,7 @@ class Placer:
             turn = turns.of(request)
             if within is not None:
                 pass  # a new process: no slot ran a routed turn in it yet
-            elif turn is not None and (went := await self._continue(request, turn, early)) is not None:
+            elif turn is not None and (went := await self._continue(request, turn, early, owner)) is not None:
                 if isinstance(went, _Plan):
                     self._stats.library_routes.labels(outcomes.RouteBy.TURN.value).inc()
                 return went
@@ -322,7 +351,7 @@ class Placer:
             chain = slotfile.prefix_hashes(packed)
             if not chain:
                 return None  # shorter than one block: nothing worth routing, llama-server picks
-            placed = await self._place(request, chain, packed, turn, within)
+            placed = await self._place(request, chain, packed, turn, within, owner)
         except Exception as exc:  # routing must never fail the request: it goes as it came
             self._unrouted(outcomes.Unrouted.ERROR, f"{exc.__class__.__name__}: {exc}")
             return outcomes.Unrouted.ERROR
@@ -360,7 +389,11 @@ class Placer:
         return read
 
     async def _continue(
-        self, request: prompt.Prompt, turn: turns.Key, early: asyncio.Task[tuple[events.SlotView, ...]] | None
+        self,
+        request: prompt.Prompt,
+        turn: turns.Key,
+        early: asyncio.Task[tuple[events.SlotView, ...]] | None,
+        owner: str,
     ) -> _Plan | outcomes.Unrouted | None:
         """Pin a request that continues the conversation an idle slot ran last to that slot; None: route it by ids.
 
@@ -369,7 +402,7 @@ class Placer:
         its content must be saved before it is given away).
         """
         text = request.text.encode() if request.kind is prompt.Kind.TEXT else b""
-        if self._continued(turn, text) is None:
+        if self._continued(turn, text, owner) is None:
             return None
         polled, _ = self._core.seen()
         if polled is None or polled.slots is None:
@@ -377,7 +410,7 @@ class Placer:
         obs = await self._fresh(polled, early=early)
         if obs is None or obs.slots is None:
             return outcomes.Unrouted.ERROR  # counted by _fresh
-        slot = self._continued(turn, text)  # the read may show another client's turn there; a request may have come
+        slot = self._continued(turn, text, owner)  # the read may show another client's turn there, or a request came
         view = next((v for v in obs.slots if v.id == slot), None)
         if slot is None or view is None or view.processing:
             return None
@@ -386,15 +419,23 @@ class Placer:
         state.used = self._clock.monotonic()
         planned = verdict.Planned(outcomes.Source.SLOT, slot, len(state.chain) * slotfile.BLOCK_TOKENS)
         placed = request.pin is prompt.Pin.PLACED
+        if placed:
+            await self._clear_for(owner, {v.id: v for v in obs.slots}, slot=slot, keep=True)
         log.debug("request_routed", source=planned.source.value, slot=slot, blocks=len(state.chain), by="turn")
-        return _Plan(planned, state.chain, turn, prompt.pinned(request, slot) or b"", placed)
+        return _Plan(planned, state.chain, turn, prompt.pinned(request, slot) or b"", owner, placed)
 
-    def _continued(self, turn: turns.Key, text: bytes) -> int | None:
-        """The idle slot whose last routed request ``turn`` continues (the longest such), if any."""
+    def _continued(self, turn: turns.Key, text: bytes, owner: str) -> int | None:
+        """The idle slot whose last routed request, of ``owner``'s, ``turn`` continues (the longest such)."""
         best: tuple[int, int] | None = None
         for slot, state in self._slots.items():
             held = state.turn
-            if held is None or state.pinned or state.lock.locked() or not held.continued_by(turn, text):
+            if (
+                held is None
+                or state.owner != owner
+                or state.pinned
+                or state.lock.locked()
+                or not held.continued_by(turn, text)
+            ):
                 continue
             if best is None or held.length > best[1]:
                 best = slot, held.length
@@ -406,7 +447,8 @@ class Placer:
         chain: tuple[str, ...],
         packed: bytes,
         turn: turns.Key | None,
-        within: frozenset[int] | None = None,
+        within: frozenset[int] | None,
+        owner: str,
     ) -> _Plan | outcomes.Unrouted | None:
         polled, identity = self._core.seen()
         if polled is None or polled.slots is None or identity is None:
@@ -416,23 +458,23 @@ class Placer:
         if obs is None or obs.slots is None:
             return outcomes.Unrouted.ERROR  # counted by _fresh
         exact = not memory.cuts_back(identity.memory)
-        library = self._library(identity, obs.slots)
+        library = self._library(identity, obs.slots, owner)
         if exact:  # a snapshot serves only a request that holds every one of its tokens
             library = {f: v for f, v in library.items() if slotstate.exact_prefix(v[0].index, packed)}
         entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
-        held = [self._held(v, packed if exact else None, within) for v in obs.slots]
+        held = [self._held(v, packed if exact else None, within, owner=owner) for v in obs.slots]
         decision = routing.route(chain, held, entries)
         if within is not None and (decision.source is not outcomes.Source.SLOT or decision.slot not in within):
             return None  # let through before the round ended: only a restored slot holding its prefix will do
         fetcher = self._fetcher if within is None else None
-        found = await fetcher.find(identity, chain, decision, obs) if fetcher is not None else None
+        found = await fetcher.find(identity, chain, decision, obs, owner) if fetcher is not None else None
         if found is not None:  # the slots may have changed while the store answered
             obs = await self._fresh(obs) or obs
-            held = [self._held(v, packed if exact else None) for v in obs.slots or ()]
+            held = [self._held(v, packed if exact else None, owner=owner) for v in obs.slots or ()]
             decision = routing.route(chain, held, entries, shared=found[0])
         views = {v.id: v for v in obs.slots or ()}
         if decision.slot is None:  # every slot busy: llama-server queues it as it would without the sidecar
-            return _Plan(verdict.Planned(decision.source, None), chain, turn, b"")  # b"": forwarded as it came
+            return _Plan(verdict.Planned(decision.source, None), chain, turn, b"", owner)  # b"": forwarded as it came
         state = self._slot(decision.slot)
         state.pinned += 1
         state.used = self._clock.monotonic()
@@ -442,7 +484,7 @@ class Placer:
             if source is outcomes.Source.SHARED:
                 assert decision.entry is not None
                 assert found is not None
-                state.holds(decision.entry.prefix)  # requests of this conversation wait at the lock below
+                state.holds(decision.entry.prefix, owner=owner)  # its requests wait at the lock below
                 async with state.lock:
                     restored, source = await self._fetch_in(decision, found[1], views[decision.slot], obs.counters)
                 if source is outcomes.Source.COLD:
@@ -450,7 +492,7 @@ class Placer:
             elif source is outcomes.Source.LIBRARY:
                 assert decision.entry is not None
                 record = library[decision.entry.file][0]
-                state.holds(decision.entry.prefix)  # requests of this conversation wait at the lock below
+                state.holds(decision.entry.prefix, owner=owner)  # its requests wait at the lock below
                 async with state.lock:
                     restored = await self._swap(decision, record, views[decision.slot], obs.counters)
                 state.restored = record.index if restored is not None else None
@@ -472,7 +514,9 @@ class Placer:
         if source is outcomes.Source.COLD:
             planned = dataclasses.replace(planned, prefix_tokens=0)
         placed = request.pin is prompt.Pin.PLACED
-        return _Plan(planned, chain, turn, prompt.pinned(request, decision.slot) or b"", placed)
+        if placed:
+            await self._clear_for(owner, views, slot=decision.slot, keep=source is not outcomes.Source.COLD)
+        return _Plan(planned, chain, turn, prompt.pinned(request, decision.slot) or b"", owner, placed)
 
     async def _save_for(
         self, request: prompt.Prompt, decision: routing.Decision, views: dict[int, events.SlotView]
@@ -493,6 +537,36 @@ class Placer:
             if not held.busy and held.dirty and not await self._save(views[held.slot]):
                 return False
         return True
+
+    async def _clear_for(self, owner: str, views: dict[int, events.SlotView], *, slot: int, keep: bool) -> None:
+        """Empty every idle slot that holds another owner's KV, for a request the server places itself.
+
+        llama-server gives an unpinned request the idle slot with the longest common prefix and reuses
+        it: with owners kept apart, no slot it could pick may hold what is not ``owner``'s. Each slot's
+        content is saved first if it changed (nothing is lost), and comes back from the library for its
+        owner's next request. ``slot``: the one the request was placed in (``keep``: it holds ``owner``'s KV).
+        """
+        if not self._isolated:
+            return
+        for view in views.values():
+            state = self._slot(view.id)
+            if view.id == slot and keep:
+                continue
+            if view.processing or (state.pinned and view.id != slot) or state.lock.locked():
+                continue
+            if view.signature is None or view.tokens == 0 or state.owner == owner:
+                continue
+            async with state.lock:
+                if await self._save(view) and await self._core.erase(view.id):
+                    state.holds(())
+                    state.seen = None
+                    continue
+            log.warning(
+                "slot_not_cleared",
+                slot=view.id,
+                effect="another owner's conversation stays in a slot llama-server may give this request (it could "
+                "not be saved, or the slot was taken meanwhile)",
+            )
 
     async def _fresh(
         self,
@@ -589,13 +663,18 @@ class Placer:
         return await self._core.save(policy.Save(view.id, signature, view.tokens, policy.SaveReason.SWAP))
 
     def _held(
-        self, view: events.SlotView, exact_for: bytes | None = None, within: frozenset[int] | None = None
+        self,
+        view: events.SlotView,
+        exact_for: bytes | None = None,
+        within: frozenset[int] | None = None,
+        *,
+        owner: str = apikeys.NOBODY,
     ) -> routing.Held:
-        """What ``view``'s slot holds for routing; ``exact_for``: the request's ids, on a model that cannot
-        cut a state back (a slot holding only a restored snapshot then counts only if it is an exact prefix);
-        ``within``: the only slots the request may go to (any other counts busy)."""
+        """What ``view``'s slot holds for routing a request of ``owner``; ``exact_for``: the request's ids, on a
+        model that cannot cut a state back (a slot holding only a restored snapshot then counts only if it is
+        an exact prefix); ``within``: the only slots the request may go to (any other counts busy)."""
         state = self._slot(view.id)
-        prefix = state.chain
+        prefix = state.holds_for(owner)
         if (
             exact_for is not None
             and state.restored is not None
@@ -627,13 +706,15 @@ class Placer:
         return self._core.unsaved(view.id)
 
     def _library(
-        self, identity: events.Identity, slots: Sequence[events.SlotView]
+        self, identity: events.Identity, slots: Sequence[events.SlotView], owner: str
     ) -> dict[str, tuple[manifest.Manifest, tuple[str, ...]]]:
-        """The library's snapshots this server can restore, by file."""
+        """The library's snapshots of ``owner``'s this server can restore, by file."""
         n_ctx = min((v.n_ctx for v in slots), default=0)
         found: dict[str, tuple[manifest.Manifest, tuple[str, ...]]] = {}
         for record in self._snapshots.library():
-            if record.index is not None and not manifest.incompatibilities(record, identity, slot_n_ctx=n_ctx):
+            if record.owner != owner or record.index is None:
+                continue
+            if not manifest.incompatibilities(record, identity, slot_n_ctx=n_ctx):
                 found[record.file] = (record, record.index.chain)
         return found
 

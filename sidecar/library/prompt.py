@@ -182,24 +182,46 @@ def shorter_than(prompt: Prompt, tokens: int) -> bool:
 def pinned(prompt: Prompt, slot: int) -> bytes | None:
     """The request body with ``id_slot`` set to ``slot``; None where the route drops it (forward as it came).
 
-    The pin is written into the body as it came, right after its opening
-    brace, where the body has no ``id_slot`` of its own (a later key of the
-    same name would win) and is UTF-8: the rest goes byte for byte, with
-    no second encoding of a prompt of thousands of tokens. Else the parsed
-    body is encoded anew with the pin (its strings escaped if they hold a
-    lone surrogate, which UTF-8 cannot carry). Never raises: the placer has
-    counted the slot as taken by then.
+    See :func:`_with` for how the field is written. Never raises: the placer has counted the slot as
+    taken by then.
     """
     if prompt.pin is Pin.PLACED:
         return None
-    raw = prompt.raw
-    if "id_slot" not in prompt.body and raw and json.detect_encoding(raw) == "utf-8":
+    return _with(prompt.raw, prompt.body, "id_slot", slot)
+
+
+def uncached(raw_path: str, body: bytes) -> bytes:
+    """The request body with ``cache_prompt`` off, so that llama-server reuses nothing a slot or its RAM cache
+    holds for it; as it came where the route drops the field (Anthropic Messages) or the body is no JSON
+    object (the server refuses it anyway)."""
+    if _api(raw_path) is _Api.ANTHROPIC:
+        return body
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body
+    if not isinstance(parsed, dict):
+        return body
+    return _with(body, parsed, "cache_prompt", False)
+
+
+def _with(raw: bytes, body: dict[str, Any], name: str, value: int | bool) -> bytes:
+    """``raw`` (the bytes ``body`` was parsed from) with the field ``name`` set to ``value``.
+
+    The field is written into the body as it came, right after its opening
+    brace, where the body has no field of that name of its own (a later key
+    of the same name would win) and is UTF-8: the rest goes byte for byte,
+    with no second encoding of a prompt of thousands of tokens. Else the
+    parsed body is encoded anew with the field (its strings escaped if they
+    hold a lone surrogate, which UTF-8 cannot carry).
+    """
+    if name not in body and raw and json.detect_encoding(raw) == "utf-8":
         brace = raw.find(b"{")  # the body parsed as an object: its first byte but JSON whitespace
         rest = raw[brace + 1 :].lstrip(b" \t\r\n")
         if brace >= 0 and not raw[:brace].strip(b" \t\r\n") and rest[:1] not in (b"}", b""):
-            return b'%s{"id_slot":%d,%s' % (raw[:brace], slot, raw[brace + 1 :])
-    body = {**prompt.body, "id_slot": slot}
+            return b'%s{"%s":%s,%s' % (raw[:brace], name.encode(), json.dumps(value).encode(), raw[brace + 1 :])
+    changed = {**body, name: value}
     try:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-    except UnicodeEncodeError:  # a lone surrogate json.loads let through: escaped, the pin must not fail
-        return json.dumps(body, separators=(",", ":")).encode()
+        return json.dumps(changed, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate json.loads let through: escaped, the field must not be lost
+        return json.dumps(changed, separators=(",", ":")).encode()

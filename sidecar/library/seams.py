@@ -14,7 +14,7 @@ class Shared(Protocol):
     """The shared store as the request path needs it (``shared.service.SharedStore``)."""
 
     async def lookup(
-        self, identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int
+        self, identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int, owner: str
     ) -> catalog.Match | None: ...
 
     def worth(self, match: catalog.Match, *, cached_tokens: int, prefill_rate: float) -> decide.Estimate: ...
@@ -49,6 +49,10 @@ class Slots(Protocol):
         self, slot: int, record: manifest.Manifest, *, counters: events.Counters | None
     ) -> restorer.RestoreRecord:
         """Restore ``record`` into the slot for a request (its own content saved first)."""
+        ...
+
+    async def erase(self, slot: int) -> bool:
+        """Empty ``slot`` if it is idle (its content saved first by the caller); True if it is empty now."""
         ...
 
     def answered(self, slot: int, reused: int) -> None:

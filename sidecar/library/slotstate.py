@@ -33,10 +33,17 @@ class SlotState:
     turn: turns.Key | None = None
     """The key of the request routed there last, while the slot holds what that request left (its prompt's
     tokens are then the slot's first ones): a request that continues it goes there with no round trip."""
+    owner: str | None = None
+    """Whose conversation ``chain`` is (``apikeys.owner_of``; ``apikeys.NOBODY`` without API keys); None: unknown.
+    Only a request of the same owner is routed to what the slot holds."""
 
-    def holds(self, chain: tuple[str, ...], turn: turns.Key | None = None) -> None:
-        """The slot holds ``chain`` now (and, with ``turn``, the prompt of the request of that key)."""
-        self.chain, self.turn = chain, turn
+    def holds(self, chain: tuple[str, ...], turn: turns.Key | None = None, owner: str | None = None) -> None:
+        """The slot holds ``chain`` of ``owner`` now (and, with ``turn``, the prompt of the request of that key)."""
+        self.chain, self.turn, self.owner = chain, turn, owner
+
+    def holds_for(self, owner: str) -> tuple[str, ...]:
+        """What the slot holds as a request of ``owner`` may use it: nothing of another owner's."""
+        return self.chain if self.owner == owner else ()
 
 
 def exact_prefix(index: manifest.Index | None, packed: bytes) -> bool:

@@ -133,6 +133,10 @@ class Cached:
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         """A restore changes no token ids."""
 
+    def owner(self, slot: int) -> str | None:
+        """The tokenizer knows no conversation's owner."""
+        return None
+
     # ---- the placer's tokenizer -----------------------------------------------------------
 
     async def apply_template(self, body: dict[str, Any]) -> str:

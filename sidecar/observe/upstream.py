@@ -208,6 +208,14 @@ class LlamaClient:
     async def restore(self, slot: int, filename: str) -> protocols.ActionResult:
         return await self._action(slot, "restore", filename, ("n_restored", "n_read", "restore_ms"))
 
+    async def erase(self, slot: int) -> int:
+        endpoint = "/slots erase"
+        payload = {} if self.model is None else {"model": self.model}
+        body = _as_dict(
+            await self._json("POST", self._at(f"/slots/{slot}?action=erase"), self._action_timeout, payload), endpoint
+        )
+        return _field(body, "n_erased", int, endpoint)
+
     async def _action(
         self, slot: int, action: str, filename: str, keys: tuple[str, str, str]
     ) -> protocols.ActionResult:

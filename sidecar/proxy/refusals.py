@@ -55,6 +55,15 @@ def predict_refused(found: predict.Check) -> web.Response:
     return error(403, f"POST /predict refused: {why}. {ADMIN_HINT}", "permission_error")
 
 
+def unauthorized() -> web.Response:
+    """A write without one of llama-server's API keys: refused before anything reads it, as llama-server would."""
+    message = (
+        "Invalid API Key: send one of llama-server's API keys as 'Authorization: Bearer <key>' (or 'X-Api-Key'); "
+        "the proxy checks it before it reads the request"
+    )
+    return error(401, message, "authentication_error")
+
+
 def too_big(limit: int) -> web.Response:
     message = f"request body over {limit} bytes: raise --proxy-max-body-bytes if such requests are expected"
     return error(413, message, "invalid_request_error")

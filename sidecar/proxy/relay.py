@@ -32,7 +32,7 @@ import structlog
 from aiohttp import web
 
 from sidecar.act import gate
-from sidecar.core import config, metrics, outcomes, protocols
+from sidecar.core import apikeys, config, metrics, outcomes, protocols
 from sidecar.proxy import answer, bodies, held, passon, predict, refusals, routes, upclient
 
 log = structlog.get_logger("sidecar.proxy")
@@ -73,14 +73,15 @@ class Pinner(Protocol):
     """Places a completion before it is forwarded (the library pins it to the slot that holds its KV)."""
 
     def pin(
-        self, raw_path: str, body: bytes, *, within: frozenset[int] | None = None
+        self, raw_path: str, body: bytes, *, owner: str, within: frozenset[int] | None = None
     ) -> contextlib.AbstractAsyncContextManager[Placement]:
         """The placement, valid until the request ends; never raises for a bad request.
 
+        ``owner``: whose conversation it is (``apikeys.NOBODY`` without API keys): only that owner's KV serves it.
         ``within``: the slots restored so far by the restore round that let the request through early.
         """
 
-    async def prepare(self, raw_path: str, body: bytes) -> int | None:
+    async def prepare(self, raw_path: str, body: bytes, *, owner: str) -> int | None:
         """What needs no slot (the token ids), done while the request waits for a restore round; never raises.
 
         Returns the slot whose restore the request waits for (None: the whole round).
@@ -126,6 +127,7 @@ class Relay:
         self._gate = restore_gate
         self._metrics = stats
         self._api_key = upstream.api_key
+        self._keys = upstream.keys
         self._settings = settings
         self._admin_token = admin_token
         self._clock = clock or protocols.SystemClock()
@@ -160,6 +162,9 @@ class Relay:
         if kind.verdict is routes.Verdict.BAD_PATH:
             return refusals.bad_path(), outcomes.ProxyOutcome.INVALID
         admin = self._is_admin(request)
+        owner = self._owner(request, admin)
+        if owner is None:
+            return refusals.unauthorized(), outcomes.ProxyOutcome.REFUSED
         if kind.verdict in (routes.Verdict.SLOT_ACTION, routes.Verdict.UNKNOWN) and not admin:
             return refusals.refused(kind), outcomes.ProxyOutcome.REFUSED
         headers = passon.to_server(request.headers.items(), admin=admin, api_key=self._api_key)
@@ -169,7 +174,7 @@ class Relay:
         if refusal is not None:
             return refusal
         try:
-            return await self._dispatch(request, kind, headers, body, admin=admin)
+            return await self._dispatch(request, kind, headers, body, admin=admin, owner=owner)
         finally:
             self._bodies.give(len(body))
 
@@ -181,6 +186,7 @@ class Relay:
         body: bytes,
         *,
         admin: bool,
+        owner: str,
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         found = predict.check(body) if kind.verdict is routes.Verdict.PREDICT and not admin else None
         if found is not None and found is not predict.Check.ALLOWED:
@@ -188,11 +194,17 @@ class Relay:
         if self._admit is not None and (refused := await self._admit(kind.route, body)) is not None:
             return refused
         if self._pinner is not None and kind.route is outcomes.Route.COMPLETION:
-            return await self._pinned(request, kind.target, headers, body, self._pinner)
+            return await self._pinned(request, kind.target, headers, body, self._pinner, owner)
         return await self._forward(request, kind.route, kind.target, headers, body)
 
     async def _pinned(
-        self, request: web.BaseRequest, target: str, headers: list[tuple[str, str]], body: bytes, pinner: Pinner
+        self,
+        request: web.BaseRequest,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        pinner: Pinner,
+        owner: str,
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         """A completion placed by ``pinner`` once the gate is open: a slot is only chosen on a server that can serve.
 
@@ -204,11 +216,13 @@ class Relay:
             attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
             while True:
                 if not self._gate.lets(hold):
-                    meanwhile = None if attempts.whole_round else functools.partial(pinner.prepare, target, body)
+                    meanwhile = (
+                        None if attempts.whole_round else functools.partial(pinner.prepare, target, body, owner=owner)
+                    )
                     if not await self._wait(attempts, meanwhile):
                         return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
                 within = frozenset(hold.early.ready) if hold.early is not None else None
-                async with pinner.pin(target, body, within=within) as placement:
+                async with pinner.pin(target, body, owner=owner, within=within) as placement:
                     if placement.later:
                         hold.leave_early()
                         attempts.whole_round = True
@@ -226,6 +240,22 @@ class Relay:
                         )
                     except _Repin:
                         continue
+
+    def _owner(self, request: web.BaseRequest, admin: bool) -> str | None:
+        """Whose request this is (``apikeys.NOBODY`` without API keys); None: refused, for want of a key
+        llama-server accepts.
+
+        Writes are checked here, before the library reads them; reads (GET, HEAD, OPTIONS) touch no slot
+        and go on to llama-server, which checks them itself (its web UI's files are public). An admin's
+        request is sent with the sidecar's own key, and counts as that key's.
+        """
+        if self._keys is None:
+            return apikeys.NOBODY
+        if admin:
+            return self._keys.check(f"Bearer {self._keys.first}", None)
+        if request.method in routes.READ_METHODS:
+            return apikeys.NOBODY
+        return self._keys.check(request.headers.get("Authorization"), request.headers.get("X-Api-Key"))
 
     def _is_admin(self, request: web.BaseRequest) -> bool:
         if not self._admin_token:

@@ -111,7 +111,8 @@ PREDICT_ROUTE = "/predict"
 """Vertex AI's default ``AIP_PREDICT_ROUTE``; another name is a path the proxy does not know (admin only)."""
 SLOT_ACTION_PREFIX = "/slots/"
 
-_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Methods that cannot reach a slot action or run a task."""
 
 
 def _bad() -> Request:
@@ -134,7 +135,7 @@ def classify(method: str, raw_target: str) -> Request:
 
 
 def _route(method: str, path: str) -> tuple[outcomes.Route, Verdict]:
-    if method in _READ_METHODS:
+    if method in READ_METHODS:
         return outcomes.Route.OTHER, Verdict.FORWARD
     if method == "POST":
         if path.startswith(SLOT_ACTION_PREFIX):

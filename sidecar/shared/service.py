@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 import structlog
 
-from sidecar.core import errors, events, location, metrics, outcomes
+from sidecar.core import apikeys, errors, events, location, metrics, outcomes
 from sidecar.shared import catalog, connect, decide, downloader, keys, objstore, records, uploader
 from sidecar.snapshots import manifest, slotfile, store
 
@@ -96,17 +96,17 @@ class SharedStore:
         return keys.namespace(manifest.Fingerprint.of(identity, n_ctx=0))
 
     async def lookup(
-        self, identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int
+        self, identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int, owner: str = apikeys.NOBODY
     ) -> catalog.Match | None:
-        """The shared snapshot sharing the longest prefix with ``chain`` that fits this server; None if none,
-        or the store failed."""
+        """The shared snapshot of ``owner``'s sharing the longest prefix with ``chain`` that fits this server;
+        None if none, or the store failed. Another owner's snapshots are never offered, nor looked into."""
         try:
             found = await self.catalog.records(self.namespace(identity))
         except errors.SharedStoreError as exc:
             self._failed(exc, "lookup")
             return None
         return catalog.best_match(
-            self._fitting(found, identity, max_tokens=max_tokens),
+            self._fitting((r for r in found if r.snapshot.owner == owner), identity, max_tokens=max_tokens),
             chain,
             max_tokens=max_tokens,
             block_tokens=slotfile.BLOCK_TOKENS,

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from sidecar.core import events, hashing
+from sidecar.core import apikeys, events, hashing
 
 FORMAT = 2
 """Format of the manifests this sidecar writes."""
@@ -132,6 +132,10 @@ class Manifest:
     """Prompt tokens per second the writing server computed over its lifetime when the snapshot was saved
     (``llamacpp:prompt_tokens_total`` over ``prompt_seconds_total``), so another node, or this one after a
     restart, knows what recomputing these tokens costs on this model; None if it had not prefilled enough."""
+    owner: str = apikeys.NOBODY
+    """Whose conversation it is (``apikeys.owner_of``: the fingerprint of the API key or pool whose request left
+    the slot so; ``apikeys.NOBODY`` without keys, for content no routed request explains, and in older manifests):
+    the library serves it only to requests of the same owner."""
 
     def to_json(self) -> str:
         body = dataclasses.asdict(self)
@@ -181,6 +185,7 @@ class Manifest:
             index=_index(raw),
             model=None if raw.get("model") is None else _str(raw, "model"),
             prefill_rate=None if raw.get("prefill_rate") is None else _num(raw, "prefill_rate"),
+            owner=apikeys.NOBODY if raw.get("owner") is None else _str(raw, "owner"),
         )
         match = NAME_RE.match(manifest.file)
         if match is None or int(match["slot"]) != manifest.slot:

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from sidecar.core import errors, hashing, outcomes, protocols, safeio
+from sidecar.core import apikeys, errors, hashing, outcomes, protocols, safeio
 from sidecar.snapshots import commit as checks
 from sidecar.snapshots import index, manifest, recency, reporting, slotdir, slotfile
 
@@ -350,6 +350,7 @@ class SnapshotStore:
         pause: float = 0.0,
         created: float | None = None,
         prefill_rate: float | None = None,
+        owner: str = apikeys.NOBODY,
     ) -> manifest.Manifest:
         """Check, hash and publish a file the server just wrote; see the module docstring.
 
@@ -357,6 +358,7 @@ class SnapshotStore:
         ``created``: Unix time of the server's save (None: now); a commit made later than the save
         (see :mod:`sidecar.act.snapshotter`) still dates the snapshot by its content.
         ``prefill_rate``: the writing server's measured prompt tokens per second (see ``Manifest``).
+        ``owner``: whose conversation the slot held (see ``Manifest``).
         """
         fs, path = self._dir.fs, self.dir / temp
         with checks.removed_if_failed(fs, temp, f"committing {temp}"):
@@ -379,6 +381,7 @@ class SnapshotStore:
                 index=content,
                 model=self.model,
                 prefill_rate=prefill_rate,
+                owner=owner,
             )
             os.replace(path, self.dir / final)
         with checks.removed_if_failed(fs, final, f"writing the manifest of {final}"):

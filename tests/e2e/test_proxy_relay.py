@@ -38,11 +38,13 @@ class _SlowBookkeeping:
         self.finish = asyncio.Event()
         self.placed: list[_Placed] = []
 
-    async def prepare(self, raw_path: str, body: bytes) -> int | None:
+    async def prepare(self, raw_path: str, body: bytes, *, owner: str = "") -> int | None:
         return None
 
     @contextlib.asynccontextmanager
-    async def pin(self, raw_path: str, body: bytes, *, within: frozenset[int] | None = None) -> AsyncIterator[_Placed]:
+    async def pin(
+        self, raw_path: str, body: bytes, *, owner: str = "", within: frozenset[int] | None = None
+    ) -> AsyncIterator[_Placed]:
         placed = _Placed(body)
         self.placed.append(placed)
         yield placed

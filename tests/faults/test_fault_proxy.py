@@ -404,11 +404,13 @@ class Placing:
     def __init__(self) -> None:
         self.placed: list[Any] = []
 
-    async def prepare(self, raw_path: str, body: bytes) -> int | None:
+    async def prepare(self, raw_path: str, body: bytes, *, owner: str = "") -> int | None:
         return None
 
     @contextlib.asynccontextmanager
-    async def pin(self, raw_path: str, body: bytes, *, within: frozenset[int] | None = None) -> AsyncIterator[Any]:
+    async def pin(
+        self, raw_path: str, body: bytes, *, owner: str = "", within: frozenset[int] | None = None
+    ) -> AsyncIterator[Any]:
         placement = _Placement(b'{"id_slot": %d}' % len(self.placed), f"slot={len(self.placed)}")
         self.placed.append(placement)
         yield placement
@@ -555,7 +557,9 @@ class _Uncounted(Placing):
         self.counted = counted
 
     @contextlib.asynccontextmanager
-    async def pin(self, raw_path: str, body: bytes, *, within: frozenset[int] | None = None) -> AsyncIterator[Any]:
+    async def pin(
+        self, raw_path: str, body: bytes, *, owner: str = "", within: frozenset[int] | None = None
+    ) -> AsyncIterator[Any]:
         async with super().pin(raw_path, body, within=within) as placement:
             placement.counted = self.counted
             yield placement

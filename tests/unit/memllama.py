@@ -133,6 +133,14 @@ class MemLlama:
         (self.dir / filename).write_bytes(data)
         return protocols.ActionResult(slot_id, filename, view.tokens, len(data), 1.0)
 
+    async def erase(self, slot_id: int) -> int:
+        self.calls.append(("erase", slot_id))
+        if "erase" in self.fail:
+            raise self.fail["erase"]
+        tokens = self.slot_views[slot_id].tokens
+        self.set_slot(slot_id, tokens=0)
+        return tokens
+
     async def restore(self, slot_id: int, filename: str) -> protocols.ActionResult:
         self.calls.append(("restore", (slot_id, filename)))
         if "restore" in self.hooks:

@@ -248,7 +248,7 @@ class FakeShared:
         return obs.slots[0].n_ctx
 
     async def lookup(
-        self, identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int
+        self, identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int, owner: str
     ) -> catalog.Match | None:
         self.lookups += 1
         if self.lookup_wait is not None:
@@ -375,7 +375,9 @@ async def test_a_failed_fetch_runs_the_request_cold_in_the_slot_it_saved(bed: Be
 async def test_a_store_that_breaks_unexpectedly_never_fails_the_request(bed: Bed, tmp_path: Path) -> None:
     shared = FakeShared(bed, tmp_path, "A")
 
-    async def broken(identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int) -> catalog.Match | None:
+    async def broken(
+        identity: events.Identity, chain: tuple[str, ...], *, max_tokens: int, owner: str
+    ) -> catalog.Match | None:
         raise RuntimeError("boom")
 
     shared.lookup = broken  # type: ignore[method-assign]

@@ -17,7 +17,7 @@ import structlog
 import structlog.testing
 from prometheus_client import CollectorRegistry
 
-from sidecar.core import errors, events, location, metrics, protocols
+from sidecar.core import apikeys, errors, events, location, metrics, protocols
 from sidecar.shared import connect, gc, keys, objstore, service
 from sidecar.snapshots import manifest, slotfile, store
 from support.s3bed import S3Server
@@ -127,6 +127,8 @@ async def test_a_commit_is_published_and_another_node_fetches_and_finds_it(
     assert stats_a("shared_store_bytes_total", direction="up") == record.bytes
 
     request = slotfile.prefix_hashes(slotfile.pack_ids([*ids[:520], 7, 7, 7]))
+    # With API keys, a request of another key than the one whose conversation it is finds nothing.
+    assert await shared_b.lookup(IDENTITY, request, max_tokens=8192, owner=apikeys.owner_of(key="sk-b")) is None
     match = await shared_b.lookup(IDENTITY, request, max_tokens=8192)
     assert match is not None
     assert match.tokens == 512
