@@ -9,6 +9,7 @@ or a page left out of the site's nav.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import re
 import subprocess
@@ -308,3 +309,36 @@ def test_the_readme_and_the_home_page_link_every_page_of_the_manual() -> None:
         linked = {target.split("#")[0] for target in LINK.findall(front.read_text(encoding="utf-8"))}
         missing = {name for name in pages if prefix + name not in linked}
         assert missing == set(), f"add these pages to the table of the manual in {front.name}"
+
+
+# ---- the tests the reliability page cites --------------------------------------------
+
+CITED = re.compile(r"(?<![\w.])(?:(?P<file>\w+\.py)::)?(?P<name>test_\w+)(?P<py>\.py)?")
+"""A test cited in code: ``test_name``, ``test_file.py``, ``test_file.py::test_name`` or ``::test_name``."""
+
+
+def defined_tests() -> dict[str, set[str]]:
+    """Each test function under tests/ (module level or in a class), with the names of the files defining it."""
+    defined: dict[str, set[str]] = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_"):
+                defined.setdefault(node.name, set()).add(path.name)
+    return defined
+
+
+def test_every_test_the_reliability_page_cites_is_there() -> None:
+    defined = defined_tests()
+    files = {path.name for path in (ROOT / "tests").rglob("test_*.py")}
+    missing = []
+    for code in re.findall(r"`([^`\n]+)`", page("RELIABILITY.md")):
+        for cited in CITED.finditer(code):
+            name, file = cited["name"], cited["file"]
+            if cited["py"]:
+                if name + ".py" not in files:
+                    missing.append(f"{name}.py: no such test file")
+            elif name not in defined:
+                missing.append(f"{name}: no such test function")
+            elif file is not None and file not in defined[name]:
+                missing.append(f"{file}::{name}: defined in {sorted(defined[name])}")
+    assert not missing, "docs/RELIABILITY.md cites tests that are not in tests/:\n" + "\n".join(missing)
