@@ -191,7 +191,7 @@ class Placer:
         try:
             request = prompt.of(raw_path, body)
             if isinstance(request, prompt.Prompt) and not prompt.shorter_than(request, slotfile.BLOCK_TOKENS):
-                return self._awaited(slotfile.pack_ids(await self._ids(request)), owner)
+                return self._awaited(slotfile.pack_ids(await self._ids(request, owner)), owner)
         except Exception:  # noqa: S110 - the placement tokenizes it again and says what failed
             pass
         return None
@@ -343,7 +343,7 @@ class Placer:
                     self._stats.library_routes.labels(outcomes.RouteBy.TURN.value).inc()
                 return went
             try:
-                ids = await self._ids(request)
+                ids = await self._ids(request, owner)
             except errors.UpstreamError as exc:
                 self._unrouted(outcomes.Unrouted.TOKENIZE, str(exc))
                 return outcomes.Unrouted.TOKENIZE
@@ -359,14 +359,14 @@ class Placer:
             self._stats.library_routes.labels(outcomes.RouteBy.TOKENS.value).inc()
         return placed
 
-    async def _ids(self, request: prompt.Prompt) -> list[int]:
+    async def _ids(self, request: prompt.Prompt, owner: str) -> list[int]:
         if request.kind is prompt.Kind.IDS:
             return list(request.ids)
         text = request.text
         if request.kind is prompt.Kind.CHAT:
             assert request.chat is not None
             text = await self._tokenizer.apply_template(request.chat)
-        return await self._tokenizer.tokenize(text)
+        return await self._tokenizer.tokenize(text, owner=owner)
 
     async def _read_early(self, raw_path: str, body: bytes) -> asyncio.Task[tuple[events.SlotView, ...]] | None:
         """The fresh read of ``/slots`` that :meth:`_continue` needs, sent now: llama-server answers it while the

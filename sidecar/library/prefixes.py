@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 MAX_IDS = 4_000_000
 """Most token ids kept in all (16 MB packed)."""
@@ -50,8 +51,17 @@ class _Entry:
     piece: bytes
 
 
-def _digest(data: bytes | memoryview) -> bytes:
-    return hashlib.blake2b(data, digest_size=_DIGEST).digest()
+def _hasher(owner: str) -> Any:
+    """The digest of one owner's texts (``apikeys.owner_of``, 16 bytes in hex, as BLAKE2b's salt): a text one
+    owner's requests taught is found for that owner only, so no timing of ``/tokenize`` tells another of it."""
+    return hashlib.blake2b(digest_size=_DIGEST, salt=bytes.fromhex(owner) if owner else b"")
+
+
+def _digest(data: bytes | memoryview, owner: str) -> bytes:
+    hasher = _hasher(owner)
+    hasher.update(data)
+    digest: bytes = hasher.digest()
+    return digest
 
 
 class Prefixes:
@@ -73,8 +83,10 @@ class Prefixes:
         self._lengths.clear()
         self._held = 0
 
-    def remember(self, data: bytes, cut: int, ids: Sequence[int], *, token: int = WHOLE, piece: bytes = b"") -> None:
-        """The ids ``ids`` are those of ``data[:cut]`` tokenized apart from what follows.
+    def remember(
+        self, data: bytes, cut: int, ids: Sequence[int], *, token: int = WHOLE, piece: bytes = b"", owner: str = ""
+    ) -> None:
+        """The ids ``ids`` are those of ``data[:cut]`` tokenized apart from what follows, for ``owner``.
 
         ``token`` and ``piece``: the special token that follows the cut in
         ``data`` (its id and bytes); the cut serves only a text that goes on
@@ -86,7 +98,7 @@ class Prefixes:
             return
         if (whole and cut != len(data)) or (not whole and data[cut : cut + len(piece)] != piece):
             return
-        key = (cut, _digest(memoryview(data)[:cut]), whole)
+        key = (cut, _digest(memoryview(data)[:cut], owner), whole)
         old = self._entries.pop(key, None)
         if old is not None:
             self._held -= len(old.ids)
@@ -102,13 +114,14 @@ class Prefixes:
             if not self._lengths[length]:
                 del self._lengths[length]
 
-    def longest(self, data: bytes) -> Hit | None:
-        """The longest remembered cut that ``data`` starts with and goes on from as remembered (or ``data`` whole)."""
+    def longest(self, data: bytes, owner: str = "") -> Hit | None:
+        """The longest cut remembered for ``owner`` that ``data`` starts with and goes on from as remembered (or
+        ``data`` whole)."""
         lengths = sorted(n for n in self._lengths if n <= len(data))
         if not lengths:
             return None
         view = memoryview(data)
-        running = hashlib.blake2b(digest_size=_DIGEST)
+        running = _hasher(owner)
         done = 0
         found: tuple[int, bytes, bool] | None = None
         for length in lengths:  # one pass over the bytes, a digest at each remembered length

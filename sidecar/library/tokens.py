@@ -142,12 +142,13 @@ class Cached:
     async def apply_template(self, body: dict[str, Any]) -> str:
         return await self._server.apply_template(body)
 
-    async def tokenize(self, text: str) -> list[int]:
+    async def tokenize(self, text: str, *, owner: str = "") -> list[int]:
+        """The ids of ``text``, with what ``owner``'s requests taught (another owner's texts are not looked at)."""
         if self._recheck:
             self._settle()
         before = self.asked_bytes
         try:
-            return await self._tokenize(text)
+            return await self._tokenize(text, owner)
         finally:
             self._count(len(text.encode()), self.asked_bytes - before)
 
@@ -158,9 +159,9 @@ class Cached:
             self._stats.library_prompt_bytes.labels(outcomes.PromptBytes.ASKED.value).inc(asked)
             self._stats.library_prompt_bytes.labels(outcomes.PromptBytes.REMEMBERED.value).inc(max(size - asked, 0))
 
-    async def _tokenize(self, text: str) -> list[int]:
+    async def _tokenize(self, text: str, owner: str) -> list[int]:
         data = text.encode()
-        hit = self._known.longest(data)
+        hit = self._known.longest(data, owner)
         if hit is not None and hit.token == prefixes.WHOLE:
             self.answered += 1
             return hit.ids.tolist()
@@ -170,28 +171,30 @@ class Cached:
             if got and got[0][0] == hit.token:
                 head = hit.ids.tolist()
                 ids = head + [i for i, _ in got]
-                await self._learn(data, hit.cut, ids, len(head), got)
+                await self._learn(data, hit.cut, ids, len(head), got, owner)
                 return ids
             self.refused += 1  # the text there is no longer that special token for the server
         if self._no_cut(data):  # no cut to learn in it: the plain ids, as without the cache
             plain = await self._server.tokenize(text)
             self.asked_bytes += len(data)
-            self._known.remember(data, len(data), plain)
+            self._known.remember(data, len(data), plain, owner=owner)
             return plain
         got = await self._server.pieces(text, add_special=True)
         self.asked_bytes += len(data)
         ids = [i for i, _ in got]
-        await self._learn(data, 0, ids, 0, got)
+        await self._learn(data, 0, ids, 0, got, owner)
         return ids
 
-    async def _learn(self, data: bytes, cut: int, ids: list[int], start: int, got: list[tuple[int, bytes]]) -> None:
+    async def _learn(
+        self, data: bytes, cut: int, ids: list[int], start: int, got: list[tuple[int, bytes]], owner: str
+    ) -> None:
         """Remember ``data`` whole, and its last special-token cut, when the pieces spell it from ``cut``."""
         sizes = [len(p) for _, p in got]
         if cut == 0 and got and b"".join(p for _, p in got[1:]) == data:
             sizes[0] = 0  # the BOS the server adds: no byte of the text
         elif b"".join(p for _, p in got) != data[cut:]:
             return  # the pieces do not spell the text: offsets unknown, ask whole each time
-        self._known.remember(data, len(data), ids)
+        self._known.remember(data, len(data), ids, owner=owner)
         shown = {p for _, p in got if _MARKER.fullmatch(p)}
         for found in _MARKER.finditer(data, cut):  # not one piece here: the server did not take it for a token
             if found.group() not in shown and found.group() not in self._special:
@@ -201,7 +204,7 @@ class Cached:
             token, piece = got[index]
             offset -= sizes[index]
             if offset > cut and _MARKER.fullmatch(piece) and await self._is_special(piece, token):
-                self._known.remember(data, offset, ids[: start + index], token=token, piece=piece)
+                self._known.remember(data, offset, ids[: start + index], token=token, piece=piece, owner=owner)
                 return
 
     def _no_cut(self, data: bytes) -> bool:

@@ -85,7 +85,7 @@ class Tokenizer:
         self.asked += 1
         return str(body["messages"][0]["content"])
 
-    async def tokenize(self, text: str) -> list[int]:
+    async def tokenize(self, text: str, *, owner: str = "") -> list[int]:
         return ids_of(text)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.core import events, metrics
+from sidecar.core import apikeys, events, metrics
 from sidecar.library import prefixes, tokens
 
 SPECIAL = {"<start_of_turn>": 2, "<end_of_turn>": 3}
@@ -79,6 +79,26 @@ def test_a_later_turn_asks_only_what_follows_the_last_marker() -> None:
 
     asyncio.run(run())
     assert cached.answered == 1
+
+
+def test_what_one_owners_texts_taught_is_never_used_for_another_owner() -> None:
+    """With API keys, a text another key sent must not be answered faster (no round trip, or a shorter one):
+    the time would tell a client what another's prompt starts with."""
+    server = Server()
+    cached = tokens.Cached(server)
+    alice, bob = apikeys.owner_of(key="sk-alice"), apikeys.owner_of(key="sk-bob")
+
+    async def run() -> None:
+        first, second = _chat(3), _chat(4)
+        assert await cached.tokenize(first, owner=alice) == _whole(first)
+        server.asked.clear()
+        assert await cached.tokenize(first, owner=bob) == _whole(first)
+        assert server.asked == [first]  # asked whole, as if never seen
+        server.asked.clear()
+        assert await cached.tokenize(second, owner=alice) == _whole(second)
+        assert server.asked == [second[len(first) - len("<start_of_turn>model\n") :]]  # alice's own cut serves her
+
+    asyncio.run(run())
 
 
 def test_marker_looking_text_is_not_trusted_as_a_cut() -> None:
