@@ -130,7 +130,7 @@ def _read_secret(flag: str, path: str) -> str:
 
 def key_file(path: str) -> tuple[str, apikeys.Keys]:
     """The keys of a file as llama-server reads ``--api-key-file`` (one per line, ``#`` comments): the first,
-    to send, and all of them with their pools (``# pool: NAME`` lines, see :mod:`sidecar.core.keys`)."""
+    to send, and all of them with their pools (``# pool: NAME`` lines, see :mod:`sidecar.core.apikeys`)."""
     found = apikeys.of_file(_read_secret("--api-key-file", path).splitlines())
     if found is None or found.first is None:
         raise errors.ConfigError(f"--api-key-file {path}: the file holds no key (one key per line, # for comments)")
