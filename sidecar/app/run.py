@@ -39,7 +39,7 @@ import sidecar
 from sidecar.act import engine, gate, report, spawn
 from sidecar.app import figures, history, reports, server
 from sidecar.core import config, errors, events, metrics, protocols
-from sidecar.library import placer, reads, tokens
+from sidecar.library import placer, ramtier, reads, tokens
 from sidecar.observe import upstream, weights
 from sidecar.proxy import listener, relay, sentinel
 from sidecar.router import admission, fleet
@@ -264,6 +264,8 @@ def _plain(
             shared=shared,
             hold_seconds=settings.proxy.hold_seconds,
             isolated=settings.upstream.keys is not None,
+            ram=ramtier.RamTier(settings.proxy.server_cache_ram_bytes),
+            max_unsaved_seconds=settings.proxy.max_unsaved_seconds,
         )
     return _Parts(
         watched.engine, watched.loops(), watched.gate, shared=shared, library=library, slots_reader=slots_reader

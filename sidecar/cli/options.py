@@ -276,6 +276,26 @@ OPTIONS: tuple[Option, ...] = (
         parse.number(int),
     ),
     Option(
+        "--server-cache-ram-bytes",
+        "LLAMA_SIDECAR_SERVER_CACHE_RAM_BYTES",
+        ("proxy.server_cache_ram_bytes",),
+        "the size of llama-server's RAM prompt cache (its --cache-ram MiB times 1048576; 0 if it runs with "
+        "--cache-ram 0): the library lets that cache serve a conversation that left its slot while it should "
+        "still hold it, instead of a swap from disk",
+        "N",
+        parse.number(int, zero_ok=True),
+    ),
+    Option(
+        "--max-unsaved-seconds",
+        "LLAMA_SIDECAR_MAX_UNSAVED_SECONDS",
+        ("proxy.max_unsaved_seconds",),
+        "once llama-server's RAM cache has served a conversation, let one leave its slot for it without a save "
+        "first while what a crash would lose of it re-prefills within this many seconds (a faster turn; 0: "
+        "always save first)",
+        "SEC",
+        parse.number(float, zero_ok=True),
+    ),
+    Option(
         "--no-proxy-prefix-header",
         "LLAMA_SIDECAR_NO_PROXY_PREFIX_HEADER",
         ("proxy.prefix_header",),

@@ -113,6 +113,14 @@ class ProxySettings:
     """Seconds suggested in Retry-After when a held request times out."""
     prefix_header: bool = True
     """Tell each routed completion's client where its prompt's prefix came from, in a response header."""
+    server_cache_ram_bytes: int = 8192 << 20
+    """The size of llama-server's RAM prompt cache (its ``--cache-ram``, in MiB there, 8192 by default), in bytes:
+    the library pins a conversation that left its slot to an idle one with nothing restored while that cache
+    should still hold it (the server loads it from RAM, faster than a file); 0: the server runs without one."""
+    max_unsaved_seconds: float = 0.0
+    """Once llama-server's RAM cache has served a conversation, one leaves its slot for it with no save first
+    while what a crash would lose of it (its tokens past its newest snapshot) re-prefills within this many seconds
+    at the server's measured rate: a faster turn for that bound on what a crash costs; 0: always saved first."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

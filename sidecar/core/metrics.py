@@ -312,7 +312,8 @@ class Metrics:
             "conversation_requests",
             "Completion requests routed by the proxy and answered, by where their prompt's prefix came from, "
             "as the answer's own reuse figure (timings.cache_n, usage cached tokens) shows: slot (already in "
-            "a slot), library (swapped in from a snapshot), shared (from the shared store), cold (prefilled "
+            "a slot), ram (loaded by llama-server from its RAM prompt cache, nothing restored), library (swapped "
+            "in from a snapshot), shared (from the shared store), cold (prefilled "
             "from scratch: nothing held it, or the server re-prefilled what was put there). Rejected, cut "
             "and cancelled requests are in conversation_unserved_total instead.",
             ["source"],
@@ -397,6 +398,20 @@ class Metrics:
         self.library_bytes = Gauge(
             "library_bytes",
             "Bytes of the snapshots in the library indexed by content.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.ram_conversations = Gauge(
+            "library_ram_conversations",
+            "Conversations the library counts on llama-server's RAM prompt cache to hold: they left their slot for "
+            "another's task, oldest dropped first past --server-cache-ram-bytes; 0 after a restart.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.left_unsaved = Counter(
+            "library_left_unsaved",
+            "Conversations that left their slot for llama-server's RAM prompt cache without a save first: what a "
+            "crash would lose of each re-prefills within --max-unsaved-seconds.",
             namespace=NAMESPACE,
             registry=registry,
         )

@@ -92,6 +92,8 @@ class Source(enum.StrEnum):
     """Where a request's prefix comes from (``conversation_requests_total{source}``)."""
 
     SLOT = "slot"
+    RAM = "ram"
+    """llama-server's own RAM prompt cache, with the request pinned to an idle slot and nothing restored."""
     LIBRARY = "library"
     SHARED = "shared"
     COLD = "cold"

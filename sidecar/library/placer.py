@@ -52,9 +52,9 @@ from typing import Any
 
 import structlog
 
-from sidecar.act import policy
+from sidecar.act import policy, savings
 from sidecar.core import apikeys, errors, events, metrics, outcomes, protocols
-from sidecar.library import fetching, prompt, routing, seams, slotstate, turns, verdict
+from sidecar.library import fetching, prompt, ramtier, routing, seams, slotstate, turns, verdict
 from sidecar.observe import memory
 from sidecar.proxy import answer
 from sidecar.shared import records
@@ -109,10 +109,18 @@ class Placer:
         shared: seams.Shared | None = None,
         hold_seconds: float = 120.0,
         isolated: bool = False,
+        ram: ramtier.RamTier | None = None,
+        max_unsaved_seconds: float = 0.0,
     ) -> None:
         """``isolated``: llama-server has API keys, and each owner's conversations are kept from the others'
-        (a request the library does not put on its owner's own KV is sent with ``cache_prompt`` off)."""
+        (a request the library does not put on its own KV is sent with ``cache_prompt`` off). ``ram``: what
+        llama-server's RAM prompt cache holds (none: the library swaps every returning conversation from disk).
+        ``max_unsaved_seconds``: once that cache has shown itself, a conversation leaves its slot for it with no
+        save first while what a crash would lose of it re-prefills within this many seconds (0: always saved)."""
         self._isolated = isolated
+        self._ram = ram if ram is not None else ramtier.RamTier(0)
+        self._max_unsaved = max_unsaved_seconds
+        self._ram_said: set[ramtier.State] = set()
         self._core = core
         self._fetcher = (
             fetching.Fetcher(shared, snapshots=snapshots, stats=stats, hold_seconds=hold_seconds)
@@ -141,6 +149,8 @@ class Placer:
         for state in self._slots.values():
             state.holds(())
             state.ended, state.seen, state.restored = 0.0, None, None
+        self._ram.restarted()
+        self._stats.ram_conversations.set(0)
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         state = self._slot(slot)
@@ -303,6 +313,8 @@ class Placer:
             slot = ran_on
         if ended is not None:
             found = verdict.judge(plan.planned, status=ended.status, outcome=ended.outcome, cached=ended.cached)
+            if plan.planned.source is outcomes.Source.RAM and found.source is not None:
+                self._ram_judged(found.source is outcomes.Source.RAM)
             if found.source is not None:
                 self._stats.conversation_requests.labels(found.source.value).inc()
             if found.unserved is not None:
@@ -463,7 +475,9 @@ class Placer:
             library = {f: v for f, v in library.items() if slotstate.exact_prefix(v[0].index, packed)}
         entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
         held = [self._held(v, packed if exact else None, within, owner=owner) for v in obs.slots]
-        decision = routing.route(chain, held, entries)
+        in_ram = self._ram.best(owner, chain)[0] if within is None and not exact else None
+        ram = routing.Entry("", in_ram.chain) if in_ram is not None else None
+        decision = routing.route(chain, held, entries, ram=ram)
         if within is not None and (decision.source is not outcomes.Source.SLOT or decision.slot not in within):
             return None  # let through before the round ended: only a restored slot holding its prefix will do
         fetcher = self._fetcher if within is None else None
@@ -471,7 +485,7 @@ class Placer:
         if found is not None:  # the slots may have changed while the store answered
             obs = await self._fresh(obs) or obs
             held = [self._held(v, packed if exact else None, owner=owner) for v in obs.slots or ()]
-            decision = routing.route(chain, held, entries, shared=found[0])
+            decision = routing.route(chain, held, entries, shared=found[0], ram=ram)
         views = {v.id: v for v in obs.slots or ()}
         if decision.slot is None:  # every slot busy: llama-server queues it as it would without the sidecar
             return _Plan(verdict.Planned(decision.source, None), chain, turn, b"", owner)  # b"": forwarded as it came
@@ -498,7 +512,16 @@ class Placer:
                 state.restored = record.index if restored is not None else None
             else:
                 async with state.lock:  # a swap into this slot in flight ends first
-                    restored = 0 if await self._save_for(request, decision, views) else None
+                    restored = 0 if await self._save_for(request, decision, views, obs.counters) else None
+                if restored is not None and source is not outcomes.Source.SLOT:
+                    # A task of another conversation starts there: the server copies what the slot held into
+                    # its RAM prompt cache first.
+                    self._left(state, views[decision.slot].tokens)
+                    state.holds(())
+                    if source is outcomes.Source.RAM and in_ram is not None:
+                        self._ram.loaded(in_ram)  # and takes this one out of it, into the slot
+                        state.holds(in_ram.chain, owner=owner)
+                        self._stats.ram_conversations.set(len(self._ram))
         finally:
             if restored is None:
                 state.pinned -= 1
@@ -519,16 +542,22 @@ class Placer:
         return _Plan(planned, chain, turn, prompt.pinned(request, decision.slot) or b"", owner, placed)
 
     async def _save_for(
-        self, request: prompt.Prompt, decision: routing.Decision, views: dict[int, events.SlotView]
+        self,
+        request: prompt.Prompt,
+        decision: routing.Decision,
+        views: dict[int, events.SlotView],
+        counters: events.Counters | None,
     ) -> bool:
         """Save what the slot a request goes to holds, if it changed; True if nothing is lost.
 
-        A request the route cannot pin (``Pin.PLACED``) that starts a new
-        conversation may be given any idle slot by the server (its least
+        Not saved when it leaves for llama-server's RAM cache and what a crash would lose of it re-prefills
+        within ``--max-unsaved-seconds`` (:meth:`_leaves_unsaved`). A request the route cannot pin
+        (``Pin.PLACED``) that starts a new conversation may be given any idle slot by the server (its least
         recently used), so every idle slot's changed content is saved first.
         """
         assert decision.slot is not None
-        if decision.save_first and not await self._save(views[decision.slot]):
+        view = views[decision.slot]
+        if decision.save_first and not self._leaves_unsaved(view, counters) and not await self._save(view):
             return False
         if request.pin is not prompt.Pin.PLACED or decision.source is not outcomes.Source.COLD:
             return True
@@ -568,6 +597,40 @@ class Placer:
                 "not be saved, or the slot was taken meanwhile)",
             )
 
+    def _left(self, state: slotstate.SlotState, tokens: int) -> None:
+        """What ``state``'s slot held went to llama-server's RAM prompt cache, ``tokens`` of KV."""
+        if not state.chain or state.owner is None or self._ram.state is ramtier.State.OFF:
+            return
+        newest = next(iter(self._snapshots.snapshots()), None)
+        per_token = newest.bytes / newest.tokens if newest is not None and newest.tokens else 0.0
+        self._ram.left(state.owner, state.chain, max(1, round(tokens * per_token)))
+        self._stats.ram_conversations.set(len(self._ram))
+
+    def _leaves_unsaved(self, view: events.SlotView, counters: events.Counters | None) -> bool:
+        """Whether ``view``'s slot may go to another conversation with no save first: llama-server copies what it
+        holds into its RAM cache (shown to work on this server), and what a crash would lose of it (the tokens
+        past its newest snapshot) re-prefills within ``--max-unsaved-seconds`` at the server's measured rate."""
+        state = self._slot(view.id)
+        if self._ram.state is not ramtier.State.CONFIRMED or self._max_unsaved <= 0 or not state.chain:
+            return False
+        rate = savings.measured_rate(counters) if counters is not None else None
+        if not rate:
+            return False
+        saved = max(
+            (
+                r.tokens
+                for r in self._snapshots.library()
+                if r.owner == state.owner
+                and r.index is not None
+                and slotfile.shared_blocks(r.index.chain, state.chain) == len(r.index.chain)
+            ),
+            default=0,
+        )
+        if max(view.tokens - saved, 0) / rate > self._max_unsaved:
+            return False
+        self._stats.left_unsaved.inc()
+        return True
+
     async def _fresh(
         self,
         obs: events.Observation,
@@ -597,7 +660,10 @@ class Placer:
             if state.pinned or state.lock.locked():
                 continue  # a routed request or a swap is changing it: the placer knows what it holds
             if state.seen is not None and view.signature != state.seen and not state.routed_since:
-                state.holds(())  # another client's turn ran there
+                # Another client's turn ran there, or --cache-idle-slots emptied it: the server copied
+                # what it held into its RAM prompt cache first.
+                self._left(state, state.seen[1])
+                state.holds(())
             state.seen, state.routed_since = view.signature, False
         return dataclasses.replace(obs, slots=slots)
 
@@ -717,6 +783,38 @@ class Placer:
             if not manifest.incompatibilities(record, identity, slot_n_ctx=n_ctx):
                 found[record.file] = (record, record.index.chain)
         return found
+
+    def _ram_judged(self, served: bool) -> None:
+        """A request placed on what the RAM cache was said to hold: its answer shows whether it was there."""
+        if served:
+            self._ram.served()
+        else:
+            self._ram.missed()
+            self._stats.ram_conversations.set(0)
+        state = self._ram.state
+        if state in self._ram_said or state is ramtier.State.TRYING:
+            return
+        self._ram_said.add(state)
+        if state is ramtier.State.CONFIRMED:
+            leaving = (
+                f"one leaves its slot unsaved while a crash would lose at most {self._max_unsaved:g} s of "
+                "re-prefill of it (--max-unsaved-seconds)"
+                if self._max_unsaved > 0
+                else "each is still saved before it leaves its slot (--max-unsaved-seconds 0)"
+            )
+            log.info(
+                "server_ram_cache_serves",
+                effect="conversations that left their slot come back from llama-server's RAM prompt cache, "
+                f"nothing restored; {leaving}",
+            )
+        else:
+            log.warning(
+                "server_ram_cache_missed",
+                effect="a conversation the library counted on llama-server's RAM prompt cache to hold was "
+                "re-prefilled: conversations are swapped in from disk until the server restarts",
+                hint="llama-server runs with --cache-ram 0, or one smaller than --server-cache-ram-bytes: set "
+                "--server-cache-ram-bytes to its --cache-ram in bytes (0 for none)",
+            )
 
     def _slot(self, slot: int) -> slotstate.SlotState:
         return self._slots.setdefault(slot, slotstate.SlotState())

@@ -6,6 +6,10 @@ conversations the library keeps on disk. :func:`route` picks:
 
 * the slot that already holds the longest prefix of the request
   (``Source.SLOT``): pin the request there with ``id_slot``;
+* else, when llama-server's RAM prompt cache holds a clearly longer prefix
+  (as :mod:`.ramtier` models it), at least as long as the library's, an idle
+  slot to pin it to with nothing restored: the server loads it from RAM,
+  faster than a file (``Source.RAM``);
 * else, when the library holds a clearly longer prefix, an idle slot to swap
   it into (``Source.LIBRARY``), saving the slot's own content first if it
   changed since its last snapshot, so nothing is lost to a swap;
@@ -56,9 +60,11 @@ class Decision:
     slot: int | None
     """The slot to pin the request to; None: let the server pick (every slot busy)."""
     entry: Entry | None = None
-    """With ``Source.LIBRARY`` or ``Source.SHARED``: the snapshot to restore into ``slot`` first."""
+    """With ``Source.LIBRARY`` or ``Source.SHARED``: the snapshot to restore into ``slot`` first; with
+    ``Source.RAM``: what the server's RAM cache holds (``file`` empty)."""
     save_first: bool = False
-    """Save ``slot``'s own content before it is replaced (``Source.LIBRARY``, ``Source.SHARED``, ``Source.COLD``)."""
+    """Save ``slot``'s own content before it is replaced (every source but ``Source.SLOT``): it changed since its
+    last snapshot."""
     blocks: int = 0
     """Leading blocks of the request the chosen source already holds."""
 
@@ -70,22 +76,30 @@ def route(
     *,
     min_gain_blocks: int = 1,
     shared: Entry | None = None,
+    ram: Entry | None = None,
 ) -> Decision:
     """Where to run a request whose prefix hash chain is ``request``.
 
     A library entry wins over the best slot only when it holds at least
     ``min_gain_blocks`` more leading blocks: a swap costs a save and a
-    restore, so a marginal gain is not worth it. A ``shared`` entry (one the
-    shared store holds) must beat both by that margin: it costs a download too.
+    restore, so a marginal gain is not worth it. ``ram`` (what the server's
+    RAM cache holds) wins over the library where it holds as much: the
+    server copies it in memory. A ``shared`` entry (one the shared store
+    holds) must beat them all by that margin: it costs a download too.
     """
     best_slot, slot_blocks = _best_slot(request, slots)
     best_entry, entry_blocks = _best_entry(request, library)
     gain = max(1, min_gain_blocks)
     shared_blocks = slotfile.shared_blocks(request, shared.prefix) if shared is not None else 0
-    if shared is not None and shared_blocks >= max(slot_blocks, entry_blocks) + gain:
+    ram_blocks = slotfile.shared_blocks(request, ram.prefix) if ram is not None else 0
+    if shared is not None and shared_blocks >= max(slot_blocks, entry_blocks, ram_blocks) + gain:
         victim = _victim(slots)
         if victim is not None:
             return Decision(outcomes.Source.SHARED, victim.slot, shared, victim.dirty, shared_blocks)
+    if ram is not None and ram_blocks >= entry_blocks and ram_blocks >= slot_blocks + gain:
+        victim = _victim(slots)
+        if victim is not None:
+            return Decision(outcomes.Source.RAM, victim.slot, ram, victim.dirty, ram_blocks)
     if best_entry is not None and entry_blocks >= slot_blocks + gain:
         victim = _victim(slots)
         if victim is not None:

@@ -81,7 +81,7 @@ def test_agents_of_every_api_come_back_warm_on_two_slots_and_through_a_kill9_dur
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
 ) -> None:
     server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192, extra_args=["--cache-ram", "0"])
-    side, url = proxied(sidecar, server, slot_dir)
+    side, url = proxied(sidecar, server, slot_dir, {"--server-cache-ram-bytes": "0"})
     apis = agents.every_api(url)
     pairs = [
         (api, agents.Conversation.start(10 * a + n, make_prompt(server.url, PROMPT_TOKENS, seed=500 + 10 * a + n)))
@@ -136,7 +136,7 @@ def test_metrics_and_status_agree_with_each_answers_own_reuse_in_a_mixed_run(
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
 ) -> None:
     server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=4096, extra_args=["--cache-ram", "0"])
-    side, url = proxied(sidecar, server, slot_dir)
+    side, url = proxied(sidecar, server, slot_dir, {"--server-cache-ram-bytes": "0"})
     # One conversation of each API and mode, streamed or not: each answer's own reuse figure is read from
     # its own place (usage of the last event, message_delta, response.completed) by the client and the relay.
     pairs = [

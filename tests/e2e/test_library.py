@@ -91,7 +91,7 @@ def test_six_conversations_on_two_slots_come_back_warm_as_they_take_turns_and_af
 ) -> None:
     server: LlamaServer = llama(slot_dir=slot_dir, n_slots=2, ctx_size=4096, extra_args=["--cache-ram", "0"])
     port = free_port()
-    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}"})
+    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}", "--server-cache-ram-bytes": "0"})
     proxy = f"http://127.0.0.1:{port}"
     side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
     chats = [Chat(n, make_prompt(server.url, PROMPT_TOKENS, seed=300 + n)) for n in range(CONVERSATIONS)]
@@ -129,7 +129,11 @@ def test_a_turn_sent_straight_to_the_server_is_saved_before_a_new_conversation_t
     """
     server: LlamaServer = llama(slot_dir=slot_dir, n_slots=1, ctx_size=4096, extra_args=["--cache-ram", "0"])
     port = free_port()
-    side = sidecar(server, slot_dir, extra={"--proxy-listen": f"127.0.0.1:{port}", "--poll-interval": "120"})
+    side = sidecar(
+        server,
+        slot_dir,
+        extra={"--proxy-listen": f"127.0.0.1:{port}", "--poll-interval": "120", "--server-cache-ram-bytes": "0"},
+    )
     proxy = f"http://127.0.0.1:{port}"
     side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
 

@@ -111,7 +111,7 @@ def test_a_turn_another_client_ran_in_the_slot_is_saved_and_the_next_turn_is_rou
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
 ) -> None:
     server = llama(slot_dir=slot_dir, n_slots=1, ctx_size=8192, extra_args=["--cache-ram", "0"])
-    side, url = proxied(sidecar, server, slot_dir)
+    side, url = proxied(sidecar, server, slot_dir, {"--server-cache-ram-bytes": "0"})
     api = agents.Chat(url, stream=True)
     chat = agents.Conversation.start(0, make_prompt(server.url, 600, seed=610))
     reply = api.send(chat)

@@ -73,7 +73,10 @@ def _start(
     )
     port = free_port()
     side = sidecar(
-        server, slot_dir, env={"LLAMA_API_KEY_FILE": str(key_file)}, extra={"--proxy-listen": f"127.0.0.1:{port}"}
+        server,
+        slot_dir,
+        env={"LLAMA_API_KEY_FILE": str(key_file)},
+        extra={"--proxy-listen": f"127.0.0.1:{port}", "--server-cache-ram-bytes": "0"},
     )
     side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=30, what="the sidecar ready")
     return server, side, f"http://127.0.0.1:{port}"

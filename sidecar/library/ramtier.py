@@ -1,0 +1,123 @@
+"""What llama-server's own RAM prompt cache holds, as far as the sidecar can tell. Pure code.
+
+llama-server (build 11434, ``server-context.cpp``, ``server-task.cpp``) keeps
+a RAM prompt cache (``--cache-ram``, 8192 MiB by default): when a task
+starts in a slot whose content it would mostly lose, it copies that content
+into the cache first, then loads into the slot the cached prompt that shares
+most with the task (and takes it out of the cache); with
+``--cache-idle-slots`` (the default) every idle slot is copied in at each
+task's start. Copies are dropped oldest first past the size limit. Nothing
+of this is readable over HTTP, so the library keeps a model of it here: each
+conversation that left a slot to a task of another (a new conversation or
+one the cache served) is held, newest last, until its bytes no longer fit.
+
+A returning conversation the model says is there is pinned to an idle slot
+with no swap from disk: the server loads it from RAM, as it would have
+without the sidecar, which is faster than a file. The model is taken on
+trust only once the server has shown it (:attr:`RamTier.confirmed`: an
+answer reused what the model said was in RAM); an answer that shows it was
+not there turns the tier off until the server restarts (the server runs
+with a smaller cache, or none), and the library swaps from disk as before.
+A restart empties it (:meth:`RamTier.clear`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+
+from sidecar.snapshots import slotfile
+
+
+class State(enum.StrEnum):
+    TRYING = "trying"
+    """Not shown yet: conversations go to RAM only with their content saved first."""
+    CONFIRMED = "confirmed"
+    """An answer reused what the model held: a conversation may leave its slot for RAM unsaved (see the placer)."""
+    OFF = "off"
+    """An answer showed the model wrong (or ``--server-cache-ram-bytes 0``): the library swaps from disk."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Held:
+    owner: str
+    chain: tuple[str, ...]
+    bytes: int
+
+
+class RamTier:
+    def __init__(self, capacity: int) -> None:
+        """``capacity``: the server's ``--cache-ram`` in bytes (0: it has none, the tier is off)."""
+        self.capacity = capacity
+        self.state = State.TRYING if capacity > 0 else State.OFF
+        self._held: collections.OrderedDict[tuple[str, tuple[str, ...]], Held] = collections.OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def left(self, owner: str, chain: tuple[str, ...], size: int) -> None:
+        """A conversation of ``chain`` (``size`` bytes of KV) left its slot for a task of another: the server
+        copied it into RAM. A copy it holds of a prefix of it is replaced; one it holds of a longer one stays."""
+        if self.state is State.OFF or not chain or size <= 0 or size > self.capacity:
+            return
+        for key, held in list(self._held.items()):
+            if held.owner != owner:
+                continue
+            shared = slotfile.shared_blocks(chain, held.chain)
+            if shared == len(chain):
+                return  # the server keeps the longer one it has, and copies nothing
+            if shared == len(held.chain):
+                self._drop(key)
+        self._held[(owner, chain)] = Held(owner, chain, size)
+        self._bytes += size
+        while self._bytes > self.capacity:
+            self._drop(next(iter(self._held)))
+
+    def best(self, owner: str, request: tuple[str, ...]) -> tuple[Held | None, int]:
+        """The held conversation of ``owner``'s sharing the most leading blocks with ``request``, and how many."""
+        if self.state is State.OFF:
+            return None, 0
+        found: Held | None = None
+        blocks = 0
+        for held in self._held.values():
+            if held.owner != owner:
+                continue
+            shared = slotfile.shared_blocks(request, held.chain)
+            if shared > blocks:
+                found, blocks = held, shared
+        return found, blocks
+
+    def loaded(self, held: Held) -> None:
+        """The server took ``held`` out of RAM into a slot."""
+        self._drop((held.owner, held.chain))
+
+    def served(self) -> None:
+        """An answer reused what the model said RAM held."""
+        if self.state is State.TRYING:
+            self.state = State.CONFIRMED
+
+    def missed(self) -> None:
+        """An answer showed RAM did not hold what the model said: off until the server restarts."""
+        self.state = State.OFF
+        self.clear()
+
+    def clear(self) -> None:
+        """The server lost its RAM (a restart)."""
+        self._held.clear()
+        self._bytes = 0
+
+    def restarted(self) -> None:
+        """A new server process: nothing in RAM, and its cache to be shown again."""
+        self.clear()
+        self.state = State.TRYING if self.capacity > 0 else State.OFF
+
+    def _drop(self, key: tuple[str, tuple[str, ...]]) -> None:
+        held = self._held.pop(key, None)
+        if held is not None:
+            self._bytes -= held.bytes
