@@ -290,8 +290,9 @@ OPTIONS: tuple[Option, ...] = (
         "LLAMA_SIDECAR_MAX_UNSAVED_SECONDS",
         ("proxy.max_unsaved_seconds",),
         "once llama-server's RAM cache has served a conversation, let one leave its slot for it without a save "
-        "first while what a crash would lose of it re-prefills within this many seconds (a faster turn; 0: "
-        "always save first)",
+        "first (a save stalls every slot while the server writes the whole slot) while what a crash of "
+        "llama-server would lose of it re-prefills within this many seconds at its measured rate; 0: always "
+        "save first",
         "SEC",
         parse.number(float, zero_ok=True),
     ),

@@ -13,6 +13,9 @@ from pathlib import Path
 
 from sidecar.core import apikeys, location
 
+MAX_UNSAVED_SECONDS = 10.0
+"""The default of ``ProxySettings.max_unsaved_seconds`` (``--max-unsaved-seconds``)."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class UpstreamSettings:
@@ -117,10 +120,11 @@ class ProxySettings:
     """The size of llama-server's RAM prompt cache (its ``--cache-ram``, in MiB there, 8192 by default), in bytes:
     the library pins a conversation that left its slot to an idle one with nothing restored while that cache
     should still hold it (the server loads it from RAM, faster than a file); 0: the server runs without one."""
-    max_unsaved_seconds: float = 0.0
+    max_unsaved_seconds: float = MAX_UNSAVED_SECONDS
     """Once llama-server's RAM cache has served a conversation, one leaves its slot for it with no save first
     while what a crash would lose of it (its tokens past its newest snapshot) re-prefills within this many seconds
-    at the server's measured rate: a faster turn for that bound on what a crash costs; 0: always saved first."""
+    at the server's measured rate: the save's stall (every slot waits while the server writes the whole slot) is
+    kept off the turn, for that bound on what a crash costs; 0: always saved first."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -53,7 +53,7 @@ from typing import Any
 import structlog
 
 from sidecar.act import policy, savings
-from sidecar.core import apikeys, errors, events, metrics, outcomes, protocols
+from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols
 from sidecar.library import fetching, prompt, ramtier, routing, seams, slotstate, turns, verdict
 from sidecar.observe import memory
 from sidecar.proxy import answer
@@ -110,7 +110,7 @@ class Placer:
         hold_seconds: float = 120.0,
         isolated: bool = False,
         ram: ramtier.RamTier | None = None,
-        max_unsaved_seconds: float = 0.0,
+        max_unsaved_seconds: float = config.MAX_UNSAVED_SECONDS,
     ) -> None:
         """``isolated``: llama-server has API keys, and each owner's conversations are kept from the others'
         (a request the library does not put on its own KV is sent with ``cache_prompt`` off). ``ram``: what
