@@ -21,13 +21,13 @@ from collections.abc import Iterator
 
 import xxhash
 
-from sidecar.blocks import blockdir, chunking, layout, recipe, recipedir
+from sidecar.blocks import blockdir, chunking, layout, parts, recipe, recipedir
 from sidecar.core import hashing
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RegionBytes:
-    region: layout.Region
+    region: parts.Region
     bytes: int
     """Bytes of the file in this region."""
     written: int
@@ -39,7 +39,7 @@ class Ingested:
     """What one ingest wrote and what it did not need to."""
 
     name: str
-    layout: layout.Layout
+    layout: parts.Layout
     file_bytes: int
     blocks: int
     blocks_written: int
@@ -68,9 +68,9 @@ def ingest(
                 mapped.madvise(mmap.MADV_SEQUENTIAL)
             cut = layout.plan(view, chunking.cuts, tokens=tokens)
             checksum = xxhash.xxh3_128(view).hexdigest()
-            parts: list[recipe.Part] = []
+            made_parts: list[recipe.Part] = []
             written = written_bytes = 0
-            regions: dict[layout.Region, list[int]] = {}
+            regions: dict[parts.Region, list[int]] = {}
             for part in cut.parts:
                 made: list[recipe.Block] = []
                 for data in _pieces(view, part):
@@ -84,18 +84,20 @@ def ingest(
                     made.append(recipe.Block(digest, len(data)))
                     if isinstance(data, memoryview):
                         data.release()
-                parts.append(recipe.Part(part.region, part.rows if isinstance(part, layout.Grid) else 0, tuple(made)))
+                made_parts.append(
+                    recipe.Part(part.region, part.rows if isinstance(part, parts.Grid) else 0, tuple(made))
+                )
     finally:
         if mapped is not None:
             mapped.close()
     blocks.sync()
-    committed = recipe.Recipe(name, size, checksum, hashing.Algorithm.XXH3_128, cut.layout, now, tuple(parts))
+    committed = recipe.Recipe(name, size, checksum, hashing.Algorithm.XXH3_128, cut.layout, now, tuple(made_parts))
     recipe_bytes = recipes.write(committed)
     return Ingested(
         name=name,
         layout=cut.layout,
         file_bytes=size,
-        blocks=sum(len(p.blocks) for p in parts),
+        blocks=sum(len(p.blocks) for p in made_parts),
         blocks_written=written,
         block_bytes_written=written_bytes,
         bytes_deduplicated=size - written_bytes,
@@ -104,9 +106,9 @@ def ingest(
     )
 
 
-def _pieces(view: memoryview, part: layout.Part) -> Iterator[memoryview | bytearray]:
+def _pieces(view: memoryview, part: parts.Part) -> Iterator[memoryview | bytearray]:
     """The bytes of each block of ``part``, in order."""
-    if isinstance(part, layout.Run):
+    if isinstance(part, parts.Run):
         pos = part.offset
         for cut in part.cuts:
             yield view[pos : pos + cut]

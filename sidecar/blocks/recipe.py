@@ -25,7 +25,7 @@ import json
 import re
 from typing import Any
 
-from sidecar.blocks import layout
+from sidecar.blocks import parts
 from sidecar.core import hashing
 
 FORMAT = 1
@@ -46,7 +46,7 @@ class Block:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Part:
-    region: layout.Region
+    region: parts.Region
     rows: int
     """0: the blocks are laid end to end; else each block is a column range of this many rows."""
     blocks: tuple[Block, ...]
@@ -68,7 +68,7 @@ class Recipe:
     checksum: str
     """``hashing.CURRENT`` digest of the whole file, hex."""
     algorithm: hashing.Algorithm
-    layout: layout.Layout
+    layout: parts.Layout
     created: float
     """Unix time of the commit (for display)."""
     parts: tuple[Part, ...]
@@ -112,7 +112,7 @@ class Recipe:
             size=_count(raw.get("size"), "size"),
             checksum=_field(checksum, "digest", str),
             algorithm=hashing.Algorithm(_field(checksum, "algorithm", str)),
-            layout=layout.Layout(_field(raw, "layout", str)),
+            layout=parts.Layout(_field(raw, "layout", str)),
             created=float(_field(raw, "created", (int, float))),
             parts=tuple(_part(p) for p in _field(raw, "parts", list)),
         )
@@ -141,7 +141,7 @@ def _part(raw: object) -> Part:
         if rows and size % rows:
             raise ValueError(f"grid block {item[0]} of {size} bytes is not a whole number of its {rows} rows")
         blocks.append(Block(item[0], size))
-    return Part(layout.Region(_field(raw, "region", str)), rows, tuple(blocks))
+    return Part(parts.Region(_field(raw, "region", str)), rows, tuple(blocks))
 
 
 def _field(raw: dict[str, Any], key: str, kind: type[Any] | tuple[type[Any], ...]) -> Any:

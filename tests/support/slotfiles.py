@@ -42,8 +42,11 @@ def cell_bytes(token: int, pos: int, layer: int, which: str, size: int) -> bytes
     return out[:size]
 
 
-def kv_section(tokens: list[int], shape: Shape) -> bytes:
-    """One KV cache's ``state_write`` for a sequence of ``tokens`` at positions 0.."""
+def kv_section(tokens: list[int], shape: Shape, *, start: int = 0) -> bytes:
+    """One KV cache's ``state_write`` for a sequence of ``tokens`` at positions ``start``..
+
+    ``start`` > 0 is what a sliding-window cache saves: only the cells of its window.
+    """
     n = len(tokens)
     out = [struct.pack("<I", shape.streams)]
     for stream in range(shape.streams):
@@ -51,7 +54,7 @@ def kv_section(tokens: list[int], shape: Shape) -> bytes:
             out.append(struct.pack("<I", 0))
             continue
         out.append(struct.pack("<I", n))
-        for pos in range(n):
+        for pos in range(start, start + n):
             out.append(struct.pack("<iI", pos, 1))
             if shape.ext:
                 out.append(struct.pack("<iii", 0, 0, tokens[pos]))
@@ -59,9 +62,9 @@ def kv_section(tokens: list[int], shape: Shape) -> bytes:
         out.append(struct.pack("<IIII", int(shape.v_trans), shape.layers, 0, 0))
         for layer in range(shape.layers):
             out.append(struct.pack("<iQ", 1, shape.k_row))
-            out.extend(cell_bytes(t, p, layer, "k", shape.k_row) for p, t in enumerate(tokens))
+            out.extend(cell_bytes(t, p, layer, "k", shape.k_row) for p, t in enumerate(tokens, start))
         for layer in range(shape.layers):
-            cells = [cell_bytes(t, p, layer, "v", shape.v_row) for p, t in enumerate(tokens)]
+            cells = [cell_bytes(t, p, layer, "v", shape.v_row) for p, t in enumerate(tokens, start)]
             if not shape.v_trans:
                 out.append(struct.pack("<iQ", 1, shape.v_row))
                 out.extend(cells)
@@ -73,8 +76,15 @@ def kv_section(tokens: list[int], shape: Shape) -> bytes:
     return b"".join(out)
 
 
-def slot_file(tokens: list[int], shape: Shape, *, sections: int = 1, tail: bytes = b"") -> bytes:
-    """A whole slot file: header, llama-server's packed token payload, ``sections`` KV caches, then ``tail``."""
+def slot_file(tokens: list[int], shape: Shape, *, sections: int = 1, tail: bytes = b"", window: int = 0) -> bytes:
+    """A whole slot file: header, llama-server's packed token payload, ``sections`` KV caches, then ``tail``.
+
+    ``window`` > 0: a last KV cache of only the last ``window`` tokens, as a sliding-window cache saves it.
+    """
     words = struct.pack("<iII", -1, 1, len(tokens)) + struct.pack(f"<{len(tokens)}i", *tokens) + struct.pack("<I", 0)
     head = struct.pack("<III", MAGIC, VERSION, len(words) // 4)
-    return head + words + b"".join(kv_section(tokens, shape) for _ in range(sections)) + tail
+    kv = b"".join(kv_section(tokens, shape) for _ in range(sections))
+    if window:
+        cut = max(0, len(tokens) - window)
+        kv += kv_section(tokens[cut:], shape, start=cut)
+    return head + words + kv + tail

@@ -9,7 +9,7 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.blocks import chunking, layout
+from sidecar.blocks import chunking, kvcache, layout, parts
 from support import slotfiles
 
 SHAPES = {
@@ -20,15 +20,15 @@ SHAPES = {
 }
 
 
-def plan(data: bytes, tokens: int = 16) -> layout.Plan:
+def plan(data: bytes, tokens: int = 16) -> parts.Plan:
     return layout.plan(memoryview(data), chunking.cuts, tokens=tokens)
 
 
-def blocks(data: bytes, cut: layout.Plan) -> list[tuple[layout.Region, str]]:
+def blocks(data: bytes, cut: parts.Plan) -> list[tuple[parts.Region, str]]:
     """(region, sha256) of each block, gathered as the ingest gathers them."""
-    out: list[tuple[layout.Region, str]] = []
+    out: list[tuple[parts.Region, str]] = []
     for part in cut.parts:
-        if isinstance(part, layout.Run):
+        if isinstance(part, parts.Run):
             pos = part.offset
             for c in part.cuts:
                 out.append((part.region, hashlib.sha256(data[pos : pos + c]).hexdigest()))
@@ -44,7 +44,7 @@ def blocks(data: bytes, cut: layout.Plan) -> list[tuple[layout.Region, str]]:
     return out
 
 
-def tiles(data: bytes, cut: layout.Plan) -> bool:
+def tiles(data: bytes, cut: parts.Plan) -> bool:
     pos = 0
     for part in cut.parts:
         if part.offset != pos or any(c <= 0 for c in part.cuts):
@@ -53,25 +53,25 @@ def tiles(data: bytes, cut: layout.Plan) -> bool:
     return pos == len(data)
 
 
-def kv_blocks(data: bytes, cut: layout.Plan) -> list[str]:
-    return [d for r, d in blocks(data, cut) if r in (layout.Region.KEYS, layout.Region.VALUES)]
+def kv_blocks(data: bytes, cut: parts.Plan) -> list[str]:
+    return [d for r, d in blocks(data, cut) if r in (parts.Region.KEYS, parts.Region.VALUES)]
 
 
 def test_every_shape_is_read_as_kv_and_its_parts_tile_the_file() -> None:
     for name, shape in SHAPES.items():
         data = slotfiles.slot_file(list(range(100)), shape)
         cut = plan(data)
-        assert cut.layout is layout.Layout.KV, name
+        assert cut.layout is parts.Layout.KV, name
         assert tiles(data, cut), name
         regions = {p.region for p in cut.parts}
-        assert {layout.Region.HEADER, layout.Region.TOKENS, layout.Region.CELLS} <= regions, name
-        assert layout.Region.GLUE not in regions, name
+        assert {parts.Region.HEADER, parts.Region.TOKENS, parts.Region.CELLS} <= regions, name
+        assert parts.Region.GLUE not in regions, name
 
 
 def test_a_transposed_v_layer_is_a_grid_of_its_rows() -> None:
     shape = slotfiles.Shape(v_trans=True, v_row=32, el=2)
     cut = plan(slotfiles.slot_file(list(range(40)), shape))
-    grids = [p for p in cut.parts if isinstance(p, layout.Grid)]
+    grids = [p for p in cut.parts if isinstance(p, parts.Grid)]
     assert len(grids) == shape.layers
     assert all(g.rows == 16 and g.cuts == (32, 32, 16) for g in grids)  # 40 cells of 2 bytes, 16 per block
 
@@ -100,12 +100,34 @@ def test_successive_saves_differ_only_in_the_last_block_of_each_layer() -> None:
     assert sum(d not in old for d in new) == 2 * 3 * 3  # blocks 4 (was partial), 5, 6 (tail) are new
 
 
+def test_a_sliding_window_cache_is_cut_by_position_so_successive_windows_line_up() -> None:
+    """A sliding-window cache saves the cells of its window only: each save starts at another position."""
+    tokens = list(range(3000, 3120))
+    first = slotfiles.slot_file(tokens[:100], slotfiles.Shape(), window=40)  # window: positions 60..99
+    second = slotfiles.slot_file(tokens[:110], slotfiles.Shape(), window=40)  # 70..109
+    old = set(kv_blocks(first, plan(first)))
+    new = kv_blocks(second, plan(second))
+    full, window = new[: 2 * 3 * 7], new[2 * 3 * 7 :]
+    assert len(window) == 2 * 3 * 3  # positions 70-79, 80-95, 96-109 of each layer, K and V
+    assert sum(d in old for d in full) == 2 * 3 * 6  # the full cache: all but the tail block
+    # positions 80-95 are a block of both windows, though one starts at cell 20 of its window and one at cell 10
+    assert sum(d in old for d in window) == 2 * 3
+
+
+def test_groups_cut_where_a_position_enters_another_aligned_range() -> None:
+    assert kvcache.groups(range(30, 70), 16) == (2, 16, 16, 6)
+    assert kvcache.groups(range(0, 32), 16) == (16, 16)
+    assert kvcache.groups([], 16) == ()
+    jumping = [i * 37 % 1000 for i in range(64)]  # positions all over: cells counted instead
+    assert kvcache.groups(jumping, 16) == (16, 16, 16, 16)
+
+
 def test_two_kv_caches_in_a_row_are_both_read() -> None:
     """Sliding-window models write the base cache, then the SWA one."""
     data = slotfiles.slot_file(list(range(50)), slotfiles.Shape(), sections=2)
     cut = plan(data)
-    assert cut.layout is layout.Layout.KV
-    assert sum(p.region is layout.Region.KEYS for p in cut.parts) == 2 * 3
+    assert cut.layout is parts.Layout.KV
+    assert sum(p.region is parts.Region.KEYS for p in cut.parts) == 2 * 3
 
 
 def test_state_after_the_kv_cache_is_chunked_by_content() -> None:
@@ -113,9 +135,9 @@ def test_state_after_the_kv_cache_is_chunked_by_content() -> None:
     tail = struct.pack("<I", 1) + bytes(range(256)) * 1000
     data = slotfiles.slot_file(list(range(50)), slotfiles.Shape(), tail=tail)
     cut = plan(data)
-    assert cut.layout is layout.Layout.MIXED
+    assert cut.layout is parts.Layout.MIXED
     assert tiles(data, cut)
-    assert cut.parts[-1].region is layout.Region.OPAQUE
+    assert cut.parts[-1].region is parts.Region.OPAQUE
 
 
 def test_another_version_or_magic_is_chunked_whole() -> None:
@@ -124,8 +146,8 @@ def test_another_version_or_magic_is_chunked_whole() -> None:
         changed = bytearray(data)
         struct.pack_into("<I", changed, at, value)
         cut = plan(bytes(changed))
-        assert cut.layout is layout.Layout.OPAQUE
-        assert {p.region for p in cut.parts} == {layout.Region.OPAQUE}
+        assert cut.layout is parts.Layout.OPAQUE
+        assert {p.region for p in cut.parts} == {parts.Region.OPAQUE}
         assert tiles(bytes(changed), cut)
 
 
@@ -134,7 +156,7 @@ def test_a_truncated_slot_file_still_tiles() -> None:
     for end in (0, 5, 12, 200, len(data) // 2, len(data) - 1):
         cut = plan(data[:end])
         assert tiles(data[:end], cut), end
-        assert cut.layout is not layout.Layout.KV or end == len(data), end
+        assert cut.layout is not parts.Layout.KV or end == len(data), end
 
 
 @settings(max_examples=200, deadline=None)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.blocks import blockdir, collect, layout, locking, recipe, store
+from sidecar.blocks import blockdir, collect, locking, parts, recipe, store
 from sidecar.core import errors, outcomes
 from support import clocks, slotfiles
 
@@ -53,7 +53,7 @@ def test_a_slot_file_comes_back_byte_identical(tmp_path: Path, shape: slotfiles.
 
     assert out.read_bytes() == data
     assert made.bytes == len(data) == got.file_bytes
-    assert got.layout is layout.Layout.KV
+    assert got.layout is parts.Layout.KV
     assert leftovers(out.parent) == []
 
 
@@ -97,7 +97,7 @@ def test_a_shared_prefix_is_stored_once(tmp_path: Path) -> None:
         "b", put(tmp_path, "b.bin", slotfiles.slot_file([*common, 5, 6, 7], dataclasses.replace(shape, seq=1)))
     )
 
-    keys = next(r for r in got.regions if r.region is layout.Region.KEYS)
+    keys = next(r for r in got.regions if r.region is parts.Region.KEYS)
     assert keys.written == shape.layers * 3 * shape.k_row  # only each layer's 3-cell tail is new
     assert keys.bytes - keys.written >= shape.layers * 64 * shape.k_row  # the 64 shared cells (and headers)
 
