@@ -70,7 +70,7 @@ def _write(path: Path, tokenizer_from: Path) -> None:
         writer.add_uint32(f"{a}.{key}", value)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_float32(f"{a}.rope.freq_base", 1000000.0)
-    vocab = tinymodels._copy_tokenizer(writer, tokenizer_from)  # noqa: SLF001 - the bed's one tokenizer copier
+    vocab = tinymodels._copy_tokenizer(writer, tokenizer_from)
     writer.add_string("tokenizer.chat_template", tinymodels.CHATML)
     tensors: dict[str, np.ndarray[Any, Any]] = {}
 
