@@ -84,10 +84,14 @@ def _pair_and_successive(server: LlamaServer, slot_dir: Path, root: Path, flash:
 
     staging = root.parent / f"staging-fa-{flash}"
     staging.mkdir()
-    started = time.perf_counter()
-    s.reassemble("a2", staging / "a2.bin")
-    took = time.perf_counter() - started
-    assert same(staging / "a2.bin", slot_dir / "a2.bin")
+    takes = []
+    for _ in range(3):  # into a fresh name each time: replacing a 256 MB file costs its freeing too
+        (staging / "a2.bin").unlink(missing_ok=True)
+        started = time.perf_counter()
+        s.reassemble("a2", staging / "a2.bin")
+        takes.append(time.perf_counter() - started)
+        assert same(staging / "a2.bin", slot_dir / "a2.bin")
+    took = min(takes)
     for name in ("a1", "b1"):
         s.reassemble(name, staging / f"{name}.bin")
         assert same(staging / f"{name}.bin", slot_dir / f"{name}.bin")
@@ -106,8 +110,9 @@ def _pair_and_successive(server: LlamaServer, slot_dir: Path, root: Path, flash:
         f"successive save {successive.dedup_fraction:.1%} of {size_mb:.0f} MB ({shared_next} of {n_a2} tokens "
         f"in the earlier save); store {usage.unique_bytes / 1e6:.0f} MB for {usage.represented_bytes / 1e6:.0f} MB "
         f"({usage.unique_bytes / usage.represented_bytes:.2f}x)",
-        f"blocks (8B-class KV, flash attention {flash}): reassembly of {size_mb:.0f} MB in {took:.3f} s "
-        f"({size_mb / took:.0f} MB/s, page-cached blocks); the server's restore of the same file "
+        f"blocks (8B-class KV, flash attention {flash}): reassembly of {size_mb:.0f} MB in {took:.3f} s, best of 3 "
+        f"({size_mb / took:.0f} MB/s; the first {takes[0]:.3f} s; page-cached blocks, a new file on the test's "
+        f"filesystem); the server's restore of the same file "
         f"{restore_s:.3f} s; (reassembly + restore) / restore = {(took + restore_s) / restore_s:.2f}x",
     ]
 
