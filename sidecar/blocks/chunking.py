@@ -6,7 +6,7 @@ last bytes matches a mask, so a cut depends on the bytes around it, not on
 its offset: bytes inserted or removed upstream shift the cuts with them, and
 the chunks after them still match. Measured on two real slot files sharing
 86.5% of their tokens, 16 KiB chunks found 85.6% of the second in the first,
-64 KiB chunks 82.3% (see docs/blocks.md); the fallback takes 64 KiB, a
+64 KiB chunks 82.3%; the fallback takes 64 KiB, a
 quarter of the files for a few points, since what reaches it (recurrent
 state, a layout of another build) dedups little anyway.
 """

@@ -1,4 +1,4 @@
-"""Where a llama-server slot file is cut into blocks. Pure code: bytes in, a :class:`Plan` out.
+"""Where a llama-server slot file is cut into blocks. Pure code: bytes in, a ``parts.Plan`` out.
 
 The cut is chosen so that two files holding the same tokens at the same
 positions give byte-identical blocks: two conversations sharing a prefix,
@@ -21,9 +21,10 @@ writes a slot file as
 
 The blocks: the header, the token payload and each stream's cell metadata
 on their own (small: they differ between conversations and slots); each
-layer's K and non-transposed V rows cut every ``tokens`` cells; a
-transposed V layer is a :class:`Grid` of ``n_embd_v`` rows whose column
-ranges of ``tokens`` cells are the blocks (a block gathers one piece of each
+layer's K and non-transposed V rows cut per ``tokens``-aligned range of
+positions (see ``kvcache.groups``); a transposed V layer is a
+:class:`~sidecar.blocks.parts.Grid` of ``n_embd_v`` rows whose column
+ranges of the same cells are the blocks (a block gathers one piece of each
 row), so equal prefixes still give equal blocks. The last, partial range of
 each layer is a block of its own; the next save of a longer conversation
 replaces only it.
