@@ -12,6 +12,7 @@ handle a closed set of types::
     │   │   └── UpstreamDenied     401/403: it wants (another of) its API keys
     │   └── UpstreamProtocolError  an answer we cannot parse or that lacks fields
     ├── SnapshotError              a snapshot file failed a check or an I/O step
+    │   └── BlockStoreError        the block store cannot rebuild a file: a block or recipe is bad
     ├── SharedStoreError           the shared store (S3, shared filesystem) did not do what was asked
     │   └── SharedObjectRefused    an object it holds is refused (corrupt, oversized, unreadable)
     └── ConfigError                a flag or environment variable is unusable
@@ -74,6 +75,19 @@ class SnapshotError(SidecarError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class BlockStoreError(SnapshotError):
+    """The block store refused a file: ``reason`` is an ``outcomes.BlockProblem`` value.
+
+    ``block`` names the block at fault (its sha256, hex) when one is, so a
+    log line can say which; ``name`` is the recipe's name.
+    """
+
+    def __init__(self, message: str, *, reason: str, name: str, block: str | None = None) -> None:
+        super().__init__(message, reason=reason)
+        self.name = name
+        self.block = block
 
 
 class SharedStoreError(SidecarError):

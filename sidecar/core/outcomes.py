@@ -217,6 +217,23 @@ class SnapshotProblem(enum.StrEnum):
     """A manifest larger than ``manifest.MAX_BYTES``: refused unread."""
 
 
+class BlockProblem(enum.StrEnum):
+    """``BlockStoreError.reason``: why the block store could not rebuild a file."""
+
+    MISSING = "missing"
+    """A block the recipe names is not in the store, or the recipe itself is not."""
+    TRUNCATED = "truncated"
+    """A block holds another number of bytes than its recipe says."""
+    CORRUPT = "corrupt"
+    """A block's bytes no longer hash to its name (the reassembled file failed its checksum)."""
+    RECIPE = "recipe"
+    """The recipe does not parse, or is larger than any recipe."""
+    NOT_REGULAR = "not_regular"
+    """A block or recipe name is a symbolic link, a FIFO, a device, ...: never read."""
+    IO = "io"
+    """An I/O error: nothing is known about the content."""
+
+
 BAD_CONTENT = frozenset(
     {
         SnapshotProblem.CHECKSUM,

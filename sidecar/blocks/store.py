@@ -1,0 +1,103 @@
+"""The content-addressed block store: files in, exact files out, shared blocks kept once. Blocking I/O.
+
+Not yet used by the snapshot path (:mod:`sidecar.snapshots.store` keeps
+whole files); this is its foundation (docs/blocks.md). A store is a
+directory::
+
+    STORE/
+      .lock                 shared by ingests and reassemblies, exclusive for a collection
+      blocks/3f/3fa2…       one file per block, named by the sha256 of its bytes
+      recipes/NAME.json     the commit marker of one file: its blocks in order, its size and checksum
+
+:meth:`BlockStore.ingest` cuts a slot file (:mod:`~sidecar.blocks.layout`)
+and writes only the blocks the store lacks, then the recipe;
+:meth:`BlockStore.reassemble` writes the exact file back into a staging
+path, checked; :meth:`BlockStore.drop` uncommits a recipe and
+:meth:`BlockStore.collect` deletes what no recipe names. The invariant, kept
+through ``kill -9`` at any point: every committed recipe's blocks are all
+in the store. The methods block; async callers use ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from sidecar.blocks import assemble, blockdir, collect, ingest, layout, locking, recipedir
+from sidecar.core import errors, protocols, safeio
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    """What the store holds against what it represents."""
+
+    blocks: int
+    unique_bytes: int
+    """Bytes of the block files: what the disk holds (temp files not counted)."""
+    recipes: int
+    represented_bytes: int
+    """Sum of the committed files' sizes: what the store would hold without sharing blocks."""
+    unreadable: tuple[str, ...] = ()
+
+
+class BlockStore:
+    def __init__(self, root: Path, *, clock: protocols.Clock, tokens: int = layout.TOKENS) -> None:
+        """``tokens``: cells per K/V block (see :data:`layout.TOKENS`); a store keeps one value for life."""
+        self.root = root
+        self._clock = clock
+        self._tokens = tokens
+        (root / "blocks").mkdir(parents=True, exist_ok=True)
+        (root / "recipes").mkdir(exist_ok=True)
+        self._recipes = recipedir.RecipeDir(root / "recipes")
+
+    def ingest(self, name: str, source: Path) -> ingest.Ingested:
+        """Store the regular file at ``source`` (never a link) as ``name``, replacing any recipe of that name."""
+        fd, _ = safeio.open_regular(source)
+        try:
+            with locking.held(self.root, exclusive=False):
+                return ingest.ingest(
+                    blockdir.BlockDir(self.root / "blocks"),
+                    self._recipes,
+                    name,
+                    fd,
+                    now=self._clock.wall(),
+                    tokens=self._tokens,
+                )
+        finally:
+            os.close(fd)
+
+    def reassemble(self, name: str, dest: Path) -> assemble.Assembled:
+        """Write the file committed as ``name`` to ``dest``; BlockStoreError (naming the block) if it cannot."""
+        with locking.held(self.root, exclusive=False):
+            made = self._recipes.read(name)
+            return assemble.reassemble(blockdir.BlockDir(self.root / "blocks"), made, dest)
+
+    def names(self) -> list[str]:
+        return self._recipes.names()
+
+    def drop(self, name: str) -> bool:
+        """Uncommit ``name`` (False if absent); its blocks no other recipe names go at the next collection."""
+        return self._recipes.remove(name)
+
+    def collect(self, *, wait: bool = True) -> collect.Collected:
+        """Delete unreferenced blocks and dead temp files; ``wait=False``: give up at once if the store is in use."""
+        with locking.held(self.root, exclusive=True, wait=wait) as got:
+            if not got:
+                return collect.Collected(collect.Outcome.BUSY)
+            return collect.collect(blockdir.BlockDir(self.root / "blocks"), self._recipes)
+
+    def usage(self) -> Usage:
+        """Blocks and recipes as they are on disk now (no lock: a snapshot of a moving store)."""
+        count = unique = 0
+        for digest, _, size in blockdir.BlockDir(self.root / "blocks").entries():
+            if digest:
+                count, unique = count + 1, unique + size
+        represented, names = 0, self._recipes.names()
+        unreadable: list[str] = []
+        for name in names:
+            try:
+                represented += self._recipes.read(name).size
+            except errors.BlockStoreError:  # a damaged recipe is reported, not raised, by a status read
+                unreadable.append(name)
+        return Usage(count, unique, len(names), represented, tuple(unreadable))
