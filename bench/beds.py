@@ -7,6 +7,6 @@ mypy with `MYPYPATH=tests`, which types these modules fully; a bare
 
 from __future__ import annotations
 
-from support import llamabed, net, s3bed, sidecarbed, tinymodels, wait  # type: ignore[import-not-found, unused-ignore]
+from support import llamabed, net, s3bed, sidecarbed, tinymodels, wait, widekv  # type: ignore[import-not-found, unused-ignore]
 
-__all__ = ["llamabed", "net", "s3bed", "sidecarbed", "tinymodels", "wait"]
+__all__ = ["llamabed", "net", "s3bed", "sidecarbed", "tinymodels", "wait", "widekv"]

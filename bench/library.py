@@ -45,14 +45,14 @@ import matplotlib.pyplot as plt
 from matplotlib import ticker
 
 from bench import REPO_ROOT, rig
-from bench.beds import llamabed, net, tinymodels
+from bench.beds import llamabed, net, widekv
 
 SLOTS = 2
 DIRECT, PROXY = "llama-server alone", "with the library"
 DEFAULTS_PRICE = 1.03
 """Most a turn through the proxy may take, over llama-server alone, both at their defaults (RAM cache on)."""
 TINY, WIDE = "gemma3-270m", "8B-class KV"
-"""The bed's model, and the random-weight one whose KV is 128 KiB per token (``tinymodels.wide_kv_model``)."""
+"""The bed's model, and the random-weight one whose KV is 128 KiB per token (``support.widekv``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,7 +110,7 @@ class _Chat:
 def _server(bed: rig.Rig, name: str, *, ram: bool, model: str) -> tuple[llamabed.LlamaServer, Path]:
     slot_dir = bed.slot_dir(name)
     if model == WIDE:
-        wide = tinymodels.wide_kv_model(tokenizer_from=bed.model)
+        wide = widekv.model(tokenizer_from=bed.model)
         server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=8192, model=wide, swa_full=False)
     else:
         server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=8192)

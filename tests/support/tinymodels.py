@@ -49,12 +49,6 @@ class Arch(enum.StrEnum):
 DENSE = "gemma3"
 """The test bed's own model (attention only), beside the tiny hybrids in a parametrized test."""
 
-WIDE_KV = "qwen3"
-"""A dense random-weight model with an 8B-class KV (see :func:`wide_kv_model`)."""
-WIDE_LAYERS, WIDE_HEAD_KV, WIDE_HEAD, WIDE_EMBD, WIDE_FF = 32, 8, 128, 256, 512
-WIDE_KV_BYTES_PER_TOKEN = WIDE_LAYERS * WIDE_HEAD_KV * WIDE_HEAD * 2 * 2
-"""K and V, f16: 32 x 8 x 128 x 2 x 2 B = 128 KiB per token, as Llama 3.1 8B and Qwen3 8B hold."""
-
 
 def serving(kind: str, models: dict[Arch, Path]) -> dict[str, Any]:
     """The ``llama(...)`` keywords that serve ``kind``: :data:`DENSE` (the bed's model) or an :class:`Arch`
@@ -95,67 +89,6 @@ def model(arch: Arch, *, tokenizer_from: Path, root: Path | None = None) -> Path
                 temp.replace(path)
             _made[key] = path
         return _made[key]
-
-
-def wide_kv_model(*, tokenizer_from: Path, root: Path | None = None) -> Path:
-    """The path of a dense ``qwen3`` model whose KV per token is 8B-class (:data:`WIDE_KV_BYTES_PER_TOKEN`),
-    written on first use: 32 layers of 8 KV heads of 128, little else, so its slot files weigh what a user's
-    do while it prefills on 2 cores (about 230 MB, the vocabulary's embedding most of it)."""
-    folder = root or cache_dir()
-    path = folder / f"wide-kv-{WIDE_KV}.gguf"
-    with _lock:
-        if not path.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            _write_wide(temp, tokenizer_from=tokenizer_from)
-            temp.replace(path)
-        return path
-
-
-def _write_wide(path: Path, *, tokenizer_from: Path, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    a = WIDE_KV
-    writer = gguf.GGUFWriter(str(path), a)
-    writer.add_uint32("general.file_type", 1)
-    writer.add_string("general.name", f"random {a} with an 8B-class KV")
-    writer.add_uint32(f"{a}.context_length", CONTEXT)
-    writer.add_uint32(f"{a}.embedding_length", WIDE_EMBD)
-    writer.add_uint32(f"{a}.block_count", WIDE_LAYERS)
-    writer.add_uint32(f"{a}.feed_forward_length", WIDE_FF)
-    writer.add_uint32(f"{a}.attention.head_count", WIDE_HEAD_KV)
-    writer.add_uint32(f"{a}.attention.head_count_kv", WIDE_HEAD_KV)
-    writer.add_uint32(f"{a}.attention.key_length", WIDE_HEAD)
-    writer.add_uint32(f"{a}.attention.value_length", WIDE_HEAD)
-    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    writer.add_float32(f"{a}.rope.freq_base", 10000.0)
-    vocab = _copy_tokenizer(writer, tokenizer_from)
-    writer.add_string("tokenizer.chat_template", CHATML)
-    heads = WIDE_HEAD_KV * WIDE_HEAD
-
-    def weight(name: str, ne0: int, ne1: int) -> None:
-        writer.add_tensor(name, (rng.standard_normal((ne1, ne0)) * 0.05).astype(np.float16))
-
-    def ones(name: str, n: int) -> None:
-        writer.add_tensor(name, np.ones(n, dtype=np.float32))
-
-    weight("token_embd.weight", WIDE_EMBD, vocab)
-    ones("output_norm.weight", WIDE_EMBD)
-    for il in range(WIDE_LAYERS):
-        ones(f"blk.{il}.attn_norm.weight", WIDE_EMBD)
-        ones(f"blk.{il}.ffn_norm.weight", WIDE_EMBD)
-        weight(f"blk.{il}.attn_q.weight", WIDE_EMBD, heads)
-        weight(f"blk.{il}.attn_k.weight", WIDE_EMBD, heads)
-        weight(f"blk.{il}.attn_v.weight", WIDE_EMBD, heads)
-        weight(f"blk.{il}.attn_output.weight", heads, WIDE_EMBD)
-        ones(f"blk.{il}.attn_q_norm.weight", WIDE_HEAD)
-        ones(f"blk.{il}.attn_k_norm.weight", WIDE_HEAD)
-        weight(f"blk.{il}.ffn_gate.weight", WIDE_EMBD, WIDE_FF)
-        weight(f"blk.{il}.ffn_up.weight", WIDE_EMBD, WIDE_FF)
-        weight(f"blk.{il}.ffn_down.weight", WIDE_FF, WIDE_EMBD)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def write(arch: Arch, path: Path, *, tokenizer_from: Path, seed: int = 0) -> None:
