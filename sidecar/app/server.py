@@ -211,7 +211,10 @@ def _authorized(request: web.Request) -> web.Response | None:
     if not token:
         return web.json_response({"error": "admin endpoints are off: start the sidecar with --admin-token"}, status=403)
     scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+    # A byte that is not UTF-8 arrives as a lone surrogate (aiohttp decodes with surrogateescape): it is
+    # compared as the byte it was, so a bad header is a wrong token (401), never an error.
+    offered = given.strip().encode("utf-8", "surrogateescape")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(offered, token.encode("utf-8", "surrogateescape")):
         return web.json_response({"error": "missing or wrong 'Authorization: Bearer <admin token>'"}, status=401)
     return None
 

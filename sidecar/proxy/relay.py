@@ -261,7 +261,8 @@ class Relay:
         if not self._admin_token:
             return False
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        return scheme == "Bearer" and hmac.compare_digest(given.encode(), self._admin_token.encode())
+        offered = given.encode("utf-8", "surrogateescape")  # a byte that is not UTF-8 is a wrong token, not an error
+        return scheme == "Bearer" and hmac.compare_digest(offered, self._admin_token.encode("utf-8", "surrogateescape"))
 
     async def _forward(
         self,

@@ -11,6 +11,8 @@ import pytest
 
 from support.fakellama import FakeLlama, MakeFake
 from support.faultbed import make_settings, run_sidecar
+from support.net import free_port
+from support.proxybed import raw_exchange, status_of
 from support.sidecarbed import SidecarProcess
 from support.wait import eventually, until
 
@@ -98,3 +100,60 @@ async def test_status_is_open_by_default(fake: FakeLlama, slot_dir: Path) -> Non
         assert code == 200, body
         code, body = await car.get("/")
         assert code == 200, body
+
+
+@pytest.mark.timeout(60)
+async def test_header_bytes_that_are_not_utf8_get_a_400_or_401_and_no_secret_reaches_a_log_line_metric_or_page(
+    make_fake: MakeFake, slot_dir: Path, tmp_path: Path
+) -> None:
+    fake = make_fake(api_key=API_KEY)
+    (tmp_path / "admin-token").write_text(ADMIN + "\n")
+    (tmp_path / "api-key").write_text(API_KEY + "\n")
+    proxy_port = free_port()
+    proc = SidecarProcess(
+        fake.url,
+        slot_dir,
+        tmp_path / "sidecar.log",
+        extra={
+            "--admin-token-file": str(tmp_path / "admin-token"), "--api-key-file": str(tmp_path / "api-key"),
+            "--proxy-listen": f"127.0.0.1:{proxy_port}", "--request-timeout": "0.5",
+        },
+    )  # fmt: skip
+    spoilt = (
+        b"Authorization: Bearer " + ADMIN.encode() + b"\xff",  # a byte that is not UTF-8 after the token
+        b"Authorization: Bearer \xc3" + ADMIN.encode(),
+        b"X-Api-Key: " + API_KEY.encode() + b"\xfe",
+        b"Authorization: Bearer \x01" + ADMIN.encode(),  # a control byte: aiohttp's parser refuses the request
+        b"X-Api-Key: \x01" + API_KEY.encode(),
+    )
+    targets = {
+        proc: (b"POST /snapshot?slot=0", b"POST /restore", b"GET /status"),
+        "proxy": (b"POST /slots/0?action=erase", b"POST /v1/chat/completions", b"GET /props"),
+    }
+    try:
+        proc.start()
+        answers: list[tuple[bytes, bytes, int]] = []
+        for where, requests in targets.items():
+            port = proc.port if where is proc else proxy_port
+            for line in requests:
+                for header in spoilt:
+                    data = line + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n"
+                    answer = await raw_exchange(port, data + header + b"\r\n\r\n{}")
+                    answers.append((line, header[:20], status_of(answer)))
+        for line, header, code in answers:
+            if line.startswith(b"GET"):  # a read needs no token: answered, or refused for the bad byte
+                assert code in (200, 400, 401), (line, header, code)
+            else:
+                assert code in (400, 401), (line, header, code)
+        assert not [a for a in answers if a[2] == 500]
+        assert fake.requests("erase") == []  # the slot action did not reach llama-server
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        shown = [proc.request("GET", path, headers=admin)[1] for path in ("/status", "/", "/metrics")]
+        assert all(shown), "the status page, /status and /metrics answered"
+    finally:
+        proc.terminate(15)
+    text = "\n".join([*proc.lines(), *shown])
+    assert "Error handling request" in text  # aiohttp logged the requests its parser refused, with tracebacks
+    assert ADMIN not in text
+    assert API_KEY not in text
+    assert '"locals"' not in text
