@@ -32,7 +32,7 @@ import structlog
 from aiohttp import web
 
 from sidecar.act import gate
-from sidecar.core import apikeys, config, metrics, outcomes, protocols
+from sidecar.core import apikeys, config, metrics, outcomes, protocols, tries
 from sidecar.proxy import answer, bodies, held, passon, predict, refusals, routes, upclient
 
 log = structlog.get_logger("sidecar.proxy")
@@ -132,6 +132,8 @@ class Relay:
         self._admin_token = admin_token
         self._clock = clock or protocols.SystemClock()
         self._admit = admit
+        self._tries = tries.Tries()
+        """Wrong admin tokens per client address, on requests only the admin token lets through."""
         self._bodies = bodies.Budget(settings.max_inflight_body_bytes, stats.proxy_body_bytes)
         self._held = held.HeldTooLong(
             hold_seconds=settings.hold_seconds, retry_after=settings.retry_after, clock=self._clock
@@ -161,12 +163,20 @@ class Relay:
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         if kind.verdict is routes.Verdict.BAD_PATH:
             return refusals.bad_path(), outcomes.ProxyOutcome.INVALID
+        needs_admin = kind.verdict in (routes.Verdict.SLOT_ACTION, routes.Verdict.UNKNOWN)
+        address, now = request.remote or "", self._clock.monotonic()
+        if needs_admin and (wait := self._tries.wait(address, now)) > 0:
+            return refusals.slow_down(address, wait), outcomes.ProxyOutcome.REFUSED
         admin = self._is_admin(request)
         owner = self._owner(request, admin)
         if owner is None:
             return refusals.unauthorized(), outcomes.ProxyOutcome.REFUSED
-        if kind.verdict in (routes.Verdict.SLOT_ACTION, routes.Verdict.UNKNOWN) and not admin:
+        if needs_admin and not admin:
+            if self._admin_token and "Authorization" in request.headers:
+                self._tries.failed(address, now)  # a token was offered for an admin-only request: a wrong one
             return refusals.refused(kind), outcomes.ProxyOutcome.REFUSED
+        if needs_admin:
+            self._tries.succeeded(address)
         headers = passon.to_server(request.headers.items(), admin=admin, api_key=self._api_key)
         body, refusal = await bodies.read(
             request, self._bodies, limit=self._settings.max_body_bytes, timeout=self._settings.body_timeout

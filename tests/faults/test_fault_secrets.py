@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from support.fakellama import FakeLlama, MakeFake
-from support.faultbed import make_settings, run_sidecar
+from support.faultbed import Sidecar, make_settings, run_sidecar
 from support.net import free_port
 from support.proxybed import raw_exchange, status_of
 from support.sidecarbed import SidecarProcess
 from support.wait import eventually, until
 
-ADMIN = "admin-8Jd2kQ0v"
+ADMIN = "admin-8Jd2kQ0v-c3Xm"
 API_KEY = "sk-llama-file-31c7e0"
 
 
@@ -157,3 +158,27 @@ async def test_header_bytes_that_are_not_utf8_get_a_400_or_401_and_no_secret_rea
     assert ADMIN not in text
     assert API_KEY not in text
     assert '"locals"' not in text
+
+
+@pytest.mark.timeout(30)
+async def test_repeated_wrong_admin_tokens_from_one_address_are_slowed_down_and_the_right_one_clears_it(
+    fake: FakeLlama, slot_dir: Path
+) -> None:
+    wrong = {"Authorization": f"Bearer {ADMIN[:-1]}"}
+    right = {"Authorization": f"Bearer {ADMIN}"}
+    async with run_sidecar(make_settings(fake.url, slot_dir, admin_token=ADMIN)) as car:
+        codes = [(await car.request("POST", "/restore", headers=wrong))[0] for _ in range(6)]
+        assert codes == [401] * 6  # 5 free tries, and the sixth wrong one starts a wait
+        async with car.session.post(car.url + "/restore", headers=right) as resp:
+            assert resp.status == 429, await resp.text()  # even the right token waits: a guess would too
+            assert int(resp.headers["Retry-After"]) >= 1
+            assert "too many wrong admin tokens" in (await resp.json())["error"]
+        assert len(car.events("admin_token_tries_slowed")) == 1
+        started = time.monotonic()
+        await eventually(lambda: _code(car, "POST", "/restore", right, 200), timeout=5, what="the right token")
+        assert time.monotonic() - started > 0.5
+        assert await _code(car, "POST", "/restore", wrong, 401)  # cleared: free tries again
+
+
+async def _code(car: Sidecar, method: str, path: str, headers: dict[str, str], wanted: int) -> bool:
+    return (await car.request(method, path, headers=headers))[0] == wanted

@@ -15,7 +15,7 @@ from support.faultbed import Sidecar, make_settings, run_sidecar
 from support.sidecarbed import SidecarProcess
 from support.wait import eventually, until
 
-ADMIN = "admin-Zq8w3Xv1"
+ADMIN = "admin-Zq8w3Xv1-a7Rk"
 API_KEY = "sk-llama-7f3c9b1d2e4a"
 STAMP = "20240101T000000000000Z"
 
