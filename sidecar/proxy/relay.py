@@ -121,6 +121,7 @@ class Relay:
         clock: protocols.Clock | None = None,
         pinner: Pinner | None = None,
         admit: Admit | None = None,
+        admin_tries: tries.Tries | None = None,
     ) -> None:
         self._pinner = pinner
         self._client = client
@@ -132,7 +133,7 @@ class Relay:
         self._admin_token = admin_token
         self._clock = clock or protocols.SystemClock()
         self._admit = admit
-        self._tries = tries.Tries()
+        self._tries = admin_tries if admin_tries is not None else tries.Tries()
         """Wrong admin tokens per client address, on requests only the admin token lets through."""
         self._bodies = bodies.Budget(settings.max_inflight_body_bytes, stats.proxy_body_bytes)
         self._held = held.HeldTooLong(
