@@ -18,16 +18,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
+import math
 from typing import Any, Protocol
 
+import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 import sidecar
 from sidecar.act import report
 from sidecar.app import figures, history, page, view
-from sidecar.core import config, events, parse, protocols
+from sidecar.core import config, events, parse, protocols, tries
 from sidecar.snapshots import store
+
+log = structlog.get_logger("sidecar.server")
 
 
 class SharedView(Protocol):
@@ -52,6 +56,8 @@ class _Context:
     caps: tuple[int, int]
     """--max-bytes and --min-free-bytes, for the page's disk figures."""
     shared: SharedView | None
+    tries: tries.Tries
+    """Failed admin-token tries per client address (see :mod:`sidecar.core.tries`)."""
 
 
 CONTEXT_KEY: web.AppKey[_Context] = web.AppKey("context")
@@ -80,6 +86,7 @@ def make_app(
         samples or history.History(),
         caps,
         shared,
+        tries.Tries(),
     )
     app.router.add_get("/", _page)
     app.router.add_get("/metrics", _metrics)
@@ -206,14 +213,45 @@ async def _page(request: web.Request) -> web.Response:
 
 
 def _authorized(request: web.Request) -> web.Response | None:
-    """None when the request carries the admin token (``Authorization: Bearer``, scheme in any case)."""
-    token = request.app[CONTEXT_KEY].settings.admin_token
+    """None when the request carries the admin token (``Authorization: Bearer``, scheme in any case).
+
+    An address that sent wrong tokens too often waits (429, unread) before its next try is compared.
+    """
+    ctx = request.app[CONTEXT_KEY]
+    token = ctx.settings.admin_token
     if not token:
         return web.json_response({"error": "admin endpoints are off: start the sidecar with --admin-token"}, status=403)
+    address, now = request.remote or "", ctx.clock.monotonic()
+    if (wait := ctx.tries.wait(address, now)) > 0:
+        return _slow_down(address, wait)
     scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+    # A byte that is not UTF-8 arrives as a lone surrogate (aiohttp decodes with surrogateescape): it is
+    # compared as the byte it was, so a bad header is a wrong token (401), never an error.
+    offered = given.strip().encode("utf-8", "surrogateescape")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(offered, token.encode("utf-8", "surrogateescape")):
+        if (wait := ctx.tries.failed(address, now)) > 0:
+            log.warning(
+                "admin_token_tries_slowed",
+                address=address,
+                failures=ctx.tries.failures(address),
+                wait_seconds=round(wait, 1),
+                effect="this address's requests that need the admin token are refused (429) until the wait is over; "
+                f"each further wrong token doubles it, up to {ctx.tries.cap:g} s",
+                hint="a client with an old or mistyped token, or someone guessing it: check the callers at this "
+                "address; the right token clears it",
+            )
         return web.json_response({"error": "missing or wrong 'Authorization: Bearer <admin token>'"}, status=401)
+    ctx.tries.succeeded(address)
     return None
+
+
+def _slow_down(address: str, wait: float) -> web.Response:
+    seconds = math.ceil(wait)
+    body = {
+        "error": f"too many wrong admin tokens from {address}: this request was not read; try again in {seconds} s "
+        "with the right 'Authorization: Bearer <admin token>'"
+    }
+    return web.json_response(body, status=429, headers={"Retry-After": str(seconds)})
 
 
 def _slot_param(request: web.Request) -> int | None:

@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "gc":
             return _gc(ns)
         settings = options.settings_from(ns)
-        logs.configure(fmt=settings.logs.format, level=settings.logs.level)
+        logs.configure(fmt=settings.logs.format, level=settings.logs.level, secrets=settings.secrets())
         uvloop.run(app.main(settings))  # libuv's event loop: less CPU per proxied request than asyncio's own
     except errors.ConfigError as exc:
         print(f"llama-kv-sidecar: error: {exc}", file=sys.stderr)

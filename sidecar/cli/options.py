@@ -162,16 +162,16 @@ OPTIONS: tuple[Option, ...] = (
         "--admin-token",
         "LLAMA_SIDECAR_ADMIN_TOKEN",
         ("server.admin_token",),
-        "enables POST /snapshot and /restore for callers sending it as a Bearer token; "
-        "prefer --admin-token-file: flags show in the process list",
+        "enables POST /snapshot and /restore for callers sending it as a Bearer token; at least 16 characters, "
+        "no surrounding whitespace; prefer --admin-token-file: flags show in the process list",
         "TOKEN",
-        check=lambda text: text or None,
+        check=parse.admin_token,
     ),
     Option(
         "--admin-token-file",
         "LLAMA_SIDECAR_ADMIN_TOKEN_FILE",
         ("server.admin_token",),
-        "read the admin token from this file instead (a trailing newline is ignored)",
+        "read the admin token from this file instead (a trailing newline is ignored; the same rules)",
         "FILE",
         check=parse.token_file,
     ),

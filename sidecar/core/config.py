@@ -9,6 +9,7 @@ size in bytes. Only the slot directory has to be given by the user.
 from __future__ import annotations
 
 import dataclasses
+import urllib.parse
 from pathlib import Path
 
 from sidecar.core import apikeys, location
@@ -142,3 +143,17 @@ class Settings:
     logs: LogSettings = dataclasses.field(default_factory=LogSettings)
     proxy: ProxySettings = dataclasses.field(default_factory=ProxySettings)
     shared: SharedSettings = dataclasses.field(default_factory=SharedSettings)
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret value set: the admin token, llama-server's API keys and URL password, the shared store's keys.
+
+        ``logs.configure`` is given them, so no log line carries one, whatever the path that led there.
+        """
+        found = [self.server.admin_token, self.upstream.api_key]
+        if self.upstream.keys is not None:
+            found.extend(self.upstream.keys.keys)
+        found.append(urllib.parse.urlsplit(self.upstream.url).password)
+        where = self.shared.location
+        if where is not None:
+            found.extend((where.secret_access_key, where.session_token))
+        return tuple(sorted({s for s in found if s}))

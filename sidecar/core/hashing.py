@@ -133,7 +133,15 @@ def file_digest(path: Path, algorithm: Algorithm = CURRENT) -> str:
         os.close(fd)
 
 
-def digest_and_sync(path: Path, algorithm: Algorithm = CURRENT, *, pause: float = 0.0, limit: int | None = None) -> str:
+def digest_and_sync(
+    path: Path,
+    algorithm: Algorithm = CURRENT,
+    *,
+    pause: float = 0.0,
+    limit: int | None = None,
+    mode: int | None = None,
+    same_as: os.stat_result | None = None,
+) -> str:
     """Hash a file the server just wrote (its pages are still in the page cache), then make it durable.
 
     ``fdatasync`` writes the data and the metadata needed to read it back
@@ -141,12 +149,18 @@ def digest_and_sync(path: Path, algorithm: Algorithm = CURRENT, *, pause: float 
     ``fsync`` buys nothing here. Measured by ``python -m bench.hashing``.
     ``pause``: see ``PACE``. ``limit``: the file's expected size (see :func:`fd_digest`); the
     deadline follows from it. A symbolic link or anything but a regular file is refused
-    (``safeio.Refused``).
+    (``safeio.Refused``). ``mode``: set through the open descriptor (``fchmod``), never by path, so a link
+    planted at ``path`` meanwhile changes nothing else. ``same_as``: the ``lstat`` the file was checked by; a
+    file that is not that one any more is refused.
     """
     fd, st = safeio.open_regular(path)
     size = st.st_size if limit is None else limit
     try:
+        if same_as is not None and not safeio.same_file(st, same_as):
+            raise safeio.Refused(f"{path.name} was replaced after it was checked", reason=safeio.NOT_REGULAR)
         digest = fd_digest(fd, algorithm, pause=pause, limit=size, deadline=time.monotonic() + deadline_for(size))
+        if mode is not None:
+            os.fchmod(fd, mode)
         os.fdatasync(fd)
     finally:
         os.close(fd)

@@ -3,21 +3,29 @@
 Event names are stable snake_case (``snapshot_committed``) with the data in
 key-value pairs, so logs can be grepped and parsed. aiohttp's and watchdog's
 stdlib loggers go through the same renderer via ``ProcessorFormatter``.
+
+No line carries a secret: tracebacks are rendered without local variables
+(structlog's default shows them, and a handler's locals hold the request's
+``Authorization``), and :class:`redact.Redactor` blanks the secrets it is
+given, and any header value that names one, out of every line.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
 
+from sidecar.core import redact
+
 FORMATS = ("auto", "json", "console")
 
 
-def configure(*, fmt: str = "auto", level: str = "info") -> None:
-    """Configure structlog and stdlib logging once per process."""
+def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] = ()) -> None:
+    """Configure structlog and stdlib logging once per process; ``secrets`` never appear in a line."""
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
@@ -26,10 +34,15 @@ def configure(*, fmt: str = "auto", level: str = "info") -> None:
     ]
     renderer: Any
     if use_console:
-        renderer = structlog.dev.ConsoleRenderer()
+        # The traceback made text here, without locals, so the redactor sees it (the console renderer's own
+        # formatter would show locals, after the redactor ran).
+        shared.append(structlog.processors.format_exc_info)
+        renderer = structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)
     else:
-        shared.append(structlog.processors.dict_tracebacks)
+        transform = structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+        shared.append(structlog.processors.ExceptionRenderer(transform))
         renderer = structlog.processors.JSONRenderer()
+    shared.append(redact.Redactor(secrets))
     numeric = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
         processors=[*shared, renderer],

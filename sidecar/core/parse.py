@@ -137,8 +137,37 @@ def key_file(path: str) -> tuple[str, apikeys.Keys]:
     return found.first, found
 
 
+ADMIN_TOKEN_MIN = 16
+"""Fewest characters of an admin token: 16 random characters cannot be guessed over HTTP, even unthrottled."""
+
+
+def admin_token(text: str) -> str | None:
+    """``--admin-token``: the token (None for an empty one: no admin endpoints); see :func:`checked_token`."""
+    return checked_token(text, given="--admin-token (LLAMA_SIDECAR_ADMIN_TOKEN)") if text else None
+
+
+def checked_token(text: str, *, given: str) -> str:
+    """The admin token, refused if short or padded (``given`` names where it came from).
+
+    A token that starts or ends with whitespace is never matched: callers send it in a header, and HTTP
+    strips the spaces around a header's value. A short one can be guessed.
+    """
+    if text != text.strip():
+        raise errors.ConfigError(
+            f"{given}: the admin token starts or ends with whitespace (a space, a tab or a line break), which an "
+            "'Authorization: Bearer' header cannot carry, so no caller could ever send it: remove the whitespace"
+        )
+    if len(text) < ADMIN_TOKEN_MIN:
+        raise errors.ConfigError(
+            f"{given}: the admin token has {len(text)} characters, fewer than the {ADMIN_TOKEN_MIN} required, "
+            "because a short token can be guessed: use a random one, for example the output of "
+            "'openssl rand -hex 32'"
+        )
+    return text
+
+
 def token_file(path: str) -> str:
     token = _read_secret("--admin-token-file", path).removesuffix("\n").removesuffix("\r")
     if not token:
         raise errors.ConfigError(f"--admin-token-file {path}: the file is empty")
-    return token
+    return checked_token(token, given=f"--admin-token-file {path}")

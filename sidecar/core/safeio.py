@@ -104,3 +104,8 @@ def lstat_regular(path: Path) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise Refused(f"{path.name} is {kind(st.st_mode)}, not a regular file", reason=NOT_REGULAR)
     return st
+
+
+def same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    """Whether two stats are of one file (device and inode), whatever its name now."""
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

@@ -36,6 +36,8 @@ _ACTIVITY = (
     "llamacpp:tokens_predicted_total",
     "llamacpp:requests_deferred",
 )
+MAX_COUNT = 2**53 - 1
+"""Largest size or count (and absolute LoRA scale) taken from a reply: what every JSON reader reads exactly."""
 MAX_BODY = 8 << 20
 """Largest reply read from llama-server, in bytes (a /slots reply with prompts is big)."""
 
@@ -146,10 +148,7 @@ class LlamaClient:
             return None, None  # older servers: the model size is then not part of the fingerprint
         size = meta.get("size") if isinstance(meta, dict) else None
         params = meta.get("n_params") if isinstance(meta, dict) else None
-        return (
-            size if isinstance(size, int) and not isinstance(size, bool) else None,
-            params if isinstance(params, int) and not isinstance(params, bool) else None,
-        )
+        return _count(size), _count(params)
 
     async def adapters(self) -> tuple[events.Adapter, ...] | None:
         """LoRA adapters and their scales (``GET /lora-adapters``); None if the server does not say.
@@ -167,7 +166,7 @@ class LlamaClient:
         for item in body:
             entry = _as_dict(item, "/lora-adapters")
             scale = entry.get("scale")
-            if not isinstance(scale, int | float) or isinstance(scale, bool):
+            if not isinstance(scale, int | float) or isinstance(scale, bool) or not -MAX_COUNT <= scale <= MAX_COUNT:
                 raise errors.UpstreamProtocolError(f"/lora-adapters: scale is {scale!r:.40}", endpoint="/lora-adapters")
             found.append(
                 events.Adapter(
@@ -287,7 +286,7 @@ class LlamaClient:
     async def _json(self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None) -> Any:
         _, _, text = await self._request(method, path, timeout, payload)
         try:
-            return json.loads(text)
+            return json.loads(text, parse_constant=_no_constant)
         except ValueError as exc:
             raise errors.UpstreamProtocolError(f"{path} did not return JSON: {text[:120]!r}", endpoint=path) from exc
 
@@ -338,6 +337,18 @@ def slot_views(body: Any) -> tuple[events.SlotView, ...]:
     if not isinstance(body, list):
         raise errors.UpstreamProtocolError("/slots did not return a list", endpoint="/slots")
     return tuple(_slot_view(item) for item in body)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON number")  # llama-server writes null for a float it cannot represent
+
+
+def _count(value: Any) -> int | None:
+    """A size or a count as the fingerprint keeps it; None (unknown) for anything but an integer a JSON reader
+    reads exactly (a reply of 2**63 or 10**400 parameters is not a model, and would break the page)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+        return value
+    return None
 
 
 def _error_message(text: str) -> str:

@@ -6,6 +6,8 @@ responses, holds no state (the relay counts and logs them).
 
 from __future__ import annotations
 
+import math
+
 from aiohttp import web
 
 from sidecar.proxy import predict, routes
@@ -62,6 +64,16 @@ def unauthorized() -> web.Response:
         "the proxy checks it before it reads the request"
     )
     return error(401, message, "authentication_error")
+
+
+def slow_down(address: str, wait: float) -> web.Response:
+    """An admin-only request from an address that sent wrong admin tokens too often: refused unread."""
+    seconds = math.ceil(wait)
+    message = (
+        f"too many wrong admin tokens from {address}: this request was not read; try again in {seconds} s "
+        "with the right 'Authorization: Bearer <sidecar admin token>'"
+    )
+    return error(429, message, "rate_limit_error", headers={"Retry-After": str(seconds)})
 
 
 def too_big(limit: int) -> web.Response:

@@ -32,7 +32,7 @@ import structlog
 from aiohttp import web
 
 from sidecar.act import gate
-from sidecar.core import apikeys, config, metrics, outcomes, protocols
+from sidecar.core import apikeys, config, metrics, outcomes, protocols, tries
 from sidecar.proxy import answer, bodies, held, passon, predict, refusals, routes, upclient
 
 log = structlog.get_logger("sidecar.proxy")
@@ -121,6 +121,7 @@ class Relay:
         clock: protocols.Clock | None = None,
         pinner: Pinner | None = None,
         admit: Admit | None = None,
+        admin_tries: tries.Tries | None = None,
     ) -> None:
         self._pinner = pinner
         self._client = client
@@ -132,6 +133,8 @@ class Relay:
         self._admin_token = admin_token
         self._clock = clock or protocols.SystemClock()
         self._admit = admit
+        self._tries = admin_tries if admin_tries is not None else tries.Tries()
+        """Wrong admin tokens per client address, on requests only the admin token lets through."""
         self._bodies = bodies.Budget(settings.max_inflight_body_bytes, stats.proxy_body_bytes)
         self._held = held.HeldTooLong(
             hold_seconds=settings.hold_seconds, retry_after=settings.retry_after, clock=self._clock
@@ -161,12 +164,20 @@ class Relay:
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         if kind.verdict is routes.Verdict.BAD_PATH:
             return refusals.bad_path(), outcomes.ProxyOutcome.INVALID
+        needs_admin = kind.verdict in (routes.Verdict.SLOT_ACTION, routes.Verdict.UNKNOWN)
+        address, now = request.remote or "", self._clock.monotonic()
+        if needs_admin and (wait := self._tries.wait(address, now)) > 0:
+            return refusals.slow_down(address, wait), outcomes.ProxyOutcome.REFUSED
         admin = self._is_admin(request)
         owner = self._owner(request, admin)
         if owner is None:
             return refusals.unauthorized(), outcomes.ProxyOutcome.REFUSED
-        if kind.verdict in (routes.Verdict.SLOT_ACTION, routes.Verdict.UNKNOWN) and not admin:
+        if needs_admin and not admin:
+            if self._admin_token and "Authorization" in request.headers:
+                self._tries.failed(address, now)  # a token was offered for an admin-only request: a wrong one
             return refusals.refused(kind), outcomes.ProxyOutcome.REFUSED
+        if needs_admin:
+            self._tries.succeeded(address)
         headers = passon.to_server(request.headers.items(), admin=admin, api_key=self._api_key)
         body, refusal = await bodies.read(
             request, self._bodies, limit=self._settings.max_body_bytes, timeout=self._settings.body_timeout
@@ -261,7 +272,8 @@ class Relay:
         if not self._admin_token:
             return False
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        return scheme == "Bearer" and hmac.compare_digest(given.encode(), self._admin_token.encode())
+        offered = given.encode("utf-8", "surrogateescape")  # a byte that is not UTF-8 is a wrong token, not an error
+        return scheme == "Bearer" and hmac.compare_digest(offered, self._admin_token.encode("utf-8", "surrogateescape"))
 
     async def _forward(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,12 +39,17 @@ def removed_if_failed(fs: slotdir.SlotDir, name: str, doing: str) -> Iterator[No
         raise
 
 
-def check_written(fs: slotdir.SlotDir, temp: str, *, tokens: int, written: int, blocked: str) -> int:
-    """The size of the server's file ``temp`` once it passed the checks that need no read."""
+def check_written(fs: slotdir.SlotDir, temp: str, *, tokens: int, written: int, blocked: str) -> os.stat_result:
+    """The ``lstat`` of the server's file ``temp`` once it passed the checks that need no read.
+
+    The file must have one name: a file the server just wrote has, and a hard link to a file elsewhere
+    (planted at the temp name) would have its mode changed by the commit.
+    """
     if blocked:
         raise errors.SnapshotError(blocked, reason=outcomes.SnapshotProblem.IO)
     try:
-        size = safeio.lstat_regular(fs.path / temp).st_size
+        st = safeio.lstat_regular(fs.path / temp)
+        size = st.st_size
     except FileNotFoundError as exc:
         raise errors.SnapshotError(
             f"the server reported writing {temp} but it is not in {fs.path}: "
@@ -58,7 +64,17 @@ def check_written(fs: slotdir.SlotDir, temp: str, *, tokens: int, written: int, 
         raise errors.SnapshotError(
             f"{temp} has {size} bytes but the server reported writing {written}", reason=outcomes.SnapshotProblem.SIZE
         )
-    return size
+    if st.st_nlink != 1:
+        raise safeio.Refused(
+            f"{temp} has {st.st_nlink} names: not a file the server just wrote", reason=safeio.NOT_REGULAR
+        )
+    return st
+
+
+def still_same(fs: slotdir.SlotDir, temp: str, checked: os.stat_result) -> None:
+    """Refuse ``temp`` if its name no longer holds the file that was checked and hashed (a swap before the rename)."""
+    if not safeio.same_file(safeio.lstat_regular(fs.path / temp), checked):
+        raise safeio.Refused(f"{temp} was replaced after it was checked", reason=safeio.NOT_REGULAR)
 
 
 def read_index(path: Path, events: reporting.StoreEvents) -> manifest.Index | None:

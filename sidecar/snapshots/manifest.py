@@ -38,6 +38,11 @@ MAX_BYTES = 1 << 20
 A manifest without an index is under 1 KB; the index adds about 40 bytes per
 block of ``slotfile.BLOCK_TOKENS`` tokens (a shared manifest carries the chain
 twice, compact): a 1M-token snapshot's shared manifest is about 600 KB."""
+MAX_INT = 2**53 - 1
+"""Largest integer a manifest may hold: the largest every JSON reader (a browser, ``jq``) reads exactly. A
+larger one (``2**63``) is damage, as are NaN and Infinity, which are no JSON at all."""
+MAX_TIME = 253_402_300_799.0
+"""Latest ``created`` a manifest may hold (9999-12-31T23:59:59Z): the last second a date can show."""
 NAME_RE = re.compile(r"(?a)^(?:(?P<tag>[A-Za-z0-9_.-]{1,80})--)?slot(?P<slot>\d{1,4})-(?P<stamp>\d{8}T\d{12}Z)\.bin$")
 """Final snapshot names: ``slot<id>-<UTC yyyymmddThhmmssffffff>Z.bin``, behind ``<model tag>--`` in router mode."""
 
@@ -149,7 +154,7 @@ class Manifest:
         Raise ValueError naming the first bad field (the content is damaged),
         or NewerFormatError for a format newer than this sidecar's.
         """
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=_no_constant)
         if not isinstance(raw, dict):
             raise ValueError("manifest is not a JSON object")
         fmt = raw.get("format")
@@ -169,7 +174,7 @@ class Manifest:
             bytes=_int(raw, "bytes"),
             checksum=checksum,
             generation=generation,
-            created=_num(raw, "created"),
+            created=_num(raw, "created", low=0.0, high=MAX_TIME),
             task=_opt_int(raw, "task"),
             fingerprint=Fingerprint(
                 build_info=_str(fp, "build_info"),
@@ -184,7 +189,7 @@ class Manifest:
             ),
             index=_index(raw),
             model=None if raw.get("model") is None else _str(raw, "model"),
-            prefill_rate=None if raw.get("prefill_rate") is None else _num(raw, "prefill_rate"),
+            prefill_rate=None if raw.get("prefill_rate") is None else _num(raw, "prefill_rate", low=0.0),
             owner=apikeys.NOBODY if raw.get("owner") is None else _str(raw, "owner"),
         )
         match = NAME_RE.match(manifest.file)
@@ -321,10 +326,14 @@ def _str(raw: dict[str, Any], key: str) -> str:
     return value
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"manifest holds {name}, which is no JSON number")
+
+
 def _int(raw: dict[str, Any], key: str) -> int:
     value = _get(raw, key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"manifest field {key!r} is not a non-negative integer")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
+        raise ValueError(f"manifest field {key!r} is not an integer from 0 to 2**53 - 1")
     return value
 
 
@@ -332,8 +341,11 @@ def _opt_int(raw: dict[str, Any], key: str) -> int | None:
     return None if raw.get(key) is None else _int(raw, key)
 
 
-def _num(raw: dict[str, Any], key: str) -> float:
+def _num(raw: dict[str, Any], key: str, *, low: float = -MAX_INT, high: float = MAX_INT) -> float:
+    """A number within ``low`` and ``high``: never NaN, an infinity, or an integer too large for a float."""
     value = _get(raw, key)
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise ValueError(f"manifest field {key!r} is not a number")
+    if not low <= value <= high:  # False for NaN too; compared before float(), which overflows on 10**400
+        raise ValueError(f"manifest field {key!r} is {str(value)[:40]}, not a number from {low:g} to {high:g}")
     return float(value)

@@ -362,10 +362,12 @@ class SnapshotStore:
         """
         fs, path = self._dir.fs, self.dir / temp
         with checks.removed_if_failed(fs, temp, f"committing {temp}"):
-            size = checks.check_written(fs, temp, tokens=tokens, written=written, blocked=self._dir.index.blocked)
-            digest = hashing.digest_and_sync(path, pause=pause, limit=size)
+            checked = checks.check_written(fs, temp, tokens=tokens, written=written, blocked=self._dir.index.blocked)
+            size = checked.st_size
+            # The mode is set through the descriptor that hashed the file: a link planted at the temp name
+            # after the server wrote it makes the commit fail, and changes no other file.
+            digest = hashing.digest_and_sync(path, pause=pause, limit=size, mode=FILE_MODE, same_as=checked)
             content = checks.read_index(path, self._dir.events)
-            os.chmod(path, FILE_MODE)
             now = self._dir.clock.wall() if created is None else created
             final = checks.free_name(self.dir, self._prefix, slot, now)
             record = manifest.Manifest(
@@ -383,6 +385,7 @@ class SnapshotStore:
                 prefill_rate=prefill_rate,
                 owner=owner,
             )
+            checks.still_same(fs, temp, checked)
             os.replace(path, self.dir / final)
         with checks.removed_if_failed(fs, final, f"writing the manifest of {final}"):
             fs.write_atomically(Path(final).stem + ".json", record.to_json(), mode=FILE_MODE)

@@ -19,7 +19,7 @@ from typing import Any
 from support.llamabed import LlamaHTTPError, MakeServer, call, complete, make_prompt, slots
 from support.sidecarbed import MakeSidecar, SidecarProcess, log_time
 
-TOKEN = "admin-secret"
+TOKEN = "admin-secret-for-the-tests"
 LONG_GENERATION = 6000
 """Tokens slot 1 generates (ignoring end-of-text): far longer than the test's steps take."""
 

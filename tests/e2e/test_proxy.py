@@ -16,7 +16,7 @@ from support.net import free_port
 from support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 2000
-ADMIN = "admin-7c1d0e5b"
+ADMIN = "admin-7c1d0e5b-e2e"
 
 
 def _with_proxy(sidecar: MakeSidecar, server: LlamaServer, slot_dir: Path, **extra: str) -> tuple[SidecarProcess, str]:

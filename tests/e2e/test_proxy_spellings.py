@@ -21,7 +21,7 @@ from support.llamabed import MakeServer, complete, http_json, make_prompt, slots
 from support.net import free_port
 from support.sidecarbed import MakeSidecar, manifests
 
-ADMIN = "admin-5be0c2f9"
+ADMIN = "admin-5be0c2f9-e2e"
 
 
 def _raw(port: int, method: str, target: str, body: bytes = b"", token: str | None = None) -> tuple[int, bytes]:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sidecar.core import protocols
+from sidecar.snapshots import manifest, store
 from support.fakellama import FakeLlama, Reply
 from support.faultbed import Sidecar, make_settings, run_sidecar
 from support.wait import eventually, until
@@ -199,3 +202,51 @@ async def _saved_twice(car: Sidecar) -> bool:
 
 async def _is_zero(car: Sidecar, name: str) -> bool:
     return await car.metric(name) == 0
+
+
+def _strict(text: str) -> Any:
+    """JSON as every reader reads it: NaN and Infinity are none."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.timeout(30)
+async def test_numbers_that_are_not_make_a_manifest_corrupt_and_the_page_and_status_answer(
+    fake: FakeLlama, slot_dir: Path
+) -> None:
+    snaps = store.SnapshotStore(slot_dir, clock=protocols.SystemClock())
+    fp = manifest.Fingerprint("b1", "/models/m.gguf", 100, 200, 4096, 2)
+    doctored = {"created": "NaN", "tokens": str(2**63), "prefill_rate": "Infinity", "generation": "1e400"}
+    for field, value in doctored.items():
+        temp = snaps.temp_name(0)
+        (slot_dir / temp).write_bytes(b"kv" * 500)
+        record = snaps.commit(temp, slot=0, tokens=300, written=1000, task=3, fingerprint=fp, prefill_rate=10.0)
+        path = slot_dir / record.file.replace(".bin", ".json")
+        text = re.sub(rf'"{field}": [^,\n]+', f'"{field}": {value}', path.read_text(), count=1)
+        assert value in text
+        path.write_text(text)
+    meta = f'{{"data": [{{"id": "m", "meta": {{"n_params": {10**400}, "size": {2**63}}}}}]}}'
+    fake.replies["/v1/models"] = Reply.raw(meta)
+    async with run_sidecar(make_settings(fake.url, slot_dir)) as car:
+        await eventually(lambda: _quarantined(car, len(doctored)), what="each doctored manifest quarantined")
+        await eventually(lambda: _identity_known(car), what="the server's identity read")
+        code, body = await car.get("/status")
+        assert code == 200, body
+        status = _strict(body)
+        assert status["snapshots"] == {}
+        assert status["server"]["identity"]["model_params"] is None  # unknown, not 10**400
+        assert status["server"]["identity"]["model_size"] is None
+        code, body = await car.get("/")
+        assert code == 200, body
+
+
+async def _identity_known(car: Sidecar) -> bool:
+    code, body = await car.get("/status")
+    return code == 200 and json.loads(body)["server"]["identity"] is not None
+
+
+async def _quarantined(car: Sidecar, n: int) -> bool:
+    return await car.metric("snapshots_quarantined_total", reason="manifest") == n

@@ -22,12 +22,13 @@ import structlog
 from aiohttp.test_utils import RawTestServer
 
 from sidecar.act import gate
+from sidecar.core import tries
 from sidecar.proxy import held
 from support.proxybed import Upstream, json_body, raw_exchange, run_proxy, status_of
 from support.sidecarbed import SidecarProcess
 from support.wait import eventually, until
 
-ADMIN = "admin-Zq8w3Xv1"
+ADMIN = "admin-Zq8w3Xv1-a7Rk"
 API_KEY = "sk-llama-7f3c9b1d2e4a"
 MakeRaw = Callable[..., Awaitable[RawTestServer]]
 
@@ -137,7 +138,9 @@ async def test_slot_actions_are_refused_however_spelled_unless_the_admin_token_i
     upstream: tuple[Upstream, str],
 ) -> None:
     fake, url = upstream
-    async with run_proxy(url, admin_token=ADMIN, api_key=API_KEY) as proxy:
+    # Each spelling is refused for what it is, not for the wrong tokens sent before it: no wait for those here.
+    unlimited = tries.Tries(free=1000)
+    async with run_proxy(url, admin_token=ADMIN, api_key=API_KEY, admin_tries=unlimited) as proxy:
         refused = [
             ("POST", "/slots/0?action=erase"),
             ("POST", "/slots/0?action=save"),
@@ -580,3 +583,38 @@ async def test_an_answer_is_read_for_its_reuse_figure_only_for_a_placement_that_
     ended = placing.placed[-1].ended
     assert ended is not None
     assert ended.cached == (7 if counted else None), "a request the library did not route is relayed unread"
+
+
+@pytest.mark.timeout(20)
+async def test_wrong_admin_tokens_on_slot_actions_through_the_proxy_are_slowed_down(
+    upstream: tuple[Upstream, str],
+) -> None:
+    fake, url = upstream
+    async with run_proxy(url, admin_token=ADMIN, api_key=API_KEY) as proxy:
+
+        async def erase(token: str) -> bytes:
+            return await raw_exchange(
+                proxy.port,
+                f"POST /slots/0?action=erase HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n"
+                f"Authorization: Bearer {token}\r\nConnection: close\r\n\r\n{{}}".encode(),
+            )
+
+        codes = [status_of(await erase(ADMIN + "x")) for _ in range(6)]
+        assert codes == [403] * 6
+        answer = await erase(ADMIN)
+        assert status_of(answer) == 429, answer[:300]
+        assert b"Retry-After: " in answer
+        assert "too many wrong admin tokens" in json_body(answer)["error"]["message"]
+        assert not fake.arrived  # neither the guesses nor the right token sent meanwhile reached llama-server
+        await until_status(erase, ADMIN, 200)
+        assert fake.paths() == ["/slots/0?action=erase"]
+
+
+async def until_status(send: Callable[[str], Awaitable[bytes]], token: str, wanted: int) -> bytes:
+    async def answered() -> bytes | None:
+        answer = await send(token)
+        return answer if status_of(answer) == wanted else None
+
+    found = await eventually(answered, timeout=5, what=f"a {wanted}")
+    assert found is not None
+    return found

@@ -36,7 +36,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import gate
-from sidecar.core import config, metrics
+from sidecar.core import config, metrics, tries
 from sidecar.proxy import listener, relay
 
 
@@ -164,6 +164,7 @@ async def run_proxy(
     api_key: str | None = None,
     gate_open: bool = True,
     pinner: relay.Pinner | None = None,
+    admin_tries: tries.Tries | None = None,
 ) -> AsyncIterator[Proxy]:
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version="test")
@@ -190,6 +191,7 @@ async def run_proxy(
         settings=settings,
         admin_token=admin_token,
         pinner=pinner,
+        admin_tries=admin_tries,
     )
     proxy = await listener.start(handler, client, settings, stats)
     try:

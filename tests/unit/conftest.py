@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -21,10 +22,16 @@ def hash_pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     digest = hashing.digest_and_sync
 
     def watched(
-        path: Path, algorithm: hashing.Algorithm = hashing.CURRENT, *, pause: float = 0.0, limit: int | None = None
+        path: Path,
+        algorithm: hashing.Algorithm = hashing.CURRENT,
+        *,
+        pause: float = 0.0,
+        limit: int | None = None,
+        mode: int | None = None,
+        same_as: os.stat_result | None = None,
     ) -> str:
         pauses.append(pause)
-        return digest(path, algorithm, pause=pause, limit=limit)
+        return digest(path, algorithm, pause=pause, limit=limit, mode=mode, same_as=same_as)
 
     monkeypatch.setattr(hashing, "digest_and_sync", watched)
     return pauses

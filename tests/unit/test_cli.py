@@ -173,14 +173,14 @@ def test_env_vars_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         "LLAMA_SIDECAR_SNAPSHOT_INTERVAL": "120",
         "LLAMA_SIDECAR_MIN_TOKENS": "1024",
         "LLAMA_API_KEY": "from-env",
-        "LLAMA_SIDECAR_ADMIN_TOKEN": "admin",
+        "LLAMA_SIDECAR_ADMIN_TOKEN": "admin-token-of-the-env",
         "LLAMA_SIDECAR_MAX_BYTES": "5000",
     }.items():
         monkeypatch.setenv(name, value)
     s = settings()
     assert (s.upstream.url, s.upstream.api_key) == ("http://llama:8081", "from-env")
     assert s.snapshots.slot_dir == tmp_path.resolve()
-    assert (s.server.host, s.server.port, s.server.admin_token) == ("0.0.0.0", 9999, "admin")
+    assert (s.server.host, s.server.port, s.server.admin_token) == ("0.0.0.0", 9999, "admin-token-of-the-env")
     assert s.poll.interval == 0.25
     assert (s.snapshots.idle_seconds, s.snapshots.interval, s.snapshots.min_tokens) == (5.0, 120.0, 1024)
     assert s.snapshots.max_bytes == 5000
@@ -350,11 +350,12 @@ def test_api_key_file_reads_llama_servers_format(tmp_path: Path, monkeypatch: py
 
 def test_admin_token_file_drops_the_trailing_newline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     token = tmp_path / "token"
-    token.write_text("s3cret\r\n")
-    assert settings("--slot-dir", str(tmp_path), "--admin-token-file", str(token)).server.admin_token == "s3cret"
-    token.write_text("s3cret\n")
+    token.write_text("s3cret-s3cret-s3cret\r\n")
+    given = settings("--slot-dir", str(tmp_path), "--admin-token-file", str(token)).server.admin_token
+    assert given == "s3cret-s3cret-s3cret"
+    token.write_text("s3cret-s3cret-s3cret\n")
     monkeypatch.setenv("LLAMA_SIDECAR_ADMIN_TOKEN_FILE", str(token))
-    assert settings("--slot-dir", str(tmp_path)).server.admin_token == "s3cret"
+    assert settings("--slot-dir", str(tmp_path)).server.admin_token == "s3cret-s3cret-s3cret"
 
 
 KEY_FILE = ("--api-key-file", "LLAMA_API_KEY_FILE")
@@ -418,9 +419,9 @@ def test_status_requires_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert settings("--slot-dir", str(tmp_path)).server.status_requires_token is False
-    s = settings("--slot-dir", str(tmp_path), "--admin-token", "t", "--status-requires-token")
+    s = settings("--slot-dir", str(tmp_path), "--admin-token", "t" * 16, "--status-requires-token")
     assert s.server.status_requires_token is True
-    monkeypatch.setenv("LLAMA_SIDECAR_ADMIN_TOKEN", "t")
+    monkeypatch.setenv("LLAMA_SIDECAR_ADMIN_TOKEN", "t" * 16)
     for word, wanted in (("yes", True), ("1", True), ("off", False), ("False", False)):
         monkeypatch.setenv("LLAMA_SIDECAR_STATUS_REQUIRES_TOKEN", word)
         assert settings("--slot-dir", str(tmp_path)).server.status_requires_token is wanted
@@ -506,3 +507,31 @@ def test_a_signed_integer_takes_one_minus() -> None:
     assert parse.integer("-12", signed=True) == -12
     with pytest.raises(ValueError, match="ASCII digits"):
         parse.integer("--1", signed=True)
+
+
+@pytest.mark.parametrize(
+    ("token", "said"),
+    [
+        ("short-token", "has 11 characters, fewer than the 16 required"),
+        (" padded-admin-token-0123", "starts or ends with whitespace"),
+        ("padded-admin-token-0123\t", "starts or ends with whitespace"),
+    ],
+)
+def test_a_short_or_padded_admin_token_stops_the_start_saying_why_and_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], token: str, said: str
+) -> None:
+    assert cli.main(["run", "--slot-dir", str(tmp_path), "--admin-token", token]) == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "--admin-token" in err
+    assert token.strip() not in err  # the message never repeats the secret
+    path = tmp_path / "token"
+    path.write_text(token + "\n")
+    monkeypatch.setenv("LLAMA_SIDECAR_ADMIN_TOKEN_FILE", str(path))
+    assert cli.main(["run", "--slot-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert str(path) in err
+    path.write_text("admin-token-0123456789\n\n")  # a second newline: whitespace the file's rule does not drop
+    assert cli.main(["run", "--slot-dir", str(tmp_path)]) == 2
+    assert "starts or ends with whitespace" in capsys.readouterr().err

@@ -100,3 +100,17 @@ def test_ls_names_conversations_by_hash_and_shows_no_token_ids(tmp_path: Path) -
     assert rows == {indexed.file: indexed.index.chain[-1][:12], plain.file: "-"}
     assert "1 in the conversation library" in out.stdout
     assert str(ids[5]) not in out.stdout
+
+
+def test_ls_refuses_a_manifest_of_numbers_that_are_not_and_lists_the_others(tmp_path: Path) -> None:
+    good = _snapshot(tmp_path, 0, 5000)
+    for value in (str(2**63), "NaN", "Infinity", "1e400"):
+        bad = _snapshot(tmp_path, 1, 3000)
+        path = tmp_path / bad.file.replace(".bin", ".json")
+        path.write_text(path.read_text().replace(f'"created": {bad.created!r}', f'"created": {value}'))
+        assert f'"created": {value}' in path.read_text()
+    out = _run("ls", "--slot-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    assert good.file in out.stdout
+    assert "1 snapshot(s)" in out.stdout

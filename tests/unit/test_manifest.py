@@ -127,6 +127,16 @@ MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("model_params negative", _set(-1, "fingerprint", "model_params"), "'model_params'"),
     ("n_ctx missing", _del("fingerprint", "n_ctx"), "'n_ctx'"),
     ("total_slots null", _set(None, "fingerprint", "total_slots"), "'total_slots'"),
+    ("created NaN", _set(float("nan"), "created"), "NaN"),
+    ("created Infinity", _set(float("inf"), "created"), "Infinity"),
+    ("created past year 9999", _set(1e300, "created"), "'created'"),
+    ("created 2**63", _set(2**63, "created"), "'created'"),
+    ("created negative", _set(-1.0, "created"), "'created'"),
+    ("prefill_rate -Infinity", _set(float("-inf"), "prefill_rate"), "-Infinity"),
+    ("tokens 2**63", _set(2**63, "tokens"), "'tokens'"),
+    ("generation 2**63", _set(2**63, "generation"), "'generation'"),
+    ("model_params 10**400", _set(10**400, "fingerprint", "model_params"), "'model_params'"),
+    ("adapter scale NaN", _set([{"id": 0, "path": "/a", "scale": float("nan")}], "fingerprint", "adapters"), "NaN"),
 ]
 
 

@@ -15,7 +15,8 @@ import xxhash
 
 from sidecar.act import policy
 from sidecar.core import errors, events, hashing, outcomes, safeio
-from sidecar.snapshots import manifest, store
+from sidecar.snapshots import commit as checks
+from sidecar.snapshots import manifest, reporting, store
 from support.told import Told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
@@ -696,3 +697,44 @@ def test_a_manifest_whose_file_is_not_of_its_model_is_refused(snaps: store.Snaps
     with pytest.raises(ValueError, match="not a file of model 'beta'"):
         manifest.Manifest.from_json(text)
     assert manifest.Manifest.from_json(record.to_json()) == record
+
+
+def test_a_link_planted_at_the_temp_name_after_the_hash_gets_no_chmod_and_is_not_published(
+    snaps: store.SnapshotStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.bin"
+    outside.write_bytes(b"kv" * 500)
+    outside.chmod(0o600)
+    temp = server_writes(snaps, 0, b"kv" * 500)
+    read_index = checks.read_index
+
+    def planted(path: Path, events: reporting.StoreEvents) -> manifest.Index | None:
+        found = read_index(path, events)
+        path.unlink()
+        path.symlink_to(outside)  # between the write and the chmod, as an attacker in the slot dir would
+        return found
+
+    monkeypatch.setattr(checks, "read_index", planted)
+    with pytest.raises(errors.SnapshotError) as info:
+        snaps.commit(temp, slot=0, tokens=300, written=1000, task=9, fingerprint=FP)
+    assert info.value.reason == outcomes.SnapshotProblem.NOT_REGULAR
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o600
+    assert names(snaps.dir) == set()
+    assert snaps.snapshots() == []
+
+
+def test_a_hard_link_to_a_file_elsewhere_at_the_temp_name_is_refused_and_keeps_its_mode(
+    snaps: store.SnapshotStore, tmp_path: Path
+) -> None:
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.bin"
+    outside.write_bytes(b"kv" * 500)
+    outside.chmod(0o600)
+    temp = snaps.temp_name(0)
+    os.link(outside, snaps.dir / temp)
+    with pytest.raises(errors.SnapshotError) as info:
+        snaps.commit(temp, slot=0, tokens=300, written=1000, task=9, fingerprint=FP)
+    assert info.value.reason == outcomes.SnapshotProblem.NOT_REGULAR
+    assert "2 names" in str(info.value)
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o600
+    assert outside.stat().st_nlink == 1
+    assert names(snaps.dir) == set()

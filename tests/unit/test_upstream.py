@@ -364,6 +364,8 @@ async def test_props_and_model_meta(fake: FakeLlama, connect: Connect) -> None:
         {"data": []},
         {"data": [{"id": "x"}]},
         {"data": [{"id": "x", "meta": {"size": True, "n_params": "many"}}]},
+        {"data": [{"id": "x", "meta": {"size": 2**63, "n_params": 10**400}}]},
+        {"data": [{"id": "x", "meta": {"size": -1, "n_params": 2**53}}]},
         {"data": [{"id": "x", "meta": None}]},
         [],
     ],

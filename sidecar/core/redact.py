@@ -1,0 +1,67 @@
+"""Secrets kept out of log lines: the last structlog processor before the renderer. Pure.
+
+Two nets, because a secret reaches a log line by paths nobody wrote on
+purpose: an exception's message (aiohttp's ``BadHttpMessage`` quotes the
+header line it could not parse, ``Authorization`` included), a repr in a
+traceback, a URL with credentials. :class:`Redactor` replaces
+
+* every known secret value (the admin token, llama-server's API keys, the
+  shared store's secret key: what ``logs.configure`` is given) wherever it
+  appears in a string, and
+* the value of an ``Authorization``, ``Proxy-Authorization`` or
+  ``X-Api-Key`` header written out as ``name: value`` or ``'name': 'value'``,
+  whatever the value (a token the sidecar does not know, or one a bad
+  byte cut in two),
+
+in every string of the event, nested lists and dicts (a dict traceback)
+included. Tracebacks carry no local variables (see :mod:`sidecar.core.logs`),
+so the values of a handler's variables never reach this far.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, MutableMapping
+from typing import Any
+
+REDACTED = "[redacted]"
+SHORTEST = 4
+"""Known secrets shorter than this are not searched for (they would blank out ordinary words); the header
+net still catches them where a header is written out."""
+_HEADER_RE = re.compile(
+    r"""(?ix)
+    \b((?:proxy-)?authorization|x-api-key)   # the header's name
+    (['"]?\s*[:=]\s*['"]?)                   # ': ' in a header line, "': '" in a dict's repr
+    (?!\s*(?:bearer\s+)?<)                   # a placeholder such as "Bearer <admin token>" in a hint is kept
+    [^'"\r\n]+                               # the value, to the end of its quotes or its line
+    """
+)
+
+
+class Redactor:
+    """A structlog processor that blanks secrets out of every string of an event (see the module docstring)."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        kept = {s for s in secrets if len(s) >= SHORTEST}
+        self._secrets = sorted(kept, key=len, reverse=True)  # the longest first: one key may hold another
+
+    def text(self, value: str) -> str:
+        for secret in self._secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return _HEADER_RE.sub(lambda m: m[1] + m[2] + REDACTED, value)
+
+    def value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {self.value(k): self.value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self.value(v) for v in value)
+        return value
+
+    def __call__(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        for key, value in event.items():
+            if not key.startswith("_"):  # "_record" and "_from_structlog" are ProcessorFormatter's own
+                event[key] = self.value(value)
+        return event
