@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -199,3 +200,27 @@ async def _saved_twice(car: Sidecar) -> bool:
 
 async def _is_zero(car: Sidecar, name: str) -> bool:
     return await car.metric(name) == 0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+async def test_a_model_path_that_is_no_file_is_refused_and_polling_goes_on(
+    fake: FakeLlama, slot_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    """/props naming /dev/zero (a hash that never ends) or a FIFO (an open that never returns)."""
+    path = "/dev/zero"
+    if kind == "fifo":
+        path = str(tmp_path / "model.gguf")
+        os.mkfifo(path)
+    fake.replies["/props"] = _props(lambda b: b.update(model_path=path))(fake)
+    fake.use(0, 300)
+    async with run_sidecar(make_settings(fake.url, slot_dir)) as car:
+        await eventually(lambda: car.metric("snapshots_total", slot="0", result="ok"), what="the first snapshot")
+        refused = await until(lambda: car.events("model_file_refused"), what="a model_file_refused line")
+        assert "not a regular file" in refused[0]["error"], refused
+        assert refused[0]["model_path"] == path
+        asked = len(fake.requests("/props"))
+        fake.restart()  # the next server process: its identity is read again, and polling still goes on
+        await until(lambda: len(fake.requests("/props")) >= asked + 3, what="polls after a restart")
+        assert car.alive()
+        assert len(car.events("model_file_refused")) == 1, "said once per path"
