@@ -93,6 +93,13 @@ CASES = [
     _case("/slots", _slots(_set(0, "n_prompt_tokens", -5)), "slots_unreadable", "-5", id="slots-negative-tokens"),
     _case("/slots", _slots(_set(1, "n_ctx", True)), "slots_unreadable", "'n_ctx'", id="slots-n_ctx-bool"),
     _case("/slots", _const(Reply.error(500)), "slots_unreadable", "HTTP 500", id="slots-500"),
+    _case(
+        "/slots",
+        _slots(lambda b: [dict(b[0], id=i) for i in range(20_000)]),
+        "slots_unreadable",
+        "total_slots",
+        id="slots-20000-not-announced",
+    ),
     _case("/slots", _const(Reply.hang()), "slots_unreadable", "Timeout", "no answer", id="slots-hang"),
     _case("/slots", _const(Reply.huge()), "slots_unreadable", "more than", id="slots-20MB"),
     _case("/slots", _drip, "slots_unreadable", "Timeout", "no answer", id="slots-slow-drip"),
