@@ -13,11 +13,14 @@ from typing import Any
 
 import structlog
 
+from sidecar.core import logfold
+
 FORMATS = ("auto", "json", "console")
 
 
-def configure(*, fmt: str = "auto", level: str = "info") -> None:
-    """Configure structlog and stdlib logging once per process."""
+def configure(*, fmt: str = "auto", level: str = "info") -> logfold.Folding:
+    """Configure structlog and stdlib logging once per process; its folding of repeated lines, to run."""
+    folding = logfold.Folding()
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
@@ -32,7 +35,7 @@ def configure(*, fmt: str = "auto", level: str = "info") -> None:
         renderer = structlog.processors.JSONRenderer()
     numeric = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
-        processors=[*shared, renderer],
+        processors=[folding.processor, *shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
@@ -44,9 +47,11 @@ def configure(*, fmt: str = "auto", level: str = "info") -> None:
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         )
     )
+    handler.addFilter(folding.filter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(numeric, logging.WARNING))
+    return folding
 
 
 class Throttle:
