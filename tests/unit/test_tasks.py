@@ -44,6 +44,11 @@ def _started() -> list[tuple[str, str, bool, bool]]:
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
+            if node.func.attr == "shield" and node.args and isinstance(node.args[0], ast.Call):
+                inner = node.args[0]  # shield(coroutine()) makes a task of it that outlives a cancelled caller
+                ok = isinstance(inner.func, ast.Attribute) and ast.unparse(inner.func) == "tasks.watch"
+                found.append((str(path.relative_to(SIDECAR)), ast.unparse(inner), ok, True))
+                continue
             if node.func.attr not in ("create_task", "ensure_future"):
                 continue
             names = [k.value for k in node.keywords if k.arg == "name"]
