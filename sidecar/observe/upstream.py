@@ -351,14 +351,18 @@ def slot_views(body: Any, *, total_slots: int | None = None) -> tuple[events.Slo
             endpoint="/slots",
         )
     views = tuple(_slot_view(item) for item in body)
-    if total_slots is not None:
-        ids = [view.id for view in views]
-        if len(set(ids)) != len(ids) or any(not 0 <= i < total_slots for i in ids):
-            raise errors.UpstreamProtocolError(
-                f"/slots lists slot ids {sorted(ids)[:8]!r:.80} (first 8), not distinct ids below the "
-                f"{total_slots} slots /props announced (total_slots)",
-                endpoint="/slots",
-            )
+    return views if total_slots is None else announced(views, total_slots)
+
+
+def announced(views: tuple[events.SlotView, ...], total_slots: int) -> tuple[events.SlotView, ...]:
+    """``views`` if they are at most ``total_slots`` slots of distinct ids below it; else ``UpstreamProtocolError``."""
+    ids = [view.id for view in views]
+    if len(ids) > total_slots or len(set(ids)) != len(ids) or any(not 0 <= i < total_slots for i in ids):
+        raise errors.UpstreamProtocolError(
+            f"/slots lists {len(ids)} slots of ids {sorted(ids)[:8]!r:.80} (first 8), not distinct ids below the "
+            f"{total_slots} slots /props announced (total_slots)",
+            endpoint="/slots",
+        )
     return views
 
 
