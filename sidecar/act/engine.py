@@ -28,6 +28,7 @@ import structlog
 
 from sidecar.act import actions, boundary, gate, memory, policy, probe, report, restorer, savings, snapshotter
 from sidecar.core import apikeys, config, errors, events, hashing, metrics, outcomes, protocols
+from sidecar.observe import upstream
 from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.engine")
@@ -234,6 +235,8 @@ class Engine:
         """
         read_at = self._clock.monotonic()
         fresh = await self._read_fresh()
+        if self._identity is not None:  # the request path's reader does not know what /props announced
+            upstream.announced(fresh, self._identity.total_slots)
         self._policy.observe(fresh, self._clock.monotonic(), read_at=read_at)
         self._export_unsaved()
         return fresh

@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry
 import sidecar
 from sidecar.act import engine, gate, report, spawn
 from sidecar.app import figures, history, reports, server
-from sidecar.core import config, errors, events, metrics, protocols
+from sidecar.core import config, errors, events, logfold, metrics, protocols
 from sidecar.library import placer, ramtier, reads, tokens
 from sidecar.observe import upstream, weights
 from sidecar.proxy import listener, relay, sentinel
@@ -63,7 +63,10 @@ async def _stopper(stop: asyncio.Event) -> None:
     raise Terminate
 
 
-async def main(settings: config.Settings, *, ready: asyncio.Event | None = None) -> None:
+async def main(
+    settings: config.Settings, *, ready: asyncio.Event | None = None, folding: logfold.Folding | None = None
+) -> None:
+    """Run the sidecar until a signal; ``folding``: the logs' folding of repeated lines, whose summaries it runs."""
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version=sidecar.__version__)
@@ -80,7 +83,7 @@ async def main(settings: config.Settings, *, ready: asyncio.Event | None = None)
             settings = await _found_mode(settings)
         while True:
             try:
-                await _run(settings, snapshots, stats, registry, lock, ready)
+                await _run(settings, snapshots, stats, registry, lock, ready, folding)
             except* errors.RouterDetected as found:
                 settings = _as_router(settings, str(found.exceptions[0]))
             else:
@@ -152,6 +155,7 @@ async def _run(
     registry: CollectorRegistry,
     lock: dirlock.DirLock,
     ready: asyncio.Event | None,
+    folding: logfold.Folding | None,
 ) -> None:
     await _load(settings, snapshots)
     stop = asyncio.Event()
@@ -185,7 +189,7 @@ async def _run(
         if ready is not None:
             ready.set()
         try:
-            await _tasks(parts, watch, stop, _sample(samples, registry, parts.core))
+            await _tasks(parts, watch, stop, _sample(samples, registry, parts.core), folding)
         except* Terminate:
             log.info("stopping", reason="signal")
         finally:
@@ -211,7 +215,11 @@ async def _load(settings: config.Settings, snapshots: store.SnapshotStore) -> No
 
 
 async def _tasks(
-    parts: _Parts, watch: watcher.Watcher, stop: asyncio.Event, sampler: Coroutine[Any, Any, None]
+    parts: _Parts,
+    watch: watcher.Watcher,
+    stop: asyncio.Event,
+    sampler: Coroutine[Any, Any, None],
+    folding: logfold.Folding | None,
 ) -> None:
     """Run every task until one fails or the stop flag is set (then :class:`Terminate` is raised)."""
     async with asyncio.TaskGroup() as group:
@@ -222,6 +230,8 @@ async def _tasks(
         group.create_task(_stopper(stop), name="stopper")
         if parts.shared is not None:
             group.create_task(parts.shared.run(), name="uploader")
+        if folding is not None:
+            group.create_task(folding.run(), name="log-fold")
 
 
 def _plain(

@@ -19,13 +19,15 @@ from typing import Any
 
 import structlog
 
-from sidecar.core import redact
+from sidecar.core import logfold, redact
 
 FORMATS = ("auto", "json", "console")
 
 
-def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] = ()) -> None:
-    """Configure structlog and stdlib logging once per process; ``secrets`` never appear in a line."""
+def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] = ()) -> logfold.Folding:
+    """Configure structlog and stdlib logging once per process; ``secrets`` never appear in a line. Returns its
+    folding of repeated lines, to run."""
+    folding = logfold.Folding()
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
@@ -45,7 +47,7 @@ def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] 
     shared.append(redact.Redactor(secrets))
     numeric = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
-        processors=[*shared, renderer],
+        processors=[folding.processor, *shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
@@ -57,9 +59,11 @@ def configure(*, fmt: str = "auto", level: str = "info", secrets: Iterable[str] 
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         )
     )
+    handler.addFilter(folding.filter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(numeric, logging.WARNING))
+    return folding
 
 
 class Throttle:

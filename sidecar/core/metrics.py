@@ -483,6 +483,8 @@ class Metrics:
         """Router mode: the model_* families (see :meth:`for_model`)."""
         self.model: str | None = None
         """The router-mode model this view counts for (see :meth:`for_model`); None for a plain server."""
+        self._slot_counts: dict[str | None, int] = {}
+        """Slots of each model (None: a plain server), as :meth:`init_slots` was last told."""
         self.model_up = Gauge(
             "model_up",
             "Router mode (--router): 1 while the router runs the model loaded (or asleep) and answers for it, "
@@ -551,8 +553,15 @@ class Metrics:
             counter.labels(self.model, result).inc()
 
     def init_slots(self, slot_ids: range) -> None:
-        """Create every (slot, result) series at zero once the slot count is known."""
-        for slot in slot_ids:
+        """Create every (slot, result) series at zero once the slot count is known; remove those of slots gone.
+
+        A server restarted with fewer slots leaves the series of the others behind, each one a line of
+        every scrape: they are removed. In router mode the per-slot series are shared by the models, so
+        the slots of the model with the most are kept.
+        """
+        self._slot_counts[self.model] = len(slot_ids)
+        kept = max(self._slot_counts.values())
+        for slot in range(kept):
             label = str(slot)
             for result in SNAPSHOT_RESULTS:
                 self.snapshots.labels(label, result)
@@ -560,6 +569,20 @@ class Metrics:
                 self.restores.labels(label, result)
             self.restored_tokens.labels(label)
             self.unsaved_since.labels(label)
+        for family, names in (
+            (self.snapshots, ("slot", "result")),
+            (self.restores, ("slot", "result")),
+            (self.restored_tokens, ("slot",)),
+            (self.unsaved_since, ("slot",)),
+        ):
+            gone = {
+                tuple(sample.labels[name] for name in names)
+                for collected in family.collect()
+                for sample in collected.samples
+                if not (sample.labels["slot"].isdigit() and int(sample.labels["slot"]) < kept)
+            }
+            for values in gone:
+                family.remove(*values)
 
 
 class ModelMetrics(Metrics):

@@ -26,6 +26,7 @@ import stat
 from pathlib import Path
 
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_FOLLOWING = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class Refused(Exception):
@@ -55,14 +56,17 @@ def kind(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: Path, *, max_bytes: int | None = None) -> tuple[int, os.stat_result]:
+def open_regular(path: Path, *, max_bytes: int | None = None, follow: bool = False) -> tuple[int, os.stat_result]:
     """An open descriptor of the regular file at ``path`` and its ``fstat``; the caller closes it.
 
     Raises :class:`Refused` for a symbolic link, anything not a regular file,
     or a file over ``max_bytes``; ``OSError`` for anything else (missing, EIO).
+    ``follow``: a symbolic link is followed, and what it points to must be a
+    regular file (for files outside the slot dir, such as the model: model
+    caches are made of links).
     """
     try:
-        fd = os.open(path, _FLAGS)
+        fd = os.open(path, _FOLLOWING if follow else _FLAGS)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise Refused(

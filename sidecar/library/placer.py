@@ -53,7 +53,7 @@ from typing import Any
 import structlog
 
 from sidecar.act import policy, savings
-from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols
+from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols, tasks
 from sidecar.library import fetching, prompt, ramtier, routing, seams, slotstate, turns, verdict
 from sidecar.observe import memory
 from sidecar.proxy import answer
@@ -299,7 +299,10 @@ class Placer:
         polled, _ = self._core.seen()
         if polled is None or polled.slots is None:
             return
-        task = self._loop.create_task(self._fresh(polled, quiet=True), name="placer-settle")
+        task = tasks.watch(
+            self._loop.create_task(self._fresh(polled, quiet=True), name="placer-settle"),
+            effect="the slots were not read after a routed request ended: the next placement reads them",
+        )
         self._reads.add(task)
         task.add_done_callback(self._reads.discard)
 

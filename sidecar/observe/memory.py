@@ -30,7 +30,7 @@ from typing import BinaryIO
 
 import structlog
 
-from sidecar.core import events
+from sidecar.core import events, safeio
 
 log = structlog.get_logger("sidecar.memory")
 
@@ -81,8 +81,15 @@ def cuts_back(kind: Kind | None) -> bool:
 
 
 def read(path: Path) -> Kind:
-    """The memory kind of the model file at ``path``; raises OSError or ValueError if it is not readable GGUF."""
-    with path.open("rb") as fh:
+    """The memory kind of the model file at ``path``; raises OSError or ValueError if it is not readable GGUF.
+
+    Only a regular file is read (a FIFO's open would never return): anything else is a ValueError.
+    """
+    try:
+        fd, _ = safeio.open_regular(path, follow=True)
+    except safeio.Refused as exc:
+        raise ValueError(str(exc)) from exc
+    with os.fdopen(fd, "rb") as fh:
         architecture, window = _header(fh)
     return classify(architecture, sliding_window=window)
 

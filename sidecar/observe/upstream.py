@@ -56,6 +56,8 @@ class LlamaClient:
         self._headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=settings.request_timeout, connect=settings.connect_timeout)
         self._action_timeout = aiohttp.ClientTimeout(total=settings.action_timeout, connect=settings.connect_timeout)
+        self.total_slots: int | None = None
+        """The slot count the last /props announced: a /slots reply listing more is refused."""
 
     @property
     def url(self) -> str:
@@ -117,7 +119,7 @@ class LlamaClient:
         return events.Health.UNLOADED, f"model {model!r} is {status.value} (the router runs no server for it)"
 
     async def slots(self) -> tuple[events.SlotView, ...]:
-        return slot_views(await self._json("GET", self._at("/slots"), self._timeout))
+        return slot_views(await self._json("GET", self._at("/slots"), self._timeout), total_slots=self.total_slots)
 
     async def props(self) -> tuple[events.Identity, bool]:
         """Read /props: the identity without the model's size, and whether the server sleeps."""
@@ -136,6 +138,7 @@ class LlamaClient:
             total_slots=_field(props, "total_slots", int, "/props"),
             n_ctx=_field(settings, "n_ctx", int, "/props"),
         )
+        self.total_slots = identity.total_slots
         return identity, bool(props.get("is_sleeping", False))
 
     async def model_meta(self) -> tuple[int | None, int | None]:
@@ -332,11 +335,34 @@ def status_error(endpoint: str, status: int, text: str) -> errors.UpstreamError:
     return errors.UpstreamUnavailable(message, endpoint=endpoint, status=status)
 
 
-def slot_views(body: Any) -> tuple[events.SlotView, ...]:
-    """The slots of a ``GET /slots`` reply's parsed JSON; raises ``UpstreamProtocolError``."""
+def slot_views(body: Any, *, total_slots: int | None = None) -> tuple[events.SlotView, ...]:
+    """The slots of a ``GET /slots`` reply's parsed JSON; raises ``UpstreamProtocolError``.
+
+    ``total_slots``: the count /props announced. A reply listing more slots, or a slot id
+    outside ``0 .. total_slots - 1`` or twice, is not this server's: refused before it is
+    read item by item (a server reporting 20,000 slots made per-slot metric series of each).
+    """
     if not isinstance(body, list):
         raise errors.UpstreamProtocolError("/slots did not return a list", endpoint="/slots")
-    return tuple(_slot_view(item) for item in body)
+    if total_slots is not None and len(body) > total_slots:
+        raise errors.UpstreamProtocolError(
+            f"/slots lists {len(body)} slots, more than the {total_slots} /props announced (total_slots)",
+            endpoint="/slots",
+        )
+    views = tuple(_slot_view(item) for item in body)
+    return views if total_slots is None else announced(views, total_slots)
+
+
+def announced(views: tuple[events.SlotView, ...], total_slots: int) -> tuple[events.SlotView, ...]:
+    """``views`` if they are at most ``total_slots`` slots of distinct ids below it; else ``UpstreamProtocolError``."""
+    ids = [view.id for view in views]
+    if len(ids) > total_slots or len(set(ids)) != len(ids) or any(not 0 <= i < total_slots for i in ids):
+        raise errors.UpstreamProtocolError(
+            f"/slots lists {len(ids)} slots of ids {sorted(ids)[:8]!r:.80} (first 8), not distinct ids below the "
+            f"{total_slots} slots /props announced (total_slots)",
+            endpoint="/slots",
+        )
+    return views
 
 
 def _no_constant(name: str) -> Any:

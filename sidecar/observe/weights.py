@@ -12,13 +12,25 @@ Hashing GBs takes seconds even at xxh3 speed from a cold disk, so results
 are cached by path, size, mtime, ctime, device and inode, in memory and in
 ``.llama-kv-sidecar.weights.json`` in the slot dir, which survives a restart
 of the sidecar. Any write to the model file changes its mtime or ctime and
-forces a new hash. The hash runs in a worker thread.
+forces a new hash.
+
+What the server names is not trusted to be a file: a ``model_path`` of
+``/dev/zero`` (reads that never end) or of a FIFO (an open that never
+returns) once hung the poll loop. Only a regular file is read (links are
+followed, since model caches are made of them, but what they point to must
+be a regular file), opened without blocking, its size taken from ``fstat``
+of the open descriptor and never read past, within the deadline of
+:func:`hashing.deadline_for` for that size. The hash runs in a worker thread;
+the poll waits for it only until that deadline (plus ``SLACK``): a thread stuck
+in one read (a hung network mount) is left behind, no other is started beside
+it, and the poll goes on without the checksum. Each refusal is said once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -28,14 +40,28 @@ from typing import Any
 
 import structlog
 
-from sidecar.core import hashing
+from sidecar.core import hashing, safeio, tasks
 
 log = structlog.get_logger("sidecar.weights")
 CACHE_NAME = ".llama-kv-sidecar.weights.json"
 CACHE_KEEP = 8
 """Model files remembered in the cache file (a few models served in turn)."""
+SLACK = 2.0
+"""Seconds the poll waits past a hash's own deadline before it leaves the worker thread behind."""
+FALLBACK = (
+    "snapshots are matched to the model by path, size and parameter count only: a model file rewritten "
+    "with other weights of the same shape would not be noticed; polling and serving go on"
+)
 
 _Key = tuple[str, int, int, int, int, int]
+
+
+@dataclasses.dataclass(slots=True)
+class _Job:
+    """One identification in a worker thread: the thread moves ``deadline`` once it knows the file's size."""
+
+    deadline: float
+    """``time.monotonic()`` at which the hash gives up (at first: the time the open and ``fstat`` may take)."""
 
 
 class WeightsIdentifier:
@@ -46,28 +72,62 @@ class WeightsIdentifier:
         self._cache: dict[str, dict[str, Any]] | None = None
         self._said: set[str] = set()
         self._lock = asyncio.Lock()
+        self._stuck: asyncio.Task[str | None] | None = None
+        """A hash the poll stopped waiting for, while its thread still runs."""
         self.hashed = 0
         """Model files hashed (not found in the cache) by this process."""
 
     async def identify(self, model_path: str) -> str | None:
         async with self._lock:  # one hash at a time; a second caller then finds it cached
-            return await asyncio.to_thread(self._identify, model_path)
+            if self._stuck is not None and not self._stuck.done():
+                return None  # its thread still reads: not a second one beside it
+            job = _Job(deadline=time.monotonic() + hashing.GRACE)
+            task = tasks.watch(
+                asyncio.create_task(asyncio.to_thread(self._identify, model_path, job), name="weights-hash"),
+                effect="the model's weights are not identified by checksum",
+            )
+            while not task.done():
+                left = job.deadline + SLACK - time.monotonic()
+                if left <= 0:
+                    self._stuck = task
+                    self._refused(
+                        model_path,
+                        "overdue",
+                        f"reading it did not end within its deadline ({hashing.deadline_for(0):.0f} s plus "
+                        f"one per {hashing.FLOOR_RATE >> 20} MiB): a hung disk or network mount",
+                    )
+                    return None
+                await asyncio.wait({task}, timeout=min(left, 1.0))
+            return task.result()
 
-    def _identify(self, model_path: str) -> str | None:
-        path = Path(model_path)
+    def _identify(self, model_path: str, job: _Job) -> str | None:
         try:
-            key = _key(path)
+            fd, st = safeio.open_regular(Path(model_path), follow=True)
+        except safeio.Refused as exc:
+            self._refused(model_path, exc.reason, str(exc))
+            return None
         except OSError as exc:
             self._unreadable(model_path, exc)
             return None
+        try:
+            return self._identify_open(model_path, fd, st, job)
+        finally:
+            os.close(fd)
+
+    def _identify_open(self, model_path: str, fd: int, st: os.stat_result, job: _Job) -> str | None:
+        key = _key(model_path, st)
         cache = self._load()
         entry = cache.get(model_path)
         if entry is not None and tuple(entry.get("key", ())) == key:
             return str(entry["weights"])
         started = time.perf_counter()
+        job.deadline = time.monotonic() + hashing.deadline_for(st.st_size)
         try:
-            digest = hashing.file_digest(path)
-            after = _key(path)
+            digest = hashing.fd_digest(fd, hashing.CURRENT, limit=st.st_size, deadline=job.deadline)
+            after = _key(model_path, os.fstat(fd))
+        except hashing.Overdue as exc:
+            self._refused(model_path, "overdue", str(exc))
+            return None
         except OSError as exc:
             self._unreadable(model_path, exc)
             return None
@@ -94,10 +154,25 @@ class WeightsIdentifier:
             "model_file_unreadable",
             model_path=model_path,
             error=f"{type(exc).__name__}: {exc.strerror or exc}",
-            effect="snapshots are matched to the model by path, size and parameter count only: a model "
-            "file rewritten with other weights of the same shape would not be noticed",
+            effect=FALLBACK,
             hint="let the sidecar read the model file at the path llama-server reports (mount the model "
             "directory read-only into the sidecar at the same path)",
+        )
+
+    def _refused(self, model_path: str, reason: str, what: str) -> None:
+        if model_path in self._said:
+            return
+        self._said.add(model_path)
+        log.warning(
+            "model_file_refused",
+            model_path=model_path,
+            reason=reason,
+            error=what,
+            effect=FALLBACK,
+            hint="start llama-server with -m naming the model's GGUF file (a regular file on a working disk)"
+            if reason != "overdue"
+            else "check the disk or mount that holds the model file; the checksum is tried again when "
+            "llama-server restarts",
         )
 
     def _load(self) -> dict[str, dict[str, Any]]:
@@ -122,9 +197,6 @@ class WeightsIdentifier:
             log.warning("weights_cache_unwritable", path=str(self._cache_path), error=str(exc))
 
 
-def _key(path: Path) -> _Key:
-    """What changes whenever the file's content may have: raises OSError if it cannot be read."""
-    st = os.stat(path)
-    with path.open("rb") as fh:  # readable, not just visible
-        fh.read(1)
-    return (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino)
+def _key(model_path: str, st: os.stat_result) -> _Key:
+    """What changes whenever the file's content may have."""
+    return (model_path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino)

@@ -23,6 +23,7 @@ two ways:
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import resource
@@ -32,6 +33,8 @@ from typing import Any, cast
 import structlog
 from aiohttp import HttpVersion11, web, web_protocol
 from prometheus_client import Counter, Gauge
+
+from sidecar.core import tasks
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -109,7 +112,12 @@ class Protocol(web_protocol.RequestHandler):
         if self._idle():
             return None  # an idle connection closed by its client: close ours
         self.keep_alive(False)
-        self._probe = self._loop.create_task(self._watch())
+        if self._probe is None or self._probe.done():
+            self._probe = tasks.watch(
+                self._loop.create_task(self._watch(), name="proxy-half-closed-client"),
+                effect="a client that half-closed its connection is no longer checked; if it went away, its "
+                "request runs on until llama-server ends it",
+            )
         return True  # keep the connection open to write the answer
 
     async def _watch(self) -> None:
@@ -127,8 +135,16 @@ class Protocol(web_protocol.RequestHandler):
             if request is not None and request.version >= HttpVersion11 and request.writer.output_size == 0:
                 transport.write(_CONTINUE)
             await asyncio.sleep(PROBE)
+            if transport.is_closing():
+                return  # closed during the sleep: connection_lost does the rest
             sock = transport.get_extra_info("socket")
-            if sock is not None and (code := sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)):
+            try:
+                code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if sock is not None else 0
+            except (OSError, ValueError) as exc:
+                # The socket's descriptor is gone (closed under the transport: uvloop's socket then
+                # raises ValueError "negative file descriptor"): the client is gone with it.
+                code = getattr(exc, "errno", None) or errno.EBADF
+            if code:
                 transport.abort()  # connection_lost cancels the request, as for any disconnect
                 log.debug("proxy_client_gone", error=os.strerror(code))
                 return

@@ -18,7 +18,7 @@ import dataclasses
 
 from aiohttp import web
 
-from sidecar.core import config, metrics
+from sidecar.core import config, metrics, tasks
 from sidecar.proxy import conns, relay, sentinel, upclient
 
 KEEPALIVE = 2.0
@@ -84,5 +84,12 @@ async def start(
     await site.start()
     addresses = runner.addresses
     port = int(addresses[0][1]) if addresses else settings.port
-    task = asyncio.create_task(sentry.run(), name="proxy-sentinel") if sentry is not None else None
+    task = (
+        tasks.watch(
+            asyncio.create_task(sentry.run(), name="proxy-sentinel"),
+            effect="a restart of llama-server between two polls is no longer seen at once: the next poll sees it",
+        )
+        if sentry is not None
+        else None
+    )
     return Listener(runner, client, settings.host, port, task)

@@ -12,6 +12,15 @@ poll, waits for the restore round like any other.
 
 It costs llama-server one idle connection and a ``/health`` every few
 seconds, and proxied requests nothing: they never wait for it.
+
+One sentinel runs per upstream (:meth:`Sentinel.run` refuses a second run),
+and every new connection waits a delay of :mod:`backoff` first: ``reconnect``
+after a steady connection (one that answered 200 and stayed open through a
+quiet ``PING``), doubled after each one that did not, up to ``PING``, with
+jitter. A restarting server accepts and drops connections for as long as it
+closes and loads; reconnecting at once made a storm of them (6,899
+connections during a 1 s restart). Each restart is still seen at the drop
+that announces it: the delays only pace the attempts after it.
 """
 
 from __future__ import annotations
@@ -24,14 +33,15 @@ import yarl
 
 from sidecar.act import gate
 from sidecar.core import parse
+from sidecar.proxy import backoff
 
 log = structlog.get_logger("sidecar.proxy.sentinel")
 
 PING = 2.0
 """Seconds between two /health requests on the sentinel connection (llama-server closes it after 5 s idle)."""
 RECONNECT = 0.1
-"""Seconds before the first new connection attempt while llama-server does not accept one (doubled each
-time, up to ``PING``)."""
+"""Seconds before a new connection after a steady one (doubled after each attempt that does not hold,
+up to ``PING``; drawn between half and all of it)."""
 ANSWER_TIMEOUT = 10.0
 """Seconds to wait for llama-server's answer to a ping; past it the connection is dropped and made anew,
 with no conclusion drawn (a busy or unreachable server, not a proof of exit)."""
@@ -69,15 +79,22 @@ class Sentinel:
         self._gate = restore_gate
         self._connect_timeout = connect_timeout
         self._ping = ping
-        self._reconnect = reconnect
+        self._backoff = backoff.Backoff(reconnect, ping)
+        self._running = False
+        self._steady = False
+        """Whether the connection being watched answered 200 and then stayed open through a quiet ping."""
+        self.connections = 0
+        """Connections opened so far."""
         self._healthy = True
         """Whether /health answered 200 since the last ``server_connection_dropped`` line: one line per outage,
         not one per connection a restarting server drops while it loads."""
 
     async def run(self) -> None:
+        if self._running:
+            raise RuntimeError("a sentinel runs once: one prober per upstream")
+        self._running = True
         expect_up = False
         """True after an announced end: a refusal now means the process has just gone."""
-        pause = self._reconnect
         while True:
             try:
                 async with asyncio.timeout(self._connect_timeout):
@@ -88,10 +105,10 @@ class Sentinel:
                 if expect_up:
                     self._gone(f"refused the proxy's sentinel connection ({exc.__class__.__name__})")
                 expect_up = False
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, self._ping)
+                await asyncio.sleep(self._backoff.next_delay())
                 continue
-            pause = self._reconnect
+            self.connections += 1
+            self._steady = False
             try:
                 end = await self._watch(reader, writer)
             finally:
@@ -99,8 +116,9 @@ class Sentinel:
             expect_up = end is End.ANNOUNCED
             if end is End.DROPPED:
                 self._gone("closed the proxy's sentinel connection without a word")
-            elif end is End.CONFUSED:
-                await asyncio.sleep(self._ping)
+            if self._steady:
+                self._backoff.reset()
+            await asyncio.sleep(self._backoff.next_delay())
 
     async def _watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> End:
         """Ping until the connection ends; how it ended."""
@@ -119,6 +137,7 @@ class Sentinel:
                     async with asyncio.timeout(self._ping):
                         extra = await reader.read(1)
                 except TimeoutError:
+                    self._steady = self._steady or head.startswith((b"HTTP/1.1 200 ", b"HTTP/1.0 200 "))
                     continue
                 return End.CONFUSED if extra else End.DROPPED
         except (ConnectionError, asyncio.IncompleteReadError):

@@ -38,6 +38,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from sidecar.core import tasks
+
 PAUSE_BYTES = 1 << 18
 """Bytes of an answer read and not yet taken by the relay at which reading pauses, until they are taken."""
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
@@ -355,7 +357,10 @@ class Client:
         """Open a connection in the background for the next request, unless one is being opened."""
         if self._closed or (self._spare is not None and not self._spare.done()):
             return
-        self._spare = asyncio.get_running_loop().create_task(self._open_spare(), name="proxy-spare-connection")
+        self._spare = tasks.watch(
+            asyncio.get_running_loop().create_task(self._open_spare(), name="proxy-spare-connection"),
+            effect="no spare connection was opened: the next request opens its own",
+        )
 
     async def _open_spare(self) -> None:
         with contextlib.suppress(ConnectFailed):

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 import structlog
 
-from sidecar.core import config, errors, metrics, outcomes, protocols
+from sidecar.core import config, errors, metrics, outcomes, protocols, tasks
 from sidecar.observe import upstream
 from sidecar.proxy import refusals, relay
 from sidecar.router import fleet
@@ -89,7 +89,11 @@ class Admission:
                 load = self._loading.get(model)
                 if load is None or load.done():
                     others = {name: m for name, m in self._fleet.members.items() if name in running}
-                    load = asyncio.create_task(self._load(model, others), name=f"load {model}")
+                    load = tasks.watch(
+                        asyncio.create_task(self._load(model, others), name=f"load {model}"),
+                        effect=f"model {model!r} was not loaded for the held requests: they get 503 when "
+                        "their hold ends",
+                    )
                     self._loading[model] = load
             ok = await held.wait(hold, after=load)  # a client leaving does not stop the load
         if ok:

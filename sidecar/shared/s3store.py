@@ -25,7 +25,7 @@ import aiobotocore.config
 import aiobotocore.session
 import botocore.exceptions
 
-from sidecar.core import errors, location, outcomes
+from sidecar.core import errors, location, outcomes, tasks
 from sidecar.shared import objstore
 
 if TYPE_CHECKING:
@@ -129,7 +129,11 @@ class S3Store:
                 raise
             raise _wrap(exc, outcomes.SharedOperation.PUT, key) from exc
         except BaseException:
-            await asyncio.shield(self._abort(s3, key, upload_id))
+            abort = tasks.watch(
+                asyncio.get_running_loop().create_task(self._abort(s3, key, upload_id), name="shared-abort-upload"),
+                effect="an unfinished upload's parts stay in the bucket until its lifecycle rule removes them",
+            )
+            await asyncio.shield(abort)  # the abort goes on if this upload is cancelled
             raise
         return objstore.Written.CREATED
 

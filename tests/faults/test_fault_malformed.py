@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
@@ -95,6 +96,13 @@ CASES = [
     _case("/slots", _slots(_set(0, "n_prompt_tokens", -5)), "slots_unreadable", "-5", id="slots-negative-tokens"),
     _case("/slots", _slots(_set(1, "n_ctx", True)), "slots_unreadable", "'n_ctx'", id="slots-n_ctx-bool"),
     _case("/slots", _const(Reply.error(500)), "slots_unreadable", "HTTP 500", id="slots-500"),
+    _case(
+        "/slots",
+        _slots(lambda b: [dict(b[0], id=i) for i in range(20_000)]),
+        "slots_unreadable",
+        "total_slots",
+        id="slots-20000-not-announced",
+    ),
     _case("/slots", _const(Reply.hang()), "slots_unreadable", "Timeout", "no answer", id="slots-hang"),
     _case("/slots", _const(Reply.huge()), "slots_unreadable", "more than", id="slots-20MB"),
     _case("/slots", _drip, "slots_unreadable", "Timeout", "no answer", id="slots-slow-drip"),
@@ -250,3 +258,27 @@ async def _identity_known(car: Sidecar) -> bool:
 
 async def _quarantined(car: Sidecar, n: int) -> bool:
     return await car.metric("snapshots_quarantined_total", reason="manifest") == n
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+async def test_a_model_path_that_is_no_file_is_refused_and_polling_goes_on(
+    fake: FakeLlama, slot_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    """/props naming /dev/zero (a hash that never ends) or a FIFO (an open that never returns)."""
+    path = "/dev/zero"
+    if kind == "fifo":
+        path = str(tmp_path / "model.gguf")
+        os.mkfifo(path)
+    fake.replies["/props"] = _props(lambda b: b.update(model_path=path))(fake)
+    fake.use(0, 300)
+    async with run_sidecar(make_settings(fake.url, slot_dir)) as car:
+        await eventually(lambda: car.metric("snapshots_total", slot="0", result="ok"), what="the first snapshot")
+        refused = await until(lambda: car.events("model_file_refused"), what="a model_file_refused line")
+        assert "not a regular file" in refused[0]["error"], refused
+        assert refused[0]["model_path"] == path
+        asked = len(fake.requests("/props"))
+        fake.restart()  # the next server process: its identity is read again, and polling still goes on
+        await until(lambda: len(fake.requests("/props")) >= asked + 3, what="polls after a restart")
+        assert car.alive()
+        assert len(car.events("model_file_refused")) == 1, "said once per path"

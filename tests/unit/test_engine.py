@@ -569,3 +569,18 @@ async def test_steady_traffic_on_two_slots_saves_within_the_default_hold_and_exp
     assert bed.saves(), f"nothing saved in {bed.clock.wall() - first_change:.0f} s of steady traffic"
     assert bed.clock.wall() - first_change <= hold + 5.0
     assert bed.value(unsaved, slot="0") == 0  # the save covers every change so far
+
+
+async def test_a_fresh_read_listing_slots_props_did_not_announce_is_refused(bed: Bed) -> None:
+    await bed.cycle()  # the identity is known: total_slots as /props says
+    total = bed.server.identity.total_slots
+    many = tuple(events.SlotView(id=i, n_ctx=4096, processing=False, task=None, tokens=0) for i in range(20_000))
+
+    async def lying() -> tuple[events.SlotView, ...]:  # the request path's reader knows nothing of /props
+        return many
+
+    bed.core.read_fresh_by(lying)
+    with pytest.raises(errors.UpstreamProtocolError, match=f"below the {total} slots /props announced"):
+        await bed.core.fresh_slots()
+    assert bed.value("llama_sidecar_slot_unsaved_since_timestamp_seconds", slot="1") == 0
+    assert bed.registry.get_sample_value("llama_sidecar_slot_unsaved_since_timestamp_seconds", {"slot": "2"}) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -123,3 +124,10 @@ def test_a_model_file_is_read_once_until_it_changes(tmp_path: Path, monkeypatch:
     replaced.replace(path)  # another model file at the same path
     assert memory.of_file(str(path)) is events.Memory.ATTENTION
     assert len(reads) == 2
+
+
+def test_a_fifo_or_a_device_is_unknown_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.gguf"
+    os.mkfifo(fifo)  # an open for reading would wait for a writer, and hold the poll
+    assert memory.of_file(str(fifo)) is events.Memory.UNKNOWN
+    assert memory.of_file("/dev/zero") is events.Memory.UNKNOWN

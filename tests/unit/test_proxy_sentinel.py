@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 
 import pytest
 import structlog
 
 from sidecar.act import gate
-from sidecar.proxy import sentinel
+from sidecar.proxy import backoff, sentinel
 
 OK = b'HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{"status":"ok"}'
 CLOSING = b'HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 15\r\n\r\n{"status":"ok"}'
@@ -129,3 +130,52 @@ async def test_one_outage_is_logged_once_however_many_connections_the_restarting
         await _run(server, opened, lambda: server.requests >= len(script) + 1)
     dropped = [entry for entry in logs if entry["event"] == "server_connection_dropped"]
     assert len(dropped) == 2, dropped
+
+
+def test_the_backoff_doubles_to_its_cap_with_jitter_and_starts_over_after_a_reset() -> None:
+    draws = iter([0.0, 0.999, 0.5, 0.0, 0.999, 0.25, 0.0])
+    pace = backoff.Backoff(0.1, 0.5, draw=lambda: next(draws))
+    delays = [pace.next_delay() for _ in range(6)]
+    steps = [0.1, 0.2, 0.4, 0.5, 0.5, 0.5]
+    for delay, step in zip(delays, steps, strict=True):
+        assert step / 2 <= delay <= step, (delays, steps)
+    assert delays[3] != delays[4] != delays[5], "jitter: no two sidecars in step"
+    pace.reset()
+    assert pace.next_delay() == 0.05
+
+
+async def test_a_server_that_drops_every_connection_is_reconnected_to_at_a_paced_rate(opened: gate.Gate) -> None:
+    # a server that is closing: it accepts each connection and drops it before answering
+    times: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        times.append(loop.time())
+        writer.close()
+
+    listening = await asyncio.start_server(drop, "127.0.0.1", 0)
+    port = listening.sockets[0].getsockname()[1]
+    watch = sentinel.Sentinel(f"http://127.0.0.1:{port}", opened, connect_timeout=1.0, ping=0.16, reconnect=0.02)
+    task = asyncio.create_task(watch.run(), name="sentinel-under-test")
+    try:
+        async with asyncio.timeout(10):
+            while len(times) < 8:
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        listening.close()
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    floors = [0.01, 0.02, 0.04, 0.08, 0.08, 0.08, 0.08]  # half of each step: 0.02 doubled, capped at 0.16
+    assert all(gap >= floor * 0.9 for gap, floor in zip(gaps, floors, strict=True)), gaps
+    assert not opened.is_open, "each drop is still a sign of a restart"
+
+
+async def test_one_sentinel_runs_once(opened: gate.Gate) -> None:
+    watch = sentinel.Sentinel("http://127.0.0.1:9", opened, connect_timeout=0.1, ping=0.02, reconnect=0.01)
+    first = asyncio.create_task(watch.run(), name="first-sentinel")
+    try:
+        await asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match="one prober per upstream"):
+            await watch.run()
+    finally:
+        first.cancel()

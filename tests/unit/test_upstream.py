@@ -258,6 +258,29 @@ async def test_malformed_slots_name_the_field(fake: FakeLlama, connect: Connect,
     assert info.value.endpoint == "/slots"
 
 
+@pytest.mark.parametrize(
+    ("listed", "says"),
+    [
+        ([dict(SLOTS[0], id=i) for i in range(20_000)], "20000 slots, more than the 2"),
+        ([SLOTS[0], dict(SLOTS[1], id=7)], "not distinct ids below the 2"),
+        ([SLOTS[0], dict(SLOTS[1], id=0)], "not distinct ids below the 2"),
+        ([SLOTS[0], dict(SLOTS[1], id=-1)], "not distinct ids below the 2"),
+    ],
+    ids=["20000-slots", "id-past-the-count", "id-twice", "id-negative"],
+)
+async def test_slots_that_props_did_not_announce_are_refused(
+    fake: FakeLlama, connect: Connect, listed: list[dict[str, Any]], says: str
+) -> None:
+    fake.json("GET", "/props", dict(PROPS, total_slots=2))
+    fake.json("GET", "/slots", listed)
+    client = connect()
+    await client.props()
+    with pytest.raises(errors.UpstreamProtocolError, match="total_slots") as info:
+        await client.slots()
+    assert says in str(info.value)
+    assert info.value.endpoint == "/slots"
+
+
 async def test_non_json_is_a_protocol_error(fake: FakeLlama, connect: Connect) -> None:
     fake.text("GET", "/slots", "<html>502 Bad Gateway</html>")
     with pytest.raises(errors.UpstreamProtocolError, match="JSON") as info:
