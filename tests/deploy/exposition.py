@@ -23,7 +23,7 @@ SNAPSHOT_RESULTS = ("ok", "failed", "skipped")
 RESTORE_RESULTS = ("ok", "failed", "incompatible", "no_snapshot", "slot_busy", "raced", "ineffective", "unverified")
 VERIFICATION_OUTCOMES = ("effective", "ineffective", "unverified")
 GC_REASONS = ("keep", "superseded", "bytes", "age")
-CONVERSATION_SOURCES = ("slot", "library", "shared", "cold")
+CONVERSATION_SOURCES = ("slot", "ram", "library", "shared", "cold")
 UNROUTED_REASONS = ("tokenize", "swap", "error")
 SLOTS_RETRY_ANSWERS = ("first", "second", "neither")
 QUARANTINE_REASONS = ("checksum", "size", "manifest")
@@ -147,6 +147,8 @@ def sidecar_registry() -> CollectorRegistry:
         swap.observe(seconds)
     Gauge("library_conversations", "Conversations in the library", namespace=ns, registry=registry).set(14)
     Gauge("library_bytes", "Bytes of the library", namespace=ns, registry=registry).set(400_000_000)
+    Gauge("library_ram_conversations", "Held in the server's RAM cache", namespace=ns, registry=registry).set(3)
+    Counter("library_left_unsaved", "Left for the RAM cache unsaved", namespace=ns, registry=registry).inc(5)
     shared_bytes = Counter("shared_store_bytes", "Shared store bytes", ["direction"], namespace=ns, registry=registry)
     shared_objects = Counter(
         "shared_store_objects", "Shared store snapshots", ["direction"], namespace=ns, registry=registry
