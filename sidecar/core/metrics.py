@@ -408,12 +408,15 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
-        self.left_unsaved = Counter(
-            "library_left_unsaved",
-            "Conversations that left their slot for llama-server's RAM prompt cache without a save first: what a "
-            "crash would lose of each re-prefills within --max-unsaved-seconds.",
+        self.left_unsaved = Histogram(
+            "library_left_unsaved_reprefill_seconds",
+            "Conversations that left their slot for llama-server's RAM prompt cache without a save first (the "
+            "save would have stalled every slot), by the seconds a crash of the server would then cost to "
+            "re-prefill what no snapshot holds of each (its tokens past its newest snapshot at the measured "
+            "prefill rate; at most --max-unsaved-seconds).",
             namespace=NAMESPACE,
             registry=registry,
+            buckets=_HOLD,
         )
         for source in CONVERSATION_SOURCES:
             self.conversation_requests.labels(source)

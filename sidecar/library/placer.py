@@ -611,8 +611,9 @@ class Placer:
 
     def _leaves_unsaved(self, view: events.SlotView, counters: events.Counters | None) -> bool:
         """Whether ``view``'s slot may go to another conversation with no save first: llama-server copies what it
-        holds into its RAM cache (shown to work on this server), and what a crash would lose of it (the tokens
-        past its newest snapshot) re-prefills within ``--max-unsaved-seconds`` at the server's measured rate."""
+        holds into its RAM cache (shown to work on this server), the conversation has a snapshot already, and
+        what a crash would lose of it (the tokens past its newest snapshot) re-prefills within
+        ``--max-unsaved-seconds`` at the server's measured rate."""
         state = self._slot(view.id)
         if self._ram.state is not ramtier.State.CONFIRMED or self._max_unsaved <= 0 or not state.chain:
             return False
@@ -629,9 +630,10 @@ class Placer:
             ),
             default=0,
         )
-        if max(view.tokens - saved, 0) / rate > self._max_unsaved:
+        reprefill = max(view.tokens - saved, 0) / rate
+        if not saved or reprefill > self._max_unsaved:  # one never saved is saved: a crash loses no whole one
             return False
-        self._stats.left_unsaved.inc()
+        self._stats.left_unsaved.observe(reprefill)
         return True
 
     async def _fresh(

@@ -148,7 +148,9 @@ def sidecar_registry() -> CollectorRegistry:
     Gauge("library_conversations", "Conversations in the library", namespace=ns, registry=registry).set(14)
     Gauge("library_bytes", "Bytes of the library", namespace=ns, registry=registry).set(400_000_000)
     Gauge("library_ram_conversations", "Held in the server's RAM cache", namespace=ns, registry=registry).set(3)
-    Counter("library_left_unsaved", "Left for the RAM cache unsaved", namespace=ns, registry=registry).inc(5)
+    left = Histogram("library_left_unsaved_reprefill_seconds", "Left unsaved", namespace=ns, registry=registry)
+    for seconds in (0.4, 1.2, 3.0):
+        left.observe(seconds)
     shared_bytes = Counter("shared_store_bytes", "Shared store bytes", ["direction"], namespace=ns, registry=registry)
     shared_objects = Counter(
         "shared_store_objects", "Shared store snapshots", ["direction"], namespace=ns, registry=registry

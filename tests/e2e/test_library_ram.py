@@ -80,8 +80,11 @@ def test_at_the_servers_defaults_a_returning_conversation_comes_from_its_ram_cac
     server.kill()  # its RAM cache is gone: the library brings every conversation back
     server.start()
     server.wait_healthy()
+    # A conversation left its slot unsaved only once it had a snapshot, and while what a crash loses of it (the
+    # turns since) re-prefills within --max-unsaved-seconds: each comes back with at least its first turn.
     for chat, (cache_n, earlier) in zip(chats, _round(chats, proxy), strict=True):
-        assert cache_n >= WARM * earlier, f"after kill -9: conversation {chat.n} came back cold"
+        print(f"after kill -9: conversation {chat.n} reused {cache_n} of {earlier} tokens")
+        assert cache_n >= PROMPT_TOKENS, f"after kill -9: conversation {chat.n} came back cold"
 
 
 def test_a_server_without_the_ram_cache_it_was_said_to_have_costs_one_turn_then_the_library_serves(
@@ -109,5 +112,8 @@ def test_with_a_crash_bound_set_a_conversation_leaves_its_slot_for_the_ram_cache
     for _ in (1, 2):
         for cache_n, earlier in _round(chats, proxy):
             assert cache_n >= WARM * earlier
-    assert side.metric("llama_sidecar_library_left_unsaved_total") >= 1
+    left = side.metric("llama_sidecar_library_left_unsaved_reprefill_seconds_count")
+    assert left >= 1
+    # What a crash would cost of them, each within the bound.
+    assert side.metric("llama_sidecar_library_left_unsaved_reprefill_seconds_sum") <= 60 * left
     assert side.metric("llama_sidecar_conversation_requests_total", source="ram") >= 2
