@@ -1,8 +1,9 @@
 """`python -m bench`: run the benchmarks, print tables, write a PNG and a JSON.
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
-footprint, scaling, proxy, restore, hashing, library, shared, agents, hybrid, price. Progress goes to stderr, results to
-stdout, ending with one verdict line per goal (MET, MISSED or NO VERDICT, with the figures).
+footprint, scaling, proxy, restore, hashing, library, shared, agents, hybrid, price, scale.
+Progress goes to stderr, results to stdout, ending with one verdict line per
+goal (MET, MISSED or NO VERDICT, with the figures).
 The exit status is 1 when a goal was missed.
 """
 
@@ -27,13 +28,14 @@ from bench import price as price_mod
 from bench import proxy as proxy_mod
 from bench import restart as restart_mod
 from bench import restore as restore_mod
+from bench import scale as scale_mod
 from bench import shared_store as shared_mod
 from bench import stall as stall_mod
 from bench import ttft as ttft_mod
 
 SECTIONS = (
     "ttft", "restart", "stall", "footprint", "scaling", "proxy", "restore", "hashing", "library", "shared", "agents",
-    "hybrid", "price",
+    "hybrid", "price", "scale",
 )  # fmt: skip
 
 
@@ -212,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
             "13. The proxy's price per turn: warm turns, first streamed byte, CPU, and the turn after a kill -9",
             lambda: price_mod.measure(bed, quick=bool(ns.quick), say=say),
         )
+        scale = section(
+            "scale",
+            "14. Scale: agents at an 8B-class KV, slot files whole vs the block store, and kill -9",
+            lambda: scale_mod.measure(bed, quick=bool(ns.quick), say=say),
+        )
     finally:
         bed.close()
     load1 = rig.loadavg()
@@ -236,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{json_path.name}; logs in {bed.log_dir.name}/"
     )
     missed = library is not None and any(line.startswith("MISSED") for line in library_mod.verdicts(library))
+    missed |= scale is not None and any(line.startswith("MISSED") for line in scale_mod.verdicts(scale))
     return 1 if missed else goals.exit_code(verdicts)
 
 
