@@ -110,8 +110,13 @@ class Child:
         return self._process.returncode is None
 
     async def wait(self) -> Exit:
-        """Its end, once it has ended and its output is read to the end (at most a second after)."""
+        """Its end, once it has ended and its output is read to the end (at most a second after).
+
+        Processes it left behind in its process group are killed: they would hold the port and its pipes.
+        """
         returncode = await self._process.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)  # what it left behind in its group (a router's servers)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(1.0):  # a grandchild holding the pipes open must not hold this up
                 await asyncio.gather(*self._relays, return_exceptions=True)
