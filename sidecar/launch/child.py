@@ -97,8 +97,12 @@ class Child:
         relays = []
         for name, stream in (("stdout", process.stdout), ("stderr", process.stderr)):
             assert stream is not None  # both are pipes
-            task = asyncio.create_task(output.relay(stream, name=name, pid=process.pid), name=f"server-{name}")
-            relays.append(tasks.watch(task, effect=f"llama-server's {name} is no longer copied to the log"))
+            relays.append(
+                tasks.watch(
+                    asyncio.create_task(output.relay(stream, name=name, pid=process.pid), name=f"server-{name}"),
+                    effect=f"llama-server's {name} is no longer copied to the log",
+                )
+            )
         return cls(process, tuple(relays))
 
     @property

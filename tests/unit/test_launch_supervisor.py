@@ -56,7 +56,7 @@ async def test_a_child_that_exits_at_once_is_restarted_then_given_up_as_a_crash_
 
 
 async def test_a_killed_child_is_known_by_its_signal_and_started_again() -> None:
-    sup, registry = made("sleep 30")
+    sup, registry = made("exec sleep 30")
     suspicions: list[str] = []
     task = asyncio.create_task(sup.run(suspicions.append), name="launcher")
     try:
@@ -74,8 +74,11 @@ async def test_a_killed_child_is_known_by_its_signal_and_started_again() -> None
 
 async def test_stop_sends_sigterm_then_sigkill_after_the_timeout() -> None:
     sup, registry = made("trap '' TERM; echo ready; while true; do sleep 0.05; done", stop_timeout=0.3)
-    task = asyncio.create_task(sup.run(lambda _: None), name="launcher")
-    await until(lambda: sup.status().state is outcomes.ChildState.RUNNING, timeout=10, what="the child")
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(sup.run(lambda _: None), name="launcher")
+        await until(  # its trap is set once it has said so
+            lambda: any(line.get("line") == "ready" for line in logs), timeout=10, what="the child's trap"
+        )
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await sup.stop()
