@@ -10,7 +10,7 @@ proxy suspects a crash (see :mod:`sidecar.act.gate`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from sidecar.act import boundary, engine, gate
@@ -43,16 +43,19 @@ def watch(
     before_restore: engine.BeforeRestore | None = None,
     detect_router: bool = False,
     prompts: boundary.Prompts | None = None,
+    starting: Callable[[], bool] | None = None,
 ) -> Watch:
     """Wire a poller, a gate and an engine for the server ``client`` talks to.
 
     ``detect_router``: the poller raises ``errors.RouterDetected`` if the server says it is a router
     (a plain server's watch when neither --router nor --no-router was given). ``prompts``: how the
     engine brings a slot of a recurrent or hybrid model back to its prompt's boundary (see ``boundary``).
+    ``starting``: True while the sidecar's launcher brings the server up (launcher mode): a server down or
+    loading is then polled as often as for a request waiting at the gate, so its restore round starts at once.
     """
     poll = poller.Poller(client, settings.poll, clock=clock, weights=weights, detect_router=detect_router)
     restore_gate = gate.Gate(clock=clock, on_suspect=poll.poll_soon, on_wait=poll.poll_soon)
-    poll.hurry = lambda: restore_gate.waiting > 0
+    poll.hurry = lambda: restore_gate.waiting > 0 or (starting is not None and starting())
     core = engine.Engine(
         client=client,
         snapshots=snapshots,

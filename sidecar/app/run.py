@@ -15,6 +15,12 @@ A signal also arms a last resort: if the process has not exited
 (``exit_forced``, status 1). A worker thread blocked in the kernel (a read
 of a hung disk or network mount) cannot be cancelled, and the interpreter
 would otherwise wait for it forever before exiting.
+
+Launcher mode (``run ... -- llama-server ARGS``): a ``launcher`` task
+starts llama-server and restarts it when it ends (:mod:`sidecar.launch.supervisor`);
+on a signal it is stopped after the final snapshots, and its stop timeout is
+added to the exit deadline. A second signal then stops everything at once:
+the child is killed and the process exits with status 1.
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -39,6 +46,7 @@ import sidecar
 from sidecar.act import engine, gate, report, spawn
 from sidecar.app import figures, history, reports, server
 from sidecar.core import config, errors, events, logfold, metrics, protocols
+from sidecar.launch import argv, supervisor
 from sidecar.library import placer, ramtier, reads, tokens
 from sidecar.observe import upstream, weights
 from sidecar.proxy import listener, relay, sentinel
@@ -64,9 +72,15 @@ async def _stopper(stop: asyncio.Event) -> None:
 
 
 async def main(
-    settings: config.Settings, *, ready: asyncio.Event | None = None, folding: logfold.Folding | None = None
+    settings: config.Settings,
+    *,
+    ready: asyncio.Event | None = None,
+    folding: logfold.Folding | None = None,
+    launch: argv.Launch | None = None,
 ) -> None:
-    """Run the sidecar until a signal; ``folding``: the logs' folding of repeated lines, whose summaries it runs."""
+    """Run the sidecar until a signal; ``folding``: the logs' folding of repeated lines, whose summaries it runs;
+    ``launch``: the llama-server command to start and supervise (launcher mode), None beside a server run elsewhere.
+    """
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version=sidecar.__version__)
@@ -78,12 +92,13 @@ async def main(
         raise errors.ConfigError(problem + ": create it, or fix --slot-dir / LLAMA_SIDECAR_SLOT_DIR")
     lock = dirlock.DirLock(settings.snapshots.slot_dir)
     lock.acquire()
+    launcher = supervisor.Supervisor(launch, stats=stats) if launch is not None else None
     try:
         if settings.upstream.router is None:
             settings = await _found_mode(settings)
         while True:
             try:
-                await _run(settings, snapshots, stats, registry, lock, ready, folding)
+                await _run(settings, snapshots, stats, registry, lock, ready, folding, launcher)
             except* errors.RouterDetected as found:
                 settings = _as_router(settings, str(found.exceptions[0]))
             else:
@@ -156,16 +171,21 @@ async def _run(
     lock: dirlock.DirLock,
     ready: asyncio.Event | None,
     folding: logfold.Folding | None,
+    launcher: supervisor.Supervisor | None,
 ) -> None:
     await _load(settings, snapshots)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    budget = settings.snapshots.final_timeout + EXIT_MARGIN + (launcher.stop_timeout if launcher else 0.0)
+    at_once = functools.partial(_exit_at_once, launcher) if launcher is not None else None
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_signal, stop, settings.snapshots.final_timeout + EXIT_MARGIN)
+        loop.add_signal_handler(sig, _on_signal, stop, budget, at_once)
     async with aiohttp.ClientSession(raise_for_status=False) as session:
         client = upstream.LlamaClient(session, settings.upstream)
-        wire = _router if settings.upstream.router else _plain
-        parts = wire(settings, client, snapshots, stats)
+        if settings.upstream.router:
+            parts = _router(settings, client, snapshots, stats)
+        else:
+            parts = _plain(settings, client, snapshots, stats, starting=launcher.hurried if launcher else None)
         watch = watcher.Watcher(snapshots, stats, lock)
         samples = history.History()
         app = server.make_app(
@@ -177,6 +197,7 @@ async def _run(
             samples=samples,
             caps=(settings.snapshots.max_bytes, settings.snapshots.min_free_bytes),
             shared=parts.shared,
+            launcher=launcher.status if launcher is not None else None,
         )
         handle = await server.start(app, settings.server)
         log.info("listening", host=handle.host, port=handle.port)
@@ -188,8 +209,9 @@ async def _run(
         watch.start()
         if ready is not None:
             ready.set()
+        launching = {"launcher": launcher.run(parts.restore_gate.suspect)} if launcher is not None else {}
         try:
-            await _tasks(parts, watch, stop, _sample(samples, registry, parts.core), folding)
+            await _tasks(parts, watch, stop, _sample(samples, registry, parts.core), folding, launching)
         except* Terminate:
             log.info("stopping", reason="signal")
         finally:
@@ -197,7 +219,7 @@ async def _run(
                 await proxy.close()  # no new requests may change the slots during the final snapshots
             if parts.slots_reader is not None:
                 await parts.slots_reader.close()
-            await _shutdown(parts.core, settings, watch, handle)
+            await _shutdown(parts.core, settings, watch, handle, launcher)
             if parts.shared is not None:
                 await parts.shared.close()
 
@@ -220,11 +242,12 @@ async def _tasks(
     stop: asyncio.Event,
     sampler: Coroutine[Any, Any, None],
     folding: logfold.Folding | None,
+    launching: dict[str, Coroutine[Any, Any, None]],
 ) -> None:
     """Run every task until one fails or the stop flag is set (then :class:`Terminate` is raised)."""
     async with asyncio.TaskGroup() as group:
         group.create_task(sampler, name="history")
-        for name, loop_ in parts.loops.items():
+        for name, loop_ in (launching | parts.loops).items():
             group.create_task(loop_, name=name)
         group.create_task(watch.run(), name="watcher")
         group.create_task(_stopper(stop), name="stopper")
@@ -235,9 +258,17 @@ async def _tasks(
 
 
 def _plain(
-    settings: config.Settings, client: upstream.LlamaClient, snapshots: store.SnapshotStore, stats: metrics.Metrics
+    settings: config.Settings,
+    client: upstream.LlamaClient,
+    snapshots: store.SnapshotStore,
+    stats: metrics.Metrics,
+    *,
+    starting: Callable[[], bool] | None = None,
 ) -> _Parts:
-    """One llama-server: one watch, the shared store and the conversation library if configured."""
+    """One llama-server: one watch, the shared store and the conversation library if configured.
+
+    ``starting``: True while the launcher brings the server up (launcher mode; see ``spawn.watch``).
+    """
     clock = protocols.SystemClock()
     own = snapshots.for_model(None)  # a plain server's snapshots, never a router model's
     shared = _shared_store(settings, own, stats)
@@ -251,6 +282,7 @@ def _plain(
         before_restore=shared.warm if shared is not None else None,
         detect_router=settings.upstream.router is None,
         prompts=client,
+        starting=starting,
     )
     library = None
     slots_reader = None
@@ -298,9 +330,14 @@ def _router(
     return _Parts(models, {"router": models.run()}, models.gate, admit=admit)
 
 
-def _on_signal(stop: asyncio.Event, budget: float) -> None:
-    """Stop the task group, and make sure the process ends within ``budget`` seconds whatever hangs."""
+def _on_signal(stop: asyncio.Event, budget: float, at_once: Callable[[], None] | None = None) -> None:
+    """Stop the task group, and make sure the process ends within ``budget`` seconds whatever hangs.
+
+    A second signal calls ``at_once`` (launcher mode: stop now), else it is ignored.
+    """
     if stop.is_set():
+        if at_once is not None:
+            at_once()
         return
     stop.set()
     timer = threading.Timer(budget, _force_exit, args=(budget,))
@@ -319,6 +356,21 @@ def _force_exit(budget: float) -> None:
         "(--final-timeout plus the margin to close its servers); snapshots committed before stay good",
         hint="a worker thread was blocked, most likely reading the slot dir: check its disk or mount",
     )
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(EXIT_STATUS_FORCED)
+
+
+def _exit_at_once(launcher: supervisor.Supervisor) -> None:
+    """A second signal in launcher mode: llama-server is killed, and the sidecar exits now."""
+    log.warning(
+        "exit_at_once",
+        effect=f"llama-server is killed and the process exits now with status {EXIT_STATUS_FORCED}: slots whose "
+        "final snapshot had not been committed are not saved (the snapshots committed before stay good)",
+        hint="send one signal and wait for the final snapshots (--final-timeout) to keep every slot",
+    )
+    launcher.kill_now()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -392,8 +444,13 @@ async def _start_proxy(
 
 
 async def _shutdown(
-    core: engine.Engine | fleet.Fleet, settings: config.Settings, watch: watcher.Watcher, handle: server.Handle
+    core: engine.Engine | fleet.Fleet,
+    settings: config.Settings,
+    watch: watcher.Watcher,
+    handle: server.Handle,
+    launcher: supervisor.Supervisor | None = None,
 ) -> None:
+    """The final snapshots within --final-timeout; then llama-server is stopped (launcher mode), then the rest."""
     try:
         async with asyncio.timeout(settings.snapshots.final_timeout):
             await core.final_snapshots()
@@ -406,6 +463,8 @@ async def _shutdown(
     except Exception as exc:
         log.error("final_snapshot_failed", error=repr(exc))
     finally:
+        if launcher is not None:
+            await launcher.stop()
         with contextlib.suppress(Exception):
             await watch.stop()
         await handle.close()

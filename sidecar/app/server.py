@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import hmac
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
@@ -29,6 +30,7 @@ import sidecar
 from sidecar.act import report
 from sidecar.app import figures, history, page, view
 from sidecar.core import config, events, parse, protocols, tries
+from sidecar.launch import supervisor
 from sidecar.snapshots import store
 
 log = structlog.get_logger("sidecar.server")
@@ -58,6 +60,8 @@ class _Context:
     shared: SharedView | None
     tries: tries.Tries
     """Failed admin-token tries per client address (see :mod:`sidecar.core.tries`)."""
+    launcher: Callable[[], supervisor.ChildStatus] | None = None
+    """Launcher mode: what the sidecar knows of the llama-server it started."""
 
 
 CONTEXT_KEY: web.AppKey[_Context] = web.AppKey("context")
@@ -74,6 +78,7 @@ def make_app(
     samples: history.History | None = None,
     caps: tuple[int, int] = (0, 0),
     shared: SharedView | None = None,
+    launcher: Callable[[], supervisor.ChildStatus] | None = None,
 ) -> web.Application:
     app = web.Application(client_max_size=64 << 10)
     app[CONTEXT_KEY] = _Context(
@@ -87,6 +92,7 @@ def make_app(
         caps,
         shared,
         tries.Tries(),
+        launcher,
     )
     app.router.add_get("/", _page)
     app.router.add_get("/metrics", _metrics)
@@ -133,6 +139,8 @@ def _readiness(ctx: _Context, st: report.Status) -> list[str]:
         problems.append(st.link_problem)
     if st.restore_gate:
         problems.append(f"restore gate closed: {st.restore_gate}")
+    if ctx.launcher is not None and (gave_up := ctx.launcher().problem):
+        problems.append(gave_up)
     return problems
 
 
@@ -181,6 +189,7 @@ async def _status(request: web.Request) -> web.Response:
             "prefill_rate_tokens_per_second": None if st.saved.rate is None else round(st.saved.rate, 1),
             "unpriced_tokens": st.saved.unpriced_tokens,
         },
+        "launcher": dataclasses.asdict(ctx.launcher()) if ctx.launcher is not None else None,
         "ready": not _readiness(ctx, st),
     }
     return web.json_response(body)
@@ -204,6 +213,7 @@ async def _page(request: web.Request) -> web.Response:
         shared=ctx.shared.describe() if ctx.shared is not None else None,
         waiting=ctx.shared.waiting() if ctx.shared is not None else frozenset(),
         version=sidecar.__version__,
+        launcher=ctx.launcher() if ctx.launcher is not None else None,
     )
     return web.Response(
         text=page.render(view.build(inputs)),

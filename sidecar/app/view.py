@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from sidecar.act import report, restorer
 from sidecar.app import history
 from sidecar.core import events, outcomes
+from sidecar.launch import supervisor
 from sidecar.snapshots import manifest, store
 
 LIBRARY_ROWS = 50
@@ -45,6 +46,8 @@ class Inputs:
     waiting: frozenset[str] = frozenset()
     """Files still waiting for their upload to the shared store."""
     version: str = ""
+    launcher: supervisor.ChildStatus | None = None
+    """Launcher mode: the llama-server the sidecar started; None beside a server run elsewhere."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,6 +143,17 @@ def _server(st: report.Status, obs: events.Observation | None) -> tuple[tuple[st
         rows.append(("asleep", "yes (--sleep-idle-seconds): its slots are empty until a request wakes it"))
     if st.link_ok is not None:
         rows.append(("slot dir shared with the server", "yes" if st.link_ok else "NO: " + st.link_problem))
+    return tuple(rows)
+
+
+def _launcher(child: supervisor.ChildStatus | None, now: float) -> tuple[tuple[str, str], ...]:
+    """Launcher mode: the server process the sidecar started, its starts and its last end."""
+    if child is None:
+        return ()
+    pid = f", pid {child.pid}" if child.pid is not None else ""
+    rows = [("started by the sidecar", f"{child.program}: {child.state.value}{pid}, {child.starts} start(s)")]
+    if child.last_exit and child.last_exit_at is not None:
+        rows.append(("last end", f"{child.last_exit} ({child.last_cause}), {ago_text(child.last_exit_at, now)}"))
     return tuple(rows)
 
 
@@ -319,12 +333,14 @@ def build(inputs: Inputs) -> Page:
         problems.append(obs.problem)
     if st.restore_gate:
         problems.append(f"restore gate closed: {st.restore_gate}")
+    if inputs.launcher is not None and inputs.launcher.problem:
+        problems.append(inputs.launcher.problem)
     library, more = _library(inputs)
     return Page(
         state=state,
         tone="good" if state == "ok" else "bad" if state in ("down", "unknown") else "wait",
         problems=tuple(problems),
-        server=_server(st, obs),
+        server=_server(st, obs) + _launcher(inputs.launcher, inputs.now),
         figures=_figures(inputs),
         slots=_slots(st, inputs.now),
         acts=_acts(st, inputs.now),

@@ -1,5 +1,10 @@
 """Command line: ``llama-kv-sidecar run | ls | verify | gc``.
 
+``run [options] -- llama-server ARGS...`` is launcher mode: what follows
+``--`` is the llama-server command the sidecar starts and supervises
+(:mod:`sidecar.launch`); without ``--`` the sidecar runs beside a server
+started elsewhere.
+
 Flags win over environment variables, which win over defaults (the table
 of flags is in ``options``). Parsing and validation happen here only; the
 rest of the package receives a frozen ``config.Settings``.
@@ -8,7 +13,9 @@ rest of the package receives a frozen ``config.Settings``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -18,7 +25,8 @@ import uvloop
 import sidecar
 from sidecar.app import run as app
 from sidecar.cli import options
-from sidecar.core import errors, logs, outcomes, parse, protocols
+from sidecar.core import config, errors, logs, outcomes, parse, protocols
+from sidecar.launch import argv as launch_argv
 from sidecar.shared import connect, gc
 from sidecar.snapshots import dirlock, reporting, store
 
@@ -33,7 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {sidecar.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the sidecar next to one llama-server")
+    run = sub.add_parser(
+        "run",
+        help="run the sidecar next to one llama-server, or start it: run [options] -- llama-server ARGS...",
+        usage="%(prog)s [options] [-- llama-server ARGS...]",
+        description="Beside a llama-server started elsewhere (--server), or, with '--' and a llama-server command, "
+        "as its launcher: the sidecar starts it with --slot-save-path, --metrics and (with --proxy-listen) a free "
+        "local port, restarts it when it ends, and stops it after the final snapshots.",
+    )
     options.add(run, options.OPTIONS)
 
     ls = sub.add_parser(
@@ -206,9 +221,46 @@ def _gc(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _split(args: list[str]) -> tuple[list[str], list[str] | None]:
+    """The sidecar's own arguments, and the llama-server command after the first ``--`` (None without one)."""
+    if "--" not in args:
+        return args, None
+    at = args.index("--")
+    return args[:at], args[at + 1 :]
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago: llama-server's, behind the proxy."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((launch_argv.LOCAL_HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _launching(
+    ns: argparse.Namespace, settings: config.Settings, command: list[str]
+) -> tuple[config.Settings, launch_argv.Launch]:
+    """Launcher mode: the command to run, and the settings pointed at the server it starts."""
+    given = options.raw_value(ns, options.SERVER)
+    named = options.SERVER.flag if given is not None and given[1] is options.Source.FLAG else options.SERVER.env
+    launch = launch_argv.plan(
+        command,
+        slot_dir=settings.snapshots.slot_dir,
+        proxy=settings.proxy.host is not None,
+        port=_free_port(),
+        sidecar_has_key=settings.upstream.api_key is not None,
+        server_given=None if given is None else named,
+    )
+    router = settings.upstream.router if settings.upstream.router is not None else launch.router
+    upstream = dataclasses.replace(settings.upstream, url=launch.url, router=router)
+    return dataclasses.replace(settings, upstream=upstream), launch
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    args, command = _split(list(sys.argv[1:] if argv is None else argv))
+    ns = parser.parse_args(args)
+    if command is not None and ns.command != "run":
+        parser.error(f"'--' and a llama-server command follow 'run' only, not '{ns.command}'")
     try:
         if ns.command == "ls":
             return _ls(ns)
@@ -217,9 +269,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "gc":
             return _gc(ns)
         settings = options.settings_from(ns)
+        launch = None
+        if command is not None:
+            settings, launch = _launching(ns, settings, command)
         folding = logs.configure(fmt=settings.logs.format, level=settings.logs.level, secrets=settings.secrets())
         # libuv's event loop: less CPU per proxied request than asyncio's own
-        uvloop.run(app.main(settings, folding=folding))
+        uvloop.run(app.main(settings, folding=folding, launch=launch))
     except errors.ConfigError as exc:
         print(f"llama-kv-sidecar: error: {exc}", file=sys.stderr)
         return 2

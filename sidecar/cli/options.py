@@ -84,8 +84,16 @@ SHARED_STORE = Option(
     "URL",
     check=lambda url: connect.require_client(location.parse(url, os.environ)),
 )
+SERVER = Option(
+    "--server",
+    "LLAMA_SIDECAR_SERVER",
+    ("upstream.url",),
+    "llama-server base URL (not with '-- llama-server ARGS': the launcher points the sidecar at the server it starts)",
+    "URL",
+    check=parse.url,
+)
 OPTIONS: tuple[Option, ...] = (
-    Option("--server", "LLAMA_SIDECAR_SERVER", ("upstream.url",), "llama-server base URL", "URL", check=parse.url),
+    SERVER,
     SLOT_DIR,
     Option(
         "--listen",

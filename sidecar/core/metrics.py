@@ -29,6 +29,7 @@ SLOT_DIR_OPERATIONS = tuple(o.value for o in outcomes.SlotDirOperation)
 SHARED_DIRECTIONS = tuple(d.value for d in outcomes.Direction)
 SHARED_OPERATIONS = tuple(o.value for o in outcomes.SharedOperation)
 SHARED_REFUSALS = tuple(r.value for r in outcomes.SharedRefusal)
+SERVER_EXIT_CAUSES = tuple(c.value for c in outcomes.ServerExit)
 
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _HOLD = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -83,6 +84,25 @@ class Metrics:
         self.server_restarts = Counter(
             "server_restarts",
             "llama-server process restarts detected by the sidecar.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.server_exits = Counter(
+            "server_exits",
+            "Launcher mode (run ... -- llama-server ARGS): ends of the llama-server the sidecar started, by cause: "
+            "stopped (by the sidecar, at its shutdown), exited (status 0), failed (a non-zero status), killed "
+            "(a signal: OOM killer, kill -9, a crash), not_started (the program could not be run). Every cause "
+            "but stopped is followed by a restart, until a crash loop.",
+            ["cause"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        for cause in SERVER_EXIT_CAUSES:
+            self.server_exits.labels(cause)
+        self.server_crash_loop = Gauge(
+            "server_crash_loop",
+            "Launcher mode: 1 once the llama-server the sidecar started ended too often in a short time (a crash "
+            "loop) and is no longer restarted; the log line server_crash_loop says why. 0 otherwise.",
             namespace=NAMESPACE,
             registry=registry,
         )

@@ -281,3 +281,31 @@ class Direction(enum.StrEnum):
 
     UP = "up"
     DOWN = "down"
+
+
+class ServerExit(enum.StrEnum):
+    """How a llama-server the sidecar launched (``run ... -- llama-server``) ended (``server_exits_total{cause}``)."""
+
+    STOPPED = "stopped"
+    """The sidecar stopped it, on its own shutdown."""
+    EXITED = "exited"
+    """It exited on its own with status 0."""
+    FAILED = "failed"
+    """It exited with a non-zero status (a bad argument, a model that does not load, a port taken, ...)."""
+    KILLED = "killed"
+    """A signal ended it (the kernel's OOM killer, ``kill -9``, a crash: SIGSEGV, SIGABRT)."""
+    NOT_STARTED = "not_started"
+    """It could not be started at all (the program is missing or not executable)."""
+
+
+class ChildState(enum.StrEnum):
+    """Where the launcher stands with its llama-server (``/status``'s ``launcher.state``)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    """It ended; the launcher waits its backoff before starting it again."""
+    GAVE_UP = "gave_up"
+    """It ended too often in a row (a crash loop): the launcher no longer restarts it."""
+    STOPPING = "stopping"
+    STOPPED = "stopped"

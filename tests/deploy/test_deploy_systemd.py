@@ -13,7 +13,9 @@ from pathlib import Path
 
 from deploytools import DEPLOY, require_tool, run
 
+from sidecar.cli import main, options
 from sidecar.core import config
+from sidecar.launch import argv
 from sidecar.proxy import conns
 
 UNIT = DEPLOY / "systemd" / "llama-kv-sidecar.service"
@@ -78,3 +80,32 @@ def test_unit_is_hardened_and_may_write_only_the_slot_dir() -> None:
     assert unit["Service.NoNewPrivileges"] == ["true"]
     assert unit["Service.ReadWritePaths"] == env["Env.LLAMA_SIDECAR_SLOT_DIR"]
     assert unit["Service.EnvironmentFile"] == ["/etc/llama-kv-sidecar/llama-kv-sidecar.env"]
+
+
+LAUNCHER_UNIT = DEPLOY / "systemd" / "llama-kv-sidecar-launcher.service"
+
+
+def test_the_launcher_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    analyze = require_tool("systemd-analyze", install="apt-get install -y systemd")
+    text = LAUNCHER_UNIT.read_text(encoding="utf-8")
+    assert f"ExecStart={EXEC} run " in text
+    (tmp_path / LAUNCHER_UNIT.name).write_text(text.replace(EXEC, "/bin/true"), encoding="utf-8")
+    env = {**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp_path}:"}
+    proc = run([analyze, "verify", str(tmp_path / LAUNCHER_UNIT.name)], env=env)
+    assert proc.stdout + proc.stderr == "", "systemd-analyze verify reported problems"
+
+
+def test_the_launcher_units_command_is_accepted_by_the_sidecar() -> None:
+    """ExecStart's arguments parse, and the llama-server arguments pass the launcher's checks."""
+    unit = _directives(LAUNCHER_UNIT.read_text(encoding="utf-8"))
+    words = unit["Service.ExecStart"][0].split()
+    assert words[:2] == [EXEC, "run"]
+    ours, command = main._split(words[2:])
+    assert command is not None
+    ns = main.build_parser().parse_args(["run", *ours])
+    settings = options.settings_from(ns)
+    assert [str(settings.snapshots.slot_dir)] == unit["Service.ReadWritePaths"]
+    launch = argv.plan(command, slot_dir=settings.snapshots.slot_dir, proxy=True, port=1, sidecar_has_key=False)
+    assert "--slot-save-path" in launch.added
+    timeout = int(unit["Service.TimeoutStopSec"][0].removesuffix("s"))
+    assert timeout > config.SnapshotSettings(slot_dir=Path()).final_timeout + 10, "saves, then llama-server's stop"

@@ -1,0 +1,153 @@
+"""The command line the launcher gives llama-server: the user's arguments and what the sidecar needs. Pure code.
+
+``llama-kv-sidecar run [options] -- llama-server ARGS...`` runs ``ARGS`` with:
+
+* ``--slot-save-path`` set to ``--slot-dir`` (a user's own ``--slot-save-path``
+  must name the same directory: the sidecar saves and restores through it);
+* ``--metrics`` (restart detection and restore verification read ``/metrics``);
+* with ``--proxy-listen``: ``--host 127.0.0.1 --port PORT``, a free local port
+  the caller picked, since clients reach the server through the proxy's public
+  address; a user's ``--host`` or ``--port`` is then refused. Without the proxy
+  the user's ``--host`` and ``--port`` stay (llama-server's defaults otherwise)
+  and the sidecar talks to them.
+
+Refused, each with a message naming the flag (the command exits 2):
+``--slot-save-path`` of another directory, ``--no-slots`` (the sidecar reads
+``/slots``), ``--host``/``--port`` beside the proxy, a ``--host`` that is a
+unix socket (the sidecar speaks TCP), ``--api-key``/``--api-key-file`` while
+the sidecar has no key (it could read nothing), and the sidecar's own
+``--server`` (the launcher points it at its child).
+
+Arguments are read as llama-server reads them: ``--flag value`` or
+``--flag=value``; what is not named here passes through untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sidecar.core import errors
+
+SLOT_SAVE_PATH = "--slot-save-path"
+METRICS = "--metrics"
+HOST = "--host"
+PORT = "--port"
+NO_SLOTS = "--no-slots"
+API_KEYS = ("--api-key", "--api-key-file")
+ROUTER = ("--models-dir", "--models-preset")
+"""Router mode: llama-server serves several models (see ``--router``)."""
+_WITH_VALUE = frozenset({SLOT_SAVE_PATH, HOST, PORT, *API_KEYS, *ROUTER})
+LOCAL_HOST = "127.0.0.1"
+SERVER_DEFAULT_PORT = 8080
+"""llama-server's own default ``--port``."""
+_WILDCARDS = {"": LOCAL_HOST, "0.0.0.0": LOCAL_HOST, "::": "::1", "[::]": "::1"}  # noqa: S104 (read, not bound)
+"""Addresses that listen everywhere, and the loopback address the sidecar reaches them at."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Launch:
+    """What the launcher runs, and where the sidecar then finds it."""
+
+    argv: tuple[str, ...]
+    url: str
+    """The base URL the sidecar polls (its ``--server``)."""
+    added: tuple[str, ...]
+    """The arguments the launcher added, for the log."""
+    router: bool
+    """The arguments put llama-server in router mode (``--models-dir`` / ``--models-preset``)."""
+
+
+def read(args: Sequence[str]) -> dict[str, list[str]]:
+    """The values of the flags named here, in order of appearance (``""`` for a flag without a value)."""
+    found: dict[str, list[str]] = {}
+    i = 0
+    while i < len(args):
+        flag, eq, value = args[i].partition("=")
+        i += 1
+        if not flag.startswith("--"):
+            continue
+        if flag in _WITH_VALUE and not eq:
+            value = args[i] if i < len(args) else ""
+            i += 1
+        found.setdefault(flag, []).append(value)
+    return found
+
+
+def plan(
+    command: Sequence[str],
+    *,
+    slot_dir: Path,
+    proxy: bool,
+    port: int,
+    sidecar_has_key: bool,
+    server_given: str | None = None,
+    resolve: Callable[[str], Path] = lambda p: Path(p).resolve(),
+) -> Launch:
+    """The command to run; raises ``errors.ConfigError`` naming the flag that conflicts.
+
+    ``port``: the free local port the caller picked for the server (used with the proxy only);
+    ``server_given``: how the sidecar's own ``--server`` was set (the flag or its variable), if it was.
+    """
+    if not command:
+        raise errors.ConfigError("nothing after '--': give the llama-server command, e.g. -- llama-server -m MODEL")
+    if server_given is not None:
+        raise errors.ConfigError(
+            f"{server_given} is set, but the sidecar starts llama-server itself (the command after '--') and "
+            "talks to it: drop it"
+        )
+    args = list(command[1:])
+    found = read(args)
+    added: list[str] = []
+    for path in found.get(SLOT_SAVE_PATH, []):
+        if resolve(path) != slot_dir:
+            raise errors.ConfigError(
+                f"llama-server's {SLOT_SAVE_PATH} {path} is not the sidecar's --slot-dir {slot_dir}: the sidecar "
+                f"saves and restores slots through that one directory; drop {SLOT_SAVE_PATH} (the launcher adds it)"
+            )
+    if NO_SLOTS in found:
+        raise errors.ConfigError(
+            f"llama-server's {NO_SLOTS} turns off /slots, which the sidecar reads to know what to save: drop it"
+        )
+    if not sidecar_has_key and (keyed := [flag for flag in API_KEYS if flag in found]):
+        raise errors.ConfigError(
+            f"llama-server's {keyed[0]} makes it refuse the sidecar, which has no key: give the sidecar one of "
+            "its keys too (--api-key-file or LLAMA_API_KEY_FILE, or --api-key or LLAMA_API_KEY)"
+        )
+    if SLOT_SAVE_PATH not in found:
+        added += [SLOT_SAVE_PATH, str(slot_dir)]
+    if METRICS not in found:
+        added.append(METRICS)
+    if proxy:
+        for flag in (HOST, PORT):
+            if flag in found:
+                raise errors.ConfigError(
+                    f"llama-server's {flag} conflicts with --proxy-listen: clients reach llama-server through the "
+                    f"proxy's address, and the launcher gives llama-server a free local port; drop {flag}"
+                )
+        added += [HOST, LOCAL_HOST, PORT, str(port)]
+        url = f"http://{LOCAL_HOST}:{port}"
+    else:
+        url = _url_of(found)
+    return Launch(
+        argv=(command[0], *args, *added), url=url, added=tuple(added), router=any(flag in found for flag in ROUTER)
+    )
+
+
+def _url_of(found: dict[str, list[str]]) -> str:
+    """Where llama-server listens with the user's own ``--host`` and ``--port`` (the last of each wins)."""
+    host = found.get(HOST, [LOCAL_HOST])[-1]
+    if host.endswith(".sock"):
+        raise errors.ConfigError(
+            f"llama-server's {HOST} {host} is a unix socket; the sidecar talks to llama-server over TCP: give a "
+            f"TCP address, or use --proxy-listen and drop {HOST}"
+        )
+    host = _WILDCARDS.get(host, host) or LOCAL_HOST
+    text = found.get(PORT, [str(SERVER_DEFAULT_PORT)])[-1]
+    if text == "0":
+        raise errors.ConfigError(f"llama-server's {PORT} 0 lets it pick a port the sidecar cannot know: give one")
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise errors.ConfigError(f"llama-server's {PORT} {text!r} is not a TCP port (1-65535)")
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{int(text)}"

@@ -1,0 +1,234 @@
+"""Launcher mode end to end: the sidecar as a llama-swap model's ``cmd``, with the real llama-server.
+
+llama-swap (and its fork llmsnap) cannot be built here, so :class:`Swap`
+does what it does with a model's ``cmd``: put a free port in ``${PORT}``,
+start the command, wait for ``/health`` on that port, send requests there,
+and SIGTERM the command on a swap or a TTL unload. The sidecar must save
+what changed before it exits, and the next start must restore it before the
+first request: that request's own ``timings.cache_n`` says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from support.environ import child_env
+from support.llamabed import call, cpu_has_amx, make_prompt
+from support.net import free_port
+from support.readers import json_lines, parse_metrics, sample
+from support.sidecarbed import FAST, manifests
+from support.wait import wait_until
+
+TOKENS = 1500
+CMD = (
+    "{python} -m sidecar run --proxy-listen 127.0.0.1:${{PORT}} --listen 127.0.0.1:0 --slot-dir {slots} "
+    "--log-format json {fast} -- {binary} -m {model} -np 1 -c 8192 -t 2 --swa-full{repack}"
+)
+
+
+def command(binary: Path, model: Path, slots: Path, *, model_arg: str | None = None) -> str:
+    """A llama-swap ``cmd`` line that runs the sidecar as the launcher of llama-server."""
+    fast = " ".join(f"{flag} {value}" for flag, value in FAST.items())
+    return CMD.format(
+        python=shlex.quote(sys.executable),
+        slots=shlex.quote(str(slots)),
+        fast=fast,
+        binary=shlex.quote(str(binary)),
+        model=shlex.quote(model_arg or str(model)),
+        repack=" --no-repack" if cpu_has_amx() else "",
+    )
+
+
+class Swap:
+    """A stand-in for llama-swap running one model's ``cmd``."""
+
+    def __init__(self, cmd: str, log: Path) -> None:
+        self.cmd, self.log = cmd, log
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, *, healthy: bool = True) -> None:
+        self.port = free_port()
+        argv = shlex.split(self.cmd.replace("${PORT}", str(self.port)))
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=child_env())
+        if healthy:
+            wait_until(self._healthy, timeout=120, what="the model's /health", gone=self._gone)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as reply:
+                return bool(reply.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _gone(self) -> str | None:
+        code = self.process.poll() if self.process is not None else None
+        return None if code is None else f"the cmd exited with status {code}"
+
+    def swap(self, timeout: float = 60.0) -> int:
+        """SIGTERM, as llama-swap does on a swap or a TTL unload; the exit status."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def lines(self) -> list[dict[str, Any]]:
+        return json_lines(self.log)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [line for line in self.lines() if line.get("event") == name]
+
+    def status_url(self) -> str:
+        listening = [line for line in self.events("listening") if line.get("port")]
+        return f"http://127.0.0.1:{listening[-1]['port']}"
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def chat(url: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0, "cache_prompt": True}
+    reply: dict[str, Any] = call("POST", url + "/v1/chat/completions", body)
+    return reply
+
+
+def first_turn(url: str, seed: int) -> tuple[list[dict[str, str]], int]:
+    """A long first turn; the messages of the next turn and this turn's prompt tokens."""
+    messages = [{"role": "user", "content": make_prompt(url, TOKENS, seed=seed)}]
+    reply = chat(url, messages)
+    prompt = int(reply["timings"]["prompt_n"]) + int(reply["timings"]["cache_n"])
+    answer = reply["choices"][0]["message"]["content"]
+    return [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": "And then?"}], prompt
+
+
+def test_llama_swap_contract_sigterm_saves_and_the_next_start_restores_before_the_first_request(
+    llama_binary: Path, model: Path, tmp_path: Path
+) -> None:
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    swap = Swap(command(llama_binary, model, slots), tmp_path / "cmd.log")
+    try:
+        swap.start()
+        following, prompt = first_turn(swap.url, seed=43)
+        assert swap.swap() == 0
+        assert manifests(slots), "the SIGTERM of a swap left no snapshot"
+        assert swap.events("server_stopped"), "the launcher did not stop llama-server"
+        swap.start()
+        warm = chat(swap.url, following)
+        cached = int(warm["timings"]["cache_n"])
+        print(f"launcher, llama-swap stand-in: after a swap, cache_n {cached} of the first turn's {prompt} tokens")
+        assert cached >= 0.9 * prompt
+        assert swap.swap() == 0
+    finally:
+        swap.kill()
+
+
+def test_a_child_killed_with_sigkill_is_restarted_and_the_next_turn_is_warm(
+    llama_binary: Path, model: Path, tmp_path: Path
+) -> None:
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    swap = Swap(command(llama_binary, model, slots), tmp_path / "cmd.log")
+    try:
+        swap.start()
+        following, prompt = first_turn(swap.url, seed=44)
+        wait_until(lambda: manifests(slots), timeout=30, what="the first turn's snapshot")
+        status = _get(swap.status_url() + "/status")[1]
+        pid = status["launcher"]["pid"]
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        warm = chat(swap.url, following)  # held at the gate until the new process is up and restored
+        back = time.monotonic() - killed_at
+        cached = int(warm["timings"]["cache_n"])
+        print(
+            f"launcher, kill -9 of its child: the next turn answered {back:.2f} s after the kill, "
+            f"cache_n {cached} of the first turn's {prompt} tokens"
+        )
+        assert cached >= 0.9 * prompt
+        exited = swap.events("server_exited")
+        assert [(e["cause"], e["signal"]) for e in exited] == [("killed", "SIGKILL")]
+        after = _get(swap.status_url() + "/status")[1]["launcher"]
+        assert after["pid"] not in (None, pid)
+        assert after["starts"] == 2
+        with urllib.request.urlopen(swap.status_url() + "/metrics", timeout=5) as reply:
+            scraped = parse_metrics(reply.read().decode())
+        assert sample(scraped, "llama_sidecar_server_exits_total", cause="killed") == 1
+        assert swap.swap() == 0
+    finally:
+        swap.kill()
+
+
+def test_a_crash_loop_stops_after_five_ends_and_says_why(llama_binary: Path, model: Path, tmp_path: Path) -> None:
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    missing = str(tmp_path / "no-such-model.gguf")
+    swap = Swap(command(llama_binary, model, slots, model_arg=missing), tmp_path / "cmd.log")
+    try:
+        swap.start(healthy=False)
+        gave_up = wait_until(
+            lambda: swap.events("server_crash_loop"), timeout=60, what="the crash loop's line", gone=swap._gone
+        )
+        assert gave_up[0]["ends"] == 5
+        assert "fix it" in gave_up[0]["hint"]
+        assert [e["cause"] for e in swap.events("server_exited")] == ["failed"] * 5
+        assert swap.events("server_output"), "llama-server's own lines are not in the log"
+        ready = _get(swap.status_url() + "/readyz")
+        assert ready[0] == 503
+        assert any("stopped restarting" in p for p in ready[1]["problems"])
+        assert swap.process is not None
+        assert swap.process.poll() is None, "the sidecar should keep serving"
+        assert swap.swap() == 0
+    finally:
+        swap.kill()
+
+
+def test_conflicting_arguments_are_refused_with_status_2_naming_the_flag(llama_binary: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            "--slot-dir",
+            str(tmp_path),
+            "--proxy-listen",
+            f"127.0.0.1:{free_port()}",
+            "--",
+            str(llama_binary),
+            "-m",
+            "x.gguf",
+            "--port",
+            "8080",
+        ],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--port conflicts with --proxy-listen" in done.stderr
+
+
+def _get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

@@ -1,0 +1,188 @@
+"""Launcher mode's pure parts: the llama-server command line, the restart decision, the output lines, the ends."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.core import errors, outcomes
+from sidecar.launch import argv, child, output, restarts, supervisor
+
+SLOTS = Path("/srv/slots")
+
+
+def plan(*args: str, proxy: bool = True, key: bool = False, server: str | None = None) -> argv.Launch:
+    return argv.plan(
+        ["llama-server", *args],
+        slot_dir=SLOTS,
+        proxy=proxy,
+        port=41234,
+        sidecar_has_key=key,
+        server_given=server,
+        resolve=Path,
+    )
+
+
+def test_the_launcher_adds_what_the_sidecar_needs_behind_the_proxy() -> None:
+    launch = plan("-m", "model.gguf", "-np", "2")
+    assert launch.argv == (
+        "llama-server",
+        "-m",
+        "model.gguf",
+        "-np",
+        "2",
+        "--slot-save-path",
+        str(SLOTS),
+        "--metrics",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "41234",
+    )
+    assert launch.url == "http://127.0.0.1:41234"
+    assert not launch.router
+
+
+def test_the_users_own_equal_arguments_are_kept_not_repeated() -> None:
+    launch = plan("-m", "m.gguf", f"--slot-save-path={SLOTS}", "--metrics")
+    assert launch.argv.count("--metrics") == 1
+    assert "--slot-save-path" not in launch.added
+    assert launch.added == ("--host", "127.0.0.1", "--port", "41234")
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--slot-save-path", "/elsewhere"), "--slot-save-path"),
+        (("--port", "8080"), "--port"),
+        (("--host=0.0.0.0",), "--host"),
+        (("--no-slots",), "--no-slots"),
+        (("--api-key", "k"), "--api-key"),
+        (("--api-key-file", "f"), "--api-key-file"),
+    ],
+)
+def test_conflicting_arguments_are_refused_naming_the_flag(args: tuple[str, ...], named: str) -> None:
+    with pytest.raises(errors.ConfigError, match=named):
+        plan("-m", "m.gguf", *args)
+
+
+def test_the_sidecars_own_server_is_refused_in_launcher_mode() -> None:
+    with pytest.raises(errors.ConfigError, match="--server is set"):
+        plan("-m", "m.gguf", server="--server")
+
+
+def test_a_key_is_allowed_when_the_sidecar_has_one() -> None:
+    assert "--api-key" in plan("--api-key", "k", key=True).argv
+
+
+def test_nothing_after_the_separator_is_refused() -> None:
+    with pytest.raises(errors.ConfigError, match="nothing after '--'"):
+        argv.plan([], slot_dir=SLOTS, proxy=True, port=1, sidecar_has_key=False)
+
+
+@pytest.mark.parametrize(
+    ("args", "url"),
+    [
+        ((), "http://127.0.0.1:8080"),
+        (("--port", "9000"), "http://127.0.0.1:9000"),
+        (("--host", "0.0.0.0", "--port=9001"), "http://127.0.0.1:9001"),
+        (("--host", "::"), "http://[::1]:8080"),
+        (("--host", "10.1.2.3", "--port", "7"), "http://10.1.2.3:7"),
+    ],
+)
+def test_without_the_proxy_the_users_address_is_kept_and_followed(args: tuple[str, ...], url: str) -> None:
+    launch = plan(*args, proxy=False)
+    assert launch.url == url
+    assert "--port" not in launch.added
+    assert "--host" not in launch.added
+
+
+@pytest.mark.parametrize("args", [("--host", "/run/llama.sock"), ("--port", "0"), ("--port", "http")])
+def test_without_the_proxy_an_address_the_sidecar_cannot_reach_is_refused(args: tuple[str, ...]) -> None:
+    with pytest.raises(errors.ConfigError, match=args[0]):
+        plan(*args, proxy=False)
+
+
+def test_router_arguments_are_recognised() -> None:
+    assert plan("--models-dir", "/models").router
+    assert plan("--models-preset=p.ini").router
+
+
+def test_keys_are_blanked_in_the_logged_command() -> None:
+    shown = supervisor.shown(("llama-server", "--api-key", "sekret", "--api-key-file=/k", "-m", "x"))
+    assert shown == ["llama-server", "--api-key", "***", "--api-key-file=***", "-m", "x"]
+
+
+def test_the_first_restarts_come_soon_then_back_off_to_the_cap() -> None:
+    ends: list[float] = []
+    delays = []
+    for i in range(4):
+        ends.append(i * 100.0)  # each end outside the window of the one before
+        delays.append(restarts.decide(ends, i * 100.0, jitter=1.0).delay)
+    assert delays == [restarts.FIRST_DELAY] * 4
+    close = [0.0, 1.0, 2.0, 3.0]
+    assert [restarts.decide(close[: n + 1], close[n], jitter=1.0).delay for n in range(4)] == [0.25, 0.5, 1.0, 2.0]
+
+
+def test_five_ends_within_a_minute_are_a_crash_loop() -> None:
+    ends = [0.0, 10.0, 20.0, 30.0, 59.0]
+    verdict = restarts.decide(ends, 59.0, jitter=0.5)
+    assert not verdict.restart
+    assert verdict.recent == restarts.CRASH_LOOP_EXITS
+    assert restarts.decide(ends[:4], 30.0, jitter=0.5).restart
+    assert restarts.decide([*ends[:4], 61.0], 61.0, jitter=0.5).restart  # the first end left the window
+
+
+@given(
+    ends=st.lists(st.floats(min_value=0, max_value=1e4), min_size=1, max_size=30),
+    jitter=st.floats(min_value=0, max_value=1, exclude_max=True),
+)
+def test_the_delay_is_jittered_capped_and_the_verdict_follows_the_window(ends: list[float], jitter: float) -> None:
+    ends = sorted(ends)
+    now = ends[-1]
+    verdict = restarts.decide(ends, now, jitter=jitter)
+    in_window = sum(1 for at in ends if now - at < restarts.CRASH_LOOP_SECONDS)
+    assert verdict.recent == in_window
+    assert verdict.restart == (in_window < restarts.CRASH_LOOP_EXITS)
+    if verdict.restart:
+        assert restarts.FIRST_DELAY / 2 <= verdict.delay <= restarts.MAX_DELAY
+
+
+def test_output_lines_are_split_bounded_and_the_cut_counted() -> None:
+    lines = output.Lines(max_line=10)
+    assert lines.feed(b"one\ntw") == [("one", 0)]
+    assert lines.feed(b"o\r\n" + b"x" * 25 + b"\nlast") == [("two", 0), ("x" * 10, 15)]
+    assert lines.end() == [("last", 0)]
+    assert lines.end() == []
+
+
+@given(st.lists(st.binary(max_size=50), max_size=20))
+def test_output_lines_never_pass_the_bound(chunks: list[bytes]) -> None:
+    lines = output.Lines(max_line=16)
+    got = [line for chunk in chunks for line in lines.feed(chunk)] + lines.end()
+    assert all(len(text.encode("utf-8", "surrogateescape")) <= 16 * 3 for text, _ in got)
+    whole = b"".join(chunks)
+    assert len(got) == whole.count(b"\n") + (1 if whole and not whole.endswith(b"\n") else 0)
+
+
+@pytest.mark.parametrize(
+    ("returncode", "asked", "cause", "words"),
+    [
+        (0, False, outcomes.ServerExit.EXITED, "exit status 0"),
+        (1, False, outcomes.ServerExit.FAILED, "exit status 1"),
+        (-signal.SIGKILL, False, outcomes.ServerExit.KILLED, "killed by SIGKILL"),
+        (-signal.SIGSEGV, False, outcomes.ServerExit.KILLED, "killed by SIGSEGV"),
+        (-signal.SIGTERM, True, outcomes.ServerExit.STOPPED, "killed by SIGTERM"),
+        (0, True, outcomes.ServerExit.STOPPED, "exit status 0"),
+    ],
+)
+def test_an_end_is_read_from_the_exit_status(
+    returncode: int, asked: bool, cause: outcomes.ServerExit, words: str
+) -> None:
+    end = child.ended(returncode, asked=asked)
+    assert end.cause is cause
+    assert end.describe() == words
