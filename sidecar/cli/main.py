@@ -252,7 +252,11 @@ def _launching(
     )
     router = settings.upstream.router if settings.upstream.router is not None else launch.router
     upstream = dataclasses.replace(settings.upstream, url=launch.url, router=router)
-    return dataclasses.replace(settings, upstream=upstream), launch
+    proxy = settings.proxy
+    if launch.cache_ram_bytes is not None and options.raw_value(ns, options.SERVER_CACHE_RAM) is None:
+        # The library routes below llama-server's RAM cache: its size is known from the arguments.
+        proxy = dataclasses.replace(proxy, server_cache_ram_bytes=launch.cache_ram_bytes)
+    return dataclasses.replace(settings, upstream=upstream, proxy=proxy), launch
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -84,6 +84,19 @@ SHARED_STORE = Option(
     "URL",
     check=lambda url: connect.require_client(location.parse(url, os.environ)),
 )
+
+SERVER_CACHE_RAM = Option(
+    "--server-cache-ram-bytes",
+    "LLAMA_SIDECAR_SERVER_CACHE_RAM_BYTES",
+    ("proxy.server_cache_ram_bytes",),
+    "the size of llama-server's RAM prompt cache (its --cache-ram MiB times 1048576; 0 if it runs with "
+    "--cache-ram 0): the library lets that cache serve a conversation that left its slot while it should "
+    "still hold it, instead of a swap from disk (in launcher mode: from the command's --cache-ram)",
+    "N",
+    parse.number(int, zero_ok=True),
+)
+"""The size of llama-server's RAM prompt cache; in launcher mode taken from the child's ``--cache-ram``."""
+
 SERVER = Option(
     "--server",
     "LLAMA_SIDECAR_SERVER",
@@ -283,16 +296,7 @@ OPTIONS: tuple[Option, ...] = (
         "N",
         parse.number(int),
     ),
-    Option(
-        "--server-cache-ram-bytes",
-        "LLAMA_SIDECAR_SERVER_CACHE_RAM_BYTES",
-        ("proxy.server_cache_ram_bytes",),
-        "the size of llama-server's RAM prompt cache (its --cache-ram MiB times 1048576; 0 if it runs with "
-        "--cache-ram 0): the library lets that cache serve a conversation that left its slot while it should "
-        "still hold it, instead of a swap from disk",
-        "N",
-        parse.number(int, zero_ok=True),
-    ),
+    SERVER_CACHE_RAM,
     Option(
         "--max-unsaved-seconds",
         "LLAMA_SIDECAR_MAX_UNSAVED_SECONDS",

@@ -38,7 +38,11 @@ NO_SLOTS = "--no-slots"
 API_KEYS = ("--api-key", "--api-key-file")
 ROUTER = ("--models-dir", "--models-preset")
 """Router mode: llama-server serves several models (see ``--router``)."""
-_WITH_VALUE = frozenset({SLOT_SAVE_PATH, HOST, PORT, *API_KEYS, *ROUTER})
+CACHE_RAM = ("--cache-ram", "-cram")
+"""The size of llama-server's RAM prompt cache in MiB (-1: no limit, 0: none); the library routes below it."""
+CACHE_RAM_UNLIMITED = 1 << 50
+"""Bytes taken for ``--cache-ram -1``: more than any host holds."""
+_WITH_VALUE = frozenset({SLOT_SAVE_PATH, HOST, PORT, *API_KEYS, *ROUTER, *CACHE_RAM})
 LOCAL_HOST = "127.0.0.1"
 SERVER_DEFAULT_PORT = 8080
 """llama-server's own default ``--port``."""
@@ -57,6 +61,8 @@ class Launch:
     """The arguments the launcher added, for the log."""
     router: bool
     """The arguments put llama-server in router mode (``--models-dir`` / ``--models-preset``)."""
+    cache_ram_bytes: int | None = None
+    """The size of the RAM prompt cache the arguments give llama-server, in bytes; None: its default."""
 
 
 def read(args: Sequence[str]) -> dict[str, list[str]]:
@@ -66,7 +72,7 @@ def read(args: Sequence[str]) -> dict[str, list[str]]:
     while i < len(args):
         flag, eq, value = args[i].partition("=")
         i += 1
-        if not flag.startswith("--"):
+        if not flag.startswith("--") and flag not in CACHE_RAM:
             continue
         if flag in _WITH_VALUE and not eq:
             value = args[i] if i < len(args) else ""
@@ -131,8 +137,26 @@ def plan(
     else:
         url = _url_of(found)
     return Launch(
-        argv=(command[0], *args, *added), url=url, added=tuple(added), router=any(flag in found for flag in ROUTER)
+        argv=(command[0], *args, *added),
+        url=url,
+        added=tuple(added),
+        router=any(flag in found for flag in ROUTER),
+        cache_ram_bytes=_cache_ram(found),
     )
+
+
+def _cache_ram(found: dict[str, list[str]]) -> int | None:
+    """The RAM prompt cache ``--cache-ram``/``-cram`` gives llama-server, in bytes (the last one wins)."""
+    values = [v for flag in CACHE_RAM for v in found.get(flag, [])]
+    if not values:
+        return None
+    try:
+        mib = int(values[-1])
+    except ValueError:
+        raise errors.ConfigError(
+            f"llama-server's --cache-ram {values[-1]!r} is not a whole number of MiB (-1: no limit, 0: none)"
+        ) from None
+    return CACHE_RAM_UNLIMITED if mib < 0 else mib << 20
 
 
 def _url_of(found: dict[str, list[str]]) -> str:

@@ -535,3 +535,23 @@ def test_a_short_or_padded_admin_token_stops_the_start_saying_why_and_what_to_do
     path.write_text("admin-token-0123456789\n\n")  # a second newline: whitespace the file's rule does not drop
     assert cli.main(["run", "--slot-dir", str(tmp_path)]) == 2
     assert "starts or ends with whitespace" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "command", "size"),
+    [
+        ((), ("--cache-ram", "1024"), 1024 << 20),
+        ((), ("-cram", "0"), 0),
+        ((), (), config.ProxySettings().server_cache_ram_bytes),
+        (("--server-cache-ram-bytes", "4096"), ("--cache-ram", "1024"), 4096),
+    ],
+)
+def test_the_launcher_tells_the_library_the_ram_cache_its_command_gives_the_server(
+    tmp_path: Path, flags: tuple[str, ...], command: tuple[str, ...], size: int
+) -> None:
+    """A size the user gave the sidecar wins; else the child's --cache-ram; else llama-server's default."""
+    args, cmd = cli._split(["run", "--slot-dir", str(tmp_path), *flags, "--", "llama-server", "-m", "m", *command])
+    assert cmd is not None
+    ns = cli.build_parser().parse_args(args)
+    launched, _ = cli._launching(ns, cli.settings_from(ns), cmd)
+    assert launched.proxy.server_cache_ram_bytes == size

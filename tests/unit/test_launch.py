@@ -112,6 +112,25 @@ def test_router_arguments_are_recognised() -> None:
     assert plan("--models-preset=p.ini").router
 
 
+@pytest.mark.parametrize(
+    ("args", "size"),
+    [
+        ((), None),
+        (("--cache-ram", "2048"), 2048 << 20),
+        (("-cram", "0"), 0),
+        (("--cache-ram=512", "-cram", "1024"), 1024 << 20),
+        (("--cache-ram", "-1"), argv.CACHE_RAM_UNLIMITED),
+    ],
+)
+def test_the_ram_cache_the_command_gives_the_server_is_read(args: tuple[str, ...], size: int | None) -> None:
+    assert plan("-m", "x.gguf", *args).cache_ram_bytes == size
+
+
+def test_a_ram_cache_size_that_is_no_number_is_refused_naming_the_flag() -> None:
+    with pytest.raises(errors.ConfigError, match="--cache-ram"):
+        plan("--cache-ram", "lots")
+
+
 def test_keys_are_blanked_in_the_logged_command() -> None:
     shown = supervisor.shown(("llama-server", "--api-key", "sekret", "--api-key-file=/k", "-m", "x"))
     assert shown == ["llama-server", "--api-key", "***", "--api-key-file=***", "-m", "x"]
