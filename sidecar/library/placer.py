@@ -560,7 +560,8 @@ class Placer:
         """
         assert decision.slot is not None
         view = views[decision.slot]
-        if decision.save_first and not self._leaves_unsaved(view, counters) and not await self._save(view):
+        leaves = decision.source is not outcomes.Source.SLOT and self._leaves_unsaved(view, counters)
+        if decision.save_first and not leaves and not await self._save(view):
             return False
         if request.pin is not prompt.Pin.PLACED or decision.source is not outcomes.Source.COLD:
             return True

@@ -5,7 +5,9 @@ over the ids ``/tokenize`` gave), what each slot holds, and which
 conversations the library keeps on disk. :func:`route` picks:
 
 * the slot that already holds the longest prefix of the request
-  (``Source.SLOT``): pin the request there with ``id_slot``;
+  (``Source.SLOT``): pin the request there with ``id_slot``, saving what
+  the slot holds past that prefix first when it is another conversation's
+  unsaved turns (the request would cut them off);
 * else, when llama-server's RAM prompt cache holds a clearly longer prefix
   (as :mod:`.ramtier` models it), at least as long as the library's, an idle
   slot to pin it to with nothing restored: the server loads it from RAM,
@@ -105,7 +107,11 @@ def route(
         if victim is not None:
             return Decision(outcomes.Source.LIBRARY, victim.slot, best_entry, victim.dirty, entry_blocks)
     if best_slot is not None and slot_blocks > 0:
-        return Decision(outcomes.Source.SLOT, best_slot.slot, blocks=slot_blocks)
+        # Another conversation that shares only a prefix (an agent's system prompt) cuts the slot back to it:
+        # what the slot held past it, if unsaved, is saved first (llama-server keeps no copy in RAM when it
+        # keeps more than half of the slot). A next turn drops at most the slot's last, partial block.
+        cuts = slot_blocks < len(best_slot.prefix) - 1
+        return Decision(outcomes.Source.SLOT, best_slot.slot, save_first=cuts and best_slot.dirty, blocks=slot_blocks)
     victim = _victim(slots)
     if victim is None:
         return Decision(outcomes.Source.COLD, None)

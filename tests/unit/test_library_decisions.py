@@ -24,6 +24,22 @@ def test_request_goes_to_the_slot_holding_its_prefix() -> None:
     assert (got.source, got.slot, got.blocks) == (outcomes.Source.SLOT, 1, 8)
 
 
+def test_another_conversation_sharing_only_a_prefix_saves_what_the_slot_held_past_it_first() -> None:
+    system = chain("sys", 8)
+    other = (*system, *chain("other", 6))  # an agent's conversation on the same system prompt, unsaved
+    request = (*system, *chain("mine", 3))
+    d = routing.route(request, [held(0, other, dirty=True)], [])
+    assert (d.source, d.slot, d.blocks, d.save_first) == (outcomes.Source.SLOT, 0, 8, True)
+    assert not routing.route(request, [held(0, other, dirty=False)], []).save_first  # saved already
+
+
+def test_a_next_turn_that_drops_only_the_slots_last_partial_block_saves_nothing_first() -> None:
+    turns = chain("c", 10)
+    request = (*turns[:9], *chain("next", 2))  # the slot's last block held the reply as generated
+    d = routing.route(request, [held(0, turns, dirty=True)], [])
+    assert (d.source, d.blocks, d.save_first) == (outcomes.Source.SLOT, 9, False)
+
+
 def test_a_busy_slot_holding_the_prefix_still_wins_over_a_cold_start() -> None:
     slots = [held(0, chain("a", 5), busy=True), held(1)]
     got = routing.route(chain("a", 6), slots, [])
