@@ -281,3 +281,15 @@ class Direction(enum.StrEnum):
 
     UP = "up"
     DOWN = "down"
+
+
+class AgentState(enum.StrEnum):
+    """What the sidecar tells a load balancer of its node on the agent-check port (``--agent-check-listen``)."""
+
+    UP = "up"
+    """llama-server serves and its slots are ready: take requests, at the weight given."""
+    DRAIN = "drain"
+    """llama-server answers but this node should take no new conversation: a restore round runs, or the slot
+    dir is too full to save what it would serve."""
+    DOWN = "down"
+    """llama-server is down, loading or refuses the sidecar: send its conversations elsewhere."""
