@@ -19,7 +19,9 @@ engine gives at that moment (a frozen value), never from a cached one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import typing
 from typing import Protocol
 
 import structlog
@@ -51,7 +53,7 @@ class _Connection(asyncio.Protocol):
         self._received = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = typing.cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
         self._transport = transport
         if len(self._owner.open) >= self._owner.max_connections:
             self._owner.refused += 1
@@ -122,7 +124,9 @@ class Handle:
         self.server.close()
         for conn in list(self.state.open):
             conn.abort()
-        await self.server.wait_closed()
+        with contextlib.suppress(TimeoutError):  # uvloop waits for every connection: each has its own bound
+            async with asyncio.timeout(self.state.timeout):
+                await self.server.wait_closed()
 
 
 async def start(

@@ -7,6 +7,7 @@ import dataclasses
 import time
 
 import pytest
+import uvloop
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -199,3 +200,17 @@ async def test_connections_over_the_cap_are_closed_unanswered() -> None:
         assert (await _ask(agent.port)).startswith(b"ready up")  # room again
     finally:
         await agent.close()
+
+
+def test_the_port_answers_on_uvloop_the_loop_the_sidecar_runs_on() -> None:
+    """uvloop's transports are no ``asyncio.Transport`` subclasses: the port must not rely on that."""
+
+    async def ask_once() -> bytes:
+        agent = await agentcheck.start(_Node(_status()), host="127.0.0.1", port=0)
+        try:
+            return await _ask(agent.port)
+        finally:
+            await agent.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(ask_once()).startswith(b"ready up 100% #")
