@@ -25,7 +25,8 @@ python="${PYTHON:-python3}"
   types-PyYAML==6.0.12.20250915
 
 # Debian packages: prometheus (the server and promtool), systemd
-# (systemd-analyze), nodejs and npm (tsc against @grafana/schema).
+# (systemd-analyze), nodejs and npm (tsc against @grafana/schema), haproxy
+# (haproxy -c on deploy/haproxy/haproxy.cfg).
 packages=()
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
   packages+=(prometheus)
@@ -33,6 +34,7 @@ fi
 command -v systemd-analyze >/dev/null 2>&1 || packages+=(systemd)
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || packages+=(haproxy)
 if [ "${#packages[@]}" -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     apt-get update -qq
@@ -53,4 +55,5 @@ echo "  $("$bin/hadolint" --version)"
 echo "  kubernetes-validate $("$bin/kubernetes-validate" --version)"
 echo "  $(promtool --version 2>&1 | head -n1)"
 echo "  $(systemd-analyze --version | head -n1)"
+echo "  $(PATH="$PATH:/usr/sbin" haproxy -v | head -n1)"
 echo "  node $(node --version), tsc $(tests/deploy/grafana/node_modules/.bin/tsc --version)"

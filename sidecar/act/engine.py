@@ -141,6 +141,7 @@ class Engine:
             recent=tuple(self._restorer.recent),
             slot_since=self._slot_since(),
             check=self._restorer.checking,
+            low_disk=self._saver.low_disk,
         )
 
     def _slot_since(self) -> tuple[tuple[int, float], ...]:

@@ -58,6 +58,8 @@ class Status:
     """(slot, Unix time its content last changed as the sidecar saw it)."""
     check: restorer.Check | None = None
     """The snapshot file being checked (hashed) now, and by when its check must end; None between checks."""
+    low_disk: bool = False
+    """The newest save was skipped: the slot dir is below ``--min-free-bytes`` (until a save finds room)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -104,6 +104,11 @@ class Snapshotter:
         """Saves whose commit waits, oldest first."""
         self._committed_later = committed_later
 
+    @property
+    def low_disk(self) -> bool:
+        """The newest save found the slot dir's filesystem below ``--min-free-bytes`` (until a save finds room)."""
+        return self._low_disk
+
     async def save(
         self,
         action: policy.Save,

@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry
 
 import sidecar
 from sidecar.act import engine, gate, report, spawn
-from sidecar.app import figures, history, reports, server
+from sidecar.app import agentcheck, figures, history, reports, server
 from sidecar.core import config, errors, events, logfold, metrics, protocols
 from sidecar.launch import argv, supervisor
 from sidecar.library import placer, ramtier, reads, tokens
@@ -202,8 +202,15 @@ async def _run(
         handle = await server.start(app, settings.server)
         log.info("listening", host=handle.host, port=handle.port)
         try:
+            agent = await _start_agent(settings.server, parts.core)
+        except BaseException:
+            await handle.close()
+            raise
+        try:
             proxy = await _start_proxy(settings, parts.restore_gate, stats, parts.library, parts.admit)
         except BaseException:
+            if agent is not None:
+                await agent.close()
             await handle.close()
             raise
         watch.start()
@@ -215,6 +222,8 @@ async def _run(
         except* Terminate:
             log.info("stopping", reason="signal")
         finally:
+            if agent is not None:
+                await agent.close()  # the balancer sees the node go (its health check) and stops sending to it
             if proxy is not None:
                 await proxy.close()  # no new requests may change the slots during the final snapshots
             if parts.slots_reader is not None:
@@ -394,6 +403,21 @@ def _shared_store(
     shared = service.SharedStore(where, snapshots=snapshots, stats=stats)
     snapshots.subscribe(shared.offer)
     return shared
+
+
+async def _start_agent(settings: config.ServerSettings, core: agentcheck.Known) -> agentcheck.Handle | None:
+    """The agent-check port (--agent-check-listen), if asked for."""
+    if settings.agent_host is None:
+        return None
+    try:
+        agent = await agentcheck.start(core, host=settings.agent_host, port=settings.agent_port)
+    except OSError as exc:
+        raise errors.ConfigError(
+            f"--agent-check-listen {settings.agent_host}:{settings.agent_port}: cannot listen there "
+            f"({exc.strerror or exc})"
+        ) from exc
+    log.info("agent_check_listening", host=agent.host, port=agent.port)
+    return agent
 
 
 async def _start_proxy(

@@ -349,6 +349,16 @@ OPTIONS: tuple[Option, ...] = (
     ),
     SHARED_STORE,
     Option(
+        "--agent-check-listen",
+        "LLAMA_SIDECAR_AGENT_CHECK_LISTEN",
+        ("server.agent_host", "server.agent_port"),
+        "HOST:PORT of a TCP port answering HAProxy's agent check (agent-check, agent-port on a server line): "
+        "'down' while llama-server is down, 'up drain' while a restore round runs or the slot dir is below "
+        "--min-free-bytes, else 'ready up N%' (see docs/nodes.md) (default: off)",
+        "HOST:PORT",
+        check=parse.agent_listen,
+    ),
+    Option(
         "--log-format",
         "LLAMA_SIDECAR_LOG_FORMAT",
         ("logs.format",),

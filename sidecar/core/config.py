@@ -84,6 +84,10 @@ class ServerSettings:
     """Enables POST /snapshot and /restore; without it they answer 403."""
     status_requires_token: bool = False
     """Whether GET /status needs the admin token too (it lists slots, snapshots and the model path)."""
+    agent_host: str | None = None
+    """Address of the HAProxy agent-check port (``--agent-check-listen``); None: no agent port."""
+    agent_port: int = 0
+    """TCP port of the agent-check port; 0 picks a free one."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

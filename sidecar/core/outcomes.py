@@ -309,3 +309,15 @@ class ChildState(enum.StrEnum):
     """It ended too often in a row (a crash loop): the launcher no longer restarts it."""
     STOPPING = "stopping"
     STOPPED = "stopped"
+
+
+class AgentState(enum.StrEnum):
+    """What the sidecar tells a load balancer of its node on the agent-check port (``--agent-check-listen``)."""
+
+    UP = "up"
+    """llama-server serves and its slots are ready: take requests, at the weight given."""
+    DRAIN = "drain"
+    """llama-server answers but this node should take no new conversation: a restore round runs, or the slot
+    dir is too full to save what it would serve."""
+    DOWN = "down"
+    """llama-server is down, loading or refuses the sidecar: send its conversations elsewhere."""

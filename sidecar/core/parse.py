@@ -110,6 +110,13 @@ def proxy_listen(text: str) -> tuple[str, int]:
         raise errors.ConfigError(f"--proxy-listen {text!r} is not HOST:PORT (for example 127.0.0.1:8081)") from None
 
 
+def agent_listen(text: str) -> tuple[str, int]:
+    try:
+        return listen(text)
+    except errors.ConfigError:
+        raise errors.ConfigError(f"--agent-check-listen {text!r} is not HOST:PORT (for example 0.0.0.0:9465)") from None
+
+
 def first_key(text: str) -> tuple[str | None, apikeys.Keys | None]:
     """The key list as llama-server reads ``--api-key`` (comma-separated, CSV quoting): the first key, to send,
     and all of them, for the proxy to check clients' keys against."""

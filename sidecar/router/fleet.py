@@ -167,6 +167,7 @@ class Fleet:
             acting=any(s.acting for s in cores),
             saved=savings.merge([s.saved for s in cores]),
             recent=tuple(sorted((d for s in cores for d in s.recent), key=lambda d: d.at)),
+            low_disk=any(s.low_disk for s in cores),
         )
 
     async def save_now(self, slot: int) -> report.SaveReply | None:

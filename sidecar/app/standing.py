@@ -1,0 +1,114 @@
+"""What this node tells a load balancer about itself: pure, from one :class:`report.Status`.
+
+HAProxy's agent check (``agent-check`` on a ``server`` line) connects to the
+sidecar's ``--agent-check-listen`` port every ``agent-inter`` and reads one
+line; :func:`answer` decides that line:
+
+- ``down`` while llama-server is down or loading, or refuses the
+  sidecar: the balancer sends the node's conversations to the others (with
+  ``hash-type consistent`` only this node's share of keys moves);
+- ``drain`` while llama-server answers but the node should take no new
+  conversation: a restore round is owed or running (the restore gate is
+  closed), or the newest save found the slot dir below ``--min-free-bytes``
+  (what it served could not be kept). The line also says ``up``, so a node
+  that was down comes back as draining, not as serving;
+- else ``ready up N%``: ``ready`` ends a drain (HAProxy keeps a server
+  draining until an agent says ``ready``), ``N`` is the weight.
+
+The weight moves as little as it can, on purpose. Under ``balance hash`` with
+``hash-type consistent`` a server's weight is its number of points on the
+ring: lowering it moves part of *its* conversations to other nodes, away from
+their KV. So the weight stays at :data:`FULL` while a slot is free (not
+processing a request), and drops to :data:`SATURATED` only while every slot
+runs one; how many conversations the slots hold does not move it (the node
+holding them is where they are warm), it is said in the line's description.
+Load is better bounded per request by ``hash-balance-factor``, which sends a
+request past an overloaded server without moving the ring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sidecar.act import report
+from sidecar.core import events, outcomes
+
+FULL = 100
+"""The weight, in percent of the server line's ``weight``, while a slot is free."""
+SATURATED = 50
+"""The weight while every slot is processing a request."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Facts:
+    """What the decision needs to know of the node, read from its status."""
+
+    server: events.Health | None
+    """llama-server's health at the newest poll; None before the first."""
+    denied: bool = False
+    """llama-server refuses the sidecar's reads (a missing or wrong API key)."""
+    restore_gate: str = ""
+    """Why the restore gate is closed; "" while it is open."""
+    low_disk: bool = False
+    slots: int = 0
+    """Slots the newest /slots read listed (0: not read)."""
+    busy: int = 0
+    """Of those, slots processing a request."""
+    held: int = 0
+    """Of those, slots holding a conversation's tokens."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Answer:
+    state: outcomes.AgentState
+    weight: int
+    """Percent of the configured weight; meaningful only for ``up``."""
+    why: str
+    """Said after ``#`` on the line: HAProxy logs it with a change of state."""
+
+    def line(self) -> bytes:
+        """The agent-check reply, one line of ASCII ending in ``\\n``."""
+        if self.state is outcomes.AgentState.DOWN:
+            words = "down"
+        elif self.state is outcomes.AgentState.DRAIN:
+            words = "up drain"
+        else:
+            words = f"ready up {self.weight}%"
+        why = self.why.encode("ascii", "replace").decode().replace("\n", " ").replace("#", "")
+        return f"{words} #{why}\n".encode()
+
+
+def facts(status: report.Status) -> Facts:
+    """The facts of one status: the newest poll, the restore gate, the newest save's free-space check."""
+    latest = status.observation
+    slots = (latest.slots or ()) if latest is not None else ()
+    return Facts(
+        server=latest.health if latest is not None else None,
+        denied=bool(latest.denied) if latest is not None else False,
+        restore_gate=status.restore_gate,
+        low_disk=status.low_disk,
+        slots=len(slots),
+        busy=sum(1 for s in slots if s.processing),
+        held=sum(1 for s in slots if not s.empty),
+    )
+
+
+def answer(known: Facts) -> Answer:
+    """The agent-check answer for ``known``: down, drain, or up with a weight (see the module docstring)."""
+    if known.server is None:
+        return Answer(outcomes.AgentState.DOWN, 0, "the sidecar has not polled llama-server yet")
+    if known.server is not events.Health.OK:
+        return Answer(outcomes.AgentState.DOWN, 0, f"llama-server is {known.server.value}")
+    if known.denied:
+        return Answer(outcomes.AgentState.DOWN, 0, "llama-server refuses the sidecar's API key")
+    if known.restore_gate:
+        return Answer(outcomes.AgentState.DRAIN, 0, f"restore gate closed: {known.restore_gate}")
+    if known.low_disk:
+        return Answer(outcomes.AgentState.DRAIN, 0, "slot dir below --min-free-bytes: new conversations not saved")
+    free = known.slots - known.busy
+    weight = SATURATED if known.slots and free <= 0 else FULL
+    return Answer(
+        outcomes.AgentState.UP,
+        weight,
+        f"{free} of {known.slots} slots free, {known.held} holding a conversation",
+    )
