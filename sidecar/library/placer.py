@@ -47,7 +47,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any
 
 import structlog
@@ -443,17 +443,11 @@ class Placer:
         """The idle slot whose last routed request, of ``owner``'s, ``turn`` continues (the longest such)."""
         best: tuple[int, int] | None = None
         for slot, state in self._slots.items():
-            held = state.turn
-            if (
-                held is None
-                or state.owner != owner
-                or state.pinned
-                or state.lock.locked()
-                or not held.continued_by(turn, text)
-            ):
+            if state.pinned or state.lock.locked() or not state.continues(turn, text, owner):
                 continue
-            if best is None or held.length > best[1]:
-                best = slot, held.length
+            assert state.turn is not None
+            if best is None or state.turn.length > best[1]:
+                best = slot, state.turn.length
         return best[0] if best is not None else None
 
     async def _place(
@@ -477,7 +471,11 @@ class Placer:
         if exact:  # a snapshot serves only a request that holds every one of its tokens
             library = {f: v for f, v in library.items() if slotstate.exact_prefix(v[0].index, packed)}
         entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
-        held = [self._held(v, packed if exact else None, within, owner=owner) for v in obs.slots]
+        text = request.text.encode() if request.kind is prompt.Kind.TEXT else b""
+        going_on = {
+            s for s, state in self._slots.items() if turn is not None and state.same_conversation(turn, text, owner)
+        }
+        held = [self._held(v, packed if exact else None, within, owner=owner, going_on=going_on) for v in obs.slots]
         in_ram = self._ram.best(owner, chain)[0] if within is None and not exact else None
         ram = routing.Entry("", in_ram.chain) if in_ram is not None else None
         decision = routing.route(chain, held, entries, ram=ram)
@@ -487,7 +485,7 @@ class Placer:
         found = await fetcher.find(identity, chain, decision, obs, owner) if fetcher is not None else None
         if found is not None:  # the slots may have changed while the store answered
             obs = await self._fresh(obs) or obs
-            held = [self._held(v, packed if exact else None, owner=owner) for v in obs.slots or ()]
+            held = [self._held(v, packed if exact else None, owner=owner, going_on=going_on) for v in obs.slots or ()]
             decision = routing.route(chain, held, entries, shared=found[0], ram=ram)
         views = {v.id: v for v in obs.slots or ()}
         if decision.slot is None:  # every slot busy: llama-server queues it as it would without the sidecar
@@ -741,10 +739,12 @@ class Placer:
         within: frozenset[int] | None = None,
         *,
         owner: str = apikeys.NOBODY,
+        going_on: Collection[int] = (),
     ) -> routing.Held:
         """What ``view``'s slot holds for routing a request of ``owner``; ``exact_for``: the request's ids, on a
         model that cannot cut a state back (a slot holding only a restored snapshot then counts only if it is
-        an exact prefix); ``within``: the only slots the request may go to (any other counts busy)."""
+        an exact prefix); ``within``: the only slots the request may go to (any other counts busy); ``going_on``:
+        the slots whose conversation the request is (:meth:`slotstate.SlotState.same_conversation`)."""
         state = self._slot(view.id)
         prefix = state.holds_for(owner)
         if (
@@ -762,6 +762,7 @@ class Placer:
             or (within is not None and view.id not in within),
             last_used=state.used,
             dirty=self._dirty(view, state),
+            continued=view.id in going_on,
         )
 
     def _ended_unsaved(self, slot: int, state: slotstate.SlotState) -> bool:

@@ -6,8 +6,8 @@ conversations the library keeps on disk. :func:`route` picks:
 
 * the slot that already holds the longest prefix of the request
   (``Source.SLOT``): pin the request there with ``id_slot``, saving what
-  the slot holds past that prefix first when it is another conversation's
-  unsaved turns (the request would cut them off);
+  the slot holds past that prefix first when it is unsaved and the request
+  is not the slot's own conversation (it would cut another's off);
 * else, when llama-server's RAM prompt cache holds a clearly longer prefix
   (as :mod:`.ramtier` models it), at least as long as the library's, an idle
   slot to pin it to with nothing restored: the server loads it from RAM,
@@ -46,6 +46,9 @@ class Held:
     """Monotonic time the slot last ran or received a request."""
     dirty: bool
     """The slot's content changed since its last snapshot."""
+    continued: bool = False
+    """The request is the conversation the slot ran last (by its turn key), continued or with a late message
+    edited: what it cuts off of the slot is a branch no one comes back to, not saved first."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,8 +112,8 @@ def route(
     if best_slot is not None and slot_blocks > 0:
         # Another conversation that shares only a prefix (an agent's system prompt) cuts the slot back to it:
         # what the slot held past it, if unsaved, is saved first (llama-server keeps no copy in RAM when it
-        # keeps more than half of the slot). A next turn drops at most the slot's last, partial block.
-        cuts = slot_blocks < len(best_slot.prefix) - 1
+        # keeps more than half of the slot). The slot's own conversation, continued or edited, is not saved.
+        cuts = slot_blocks < len(best_slot.prefix) and not best_slot.continued
         return Decision(outcomes.Source.SLOT, best_slot.slot, save_first=cuts and best_slot.dirty, blocks=slot_blocks)
     victim = _victim(slots)
     if victim is None:

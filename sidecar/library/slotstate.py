@@ -41,6 +41,16 @@ class SlotState:
         """The slot holds ``chain`` of ``owner`` now (and, with ``turn``, the prompt of the request of that key)."""
         self.chain, self.turn, self.owner = chain, turn, owner
 
+    def continues(self, turn: turns.Key, text: bytes, owner: str) -> bool:
+        """Whether a request of ``owner`` whose key is ``turn`` (and text prompt ``text``) continues the
+        conversation this slot ran last."""
+        return self.turn is not None and self.owner == owner and self.turn.continued_by(turn, text)
+
+    def same_conversation(self, turn: turns.Key, text: bytes, owner: str) -> bool:
+        """Whether such a request is the conversation this slot ran last, continued or with a late message
+        edited (:meth:`turns.Key.same_conversation`): what it cuts off of the slot is not kept for later."""
+        return self.turn is not None and self.owner == owner and self.turn.same_conversation(turn, text)
+
     def holds_for(self, owner: str) -> tuple[str, ...]:
         """What the slot holds as a request of ``owner`` may use it: nothing of another owner's."""
         return self.chain if self.owner == owner else ()

@@ -83,10 +83,30 @@ class Key:
             return len(other.marks) >= n and other.marks[n - 1] == self.marks[-1]
         return len(text) >= self.size and _digest(text[: self.size]) == self.marks[0]
 
+    def same_conversation(self, other: Key, text: bytes = b"") -> bool:
+        """Whether ``other`` is this key's conversation, continued or with its later messages edited: it
+        continues it, or (a chat) shares its first two messages, past a system prompt that other
+        conversations share too. A client that rewrites a late message (an agent's reminders) stays the same
+        conversation; another agent on the same system prompt does not."""
+        if self.continued_by(other, text):
+            return True
+        if other.head != self.head or self.size or other.size:
+            return False
+        shared = 0
+        for mine, theirs in zip(self.marks, other.marks, strict=False):
+            if mine != theirs:
+                break
+            shared += 1
+        return shared >= SAME_CONVERSATION_MESSAGES
+
     @property
     def length(self) -> int:
         """How much of a prompt the key holds (messages, or bytes): the longer of two keys a request continues wins."""
         return self.size or len(self.marks)
+
+
+SAME_CONVERSATION_MESSAGES = 2
+"""Leading messages two chats share to be one conversation (a system prompt and the first message)."""
 
 
 def of(request: prompt.Prompt) -> Key | None:

@@ -117,3 +117,25 @@ def test_with_a_crash_bound_set_a_conversation_leaves_its_slot_for_the_ram_cache
     # What a crash would cost of them, each within the bound.
     assert side.metric("llama_sidecar_library_left_unsaved_reprefill_seconds_sum") <= 60 * left
     assert side.metric("llama_sidecar_conversation_requests_total", source="ram") >= 2
+
+
+def test_agents_on_one_system_prompt_keep_their_own_turns_when_another_takes_their_slot(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
+) -> None:
+    """Three agents share a long system prompt on 2 slots, at the server's defaults.
+
+    A new agent's request shares only the system prompt with a slot: pinned there, it cuts the slot back to
+    that prompt, and llama-server keeps no RAM copy of what it cuts when it keeps more than half of the slot.
+    So the slot's own turns are saved first, and each agent comes back warm past the system prompt.
+    """
+    server, side, proxy = _start(llama, sidecar, slot_dir, server_args=[], extra={})
+    system = make_prompt(server.url, 500, seed=670)
+    chats = [Chat(n, make_prompt(server.url, 300, seed=680 + n)) for n in range(3)]
+    for chat in chats:
+        chat.messages[0]["content"] = system
+    _round(chats, proxy)
+    for rnd in (1, 2):
+        for chat, (cache_n, earlier) in zip(chats, _round(chats, proxy), strict=True):
+            print(f"round {rnd}: agent {chat.n} reused {cache_n} of {earlier} tokens")
+            assert cache_n >= WARM * earlier, f"round {rnd}: agent {chat.n} came back with only the system prompt"
+    print(f"sources: {_sources(side)}")

@@ -33,11 +33,13 @@ def test_another_conversation_sharing_only_a_prefix_saves_what_the_slot_held_pas
     assert not routing.route(request, [held(0, other, dirty=False)], []).save_first  # saved already
 
 
-def test_a_next_turn_that_drops_only_the_slots_last_partial_block_saves_nothing_first() -> None:
+def test_the_slots_own_next_turn_saves_nothing_first_though_it_drops_the_slots_last_block() -> None:
     turns = chain("c", 10)
     request = (*turns[:9], *chain("next", 2))  # the slot's last block held the reply as generated
-    d = routing.route(request, [held(0, turns, dirty=True)], [])
+    slot = routing.Held(0, turns, False, 0.0, True, continued=True)
+    d = routing.route(request, [slot], [])
     assert (d.source, d.blocks, d.save_first) == (outcomes.Source.SLOT, 9, False)
+    assert routing.route(request, [held(0, turns, dirty=True)], []).save_first  # not known to continue it
 
 
 def test_a_busy_slot_holding_the_prefix_still_wins_over_a_cold_start() -> None:

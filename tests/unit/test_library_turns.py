@@ -100,3 +100,13 @@ def test_a_chat_never_continues_a_text_nor_ids_get_a_key() -> None:
     ids = prompt.of("/completion", json.dumps({"prompt": [1, 2, 3]}).encode())
     assert isinstance(ids, prompt.Prompt)
     assert turns.of(ids) is None
+
+
+def test_a_chat_that_shares_its_first_two_messages_is_the_same_conversation_another_on_the_system_prompt_is_not() -> (
+    None
+):
+    slot = chat(SYSTEM, user("task"), assistant("ok"), user("go on"))
+    assert slot.same_conversation(chat(SYSTEM, user("task"), assistant("ok"), user("go on"), assistant("x")))
+    assert slot.same_conversation(chat(SYSTEM, user("task"), assistant("ok"), user("go on, with a reminder")))
+    assert not slot.same_conversation(chat(SYSTEM, user("another task")))  # another agent on the system prompt
+    assert not slot.same_conversation(chat(SYSTEM, user("task"), tools=[{"type": "function"}]))  # another head
