@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from support import widekv
 from support.llamabed import LlamaServer, MakeServer, complete, make_prompt
 from support.sidecarbed import MakeSidecar, proxied
 
@@ -148,4 +149,34 @@ def test_the_library_swaps_conversations_through_the_store(
     print(f"swap from the store: {again['timings']['cache_n']} of {firsts[0]['timings']['prompt_n']} tokens reused")
     assert again["timings"]["cache_n"] >= 0.9 * firsts[0]["timings"]["prompt_n"]
     assert side.metric("llama_sidecar_conversation_requests_total", source="library") >= 1
+    assert _staged(slot_dir) == []
+
+
+def test_two_conversations_sharing_a_long_prefix_take_less_store_than_two_files_on_an_8b_class_kv(
+    llama: MakeServer, sidecar: MakeSidecar, model: Path, tmp_path: Path, figure: Callable[[str], None]
+) -> None:
+    slot_dir, store = tmp_path / "slots", tmp_path / "store"
+    slot_dir.mkdir()
+    wide = widekv.model(tokenizer_from=model)
+    server = llama(slot_dir=slot_dir, n_slots=2, model=wide, ctx_size=4096, swa_full=False)
+    side = sidecar(server, slot_dir, extra={"--store-dir": str(store)})
+    prefix = make_prompt(server.url, 1500, seed=41)
+    for slot, seed in enumerate((42, 43)):
+        complete(server.url, prefix + " " + make_prompt(server.url, 250, seed=seed), n_predict=8, id_slot=slot)
+        side.wait_saved(slot=slot, timeout=180)
+    side.wait_for(lambda: len(_store_manifests(store)) == 2, what="two manifests in the store")
+    files = sum(int(str(m["bytes"])) for m in _store_manifests(store))
+    unique = sum(p.stat().st_size for p in _blocks(store))
+    side.wait_for(
+        lambda: side.metric("llama_sidecar_store_deduplicated_bytes_total") > 0, what="deduplicated bytes counted"
+    )
+    written = side.metric("llama_sidecar_store_written_bytes_total", kind="blocks")
+    skipped = side.metric("llama_sidecar_store_deduplicated_bytes_total")
+    figure(
+        f"--store-dir, 8B-class KV, two conversations sharing a 1,500-word prompt: the store holds "
+        f"{unique / 1e6:.0f} MB for {files / 1e6:.0f} MB of slot files ({unique / files:.1%}); blocks written "
+        f"{written / 1e6:.0f} MB, not written {skipped / 1e6:.0f} MB"
+    )
+    assert unique < 0.8 * files
+    assert written == unique
     assert _staged(slot_dir) == []
