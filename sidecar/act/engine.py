@@ -531,7 +531,7 @@ class Engine:
             return
         self._server.link = link
         if link.ok:
-            log.info("slot_dir_linked", slot_dir=str(self._snapshots.dir))
+            log.info("slot_dir_linked", slot_dir=str(self._snapshots.staging))
         elif link.ok is False:
             log.error("slot_dir_not_linked", problem=link.problem)
 
@@ -603,7 +603,7 @@ class Engine:
             if not marker:
                 return view
             await self._actions.save(view.id, temp)
-            held = await asyncio.to_thread(slotfile.read_tokens, self._snapshots.dir / temp)
+            held = await asyncio.to_thread(slotfile.read_tokens, self._snapshots.staging / temp)
         except (errors.UpstreamError, slotfile.SlotFileError, OSError) as exc:
             log.warning(
                 "boundary_not_found",
@@ -698,7 +698,7 @@ class Engine:
             if record.cause is Cause.NOT_LINKED:
                 self._set_link(probe.Link(False, record.detail))
             elif record.cause is Cause.NOT_SUPPORTED:
-                self._set_link(probe.not_supported(str(self._snapshots.dir)))
+                self._set_link(probe.not_supported(str(self._snapshots.staging)))
 
     async def final_snapshots(self) -> None:
         """Save every changed, idle slot once more before the process exits; never wake a sleeping server.

@@ -204,8 +204,11 @@ def select_for_deletion(
     in_use: Collection[str] = (),
     last_used: Callable[[str], float] | None = None,
     covers: Callable[[manifest.Manifest, manifest.Manifest], bool] | None = None,
+    blocks: Callable[[manifest.Manifest], tuple[tuple[str, int], ...]] | None = None,
 ) -> list[tuple[manifest.Manifest, outcomes.GcReason]]:
     """Snapshots to delete under the retention rules.
+
+    ``blocks``: a snapshot's blocks in a block store, so ``max_bytes`` counts shared blocks once.
 
     Conversations are the unit of keeping (see ``library.retention``): a
     snapshot indexed by content goes when ``keep_per_slot`` newer snapshots
@@ -235,6 +238,7 @@ def select_for_deletion(
             generation=s.generation,
             last_used=used(s.file),
             exact=s.fingerprint.memory in EXACT_MEMORY,
+            blocks=blocks(s) if blocks is not None and s.recipe is not None else (),
         )
         for s in snapshots
         if s.file not in doomed

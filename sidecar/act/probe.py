@@ -61,7 +61,7 @@ async def probe(slot_actions: actions.SlotActions, snapshots: store.SnapshotStor
         )
         return UNKNOWN
     except errors.UpstreamNotSupported:
-        return not_supported(str(snapshots.dir))
+        return not_supported(str(snapshots.staging))
     except errors.UpstreamError as exc:
         log.warning("slot_dir_probe_failed", error=str(exc), effect="the next save proves or disproves the link")
         return UNKNOWN
@@ -71,7 +71,7 @@ async def probe(slot_actions: actions.SlotActions, snapshots: store.SnapshotStor
         return Link(True)
     return Link(
         False,
-        f"llama-server saved a probe file that did not appear in {snapshots.dir}: "
+        f"llama-server saved a probe file that did not appear in {snapshots.staging}: "
         "--slot-dir must be the directory llama-server was given as --slot-save-path "
         "(the same volume, seen from both)",
     )

@@ -293,9 +293,21 @@ class Restorer:
                 return self._count(slot, Outcome.INCOMPATIBLE, refusal, candidate.file), None
             if view.processing:
                 return self._count(slot, Outcome.SLOT_BUSY, "the slot is processing a request"), None
-            record, restored = await self._send(
-                slot, view, candidate, None, counters, started, by=outcomes.SavedBy.SWAP
-            )
+            staged = await self._stage(candidate)
+            if staged is None:
+                return self._count(slot, Outcome.FAILED, "the snapshot failed its check", candidate.file), None
+            try:
+                if staged != candidate.file:  # rebuilt from the block store: time has passed, read it again
+                    view, problem = await self._read(slot)
+                    if view is None:
+                        return self._count(slot, Outcome.FAILED, problem), None
+                    if view.processing:
+                        return self._count(slot, Outcome.SLOT_BUSY, "the slot is processing a request"), None
+                record, restored = await self._send(
+                    slot, view, candidate, None, counters, started, by=outcomes.SavedBy.SWAP, filename=staged
+                )
+            finally:
+                await asyncio.to_thread(self._snapshots.unstage, staged, candidate)
             if restored is None:
                 return record, None
             after, _ = await self._read(slot)
@@ -336,16 +348,22 @@ class Restorer:
         if plan.outcome is not None:
             return self._count(slot, plan.outcome, _DETAILS.get(plan.outcome, "")), None
         for candidate in plan.candidates:
-            if not self._checked_unchanged(candidate):
-                # Not checked ahead: hash it now, then read the slot again, as time has passed.
-                if not await self._check(candidate):
-                    continue
-                view, problem = await self._read(slot)
-                if view is None:
-                    return self._count(slot, Outcome.FAILED, problem), None
-                if view.processing or not view.empty:
-                    return self._count(slot, Outcome.SLOT_BUSY, _DETAILS[Outcome.SLOT_BUSY]), None
-            return await self._send(slot, view, candidate, healthy_at, counters, started)
+            staged = await self._stage(candidate)  # rebuilt from the block store and checked, or the file itself
+            if staged is None:
+                continue
+            try:
+                if staged != candidate.file or not self._checked_unchanged(candidate):
+                    # Not checked ahead: hash it now (a rebuild was), then read the slot again, as time has passed.
+                    if staged == candidate.file and not await self._check(candidate):
+                        continue
+                    view, problem = await self._read(slot)
+                    if view is None:
+                        return self._count(slot, Outcome.FAILED, problem), None
+                    if view.processing or not view.empty:
+                        return self._count(slot, Outcome.SLOT_BUSY, _DETAILS[Outcome.SLOT_BUSY]), None
+                return await self._send(slot, view, candidate, healthy_at, counters, started, filename=staged)
+            finally:
+                await asyncio.to_thread(self._snapshots.unstage, staged, candidate)
         return self._count(slot, Outcome.FAILED, "every snapshot of this slot failed its check"), None
 
     async def _send(
@@ -358,15 +376,17 @@ class Restorer:
         path_started: float,
         *,
         by: outcomes.SavedBy = outcomes.SavedBy.RESTORE,
+        filename: str,
     ) -> tuple[RestoreRecord, manifest.Manifest | None]:
         """The restore call itself, right after ``before`` was read; then look for a racing request.
 
         ``path_started``: when the slot's restore began (its first read), for the log's ``path_seconds``.
+        ``filename``: what the server reads, the snapshot's file or its staged rebuild (see :meth:`_stage`).
         """
         started = time.perf_counter()
         self._acted += 1
         try:
-            result = await self._actions.restore(slot, candidate.file)
+            result = await self._actions.restore(slot, filename)
         except errors.UpstreamError as exc:
             log.error(
                 "restore_failed",
@@ -455,6 +475,41 @@ class Restorer:
         except errors.UpstreamError as exc:
             return None, f"cannot read /slots: {exc}"
         return view, "" if view is not None else "slot vanished from /slots"
+
+    async def _stage(self, candidate: manifest.Manifest) -> str | None:
+        """The name the server restores ``candidate`` from; None if it cannot be rebuilt (logged, and
+        quarantined on proof of bad content: a missing or corrupt block refuses that snapshot only).
+
+        Without a block store that is the snapshot's own file. With one, its file is rebuilt into the slot
+        dir under a fresh name and checked against its checksum; the caller gives it back with ``unstage``.
+        """
+        if self._snapshots.blocks is None:
+            return candidate.file
+        self._acted += 1
+        try:
+            return await asyncio.to_thread(self._snapshots.stage, candidate)
+        except errors.SnapshotError as exc:
+            if exc.reason not in outcomes.BAD_CONTENT:
+                log.warning(
+                    "snapshot_unreadable",
+                    slot=candidate.slot,
+                    file=candidate.file,
+                    error=str(exc),
+                    effect="not restored now; tried again later (nothing proves it bad)",
+                )
+                return None
+            log.error(
+                "snapshot_corrupt",
+                slot=candidate.slot,
+                file=candidate.file,
+                reason=exc.reason,
+                error=str(exc),
+                effect="refused and quarantined: its file cannot be rebuilt exactly from the block store; "
+                "every snapshot that does not name the bad block still restores",
+                hint="check the --store-dir disk; a block changed or vanished outside the sidecar",
+            )
+            await asyncio.to_thread(self._snapshots.quarantine, candidate.file, exc.reason, detail=str(exc))
+            return None
 
     async def _check(self, candidate: manifest.Manifest) -> bool:
         """Whether ``candidate`` passes its size and checksum check (cached while the file is unchanged)."""

@@ -291,11 +291,14 @@ class Snapshotter:
             in_use=self._snapshots.in_use(),
             last_used=self._snapshots.last_used,
             covers=self._covers,
+            blocks=None if self._snapshots.blocks is None else self._snapshots.blocks.digests,
         )
         for record, reason in doomed:
             await asyncio.to_thread(self._snapshots.delete, record)
             self._stats.gc_deleted.labels(reason.value).inc()
             log.info("snapshot_deleted", file=record.file, slot=record.slot, reason=reason.value)
+        if doomed:
+            await asyncio.to_thread(self._snapshots.collect_blocks)
 
     def _covers(self, newer: manifest.Manifest, older: manifest.Manifest) -> bool:
         """Whether ``newer``'s file holds every token of ``older``, to the token (read from its head; cached)."""
@@ -305,7 +308,7 @@ class Snapshotter:
         known = self._covered.get(key)
         if known is None:
             try:
-                held = slotfile.read_tokens(self._snapshots.dir / newer.file)
+                held = self._snapshots.read_tokens(newer)
             except (OSError, slotfile.SlotFileError):
                 return False  # unreadable now: not proven, so the older one stays
             known = slotfile.whole_hash(held.data[: older.tokens * 4]) == older.index.whole

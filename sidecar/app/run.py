@@ -52,7 +52,7 @@ from sidecar.observe import upstream, weights
 from sidecar.proxy import listener, relay, sentinel
 from sidecar.router import admission, fleet
 from sidecar.shared import service
-from sidecar.snapshots import dirlock, store, watcher
+from sidecar.snapshots import dirlock, slotdir, store, upgrade, watcher
 
 log = structlog.get_logger("sidecar.app")
 
@@ -85,7 +85,10 @@ async def main(
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version=sidecar.__version__)
     snapshots = store.SnapshotStore(
-        settings.snapshots.slot_dir, clock=protocols.SystemClock(), events=reports.StoreLog(stats)
+        settings.snapshots.slot_dir,
+        clock=protocols.SystemClock(),
+        events=reports.StoreLog(stats),
+        store_dir=settings.snapshots.store_dir,
     )
     problem = snapshots.check_writable()
     if problem:
@@ -173,7 +176,7 @@ async def _run(
     folding: logfold.Folding | None,
     launcher: supervisor.Supervisor | None,
 ) -> None:
-    await _load(settings, snapshots)
+    await _load(settings, snapshots, stats)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     budget = settings.snapshots.final_timeout + EXIT_MARGIN + (launcher.stop_timeout if launcher else 0.0)
@@ -233,13 +236,39 @@ async def _run(
                 await parts.shared.close()
 
 
-async def _load(settings: config.Settings, snapshots: store.SnapshotStore) -> None:
-    """Index the slot dir, removing what interrupted saves left."""
+async def _load(settings: config.Settings, snapshots: store.SnapshotStore, stats: metrics.Metrics) -> None:
+    """Index the slot dir (or the block store), removing what interrupted saves left."""
+    if snapshots.blocks is None:
+        log.info(
+            "block_store_off",
+            effect="each save writes the whole slot to the slot dir again, and every conversation keeps a whole "
+            "copy of the prompt it shares with others (an 8B-class model: 128 KiB per token)",
+            hint="set --store-dir (LLAMA_SIDECAR_STORE_DIR) to a disk directory and put --slot-dir on a tmpfs: "
+            "only the blocks the store lacks are written, shared prefixes are kept once",
+        )
+    else:
+        told = reports.StoreLog(stats)
+        moved = await asyncio.to_thread(
+            upgrade.convert,
+            slotdir.SlotDir(snapshots.staging, told.io_error),
+            slotdir.SlotDir(snapshots.dir, told.io_error),
+            snapshots.blocks,
+        )
+        for finding in moved.findings:
+            log.warning("snapshot_not_converted", finding=finding)
+        if moved.files:
+            log.info(
+                "snapshots_converted",
+                files=moved.files,
+                bytes=moved.bytes,
+                effect="whole-file snapshots of the slot dir now live in the block store, and restore as before",
+            )
     for finding in await asyncio.to_thread(snapshots.scan, clean=True):
         log.info("slot_dir_cleaned", finding=finding)
     log.info(
         "snapshots_loaded",
-        slot_dir=str(snapshots.dir),
+        slot_dir=str(snapshots.staging),
+        store_dir=None if snapshots.blocks is None else str(snapshots.blocks.root),
         snapshots=len(snapshots.snapshots()),
         server=settings.upstream.url,
     )

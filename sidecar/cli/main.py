@@ -56,11 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the snapshots in a slot dir by conversation (short hash of its token chain; '-' when not "
         "indexed), slot, tokens, size and last use, most recent first",
     )
-    options.add(ls, [options.SLOT_DIR])
+    options.add(ls, [options.SLOT_DIR, options.STORE_DIR])
     ls.add_argument("--json", action="store_true", help="print the manifests as JSON lines")
     ls.add_argument("--model", metavar="NAME", help="router mode (--router): only this model's snapshots")
     verify = sub.add_parser("verify", help="re-hash every snapshot and report (and quarantine) bad ones")
-    options.add(verify, [options.SLOT_DIR])
+    options.add(verify, [options.SLOT_DIR, options.STORE_DIR])
     verify.add_argument("--dry-run", action="store_true", help="report bad files without quarantining them")
     collect = sub.add_parser(
         "gc",
@@ -125,9 +125,14 @@ def _open_store(ns: argparse.Namespace, *, read_only: bool, events: reporting.St
     slot_dir = options.checked_value(ns, options.SLOT_DIR)
     if slot_dir is None:
         raise errors.ConfigError(f"{options.SLOT_DIR.flag} (or {options.SLOT_DIR.env}) is required")
-    snapshots = store.SnapshotStore(slot_dir, clock=protocols.SystemClock(), read_only=read_only, events=events)
-    if not snapshots.dir.is_dir():
-        raise errors.ConfigError(f"slot dir {snapshots.dir} does not exist")
+    store_dir = options.checked_value(ns, options.STORE_DIR)
+    if store_dir is not None and not store_dir.is_dir():
+        raise errors.ConfigError(f"store dir {store_dir} does not exist")
+    snapshots = store.SnapshotStore(
+        slot_dir, clock=protocols.SystemClock(), read_only=read_only, events=events, store_dir=store_dir
+    )
+    if not snapshots.staging.is_dir():
+        raise errors.ConfigError(f"slot dir {snapshots.staging} does not exist")
     return snapshots
 
 
@@ -152,6 +157,12 @@ def _ls(ns: argparse.Namespace) -> int:
         f"{len(found)} snapshot(s) in {snapshots.dir}; {len(library)} in the conversation library "
         f"({sum(m.bytes for m in library) / 1e6:.1f} MB)"
     )
+    if snapshots.blocks is not None:
+        held = snapshots.blocks.usage()
+        print(
+            f"block store {snapshots.blocks.root}: {held.unique_bytes / 1e6:.1f} MB in {held.blocks} block(s) hold "
+            f"{held.represented_bytes / 1e6:.1f} MB of snapshots"
+        )
     return 0
 
 
@@ -159,7 +170,7 @@ def _verify(ns: argparse.Namespace) -> int:
     told = _Verified(dry_run=ns.dry_run)
     snapshots = _open_store(ns, read_only=ns.dry_run, events=told)
     bad = told.bad
-    lock = dirlock.DirLock(snapshots.dir)
+    lock = dirlock.DirLock(snapshots.staging)
     if not ns.dry_run:
         lock.acquire()  # it quarantines: not beside a running sidecar's own checks
     try:
@@ -169,6 +180,8 @@ def _verify(ns: argparse.Namespace) -> int:
         for m in checked:
             try:
                 snapshots.check(m)
+                if snapshots.blocks is not None:  # rebuilt and checked against its checksum, then deleted
+                    snapshots.release_whole(snapshots.whole_file(m), m)
                 print(f"ok  {m.file} ({m.tokens} tokens, {m.bytes} bytes)")
             except errors.SnapshotError as exc:
                 if exc.reason in outcomes.BAD_CONTENT:

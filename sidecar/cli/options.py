@@ -73,6 +73,17 @@ SLOT_DIR = Option(
     convert=Path,
     check=Path.resolve,
 )
+STORE_DIR = Option(
+    "--store-dir",
+    "LLAMA_SIDECAR_STORE_DIR",
+    ("snapshots.store_dir",),
+    "keep snapshots here as content-addressed blocks (only blocks the store lacks are written; conversations "
+    "sharing a prefix share its blocks); --slot-dir then only stages the files llama-server saves and "
+    "restores (put it on a tmpfs); unset: each snapshot is a whole file in --slot-dir",
+    metavar="DIR",
+    convert=Path,
+    check=Path.resolve,
+)
 SHARED_STORE = Option(
     "--shared-store",
     "LLAMA_SIDECAR_SHARED_STORE",
@@ -108,6 +119,7 @@ SERVER = Option(
 OPTIONS: tuple[Option, ...] = (
     SERVER,
     SLOT_DIR,
+    STORE_DIR,
     Option(
         "--listen",
         "LLAMA_SIDECAR_LISTEN",

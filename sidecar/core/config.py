@@ -50,6 +50,9 @@ class PollSettings:
 class SnapshotSettings:
     slot_dir: Path
     """The server's ``--slot-save-path``, seen from the sidecar (a directory)."""
+    store_dir: Path | None = None
+    """Where snapshots persist as blocks and manifests (see docs/blocks.md); the slot dir is then only
+    where llama-server writes and reads (staging, normally a tmpfs). None: whole files in the slot dir."""
     idle_seconds: float = 2.0
     """A slot is saved once it has been idle this many seconds after a change."""
     interval: float = 300.0

@@ -43,6 +43,7 @@ class Metrics:
         self._snapshot_families(registry)
         self._restore_families(registry)
         self._slot_dir_families(registry)
+        self._block_store_families(registry)
         self._proxy_families(registry)
         self._library_families(registry)
         self._shared_families(registry)
@@ -196,6 +197,44 @@ class Metrics:
         for saved_by in outcomes.SavedBy:
             self.prefill_saved_seconds.labels(saved_by.value)
             self.prefill_saved_tokens.labels(saved_by.value)
+
+    def _block_store_families(self, registry: CollectorRegistry) -> None:
+        """The block store (``--store-dir``): what it wrote, what it did not need to, what it holds."""
+        self.store_written = Counter(
+            "store_written_bytes",
+            "Bytes the block store (--store-dir) wrote, by kind: blocks (only those it did not hold), manifests "
+            "(recipes and snapshot manifests).",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        for kind in outcomes.StoreWrite:
+            self.store_written.labels(kind.value)
+        self.store_deduplicated = Counter(
+            "store_deduplicated_bytes",
+            "Bytes of saved slot files the block store did not write because it held their blocks already.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.store_unique = Gauge(
+            "store_unique_bytes",
+            "Bytes of the blocks the block store holds, each stored once (0 without --store-dir).",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.store_represented = Gauge(
+            "store_represented_bytes",
+            "Bytes the snapshots of the block store represent: what whole files would take (0 without --store-dir).",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        self.store_staged = Gauge(
+            "store_staged_bytes",
+            "Bytes the sidecar has staged in the slot dir now: a snapshot rebuilt from the block store for "
+            "llama-server's restore, deleted right after it.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
 
     def _slot_dir_families(self, registry: CollectorRegistry) -> None:
         """The slot dir: disk, files, retention, quarantine, I/O errors, commits."""

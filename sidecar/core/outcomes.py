@@ -191,6 +191,14 @@ class ProxyOutcome(enum.StrEnum):
     """The client went away first; the upstream request was cancelled with it."""
 
 
+class StoreWrite(enum.StrEnum):
+    """``store_written_bytes_total{kind}``: what the block store (``--store-dir``) wrote."""
+
+    BLOCKS = "blocks"
+    MANIFESTS = "manifests"
+    """Recipes and snapshot manifests."""
+
+
 class SavedBy(enum.StrEnum):
     """What put back the KV a request reused (``prefill_saved_seconds_total{by}``)."""
 

@@ -41,7 +41,7 @@ async def fetch(
     """Download ``shared`` into the slot dir as a snapshot of ``slot``; raise SharedStoreError or SnapshotError."""
     want = shared.snapshot
     temp = snapshots.temp_name(slot)
-    path = snapshots.dir / temp
+    path = snapshots.staging / temp
     started = time.perf_counter()
     try:
         size, digest = await _download(store_, shared.blob, path, want.checksum.algorithm, limit=want.bytes)

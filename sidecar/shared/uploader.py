@@ -135,18 +135,21 @@ class Uploader:
         manifest_key = keys.shared_manifest(self._prefix, ns, record.checksum)
         if await self._store.head(manifest_key) is not None:
             return False  # published before (by us or by another node)
-        path = self._snapshots.dir / record.file
         with self._snapshots.using(record.file):  # retention leaves it alone while it is read
             try:
                 await asyncio.to_thread(self._snapshots.check, record)
-                chain = await asyncio.to_thread(_chain, record, path)
+                path = await asyncio.to_thread(self._snapshots.whole_file, record)  # a block store's: rebuilt
             except errors.SnapshotError as exc:
                 log.info("shared_upload_skipped", file=record.file, reason=str(exc), effect="not uploaded")
                 return False
-            blob_key = keys.blob(self._prefix, ns, record.checksum)
-            started = time.perf_counter()
-            written = await self._store.put_file(blob_key, path)
-            seconds = time.perf_counter() - started
+            try:
+                chain = await asyncio.to_thread(_chain, record, path)
+                blob_key = keys.blob(self._prefix, ns, record.checksum)
+                started = time.perf_counter()
+                written = await self._store.put_file(blob_key, path)
+                seconds = time.perf_counter() - started
+            finally:
+                await asyncio.to_thread(self._snapshots.release_whole, path, record)
         shared = records.SharedRecord(
             snapshot=record, blob=blob_key, chain=chain, block_tokens=slotfile.BLOCK_TOKENS, uploaded=self._clock.wall()
         )

@@ -9,13 +9,14 @@ check fails, removing the file it was checking. The order of the steps is in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sidecar.core import errors, hashing, outcomes, safeio
-from sidecar.snapshots import manifest, reporting, slotdir, slotfile
+from sidecar.snapshots import backing, manifest, reporting, slotdir, slotfile
 
 
 @contextlib.contextmanager
@@ -103,3 +104,53 @@ def free_name(directory: Path, prefix: str, slot: int, now: float) -> str:
         if not (directory / final).exists() and not (directory / (Path(final).stem + ".json")).exists():
             return final
         stamp += datetime.timedelta(microseconds=1)
+
+
+Make = Callable[[str, manifest.Checksum, manifest.Index | None, float], manifest.Manifest]
+"""(final name, checksum, content index, created) → the manifest to commit (its ``bytes`` and ``recipe`` set after)."""
+
+
+def commit_to_blocks(
+    staging: slotdir.SlotDir,
+    home: slotdir.SlotDir,
+    blocks: backing.Blocks,
+    temp: str,
+    *,
+    slot: int,
+    tokens: int,
+    written: int,
+    blocked: str,
+    events: reporting.StoreEvents,
+    make: Make,
+    prefix: str,
+    now: float,
+) -> manifest.Manifest:
+    """Commit the staged ``temp`` into the block store: checks, ingest (recipe), manifest last, staged file deleted.
+
+    The recipe is committed before the manifest, so a manifest never names a missing recipe; a manifest that
+    cannot be written drops its recipe (its new blocks go at the next collection). The staged file is deleted
+    whatever happens: the slot dir holds nothing of ours once this returns.
+    """
+    path = staging.path / temp
+    with removed_if_failed(staging, temp, f"committing {temp}"):
+        checked = check_written(staging, temp, tokens=tokens, written=written, blocked=blocked)
+        content = read_index(path, events)
+        final = free_name(home.path, prefix, slot, now)
+        stem = Path(final).stem
+        blocks.ingest(stem, path)
+        still_same(staging, temp, checked)
+        made = blocks.recipe(stem)
+        record = dataclasses.replace(
+            make(final, manifest.Checksum(made.algorithm, made.checksum), content, now),
+            bytes=made.size,
+            recipe=stem,
+        )
+        try:
+            text = record.to_json()
+            home.write_atomically(stem + ".json", text, mode=0o640)
+        except BaseException:
+            blocks.drop(stem)
+            raise
+        blocks.wrote_manifest(len(text))
+    staging.unlink(temp)
+    return record

@@ -48,9 +48,9 @@ class Index:
             self._records[record.file] = record
             self._generation = max(self._generation, record.generation)
 
-    def pop(self, file: str) -> None:
+    def pop(self, file: str) -> manifest.Manifest | None:
         with self._lock:
-            self._records.pop(file, None)
+            return self._records.pop(file, None)
 
     def replace(self, records: Mapping[str, manifest.Manifest]) -> None:
         """Hold exactly ``records`` (a scan's findings); generations never go back."""

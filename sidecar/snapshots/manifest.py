@@ -142,8 +142,14 @@ class Manifest:
     the slot so; ``apikeys.NOBODY`` without keys, for content no routed request explains, and in older manifests):
     the library serves it only to requests of the same owner."""
 
+    recipe: str | None = None
+    """The block store's recipe that holds the file's bytes (``--store-dir``, see ``backing``); None: the
+    ``.bin`` file beside the manifest holds them."""
+
     def to_json(self) -> str:
         body = dataclasses.asdict(self)
+        if self.recipe is None:
+            del body["recipe"]  # a whole-file manifest reads as before to an older sidecar
         body["format"] = FORMAT
         return json.dumps(body, indent=2, sort_keys=True) + "\n"
 
@@ -191,6 +197,7 @@ class Manifest:
             model=None if raw.get("model") is None else _str(raw, "model"),
             prefill_rate=None if raw.get("prefill_rate") is None else _num(raw, "prefill_rate", low=0.0),
             owner=apikeys.NOBODY if raw.get("owner") is None else _str(raw, "owner"),
+            recipe=None if raw.get("recipe") is None else _str(raw, "recipe"),
         )
         match = NAME_RE.match(manifest.file)
         if match is None or int(match["slot"]) != manifest.slot:

@@ -17,7 +17,7 @@ being uploaded) is never selected.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from sidecar.core import outcomes
 
@@ -35,6 +35,20 @@ class Kept:
     """Unix time of the last save, restore or request that used it."""
     exact: bool = False
     """Saved from a model whose state cannot be cut back (recurrent or hybrid)."""
+    blocks: tuple[tuple[str, int], ...] = ()
+    """(digest, size) of its blocks in a block store (``--store-dir``), where snapshots share the blocks of a
+    common prefix: the cap then counts each block once. Empty: a whole file of ``bytes``."""
+
+
+def held_bytes(kept: Iterable[Kept]) -> int:
+    """Bytes ``kept`` take on disk: whole files in full, the blocks of a block store once each."""
+    whole, shared = 0, dict[str, int]()
+    for k in kept:
+        if k.blocks:
+            shared.update(k.blocks)
+        else:
+            whole += k.bytes
+    return whole + sum(shared.values())
 
 
 def select(
@@ -70,14 +84,14 @@ def select(
             if k.file not in doomed and k.file not in in_use and now - k.last_used > max_age:
                 doomed[k.file] = (k, outcomes.GcReason.AGE)
     if max_bytes > 0:
-        total = sum(k.bytes for k in kept if k.file not in doomed)
+        total = held_bytes(k for k in kept if k.file not in doomed)
         for k in sorted(kept, key=lambda k: (k.last_used, k.generation)):
             if total <= max_bytes:
                 break
             if k.file in doomed or k.file in in_use:
                 continue
             doomed[k.file] = (k, outcomes.GcReason.BYTES)
-            total -= k.bytes
+            total = held_bytes(k for k in kept if k.file not in doomed) if k.blocks else total - k.bytes
     return list(doomed.values())
 
 

@@ -28,6 +28,7 @@ import hashlib
 import os
 import struct
 from pathlib import Path
+from typing import BinaryIO
 
 from sidecar.core import safeio
 
@@ -42,6 +43,8 @@ PACKED_VERSION = 1
 BLOCK_TOKENS = 128
 """Tokens per hashed block: a prefix is matched to this granularity."""
 _HEAD = struct.Struct("<III")
+HEAD_BYTES = _HEAD.size
+"""Bytes of the header (magic, version, word count)."""
 _WORD = 4
 
 
@@ -68,24 +71,34 @@ def read_tokens(path: Path) -> SlotTokens:
     """Read the token ids at the head of the slot file at ``path``; raise SlotFileError if unreadable."""
     fd, st = safeio.open_regular(path)  # never a link out of the slot dir, never a FIFO or device
     with os.fdopen(fd, "rb") as fh:
-        head = fh.read(_HEAD.size)
-        if len(head) < _HEAD.size:
-            raise SlotFileError(f"{path.name} is shorter than a slot file header", reason="short")
-        magic, version, n_words = _HEAD.unpack(head)
-        if magic != MAGIC:
-            raise SlotFileError(f"{path.name} does not start with the slot file magic 'ggsq'", reason="magic")
-        if version != VERSION:
-            raise SlotFileError(
-                f"{path.name} is slot file version {version}; this sidecar reads version {VERSION}",
-                reason="version",
-            )
-        size = st.st_size
-        if _HEAD.size + n_words * _WORD > size:
-            raise SlotFileError(
-                f"{path.name} declares {n_words} token words but holds {size} bytes", reason="truncated"
-            )
-        words = fh.read(n_words * _WORD)
-    return SlotTokens(_unpack(words, path.name))
+        return read_tokens_from(fh, st.st_size, path.name)
+
+
+def head_size(head: bytes) -> int:
+    """Bytes of the header and token words, from the first :data:`HEAD_BYTES` of a slot file."""
+    _, _, n_words = _HEAD.unpack(head[:HEAD_BYTES])
+    return int(HEAD_BYTES + n_words * _WORD)
+
+
+def read_tokens_from(fh: BinaryIO, size: int, name: str) -> SlotTokens:
+    """Read the token ids from ``fh``, at the start of a slot file of ``size`` bytes named ``name``."""
+    head = fh.read(_HEAD.size)
+    if len(head) < _HEAD.size:
+        raise SlotFileError(f"{name} is shorter than a slot file header", reason="short")
+    magic, version, n_words = _HEAD.unpack(head)
+    if magic != MAGIC:
+        raise SlotFileError(f"{name} does not start with the slot file magic 'ggsq'", reason="magic")
+    if version != VERSION:
+        raise SlotFileError(
+            f"{name} is slot file version {version}; this sidecar reads version {VERSION}",
+            reason="version",
+        )
+    if _HEAD.size + n_words * _WORD > size:
+        raise SlotFileError(f"{name} declares {n_words} token words but holds {size} bytes", reason="truncated")
+    words = fh.read(n_words * _WORD)
+    if len(words) < n_words * _WORD:
+        raise SlotFileError(f"{name} ended inside its token words", reason="truncated")
+    return SlotTokens(_unpack(words, name))
 
 
 def _unpack(words: bytes, name: str) -> bytes:

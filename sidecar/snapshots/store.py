@@ -50,8 +50,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sidecar.core import apikeys, errors, hashing, outcomes, protocols, safeio
+from sidecar.snapshots import backing, index, manifest, recency, reporting, slotdir, slotfile
 from sidecar.snapshots import commit as checks
-from sidecar.snapshots import index, manifest, recency, reporting, slotdir, slotfile
 
 TEMP_PREFIX = slotdir.TEMP_PREFIX
 PROBE_PREFIX = ".probe-"
@@ -75,6 +75,12 @@ class Usage:
     """Bytes free for unprivileged users on the slot dir's filesystem (0 when unknown)."""
     problem: str = ""
     """Why the slot dir could not be measured; empty when it could."""
+    unique_bytes: int = 0
+    """With a block store: bytes of its blocks, each stored once (0 without one)."""
+    represented_bytes: int = 0
+    """With a block store: the sum of its files' sizes, what whole files would take."""
+    staged_bytes: int = 0
+    """With a block store: bytes the sidecar has staged in the slot dir now (rebuilt for a restore)."""
 
 
 class _BadContent(Exception):
@@ -90,6 +96,8 @@ class _Directory:
 
     path: Path
     fs: slotdir.SlotDir
+    staging: slotdir.SlotDir
+    """Where llama-server writes and reads: the slot dir (``fs`` itself without a block store)."""
     clock: protocols.Clock
     """Its ``wall`` dates commits (``created``) and uses; the order is the generation's, never the clock's."""
     events: reporting.StoreEvents
@@ -101,6 +109,8 @@ class _Directory:
     """Called with each manifest committed through any view, right after it became visible."""
     newer_said: set[str] = dataclasses.field(default_factory=set)
     """Manifests of a newer format already reported."""
+    blocks: backing.Blocks | None = None
+    """The block store holding every snapshot's bytes (``--store-dir``); None: whole files beside the manifests."""
 
 
 class SnapshotStore:
@@ -117,15 +127,25 @@ class SnapshotStore:
         clock: protocols.Clock,
         events: reporting.StoreEvents | None = None,
         read_only: bool = False,
+        store_dir: Path | None = None,
     ) -> None:
+        """``store_dir``: keep the snapshots there, in a block store (see :mod:`~sidecar.snapshots.backing`)."""
         told = events or reporting.Silent()
+        home = slot_dir if store_dir is None else store_dir / backing.SNAPSHOTS
+        blocks = None
+        if store_dir is not None:
+            home.mkdir(parents=True, exist_ok=True)
+            blocks = backing.Blocks(store_dir, clock=clock)
+        fs = slotdir.SlotDir(home, told.io_error)
         self._dir = _Directory(
-            path=slot_dir,
-            fs=slotdir.SlotDir(slot_dir, told.io_error),
+            path=home,
+            fs=fs,
+            staging=fs if store_dir is None else slotdir.SlotDir(slot_dir, told.io_error),
             clock=clock,
             events=told,
             read_only=read_only,
-            recency=recency.Recency(slot_dir, clock=clock, read_only=read_only),
+            recency=recency.Recency(home, clock=clock, read_only=read_only),
+            blocks=blocks,
         )
         self.model: str | None = None
         """The router-mode model this view writes (see :meth:`for_model`); None: a plain server's."""
@@ -143,7 +163,17 @@ class SnapshotStore:
 
     @property
     def dir(self) -> Path:
+        """Where the manifests live: the slot dir, or ``STORE/snapshots`` with a block store."""
         return self._dir.path
+
+    @property
+    def staging(self) -> Path:
+        """Where llama-server writes and reads (its ``--slot-save-path``): the slot dir."""
+        return self._dir.staging.path
+
+    @property
+    def blocks(self) -> backing.Blocks | None:
+        return self._dir.blocks
 
     @property
     def _prefix(self) -> str:
@@ -204,7 +234,20 @@ class SnapshotStore:
         count = self._dir.index.count()
         if isinstance(measured, str):
             return Usage(0, count, 0, measured)
-        return Usage(used_bytes=measured[0], snapshot_files=count, free_bytes=measured[1])
+        if self._dir.blocks is None:
+            return Usage(used_bytes=measured[0], snapshot_files=count, free_bytes=measured[1])
+        try:
+            held = self._dir.blocks.usage()
+        except OSError as exc:
+            return Usage(0, count, 0, f"cannot measure the block store: {slotdir.describe(exc)}")
+        return Usage(
+            used_bytes=measured[0] + held.unique_bytes,
+            snapshot_files=count,
+            free_bytes=measured[1],
+            unique_bytes=held.unique_bytes,
+            represented_bytes=held.represented_bytes,
+            staged_bytes=self._dir.blocks.figures.staged_bytes,
+        )
 
     def check_writable(self) -> str | None:
         """None if the slot dir is a writable directory, else what is wrong (for /readyz)."""
@@ -260,7 +303,27 @@ class SnapshotStore:
                 orphan = manifest.NAME_RE.match(name) and name not in found and stem_json not in names
                 if orphan and fs.unlink(name):
                     findings.append(f"removed {name}: its save was interrupted before the manifest was written")
+        if clean and self._dir.blocks is not None:
+            findings += self._clean_blocks({Path(f).stem for f in found})
         self._dir.index.replace(found)
+        return findings
+
+    def _clean_blocks(self, stems: set[str]) -> list[str]:
+        """Leftovers of a block store: recipes of ingests that died before their manifest, staged files."""
+        assert self._dir.blocks is not None
+        findings = []
+        try:
+            for name in self._dir.blocks.orphans(stems):
+                if self._dir.blocks.drop(name):
+                    findings.append(f"dropped recipe {name}: its commit was interrupted before the manifest")
+            staged = self._dir.staging.names()
+        except OSError as exc:
+            self._dir.fs.failed(outcomes.SlotDirOperation.SCAN, exc)
+            return findings
+        for name in staged:
+            if name.startswith((TEMP_PREFIX, PROBE_PREFIX)) and self._dir.staging.unlink(name):
+                findings.append(f"removed {name} from the slot dir: left over from an interrupted save or restore")
+        self._dir.blocks.collect()
         return findings
 
     def refresh(self, name: str) -> None:
@@ -272,7 +335,9 @@ class SnapshotStore:
         if not manifest.NAME_RE.match(bin_name):
             return
         try:
-            present = os.path.lexists(self.dir / json_name) and os.path.lexists(self.dir / bin_name)
+            present = os.path.lexists(self.dir / json_name) and (
+                self._dir.blocks is not None or os.path.lexists(self.dir / bin_name)
+            )
             loaded = self._load(json_name) if present else None
         except OSError:
             return  # reported by _load or below; the index keeps what it knew
@@ -318,6 +383,8 @@ class SnapshotStore:
             raise _BadContent(outcomes.SnapshotProblem.MANIFEST, str(exc)) from exc
         if bin_name != loaded.file:
             raise _BadContent(outcomes.SnapshotProblem.MANIFEST, "manifest names another file")
+        if self._dir.blocks is not None:
+            return self._read_recipe(loaded)
         try:
             size = safeio.lstat_regular(self.dir / loaded.file).st_size
         except safeio.Refused as exc:
@@ -328,6 +395,24 @@ class SnapshotStore:
             raise _BadContent(outcomes.SnapshotProblem.SIZE, "snapshot file is missing") from None
         if size != loaded.bytes:
             raise _BadContent(outcomes.SnapshotProblem.SIZE, f"{size} bytes on disk, manifest says {loaded.bytes}")
+        return loaded
+
+    def _read_recipe(self, loaded: manifest.Manifest) -> manifest.Manifest:
+        """``loaded`` if its recipe is in the block store with its size; bad content if not, OSError if unreadable."""
+        assert self._dir.blocks is not None
+        if loaded.recipe is None:
+            raise _BadContent(outcomes.SnapshotProblem.MANIFEST, "a manifest of the block store names no recipe")
+        try:
+            size = self._dir.blocks.recipe(loaded.recipe).size
+        except errors.BlockStoreError as exc:
+            reason = backing.snapshot_problem(exc)
+            if reason not in outcomes.BAD_CONTENT:
+                raise OSError(str(exc)) from exc
+            raise _BadContent(reason, str(exc)) from exc
+        if size != loaded.bytes:
+            raise _BadContent(
+                outcomes.SnapshotProblem.SIZE, f"its recipe holds {size} bytes, manifest says {loaded.bytes}"
+            )
         return loaded
 
     # ---- writing -------------------------------------------------------------------
@@ -360,6 +445,37 @@ class SnapshotStore:
         ``prefill_rate``: the writing server's measured prompt tokens per second (see ``Manifest``).
         ``owner``: whose conversation the slot held (see ``Manifest``).
         """
+        if self._dir.blocks is not None:
+            return self._publish(
+                checks.commit_to_blocks(
+                    self._dir.staging,
+                    self._dir.fs,
+                    self._dir.blocks,
+                    temp,
+                    slot=slot,
+                    tokens=tokens,
+                    written=written,
+                    blocked=self._dir.index.blocked,
+                    events=self._dir.events,
+                    make=lambda final, checksum, content, now: manifest.Manifest(
+                        slot=slot,
+                        file=final,
+                        tokens=tokens,
+                        bytes=0,
+                        checksum=checksum,
+                        generation=self._dir.index.next_generation(),
+                        created=now,
+                        task=task,
+                        fingerprint=fingerprint,
+                        index=content,
+                        model=self.model,
+                        prefill_rate=prefill_rate,
+                        owner=owner,
+                    ),
+                    prefix=self._prefix,
+                    now=self._dir.clock.wall() if created is None else created,
+                )
+            )
         fs, path = self._dir.fs, self.dir / temp
         with checks.removed_if_failed(fs, temp, f"committing {temp}"):
             checked = checks.check_written(fs, temp, tokens=tokens, written=written, blocked=self._dir.index.blocked)
@@ -389,6 +505,9 @@ class SnapshotStore:
             os.replace(path, self.dir / final)
         with checks.removed_if_failed(fs, final, f"writing the manifest of {final}"):
             fs.write_atomically(Path(final).stem + ".json", record.to_json(), mode=FILE_MODE)
+        return self._publish(record)
+
+    def _publish(self, record: manifest.Manifest) -> manifest.Manifest:
         self._dir.index.put(record)
         for listener in self._dir.listeners:
             listener(record)
@@ -398,15 +517,21 @@ class SnapshotStore:
         """The cheap checks of :meth:`commit` (the file is here, holds tokens, has the size the server
         reported), made right after the save when its commit waits; raises ``errors.SnapshotError``
         and removes the file when one fails."""
-        with checks.removed_if_failed(self._dir.fs, temp, f"checking {temp}"):
-            checks.check_written(self._dir.fs, temp, tokens=tokens, written=written, blocked=self._dir.index.blocked)
+        with checks.removed_if_failed(self._dir.staging, temp, f"checking {temp}"):
+            checks.check_written(
+                self._dir.staging, temp, tokens=tokens, written=written, blocked=self._dir.index.blocked
+            )
 
     def check(self, record: manifest.Manifest) -> None:
         """Raise SnapshotError unless the file still has its manifest's size and checksum.
 
         The reason is ``checksum`` or ``size`` when the content is proven bad,
-        ``io`` when it could not be read (nothing is known then).
+        ``io`` when it could not be read (nothing is known then). In a block store: the recipe and its
+        blocks' sizes (the bytes are checked as the file is rebuilt, see :meth:`stage`).
         """
+        if self._dir.blocks is not None:
+            self._dir.blocks.check(record)
+            return
         path = self.dir / record.file
         try:
             fd, st = safeio.open_regular(path)
@@ -465,11 +590,13 @@ class SnapshotStore:
             )
             return
         proven = outcomes.SnapshotProblem(reason)
-        self._dir.index.pop(file)
+        record = self._dir.index.pop(file)
         if self._dir.read_only:
             self._dir.events.quarantined(file, proven, detail)
             return
         stem = Path(file).stem
+        if self._dir.blocks is not None:  # its blocks stay until collected; its manifest stays for inspection
+            self._dir.blocks.drop(backing.recipe_name(record) if record is not None else stem)
         for name in (stem + ".json", stem + ".bin"):
             self._dir.fs.set_aside(name, QUARANTINE_SUFFIX)
         self._dir.events.quarantined(file, proven, detail)
@@ -482,12 +609,13 @@ class SnapshotStore:
         except OSError:
             return
         dated: list[tuple[float, str]] = []
+        kept = ".bin" if self._dir.blocks is None else ".json"
         for entry in entries:
-            if entry.name.endswith(".bin" + QUARANTINE_SUFFIX):
+            if entry.name.endswith(kept + QUARANTINE_SUFFIX):
                 with contextlib.suppress(OSError):
                     dated.append((entry.stat().st_mtime, entry.name))
         for _, name in sorted(dated, reverse=True)[QUARANTINE_KEEP:]:
-            stem = name.removesuffix(".bin" + QUARANTINE_SUFFIX)
+            stem = name.removesuffix(kept + QUARANTINE_SUFFIX)
             fs.unlink(name)
             fs.unlink(stem + ".json" + QUARANTINE_SUFFIX)
 
@@ -495,13 +623,61 @@ class SnapshotStore:
         """Unpublish (manifest first), then remove the file; False if an I/O error stopped it (reported)."""
         self._dir.index.pop(record.file)
         self._dir.recency.forget(record.file)
-        return self._dir.fs.unlink(Path(record.file).stem + ".json") and self._dir.fs.unlink(record.file)
+        gone = self._dir.fs.unlink(Path(record.file).stem + ".json")
+        if self._dir.blocks is not None:  # its blocks no other recipe names go at the next collection
+            return gone and (self._dir.blocks.drop(backing.recipe_name(record)) or True)
+        return gone and self._dir.fs.unlink(record.file)
 
     def remove(self, name: str) -> None:
-        self._dir.fs.unlink(name)
+        """Remove a file of the server's (a temp, probe or staged name) from the slot dir."""
+        self._dir.staging.unlink(name)
 
     def exists(self, name: str) -> bool:
-        return self._dir.fs.exists(name)
+        """Whether the slot dir holds ``name`` (a temp, probe or staged name)."""
+        return self._dir.staging.exists(name)
+
+    # ---- the block store (``--store-dir``) -------------------------------------------
+
+    def read_tokens(self, record: manifest.Manifest) -> slotfile.SlotTokens:
+        """The token ids at the head of ``record``'s file; raises SlotFileError or OSError."""
+        if self._dir.blocks is not None:
+            return self._dir.blocks.read_tokens(record)
+        return slotfile.read_tokens(self.dir / record.file)
+
+    def stage(self, record: manifest.Manifest) -> str:
+        """The name in the slot dir the server restores ``record`` from: its file, or a fresh staged rebuild
+        of it (checked against its checksum; give it back with :meth:`unstage`). Raises SnapshotError."""
+        if self._dir.blocks is None:
+            return record.file
+        name = f"{TEMP_PREFIX}restore-{self._prefix}{secrets.token_hex(6)}.bin"
+        self._dir.blocks.stage(record, self.staging / name)
+        return name
+
+    def unstage(self, name: str, record: manifest.Manifest) -> None:
+        """Delete what :meth:`stage` staged (nothing for a whole file)."""
+        if self._dir.blocks is not None and name != record.file:
+            self._dir.staging.unlink(name)
+            self._dir.blocks.unstaged(record.bytes)
+
+    def whole_file(self, record: manifest.Manifest) -> Path:
+        """A path holding ``record``'s whole file to read (an upload): its own file, or a checked rebuild on
+        the store's disk (not the slot dir: RAM holds one staged file at most); give it back with
+        :meth:`release_whole`. Raises SnapshotError."""
+        if self._dir.blocks is None:
+            return self.dir / record.file
+        path = self.dir / f"{TEMP_PREFIX}upload-{secrets.token_hex(6)}.bin"
+        self._dir.blocks.stage(record, path)
+        self._dir.blocks.unstaged(record.bytes)  # on disk, not staged in the slot dir
+        return path
+
+    def release_whole(self, path: Path, record: manifest.Manifest) -> None:
+        if path != self.dir / record.file:
+            backing.remove_quietly(path)
+
+    def collect_blocks(self) -> None:
+        """Delete the blocks no snapshot names any more (skipped while the block store is in use)."""
+        if self._dir.blocks is not None:
+            self._dir.blocks.collect()
 
 
 class ModelStore(SnapshotStore):

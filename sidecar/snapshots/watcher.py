@@ -21,6 +21,7 @@ holds it until that one lets go.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from pathlib import Path
 
@@ -36,8 +37,8 @@ from watchdog.events import (
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
-from sidecar.core import errors, metrics
-from sidecar.snapshots import dirlock, store
+from sidecar.core import errors, metrics, outcomes
+from sidecar.snapshots import backing, dirlock, store
 
 log = structlog.get_logger("sidecar.watcher")
 RESCAN_EVERY = 60.0
@@ -80,6 +81,8 @@ class Watcher:
         self._observer: BaseObserver | None = None
         self._dir_id: tuple[int, int] | None = None
         self._lost = False
+        self._counted = backing.Figures()
+        """The block store's running totals last added to the metrics."""
 
     def start(self) -> None:
         self._dir_id = self._snapshots.dir_identity()
@@ -185,8 +188,27 @@ class Watcher:
         if usage.problem:
             return  # reported by the store; the last good figures stay
         self._metrics.disk_used.set(usage.used_bytes)
+        self._block_figures(usage)
         self._metrics.disk_free.set(usage.free_bytes)
         self._metrics.snapshot_files.set(usage.snapshot_files)
         library = self._snapshots.library()
         self._metrics.library_conversations.set(len(library))
         self._metrics.library_bytes.set(sum(m.bytes for m in library))
+
+    def _block_figures(self, usage: store.Usage) -> None:
+        """The block store's figures: gauges from ``usage``, counters moved on by what was written since."""
+        blocks = self._snapshots.blocks
+        if blocks is None:
+            return
+        self._metrics.store_unique.set(usage.unique_bytes)
+        self._metrics.store_represented.set(usage.represented_bytes)
+        self._metrics.store_staged.set(usage.staged_bytes)
+        now = dataclasses.replace(blocks.figures)
+        last, self._counted = self._counted, now
+        self._metrics.store_written.labels(outcomes.StoreWrite.BLOCKS.value).inc(
+            now.block_bytes_written - last.block_bytes_written
+        )
+        self._metrics.store_written.labels(outcomes.StoreWrite.MANIFESTS.value).inc(
+            now.manifest_bytes_written - last.manifest_bytes_written
+        )
+        self._metrics.store_deduplicated.inc(now.deduplicated_bytes - last.deduplicated_bytes)
