@@ -32,6 +32,8 @@ PROXY_OUTCOMES = ("ok", "error", "held_timeout", "refused", "invalid", "busy", "
 SLOT_DIR_OPERATIONS = ("read", "write", "scan")
 SHARED_DIRECTIONS = ("up", "down")
 SHARED_OPERATIONS = ("put", "get", "list", "delete")
+SERVER_EXITS = ("stopped", "exited", "failed", "killed", "not_started")
+STORE_WRITES = ("blocks", "manifests")
 MODELS = ("alpha", "beta")
 """Router mode (--router): the models the router lists."""
 
@@ -148,6 +150,17 @@ def sidecar_registry() -> CollectorRegistry:
     Gauge("library_conversations", "Conversations in the library", namespace=ns, registry=registry).set(14)
     Gauge("library_bytes", "Bytes of the library", namespace=ns, registry=registry).set(400_000_000)
     Gauge("library_ram_conversations", "Held in the server's RAM cache", namespace=ns, registry=registry).set(3)
+    exits = Counter("server_exits", "How launched servers ended", ["cause"], namespace=ns, registry=registry)
+    for n, cause in enumerate(SERVER_EXITS):
+        exits.labels(cause=cause).inc(n % 2)
+    Gauge("server_crash_loop", "The launcher gave up", namespace=ns, registry=registry).set(0)
+    written = Counter("store_written_bytes", "Block store writes", ["kind"], namespace=ns, registry=registry)
+    for n, kind in enumerate(STORE_WRITES):
+        written.labels(kind=kind).inc(900_000_000 // (n * 1000 + 1))
+    Counter("store_deduplicated_bytes", "Not written", namespace=ns, registry=registry).inc(1_500_000_000)
+    Gauge("store_unique_bytes", "Unique bytes", namespace=ns, registry=registry).set(800_000_000)
+    Gauge("store_represented_bytes", "Represented bytes", namespace=ns, registry=registry).set(2_400_000_000)
+    Gauge("store_staged_bytes", "Staged bytes", namespace=ns, registry=registry).set(0)
     left = Histogram("library_left_unsaved_reprefill_seconds", "Left unsaved", namespace=ns, registry=registry)
     for seconds in (0.4, 1.2, 3.0):
         left.observe(seconds)

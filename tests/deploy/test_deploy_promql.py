@@ -212,6 +212,8 @@ def test_synthetic_page_has_the_families_of_the_sidecar() -> None:
         (exposition.PROXY_ROUTES, outcomes.Route),
         (exposition.PROXY_OUTCOMES, outcomes.ProxyOutcome),
         (exposition.SLOT_DIR_OPERATIONS, outcomes.SlotDirOperation),
+        (exposition.SERVER_EXITS, outcomes.ServerExit),
+        (exposition.STORE_WRITES, outcomes.StoreWrite),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else "page",
 )
