@@ -445,6 +445,26 @@ class SnapshotStore:
         ``prefill_rate``: the writing server's measured prompt tokens per second (see ``Manifest``).
         ``owner``: whose conversation the slot held (see ``Manifest``).
         """
+
+        def make(
+            final: str, checksum: manifest.Checksum, content: manifest.Index | None, now: float, size: int = 0
+        ) -> manifest.Manifest:
+            return manifest.Manifest(
+                slot=slot,
+                file=final,
+                tokens=tokens,
+                bytes=size,
+                checksum=checksum,
+                generation=self._dir.index.next_generation(),
+                created=now,
+                task=task,
+                fingerprint=fingerprint,
+                index=content,
+                model=self.model,
+                prefill_rate=prefill_rate,
+                owner=owner,
+            )
+
         if self._dir.blocks is not None:
             return self._publish(
                 checks.commit_to_blocks(
@@ -457,21 +477,7 @@ class SnapshotStore:
                     written=written,
                     blocked=self._dir.index.blocked,
                     events=self._dir.events,
-                    make=lambda final, checksum, content, now: manifest.Manifest(
-                        slot=slot,
-                        file=final,
-                        tokens=tokens,
-                        bytes=0,
-                        checksum=checksum,
-                        generation=self._dir.index.next_generation(),
-                        created=now,
-                        task=task,
-                        fingerprint=fingerprint,
-                        index=content,
-                        model=self.model,
-                        prefill_rate=prefill_rate,
-                        owner=owner,
-                    ),
+                    make=make,
                     prefix=self._prefix,
                     now=self._dir.clock.wall() if created is None else created,
                 )
@@ -486,21 +492,7 @@ class SnapshotStore:
             content = checks.read_index(path, self._dir.events)
             now = self._dir.clock.wall() if created is None else created
             final = checks.free_name(self.dir, self._prefix, slot, now)
-            record = manifest.Manifest(
-                slot=slot,
-                file=final,
-                tokens=tokens,
-                bytes=size,
-                checksum=manifest.Checksum(hashing.CURRENT, digest),
-                generation=self._dir.index.next_generation(),
-                created=now,
-                task=task,
-                fingerprint=fingerprint,
-                index=content,
-                model=self.model,
-                prefill_rate=prefill_rate,
-                owner=owner,
-            )
+            record = make(final, manifest.Checksum(hashing.CURRENT, digest), content, now, size)
             checks.still_same(fs, temp, checked)
             os.replace(path, self.dir / final)
         with checks.removed_if_failed(fs, final, f"writing the manifest of {final}"):
