@@ -300,6 +300,14 @@ def _disk(inputs: Inputs) -> tuple[tuple[str, str], ...]:
         ("snapshots", f"{usage.snapshot_files}"),
         ("free", f"{bytes_text(usage.free_bytes)}; saves stop below {bytes_text(inputs.min_free_bytes)}"),
     ]
+    if usage.represented_bytes:
+        rows.append(
+            (
+                "block store",
+                f"{bytes_text(usage.unique_bytes)} of blocks hold {bytes_text(usage.represented_bytes)} of snapshots "
+                f"({usage.represented_bytes / max(usage.unique_bytes, 1):.1f}x: what conversations share is kept once)",
+            )
+        )
     if inputs.shared is not None:
         rows.append(("shared store", f"{inputs.shared}; {len(inputs.waiting)} upload(s) pending"))
     return tuple(rows)

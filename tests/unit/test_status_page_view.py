@@ -95,6 +95,22 @@ def test_the_headline_is_the_time_saved_with_its_tokens_and_rate() -> None:
     assert ("used", "25.1 MB of 100.0 MB (--max-bytes), 25%") in built.disk
 
 
+def test_with_a_block_store_the_disk_says_what_its_blocks_hold_against_what_they_represent() -> None:
+    usage = store.Usage(
+        used_bytes=500_000_000,
+        snapshot_files=6,
+        free_bytes=74_800_000_000,
+        unique_bytes=500_000_000,
+        represented_bytes=1_750_000_000,
+    )
+    built = view.build(inputs(usage=usage))
+    assert (
+        "block store",
+        "500.0 MB of blocks hold 1.8 GB of snapshots (3.5x: what conversations share is kept once)",
+    ) in (built.disk)
+    assert not any(key == "block store" for key, _ in view.build(inputs()).disk)  # whole files: no such row
+
+
 def test_no_rate_yet_is_said_and_waiting_tokens_counted() -> None:
     st = inputs().status
     st = dataclasses.replace(st, saved=savings.Totals(unpriced_tokens=800))
