@@ -4,9 +4,10 @@ Three agent conversations share a system prompt (about 2,000 tokens, 1,500
 words, with ``--quick``; about 10,000 in the full run) and take turns of
 about 60 words on a llama-server with 2 slots, at its defaults (RAM prompt
 cache on), through the sidecar's proxy, on the random-weight model whose KV
-is 128 KiB per token (``support.widekv``). Then llama-server is ``kill -9``ed
-and each conversation sends its next turn. The same turns run two ways on
-fresh servers, one after the other:
+is 128 KiB per token (``support.widekv``). Then, once the sidecar has saved
+what the slots hold (a crash between turns, as hosts see them), llama-server
+is ``kill -9``ed and each conversation sends its next turn. The same turns
+run two ways on fresh servers, one after the other:
 
 * **whole files**: ``--slot-dir`` on disk, no ``--store-dir``: every save
   is a whole slot file on disk (the sidecar before the block store);
@@ -134,6 +135,12 @@ def _way(bed: rig.Rig, name: str, *, system_tokens: int, turns: int, say: rig.Sa
             timeout=300,
             what="every conversation in the library",
         )
+        side.wait_for(  # the slots' last turns saved once idle, as a host's crash finds them between turns
+            lambda: all(side.metric("llama_sidecar_slot_unsaved_since_timestamp_seconds", slot=str(s)) == 0 for s in
+                        range(SLOTS)),
+            timeout=120,
+            what="every slot's changes saved",
+        )  # fmt: skip
         written = _written(server.pid)
         server.kill()
         server.start()
