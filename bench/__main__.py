@@ -1,7 +1,8 @@
 """`python -m bench`: run the benchmarks, print tables, write a PNG and a JSON.
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
-footprint, scaling, proxy, restore, hashing, library, shared, agents, hybrid, price, scale.
+footprint, scaling, proxy, restore, hashing, library, shared, agents, hybrid, price, scale,
+nodes.
 Progress goes to stderr, results to stdout, ending with one verdict line per
 goal (MET, MISSED or NO VERDICT, with the figures).
 The exit status is 1 when a goal was missed.
@@ -24,6 +25,7 @@ from bench import footprint as footprint_mod
 from bench import hashing as hashing_mod
 from bench import hybrid as hybrid_mod
 from bench import library as library_mod
+from bench import nodes as nodes_mod
 from bench import price as price_mod
 from bench import proxy as proxy_mod
 from bench import restart as restart_mod
@@ -35,7 +37,7 @@ from bench import ttft as ttft_mod
 
 SECTIONS = (
     "ttft", "restart", "stall", "footprint", "scaling", "proxy", "restore", "hashing", "library", "shared", "agents",
-    "hybrid", "price", "scale",
+    "hybrid", "price", "scale", "nodes",
 )  # fmt: skip
 
 
@@ -219,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
             "14. Scale: agents at an 8B-class KV, slot files whole vs the block store, and kill -9",
             lambda: scale_mod.measure(bed, quick=bool(ns.quick), say=say),
         )
+        nodes = section(
+            "nodes",
+            "15. Nodes: two nodes behind HAProxy, the shipped config vs round robin, and a node's kill -9",
+            lambda: nodes_mod.measure(bed, quick=bool(ns.quick), say=say),
+        )
     finally:
         bed.close()
     load1 = rig.loadavg()
@@ -244,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     missed = library is not None and any(line.startswith("MISSED") for line in library_mod.verdicts(library))
     missed |= scale is not None and any(line.startswith("MISSED") for line in scale_mod.verdicts(scale))
+    missed |= nodes is not None and any(line.startswith("MISSED") for line in nodes_mod.verdicts(nodes))
     return 1 if missed else goals.exit_code(verdicts)
 
 

@@ -65,12 +65,14 @@ class Rig:
         extra_args: Sequence[str] = (),
         model: Path | None = None,
         swa_full: bool = True,
+        alone: bool = True,
     ) -> llamabed.LlamaServer:
-        """Start a llama-server (killing any earlier one) and wait until it is healthy.
+        """Start a llama-server (killing any earlier one, unless not ``alone``) and wait until it is healthy.
 
         ``model``: another model file than the test model (``swa_full`` False for one without sliding windows).
+        ``alone`` False: the earlier servers keep running (several nodes side by side).
         """
-        for old in self._servers:
+        for old in self._servers if alone else ():
             old.kill()
         server = llamabed.LlamaServer(
             self.binary,
@@ -90,9 +92,15 @@ class Rig:
 
     def sidecar(self, server: llamabed.LlamaServer, slot_dir: Path, **options: str) -> sidecarbed.SidecarProcess:
         """Start `python -m sidecar run` with the sidecar's defaults, overridden by `options`."""
+        return self.sidecar_with(server, slot_dir, options)
+
+    def sidecar_with(
+        self, server: llamabed.LlamaServer, slot_dir: Path, options: dict[str, str], env: dict[str, str] | None = None
+    ) -> sidecarbed.SidecarProcess:
+        """:meth:`sidecar`, with `env` added to its environment."""
         n = len(self._sidecars)
         side = sidecarbed.SidecarProcess(
-            server.url, slot_dir, self.log_dir / f"sidecar-{n:02d}.log", extra={**SIDECAR_DEFAULTS, **options}
+            server.url, slot_dir, self.log_dir / f"sidecar-{n:02d}.log", extra={**SIDECAR_DEFAULTS, **options}, env=env
         )
         self._sidecars.append(side)
         side.start()

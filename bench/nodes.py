@@ -1,0 +1,356 @@
+"""Nodes: two llama-servers behind HAProxy, the shipped config against round robin, and a node's kill -9.
+
+Two nodes (each a llama-server with 4 slots and a sidecar with
+``--proxy-listen``, ``--agent-check-listen`` and one shared store: a real S3
+server, ``support.s3bed``) on loopback, the test model, the sidecar's
+defaults. Two HAProxies (Debian's package) stand in front of the same two
+nodes: one with the shipped ``deploy/haproxy/haproxy.cfg``, one with the same
+config and ``balance roundrobin`` in place of its hash (both as
+``support.haproxybed`` adapts them: ports, server lines, faster checks).
+
+Conversations (two agents' system prompts, each its own first message of
+about 1,500 tokens) take turns through one balancer, then others as many
+through the other; each round of turns is sent in a shuffled order (the
+same for both), after every node has saved and uploaded what it serves.
+Figures:
+
+* **warm returning turns**: a turn after the first is warm when its
+  ``timings.cache_n`` is at least 90% of the turn before's prompt and its
+  node fetched nothing from the shared store for it
+  (``conversation_requests_total{source="shared"}``); the shipped config's
+  share beside round robin's;
+* **kill -9**: after the shipped config's turns, the llama-server of the
+  node holding conversation 0 is ``kill -9``ed; once HAProxy shows it down,
+  every conversation sends its next turn. For the conversations of the dead
+  node: tokens reused over the previous prompt, and their time against the
+  same turn of the conversations that stayed (no failure for them, same
+  node, same sizes; medians);
+* **spread**: conversations per node under the shipped config, the busiest
+  node's over the mean, against the config's ``hash-balance-factor``.
+
+Goals (issue 45): the shipped config's returning turns at least 95% warm
+(round robin's printed beside), the dead node's conversations at least 90%
+cached and at most 1.5x the time of the turn without a failure, and the
+spread within the balance factor (1.5). MET or MISSED each, exit status 1
+on a miss.
+
+Run alone with ``python -m bench.nodes [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import re
+import secrets
+import statistics
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import REPO_ROOT, rig
+from bench.beds import haproxybed, llamabed, net, s3bed
+
+NODES = ("node-a", "node-b")
+SHIPPED, ROUND_ROBIN = "shipped config", "round robin"
+AGENTS = ("You are agent one: answer in one short sentence.", "You are agent two: answer in a few words.")
+FIRST_TOKENS = 1500
+"""A first message long enough that fetching its snapshot beats prefilling it."""
+SLOTS = 4
+WARM = 0.9
+WARM_GOAL, CACHED_GOAL, TIME_GOAL, SPREAD_GOAL = 0.95, 0.90, 1.5, 1.5
+LISTING_EXPIRES = 5.0
+"""Seconds a node reuses its listing of the shared store (``sidecar.shared.catalog.REFRESH_EVERY``)."""
+BUCKET = "llama-kv-bench"
+
+
+class Node:
+    def __init__(self, name: str, server: llamabed.LlamaServer, side: Any, proxy: int, agent: int) -> None:
+        self.name, self.server, self.side, self.proxy, self.agent = name, server, side, proxy, agent
+
+    def fetched(self) -> float:
+        return float(self.side.metric("llama_sidecar_conversation_requests_total", source="shared"))
+
+    def settled(self) -> bool:
+        """Every slot's content saved and uploaded: read in that order (a commit queues its upload)."""
+        return bool(
+            self.side.metric("llama_sidecar_slot_unsaved_since_timestamp_seconds") == 0
+            and self.side.metric("llama_sidecar_snapshot_commits_pending") == 0
+            and self.side.metric("llama_sidecar_shared_store_pending_uploads") == 0
+        )
+
+
+class Chat:
+    def __init__(self, n: int, first: str) -> None:
+        self.n = n
+        self.messages: list[dict[str, str]] = [
+            {"role": "system", "content": AGENTS[n % 2]},
+            {"role": "user", "content": first},
+        ]
+        self.nodes: list[str] = []
+        self.prompts: list[int] = []
+        self.cached: list[int] = []
+        self.seconds: list[float] = []
+        self.fetched: list[bool] = []
+
+    def turn(self, url: str, nodes: dict[str, Node]) -> None:
+        before = {name: node.fetched() for name, node in nodes.items()}
+        body = json.dumps({"messages": self.messages, "max_tokens": 4, "temperature": 0}).encode()
+        req = urllib.request.Request(
+            url + "/v1/chat/completions", data=body, headers={"content-type": "application/json"}
+        )
+        started = time.monotonic()
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            node, answer = resp.headers["x-node"], json.loads(resp.read())
+        self.seconds.append(time.monotonic() - started)
+        self.nodes.append(node)
+        self.fetched.append(nodes[node].fetched() > before[node])
+        self.prompts.append(int(answer["usage"]["prompt_tokens"]))
+        self.cached.append(int(answer["timings"]["cache_n"]))
+        self.messages += [
+            {"role": "assistant", "content": answer["choices"][0]["message"]["content"] or "ok"},
+            {"role": "user", "content": f"Turn {len(self.nodes) + 1}: and what comes next in record {self.n}?"},
+        ]
+
+    def reused(self, turn: int) -> float:
+        """Tokens turn ``turn`` (0-based) reused over the turn before's prompt."""
+        return self.cached[turn] / self.prompts[turn - 1]
+
+    def warm(self, turn: int) -> bool:
+        return self.reused(turn) >= WARM and not self.fetched[turn]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Phase:
+    name: str
+    spread: dict[str, int]
+    """Conversations per node, by the node of their first turn."""
+    returning: int
+    warm: int
+    fetched: int
+    reused: float
+    """Tokens reused over the previous prompts, all returning turns."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Result:
+    conversations: int
+    turns: int
+    phases: list[Phase]
+    dead: str
+    moved_reused: list[float]
+    moved_fetched: int
+    moved_seconds: list[float]
+    stayed_seconds: list[float]
+    moved_before_seconds: list[float]
+    """The moved conversations' turn before the kill, on their own node."""
+
+    @property
+    def time_ratio(self) -> float:
+        if not self.moved_seconds or not self.stayed_seconds:
+            return float("nan")
+        return statistics.median(self.moved_seconds) / statistics.median(self.stayed_seconds)
+
+    @property
+    def spread_ratio(self) -> float:
+        spread = self.phases[0].spread
+        return max(spread.values()) / (sum(spread.values()) / len(spread))
+
+
+def round_robin(config: str) -> str:
+    """The bed's config with round robin in place of the conversation's hash."""
+    config, n = re.subn(r"(?m)^    balance hash .*$", "    balance roundrobin", config)
+    if n != 1:
+        raise rig.BenchError("the shipped config has no 'balance hash' line")
+    return re.sub(r"(?m)^    hash-(type|balance-factor) .*\n", "", config)
+
+
+def _ready(side: Any) -> Callable[[], bool]:
+    return lambda: bool(side.get("/readyz")[0] == 200)
+
+
+def _settle(nodes: list[Node]) -> None:
+    for node in nodes:
+        node.side.wait_for(node.settled, timeout=300, what=f"{node.name}'s slots saved and uploaded")
+    time.sleep(LISTING_EXPIRES + 0.5)
+
+
+def _round(chats: list[Chat], url: str, nodes: dict[str, Node], order: random.Random | None) -> None:
+    todo = list(chats)
+    if order is not None:
+        order.shuffle(todo)
+    for chat in todo:
+        chat.turn(url, nodes)
+
+
+def _phase(name: str, chats: list[Chat], turns: int) -> Phase:
+    spread = {node: sum(c.nodes[0] == node for c in chats) for node in NODES}
+    returning = [(c, t) for c in chats for t in range(1, turns)]
+    return Phase(
+        name,
+        spread,
+        len(returning),
+        sum(c.warm(t) for c, t in returning),
+        sum(c.fetched[t] for c, t in returning),
+        sum(c.cached[t] for c, t in returning) / sum(c.prompts[t - 1] for c, t in returning),
+    )
+
+
+def run(bed: rig.Rig, *, conversations: int, turns: int, say: rig.Say) -> Result:
+    s3 = s3bed.S3Server(bed.work / "s3")
+    balancers: list[Any] = []
+    try:
+        s3.start()
+        s3.create_bucket(BUCKET)
+        store = f"s3://{BUCKET}/nodes-{secrets.token_hex(4)}"
+        nodes: dict[str, Node] = {}
+        for name in NODES:
+            slot_dir = bed.slot_dir(f"nodes-{name}")
+            server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=4096, alone=False)
+            proxy, agent = net.free_port(), net.free_port()
+            options = {
+                "--proxy-listen": f"127.0.0.1:{proxy}",
+                "--agent-check-listen": f"127.0.0.1:{agent}",
+                "--shared-store": store,
+            }
+            side = bed.sidecar_with(server, slot_dir, options, env=s3.env())
+            side.wait_for(_ready(side), timeout=120, what=f"{name} ready")
+            nodes[name] = Node(name, server, side, proxy, agent)
+        ports = {name: (node.proxy, node.agent) for name, node in nodes.items()}
+        for way in (SHIPPED, ROUND_ROBIN):
+            workdir = bed.slot_dir("haproxy-" + ("shipped" if way == SHIPPED else "roundrobin"))
+            balancer = haproxybed.HAProxy(workdir, ports)
+            if way == ROUND_ROBIN:
+                balancer.path.write_text(round_robin(balancer.path.read_text()))
+            balancers.append(balancer)
+            balancer.start()
+            for name in NODES:
+                balancer.wait_status(name, "UP", timeout=120)
+        shipped, robin = balancers
+        url0 = nodes[NODES[0]].server.url
+        # Round robin first: the kill -9 ends the shipped config's phase.
+        chats: dict[str, list[Chat]] = {}
+        for way, balancer, seed in ((ROUND_ROBIN, robin, 600), (SHIPPED, shipped, 450)):
+            chats[way] = [
+                Chat(n, llamabed.make_prompt(url0, FIRST_TOKENS, seed=seed + n)) for n in range(conversations)
+            ]
+            for t in range(turns):
+                if t:
+                    _settle(list(nodes.values()))
+                _round(chats[way], balancer.url, nodes, random.Random(t) if t else None)
+                say(f"  {way}: turn {t + 1} of {turns} sent by {conversations} conversations")
+        mine = chats[SHIPPED]
+        dead = nodes[mine[0].nodes[-1]]
+        alive = next(node for node in nodes.values() if node is not dead)
+        moved = [c for c in mine if c.nodes[-1] == dead.name]
+        stayed = [c for c in mine if c.nodes[-1] == alive.name]
+        _settle(list(nodes.values()))
+        dead.server.kill()
+        shipped.wait_status(dead.name, "DOWN", timeout=60)
+        _round(mine, shipped.url, nodes, random.Random(turns))
+        say(f"  after the kill -9 of {dead.name}: {len(moved)} conversations moved, {len(stayed)} stayed")
+        return Result(
+            conversations,
+            turns,
+            [_phase(SHIPPED, mine, turns), _phase(ROUND_ROBIN, chats[ROUND_ROBIN], turns)],
+            dead.name,
+            [c.reused(turns) for c in moved],
+            sum(c.fetched[turns] for c in moved),
+            [c.seconds[turns] for c in moved],
+            [c.seconds[turns] for c in stayed],
+            [c.seconds[turns - 1] for c in moved],
+        )
+    finally:
+        for balancer in balancers:
+            balancer.stop()
+        s3.stop()
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.0%} ({part} of {whole})" if whole else "-"
+
+
+def table(r: Result) -> str:
+    head = (
+        f"{r.conversations} conversations (two agents, first messages of ~{FIRST_TOKENS:,} tokens), {r.turns} turns "
+        f"each through each balancer, on 2 nodes of {SLOTS} slots with one shared S3 store; then kill -9 of "
+        f"{r.dead}'s llama-server and one more turn through the shipped config\n\n"
+    )
+    rows = [
+        (p.name, "/".join(str(p.spread[n]) for n in NODES), _share(p.warm, p.returning), p.fetched, p.reused)
+        for p in r.phases
+    ]
+    phases = rig.table(["balancer", "convs per node", "returning turns warm", "fetched", "reused"], rows)
+    median = statistics.median
+    moved = rig.table(
+        ["after kill -9", "conversations", "min reused", "fetched", "median s", "no failure s", "ratio"],
+        [
+            (
+                f"{r.dead}'s, moved",
+                len(r.moved_reused),
+                min(r.moved_reused, default=float("nan")),
+                r.moved_fetched,
+                median(r.moved_seconds) if r.moved_seconds else float("nan"),
+                median(r.stayed_seconds) if r.stayed_seconds else float("nan"),
+                r.time_ratio,
+            )
+        ],
+        digits=2,
+    )
+    before = median(r.moved_before_seconds) if r.moved_before_seconds else float("nan")
+    tail = (
+        f"\n\n'no failure s': the same turn of the {len(r.stayed_seconds)} conversations that stayed on their node; "
+        f"the moved ones' turn before the kill took {before:.2f} s (median)"
+    )
+    return head + phases + "\n\n" + moved + tail
+
+
+def verdicts(r: Result) -> list[str]:
+    shipped, robin = r.phases
+    warm = shipped.warm / shipped.returning
+    checks = [
+        (warm >= WARM_GOAL, f"returning turns warm with the shipped config at least {WARM_GOAL:.0%}",
+         f"{warm:.1%} (round robin {robin.warm / robin.returning:.1%})"),
+        (bool(r.moved_reused) and min(r.moved_reused) >= CACHED_GOAL,
+         f"the dead node's conversations at least {CACHED_GOAL:.0%} cached on their next turn",
+         ", ".join(f"{x:.1%}" for x in r.moved_reused) or "none moved"),
+        (r.time_ratio <= TIME_GOAL, f"their next turn at most {TIME_GOAL}x the same turn without a failure",
+         f"{r.time_ratio:.2f}x"),
+        (r.spread_ratio <= SPREAD_GOAL, f"the busiest node at most {SPREAD_GOAL}x the mean of conversations",
+         f"{r.spread_ratio:.2f}x ({'/'.join(str(shipped.spread[n]) for n in NODES)})"),
+    ]  # fmt: skip
+    return [("MET  " if met else "MISSED ") + f"{goal}: {figure}" for met, goal, figure in checks]
+
+
+def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[Result, str]:
+    haproxybed.haproxy_binary()  # fails early, naming the package, when HAProxy is missing
+    conversations, turns = (8, 3) if quick else (16, 4)
+    result = run(bed, conversations=conversations, turns=turns, say=say)
+    return result, table(result) + "\n\n" + "\n".join(verdicts(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.nodes", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="8 conversations, 3 turns each (else 16, 4)")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="JSON and logs go here")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
+    ns = parser.parse_args(argv)
+    bed = rig.Rig(log_dir=ns.out / f"logs-nodes-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
+    try:
+        before = rig.busy()
+        result, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
+        print(f"## Nodes\n({before} at start, {rig.busy()} at end)\n")
+        print(body)
+    finally:
+        bed.close()
+    (ns.out / "nodes.json").write_text(json.dumps(dataclasses.asdict(result), indent=2))
+    return 1 if any(line.startswith("MISSED") for line in verdicts(result)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
