@@ -48,17 +48,15 @@ import secrets
 import statistics
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT, rig
-from bench.beds import haproxybed, llamabed, net, s3bed
+from bench.beds import haproxybed, llamabed, net, nodechats, s3bed
 
 NODES = ("node-a", "node-b")
 SHIPPED, ROUND_ROBIN = "shipped config", "round robin"
-AGENTS = ("You are agent one: answer in one short sentence.", "You are agent two: answer in a few words.")
 FIRST_TOKENS = 1500
 """A first message long enough that fetching its snapshot beats prefilling it."""
 SLOTS = 4
@@ -74,55 +72,18 @@ class Node:
         self.name, self.server, self.side, self.proxy, self.agent = name, server, side, proxy, agent
 
     def fetched(self) -> float:
-        return float(self.side.metric("llama_sidecar_conversation_requests_total", source="shared"))
+        return nodechats.fetches(self.side)
 
     def settled(self) -> bool:
-        """Every slot's content saved and uploaded: read in that order (a commit queues its upload)."""
-        return bool(
-            self.side.metric("llama_sidecar_slot_unsaved_since_timestamp_seconds") == 0
-            and self.side.metric("llama_sidecar_snapshot_commits_pending") == 0
-            and self.side.metric("llama_sidecar_shared_store_pending_uploads") == 0
-        )
+        return nodechats.settled(self.side)
 
 
-class Chat:
-    def __init__(self, n: int, first: str) -> None:
-        self.n = n
-        self.messages: list[dict[str, str]] = [
-            {"role": "system", "content": AGENTS[n % 2]},
-            {"role": "user", "content": first},
-        ]
-        self.nodes: list[str] = []
-        self.prompts: list[int] = []
-        self.cached: list[int] = []
-        self.seconds: list[float] = []
-        self.fetched: list[bool] = []
+Chat = nodechats.Chat
 
-    def turn(self, url: str, nodes: dict[str, Node]) -> None:
-        before = {name: node.fetched() for name, node in nodes.items()}
-        body = json.dumps({"messages": self.messages, "max_tokens": 4, "temperature": 0}).encode()
-        req = urllib.request.Request(
-            url + "/v1/chat/completions", data=body, headers={"content-type": "application/json"}
-        )
-        started = time.monotonic()
-        with urllib.request.urlopen(req, timeout=600) as resp:
-            node, answer = resp.headers["x-node"], json.loads(resp.read())
-        self.seconds.append(time.monotonic() - started)
-        self.nodes.append(node)
-        self.fetched.append(nodes[node].fetched() > before[node])
-        self.prompts.append(int(answer["usage"]["prompt_tokens"]))
-        self.cached.append(int(answer["timings"]["cache_n"]))
-        self.messages += [
-            {"role": "assistant", "content": answer["choices"][0]["message"]["content"] or "ok"},
-            {"role": "user", "content": f"Turn {len(self.nodes) + 1}: and what comes next in record {self.n}?"},
-        ]
 
-    def reused(self, turn: int) -> float:
-        """Tokens turn ``turn`` (0-based) reused over the turn before's prompt."""
-        return self.cached[turn] / self.prompts[turn - 1]
-
-    def warm(self, turn: int) -> bool:
-        return self.reused(turn) >= WARM and not self.fetched[turn]
+def _warm(chat: Chat, turn: int) -> bool:
+    """Turn ``turn`` (0-based) reused at least :data:`WARM` of the turn before's prompt, and no fetch served it."""
+    return chat.reused(turn) >= WARM and not chat.fetched[turn]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -185,7 +146,7 @@ def _round(chats: list[Chat], url: str, nodes: dict[str, Node], order: random.Ra
     if order is not None:
         order.shuffle(todo)
     for chat in todo:
-        chat.turn(url, nodes)
+        chat.turn(url, {name: node.fetched for name, node in nodes.items()})
 
 
 def _phase(name: str, chats: list[Chat], turns: int) -> Phase:
@@ -195,7 +156,7 @@ def _phase(name: str, chats: list[Chat], turns: int) -> Phase:
         name,
         spread,
         len(returning),
-        sum(c.warm(t) for c, t in returning),
+        sum(_warm(c, t) for c, t in returning),
         sum(c.fetched[t] for c, t in returning),
         sum(c.cached[t] for c, t in returning) / sum(c.prompts[t - 1] for c, t in returning),
     )

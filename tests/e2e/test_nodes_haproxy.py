@@ -11,25 +11,24 @@ shared store; and once A is back, they must return to A warm, not cold.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from sidecar.shared import catalog
+from support import nodechats
 from support.haproxybed import HAProxy
 from support.llamabed import LlamaServer, MakeServer, make_prompt
 from support.net import free_port
+from support.nodechats import Chat
 from support.s3bed import S3Server
 from support.sidecarbed import MakeSidecar, SidecarProcess
 
 FIRST_TOKENS = 1500
 """A first message long enough that fetching its snapshot beats prefilling it (see test_shared_nodes)."""
 CONVERSATIONS = 8
-AGENTS = ("You are agent one: answer in one short sentence.", "You are agent two: answer in a few words.")
 WARM = 0.9
 """Share of the previous turn's prompt a returning turn must reuse to count as warm."""
 
@@ -39,46 +38,12 @@ class Node:
         self.name, self.server, self.side = name, server, side
 
     def settled(self) -> bool:
-        """Every slot's content saved and uploaded: read in that order (a commit queues its upload)."""
-        return (
-            self.side.metric("llama_sidecar_slot_unsaved_since_timestamp_seconds") == 0
-            and self.side.metric("llama_sidecar_snapshot_commits_pending") == 0
-            and self.side.metric("llama_sidecar_shared_store_pending_uploads") == 0
-        )
+        return nodechats.settled(self.side)
 
 
-class Chat:
-    def __init__(self, n: int, first: str) -> None:
-        self.n = n
-        self.messages: list[dict[str, str]] = [
-            {"role": "system", "content": AGENTS[n % 2]},
-            {"role": "user", "content": first},
-        ]
-        self.nodes: list[str] = []
-        self.prompts: list[int] = []
-        self.cached: list[int] = []
-        self.seconds: list[float] = []
-
-    def turn(self, url: str) -> None:
-        body = json.dumps({"messages": self.messages, "max_tokens": 4, "temperature": 0}).encode()
-        req = urllib.request.Request(
-            url + "/v1/chat/completions", data=body, headers={"content-type": "application/json"}
-        )
-        started = time.monotonic()
-        with urllib.request.urlopen(req, timeout=300) as resp:
-            node, answer = resp.headers["x-node"], json.loads(resp.read())
-        self.seconds.append(time.monotonic() - started)
-        self.nodes.append(node)
-        self.prompts.append(int(answer["usage"]["prompt_tokens"]))
-        self.cached.append(int(answer["timings"]["cache_n"]))
-        self.messages += [
-            {"role": "assistant", "content": answer["choices"][0]["message"]["content"]},
-            {"role": "user", "content": f"Turn {len(self.nodes) + 1}: and what comes next in record {self.n}?"},
-        ]
-
-    def warm(self, turn: int) -> bool:
-        """Turn ``turn`` (0-based) reused at least :data:`WARM` of the turn before's prompt."""
-        return self.cached[turn] >= WARM * self.prompts[turn - 1]
+def warm(chat: Chat, turn: int) -> bool:
+    """Turn ``turn`` (0-based) reused at least :data:`WARM` of the turn before's prompt."""
+    return chat.reused(turn) >= WARM
 
 
 @pytest.fixture
@@ -133,7 +98,7 @@ def test_conversations_stay_on_their_node_move_warm_when_it_dies_and_come_back_w
         chat.turn(balancer.url)
     spread = {name: sum(c.nodes[0] == name for c in chats) for name in ("node-a", "node-b")}
     assert all(c.nodes[1] == c.nodes[0] for c in chats), [c.nodes for c in chats]
-    assert all(c.warm(1) for c in chats), [(c.cached, c.prompts) for c in chats]
+    assert all(warm(c, 1) for c in chats), [(c.cached, c.prompts) for c in chats]
     assert min(spread.values()) >= 1, spread  # both nodes serve: the hash spreads conversations
 
     # kill -9 the llama-server of the node holding conversation 0; its agent says down
@@ -148,8 +113,8 @@ def test_conversations_stay_on_their_node_move_warm_when_it_dies_and_come_back_w
     for chat in chats:
         chat.turn(balancer.url)
     assert all(c.nodes[2] == alive.name for c in chats), [c.nodes for c in chats]
-    assert all(c.warm(2) for c in moved), [(c.cached, c.prompts) for c in moved]
-    assert all(c.warm(2) for c in stayed), [(c.cached, c.prompts) for c in stayed]
+    assert all(warm(c, 2) for c in moved), [(c.cached, c.prompts) for c in moved]
+    assert all(warm(c, 2) for c in stayed), [(c.cached, c.prompts) for c in stayed]
     fetched = alive.side.metric("llama_sidecar_conversation_requests_total", source="shared") - fetched_before
     assert fetched == len(moved), (fetched, len(moved))
 
@@ -162,7 +127,7 @@ def test_conversations_stay_on_their_node_move_warm_when_it_dies_and_come_back_w
     for chat in chats:
         chat.turn(balancer.url)
     assert all(c.nodes[3] == c.nodes[0] for c in chats), [c.nodes for c in chats]
-    assert all(c.warm(3) for c in chats), [(c.cached, c.prompts) for c in chats]
+    assert all(warm(c, 3) for c in chats), [(c.cached, c.prompts) for c in chats]
 
     def share(group: list[Chat], turn: int) -> str:
         return f"{sum(c.cached[turn] for c in group) / sum(c.prompts[turn - 1] for c in group):.2f}"
