@@ -27,7 +27,7 @@ from typing import Protocol
 import structlog
 
 from sidecar.act import actions, boundary, gate, memory, policy, probe, report, restorer, savings, snapshotter
-from sidecar.core import apikeys, config, errors, events, hashing, metrics, outcomes, protocols
+from sidecar.core import apikeys, config, errors, events, hashing, metrics, outcomes, protocols, redact
 from sidecar.observe import upstream
 from sidecar.snapshots import manifest, slotfile, store
 
@@ -124,7 +124,7 @@ class Engine:
         """What the engine knows now, for the HTTP layer."""
         latest = self._latest
         return report.Status(
-            server_url=self._client.url,
+            server_url=redact.url(self._client.url),
             observation=latest,
             identity=self._identity,
             link_ok=self._server.link.ok,

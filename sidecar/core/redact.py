@@ -21,6 +21,7 @@ so the values of a handler's variables never reach this far.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
@@ -36,6 +37,17 @@ _HEADER_RE = re.compile(
     [^'"\r\n]+                               # the value, to the end of its quotes or its line
     """
 )
+
+
+def url(text: str) -> str:
+    """``text`` with the password of its user info blanked, for what shows a URL (``/status``, ``/readyz``, the
+    page): ``http://user:secret@host:8080`` -> ``http://user:[redacted]@host:8080``. A URL without one is kept."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.password is None:
+        return text
+    user, _, host = parts.netloc.rpartition("@")
+    name = user.partition(":")[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{name}:{REDACTED}@{host}"))
 
 
 class Redactor:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import structlog
 
 from sidecar.act import engine, gate, report, restorer, savings, spawn
-from sidecar.core import config, errors, events, metrics, protocols
+from sidecar.core import config, errors, events, metrics, protocols, redact
 from sidecar.observe import poller, upstream
 from sidecar.router import plan
 from sidecar.snapshots import store
@@ -156,7 +156,7 @@ class Fleet:
         saves = [s.last_snapshot for s in cores if s.last_snapshot is not None]
         links = [s.link_ok for s in cores if s.link_ok is not None]
         return report.Status(
-            server_url=self._client.url,
+            server_url=redact.url(self._client.url),
             observation=self._router,
             identity=None,
             link_ok=None if not links else all(links),

@@ -16,7 +16,7 @@ import pytest
 from support import browser
 from support.llamabed import MakeServer, complete, make_prompt
 from support.readers import parse_metrics, sample
-from support.sidecarbed import MakeSidecar
+from support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 1500
 SHOTS = "STATUS_PAGE_SCREENSHOTS"
@@ -82,3 +82,22 @@ def test_the_page_shows_the_restore_its_verdict_and_the_time_saved_as_metrics_co
     if os.environ.get(SHOTS):
         for shot in (desktop, phone):
             shutil.copy(shot, Path(os.environ[SHOTS]) / shot.name)
+
+
+def test_a_password_in_the_server_url_shows_nowhere_the_sidecar_shows_the_url(
+    llama: MakeServer, slot_dir: Path, tmp_path: Path
+) -> None:
+    """``--server http://user:password@host``: /status, /readyz, the page and the log name the server without it."""
+    server = llama(slot_dir=slot_dir)
+    secret = "pw-Hq72mVx0s1Kd"
+    with_password = server.url.replace("http://", f"http://watcher:{secret}@")
+    side = SidecarProcess(with_password, slot_dir, tmp_path / "sidecar-password.log").start()
+    try:
+        side.wait_for(lambda: side.status()["server"]["health"] == "ok", what="llama-server seen up")
+        shown = side.status()["server"]["url"]
+        assert shown == server.url.replace("http://", "http://watcher:[redacted]@")
+        pages = [side.get(path)[1] for path in ("/status", "/readyz", "/")] + [side.log_path.read_text()]
+        assert all(secret not in text for text in pages)
+        assert "watcher:[redacted]@" in pages[2]  # the page names the server, user included
+    finally:
+        side.kill()

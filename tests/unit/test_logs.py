@@ -73,3 +73,17 @@ def test_the_redactor_blanks_secrets_and_header_values_in_nested_values_and_keep
     assert out["headers"] == (f"{{'x-api-key': '{redact.REDACTED}', 'Accept': 'abc'}}",)
     assert out["hint"] == "send 'Authorization: Bearer <admin token>'"
     assert out["count"] == 3
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ("http://watcher:s3cret@llama:8080/", "http://watcher:[redacted]@llama:8080/"),
+        ("https://:s3cret@llama", "https://:[redacted]@llama"),
+        ("http://we:ird@pw@10.0.0.2:8080", "http://we:[redacted]@10.0.0.2:8080"),
+        ("http://watcher@llama:8080", "http://watcher@llama:8080"),
+        ("http://127.0.0.1:8080", "http://127.0.0.1:8080"),
+    ],
+)
+def test_a_urls_password_is_blanked_and_the_rest_kept(given: str, shown: str) -> None:
+    assert redact.url(given) == shown
