@@ -5,12 +5,16 @@ test model on 2 slots; the CLIs (see :mod:`support.agentclis`) talk to its
 proxy as users run them: ``claude -p`` and ``claude -p --resume``, ``codex
 exec`` and ``codex exec resume``. Between turns the test kills llama-server
 with SIGKILL and the launcher starts it again; the next turn waits at the
-restore gate. Every returning turn must reuse at least 99% of its session's
-previous prompt, as llama-server's own answer counts it (the cached-token
-figure each CLI reports from it). Codex also runs two sessions in turn on the
-2 slots: llama-server alone puts the second into the first's slot (their
-long common prefix makes it the most similar), and the first then prefills
-again on every switch.
+restore gate. Every turn that returns after a kill must reuse at least 99%
+of its session's previous prompt, as llama-server counts it (its own log
+lines in the launcher's log: counts only, no text).
+
+Codex also runs two sessions in turn on the 2 slots. They share all but
+their last ~60 tokens (instructions, tools, environment), so the second
+takes the first's slot; when a session comes back after the other took its
+slot, the library matches whole 128-token blocks and the session reuses
+every whole block of its previous prompt (about 98% of a 2.7K-token prompt):
+the partial block is prefilled again.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.snapshots import slotfile
 from support.agentclis import ClaudeCode, Codex, Launched, Turn, saved, turn
 
 WARM = 0.99
@@ -47,12 +52,18 @@ def _cold(turn: Turn, what: str) -> str:
     return f"{what} {turn.first.prompt} tokens, {turn.first.processed} prefilled, in {turn.seconds:.1f} s"
 
 
-def _warm(turn: Turn, before: Turn, what: str) -> str:
-    """The turn's first request reused at least 99% of the session's previous prompt."""
+def _warm(turn: Turn, before: Turn, what: str, *, whole_blocks: bool = False) -> str:
+    """The turn's first request reused at least 99% of the session's previous prompt.
+
+    ``whole_blocks``: the session's slot was taken by the other session, which shares all but its tail: the
+    library matches whole blocks of :data:`slotfile.BLOCK_TOKENS`, so the turn reuses every whole block of
+    its previous prompt and may prefill the partial one again (up to 127 tokens).
+    """
     assert turn.session == before.session, f"{what} the CLI did not resume its session"
     previous, reused = before.last.prompt, turn.first.cached
     share = reused / previous
-    assert share >= WARM, f"{what} reused {reused} of the previous prompt's {previous} tokens ({share:.1%})"
+    least = previous - previous % slotfile.BLOCK_TOKENS if whole_blocks else WARM * previous
+    assert reused >= least, f"{what} reused {reused} of the previous prompt's {previous} tokens ({share:.1%})"
     return f"{what} {reused}/{previous} ({share:.1%}) in {turn.seconds:.1f} s"
 
 
@@ -91,9 +102,9 @@ def test_codex_resumed_after_kill_9_and_switching_sessions_is_warm(
     assert b1.session != a1.session
     notes.append(_cold(b1, "B1 new session:"))
     a3 = turn(launched, codex, "Once more?", resume=a1.session)
-    notes.append(_warm(a3, a2, "A3 after B1 (switch):"))
+    notes.append(_warm(a3, a2, "A3 after B1 (switch):", whole_blocks=True))
     _kill_child(launched, a3)
     b2 = turn(launched, codex, "And again?", resume=b1.session)
-    notes.append(_warm(b2, b1, "B2 after kill -9 (switch):"))
+    notes.append(_warm(b2, b1, "B2 after kill -9 (switch):", whole_blocks=True))
     _killed_twice(launched)
     figure(f"Codex: {'; '.join(notes)}; {time.monotonic() - started:.0f} s in all")
