@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.snapshots import slotfile
-from support.agentclis import ClaudeCode, Codex, Launched, Turn, saved, turn
+from support.agentclis import ClaudeCode, Codex, Launched, Tripwire, Turn, saved, turn
 
 WARM = 0.99
 
@@ -40,6 +40,18 @@ def launched(llama_binary: Path, model: Path, tmp_path: Path) -> Iterator[Launch
     side = Launched(llama_binary, model, slots, tmp_path / "sidecar.log")
     with side:
         yield side.ready()
+
+
+@pytest.fixture
+def wire() -> Iterator[Tripwire]:
+    """Where the CLIs' traffic to anywhere but the proxy goes (the test fails on any)."""
+    tripwire = Tripwire()
+    yield tripwire
+    tripwire.close()
+
+
+def _stayed_local(wire: Tripwire) -> None:
+    assert not wire.asked, f"a CLI tried to reach beyond the proxy: {wire.asked}"
 
 
 def _kill_child(side: Launched, after: Turn) -> None:
@@ -73,9 +85,9 @@ def _killed_twice(side: Launched) -> None:
 
 
 def test_claude_code_resumed_after_each_kill_9_is_warm(
-    launched: Launched, tmp_path: Path, figure: Callable[[str], None]
+    launched: Launched, wire: Tripwire, tmp_path: Path, figure: Callable[[str], None]
 ) -> None:
-    claude = ClaudeCode(launched.proxy, tmp_path)
+    claude = ClaudeCode(launched.proxy, tmp_path, wire)
     started = time.monotonic()
     turns = [turn(launched, claude, "Say hello.")]
     notes = [_cold(turns[0], "turn 1 cold:")]
@@ -84,14 +96,15 @@ def test_claude_code_resumed_after_each_kill_9_is_warm(
         turns.append(turn(launched, claude, prompt, resume=turns[-1].session))
         notes.append(_warm(turns[-1], turns[-2], f"turn {n} after kill -9:"))
     _killed_twice(launched)
+    _stayed_local(wire)
     requests = [len(t.requests) for t in turns]
     figure(f"Claude Code: {'; '.join(notes)}; requests per turn {requests}; {time.monotonic() - started:.0f} s in all")
 
 
 def test_codex_resumed_after_kill_9_and_switching_sessions_is_warm(
-    launched: Launched, tmp_path: Path, figure: Callable[[str], None]
+    launched: Launched, wire: Tripwire, tmp_path: Path, figure: Callable[[str], None]
 ) -> None:
-    codex = Codex(launched.proxy, tmp_path)
+    codex = Codex(launched.proxy, tmp_path, wire)
     started = time.monotonic()
     a1 = turn(launched, codex, "Say hello.")
     notes = [_cold(a1, "A1 cold:")]
@@ -107,4 +120,5 @@ def test_codex_resumed_after_kill_9_and_switching_sessions_is_warm(
     b2 = turn(launched, codex, "And again?", resume=b1.session)
     notes.append(_warm(b2, b1, "B2 after kill -9 (switch):", whole_blocks=True))
     _killed_twice(launched)
+    _stayed_local(wire)
     figure(f"Codex: {'; '.join(notes)}; {time.monotonic() - started:.0f} s in all")

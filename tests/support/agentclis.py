@@ -4,9 +4,11 @@ The CLIs are npm packages pinned in ``tests/e2e/clients/package.json`` and
 installed there by ``scripts/test`` (``npm ci``); a missing one fails the
 test that needs it. Each runs with a HOME of its own in the test's temporary
 directory, dummy API keys, every update check, telemetry and error report
-turned off, and ``HTTPS_PROXY`` pointing at a closed local port: anything
-that would leave the machine fails instead of leaving (the proxy, on the
-loopback address, is in ``NO_PROXY``).
+turned off, and ``HTTPS_PROXY`` pointing at a :class:`Tripwire`: anything
+that would leave the machine goes there instead, is refused and recorded
+(host and port only), and the test fails on it (the proxy, on the loopback
+address, is in ``NO_PROXY``). Codex 0.171 syncs its curated plugins from
+github.com and chatgpt.com unless ``[features] plugins = false``.
 
 With the test model, llama-server needs ``--jinja``, a ChatML template that
 renders tools (:data:`TEMPLATE`: the model's own shows none) and
@@ -27,8 +29,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import socketserver
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -176,8 +180,34 @@ def turn(side: SidecarProcess, cli: Cli, prompt: str, resume: str | None = None)
     return Turn(session, tasks(side)[before:], seconds)
 
 
-def _quiet_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
-    """A clean environment: a HOME of its own, nothing of the caller's, outbound traffic sent to a closed port."""
+class Tripwire:
+    """A local HTTP proxy that lets nothing through: it records what each connection asked for and closes it."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        wire = self
+
+        class Refuse(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                line = self.rfile.readline(512).decode("latin-1").split()
+                # "CONNECT host:443 HTTP/1.1", or "GET http://host/... HTTP/1.1": the target only, never a body.
+                wire.asked.append(line[1].split("/")[2] if len(line) > 1 and "//" in line[1] else " ".join(line[:2]))
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Refuse)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, name="tripwire", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _quiet_env(home: Path, wire: Tripwire, extra: dict[str, str]) -> dict[str, str]:
+    """A clean environment: a HOME of its own, nothing of the caller's, outbound traffic sent to ``wire``."""
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": str(home),
@@ -186,8 +216,8 @@ def _quiet_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
         "XDG_CONFIG_HOME": str(home / ".config"),
         "XDG_CACHE_HOME": str(home / ".cache"),
         "XDG_DATA_HOME": str(home / ".local" / "share"),
-        "HTTPS_PROXY": f"http://127.0.0.1:{free_port()}",
-        "HTTP_PROXY": f"http://127.0.0.1:{free_port()}",
+        "HTTPS_PROXY": wire.url,
+        "HTTP_PROXY": wire.url,
         "NO_PROXY": "127.0.0.1,localhost",
         **extra,
     }
@@ -211,13 +241,14 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path) -> str:
 class ClaudeCode:
     """``claude -p PROMPT --output-format json`` against the proxy's Anthropic Messages API."""
 
-    def __init__(self, proxy: str, root: Path) -> None:
+    def __init__(self, proxy: str, root: Path, wire: Tripwire) -> None:
         self.exe = binary("claude")
         self.home, self.work = root / "claude-home", root / "claude-work"
         self.home.mkdir(parents=True)
         self.work.mkdir(parents=True)
         self.env = _quiet_env(
             self.home,
+            wire,
             {
                 "ANTHROPIC_BASE_URL": proxy,
                 "ANTHROPIC_API_KEY": "dummy",
@@ -259,6 +290,7 @@ enabled = false
 
 [features]
 view_image = false
+plugins = false
 
 [model_providers.sidecar]
 name = "llama-kv-sidecar"
@@ -275,7 +307,7 @@ CODEX_INSTRUCTIONS = "You are a coding agent in the Codex CLI. Answer in one sho
 class Codex:
     """``codex exec --json`` (and ``codex exec resume``) against the proxy's OpenAI Responses API."""
 
-    def __init__(self, proxy: str, root: Path) -> None:
+    def __init__(self, proxy: str, root: Path, wire: Tripwire) -> None:
         self.exe = binary("codex")
         self.home, self.work = root / "codex-home", root / "codex-work"
         codex_home = self.home / ".codex"
@@ -286,7 +318,7 @@ class Codex:
         (codex_home / "config.toml").write_text(
             CODEX_CONFIG.format(instructions=instructions, proxy=proxy, timeout=TIMEOUT_MS)
         )
-        self.env = _quiet_env(self.home, {"CODEX_HOME": str(codex_home), "SIDECAR_API_KEY": "dummy"})
+        self.env = _quiet_env(self.home, wire, {"CODEX_HOME": str(codex_home), "SIDECAR_API_KEY": "dummy"})
 
     def said(self, prompt: str, resume: str | None) -> str:
         argv = [str(self.exe), "exec", "--json", "--skip-git-repo-check"]
