@@ -19,26 +19,11 @@ from pathlib import Path
 import pytest
 
 from support import agents
-from support.llamabed import MakeServer, http_json, make_prompt
+from support.llamabed import MakeServer, make_prompt
 from support.sidecarbed import MakeSidecar, SidecarProcess, proxied
 
 WARM = 0.99
 """Share of the earlier prompt (what the restored snapshot holds, answer aside) the turn must reuse."""
-
-
-def _first_turn(server: str, api: agents.Chat, chat: agents.Conversation, slot: int) -> None:
-    """The conversation's first turn, straight to llama-server in ``slot``, as ``api`` would send it."""
-    body = {
-        "messages": api.messages(chat),
-        "tools": agents.chat_tools(),
-        "max_tokens": agents.MAX_TOKENS,
-        "temperature": 0,
-        "id_slot": slot,
-    }
-    status, answer = http_json("POST", server + "/v1/chat/completions", body, timeout=300)
-    assert status == 200, answer
-    text = answer["choices"][0]["message"].get("content") or ""
-    chat.answered(agents.Reply(text, 0, answer["usage"]["prompt_tokens"], "", True), f"Read record {chat.n}.")
 
 
 def _committed(side: SidecarProcess, slot: int, n: int) -> list[str]:
@@ -58,7 +43,7 @@ def test_the_conversation_waiting_after_a_kill9_is_restored_first_into_its_slot_
     files: dict[int, list[str]] = {}
     for n, chat in enumerate(chats):  # A, B, C, D into slots 0, 1, 0, 1
         slot = n % 2
-        _first_turn(server.url, api, chat, slot)
+        agents.first_turn_direct(server.url, api, chat, slot)
         files[slot] = side.wait_for(
             functools.partial(_committed, side, slot, n // 2 + 1), timeout=60, what=f"slot {slot}'s snapshot {n}"
         )
@@ -66,13 +51,9 @@ def test_the_conversation_waiting_after_a_kill9_is_restored_first_into_its_slot_
     restored_before = len(side.log_events("slot_restored"))
     opened_before = len(side.log_events("restore_gate_open"))
     swapped_before = len(side.log_events("conversation_swapped_in"))
-    server.kill()
-    side.wait_for(lambda: side.get("/readyz")[0] == 503, what="the gate closed for the kill")
-    server.start()  # not waited for: the turn below is held at the gate while the server loads
     a = chats[0]
     earlier = a.prompt
-    reply = api.send(a)
-    assert reply.complete, reply
+    reply = agents.sent_across_a_kill9(side, server, api, a)
     side.wait_for(lambda: len(side.log_events("slot_restored")) >= restored_before + 2, what="both slots restored")
     restored = [(e["slot"], e["file"]) for e in side.log_events("slot_restored")[restored_before:]]
     opened = side.log_events("restore_gate_open")[opened_before:]
