@@ -47,6 +47,8 @@ class Round:
         """Slots this round has restored."""
         self.landed: set[str] = set()
         """Snapshot files this round has restored."""
+        self.tried: set[str] = set()
+        """Wanted snapshot files this round has planned a restore of (restored or not: never planned twice)."""
         self.passed = 0
         """Requests let through early that have not ended."""
         self.early = 0
@@ -115,8 +117,9 @@ class Round:
             self._started = loop.time()
         while True:
             self._changed.clear()
-            step = restoreplan.plan(pending, tuple(self.wants), snapshots(), done=self.landed)[0]
+            step = restoreplan.plan(pending, tuple(self.wants), snapshots(), done=self.landed | self.tried)[0]
             if step.wanted is not None:
+                self.tried.add(step.wanted)
                 return step
             now = loop.time()
             until: float | None = None

@@ -251,3 +251,18 @@ async def test_a_held_request_whose_conversation_is_no_slots_newest_has_it_resto
         hold.leave_early()
         rest = await g.next_step((0,), lambda: snaps)
         assert (rest.slot, rest.candidates[0].file, rest.wanted) == (0, SNAPS[0].file, None)
+
+
+async def test_a_wanted_snapshot_that_did_not_land_is_not_planned_again_into_another_slot() -> None:
+    g, stats = _gate()
+    read, work = _wanting(0)
+    read.set()
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        await _preparing(g)
+        first = await g.next_step((0, 1), lambda: SNAPS)
+        assert (first.slot, first.wanted) == (0, _file(0))
+        # slot0.bin failed its check: the round restored nothing there and goes on with slot 1, its own
+        step = await g.next_step((1,), lambda: SNAPS)
+        assert (step.slot, step.wanted, step.candidates[0].file) == (1, None, _file(1))
+        waiter.cancel()
