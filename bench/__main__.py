@@ -2,7 +2,7 @@
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
 footprint, scaling, proxy, restore, hashing, library, shared, agents, hybrid, price, scale,
-nodes.
+nodes, launcher.
 Progress goes to stderr, results to stdout, ending with one verdict line per
 goal (MET, MISSED or NO VERDICT, with the figures).
 The exit status is 1 when a goal was missed.
@@ -24,6 +24,7 @@ from bench import agents as agents_mod
 from bench import footprint as footprint_mod
 from bench import hashing as hashing_mod
 from bench import hybrid as hybrid_mod
+from bench import launcher as launcher_mod
 from bench import library as library_mod
 from bench import nodes as nodes_mod
 from bench import price as price_mod
@@ -37,7 +38,7 @@ from bench import ttft as ttft_mod
 
 SECTIONS = (
     "ttft", "restart", "stall", "footprint", "scaling", "proxy", "restore", "hashing", "library", "shared", "agents",
-    "hybrid", "price", "scale", "nodes",
+    "hybrid", "price", "scale", "nodes", "launcher",
 )  # fmt: skip
 
 
@@ -226,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
             "15. Nodes: two nodes behind HAProxy, the shipped config vs round robin, and a node's kill -9",
             lambda: nodes_mod.measure(bed, quick=bool(ns.quick), say=say),
         )
+        launcher = section(
+            "launcher",
+            "16. Launcher mode after a kill -9: from the death vs beside with a restart loop, and who waits",
+            lambda: launcher_mod.measure(bed, quick=bool(ns.quick), say=say),
+        )
     finally:
         bed.close()
     load1 = rig.loadavg()
@@ -252,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     missed = library is not None and any(line.startswith("MISSED") for line in library_mod.verdicts(library))
     missed |= scale is not None and any(line.startswith("MISSED") for line in scale_mod.verdicts(scale))
     missed |= nodes is not None and any(line.startswith("MISSED") for line in nodes_mod.verdicts(nodes))
+    missed |= launcher is not None and any(line.startswith("MISSED") for line in launcher_mod.verdicts(launcher))
     return 1 if missed else goals.exit_code(verdicts)
 
 

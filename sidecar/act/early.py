@@ -2,15 +2,17 @@
 
 A completion held at the restore gate while the server answers and only its
 slots are being restored reads its token ids meanwhile (see
-:mod:`sidecar.act.gate`) and names the slot whose newest snapshot holds its
-prefix: its *want*. The round restores wanted slots first, in the order the
-wants came, and a request goes on as soon as its own slot is restored; the
-proxy then places it only among the slots this round has restored (any other
-may still be restored into, which would replace what the request left there).
+:mod:`sidecar.act.gate`) and names the snapshot that holds the longest prefix
+of them, the newest of a slot or not: its *want*. The round restores wanted
+snapshots first, in the order the wants came, each into the slot it will be
+served from (:mod:`sidecar.act.restoreplan` decides, purely), and a request
+goes on as soon as its own snapshot is restored; the proxy then places it
+only among the slots this round has restored (any other may still be
+restored into, which would replace what the request left there).
 
 The rest of the round waits while such a request runs and nothing else waits
 at the gate (at most :data:`QUIET_SECONDS` after the first one went on), and
-from the moment its slot is restored until it goes on (its task wakes a few
+from the moment its snapshot is restored until it goes on (its task wakes a few
 steps of the event loop after the restore; a restore picked meanwhile used to
 land right beside it):
 llama-server runs one task at a time, so a restore sent beside the request
@@ -24,9 +26,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
+from sidecar.act import restoreplan
+from sidecar.snapshots import manifest
+
 WANT_SECONDS = 0.1
 """Seconds a round waits, before its first restore, for held requests still reading their token ids to name
-their slot (the ids usually come from the sidecar's token cache in well under that)."""
+their snapshot (the ids usually come from the sidecar's token cache in well under that)."""
 QUIET_SECONDS = 1.0
 """Seconds after the first request let through early that the rest of the round may wait for such requests to
 end; then it goes on beside them."""
@@ -36,15 +41,19 @@ class Round:
     """The wants, the restored slots and the requests let through early of one restore round."""
 
     def __init__(self) -> None:
-        self.wants: dict[int, int] = {}
-        """Requests waiting for each slot to be restored, by slot, in the order the slots were first wanted."""
+        self.wants: dict[str, int] = {}
+        """Requests waiting for each snapshot to be restored, by file, in the order the files were first wanted."""
         self.ready: set[int] = set()
         """Slots this round has restored."""
+        self.landed: set[str] = set()
+        """Snapshot files this round has restored."""
+        self.tried: set[str] = set()
+        """Wanted snapshot files this round has planned a restore of (restored or not: never planned twice)."""
         self.passed = 0
         """Requests let through early that have not ended."""
         self.early = 0
         """Requests let through early in all (for the gate's open log line)."""
-        self._ready: dict[int, asyncio.Event] = {}
+        self._ready: dict[str, asyncio.Event] = {}
         self._changed = asyncio.Event()
         self._started: float | None = None
         self._passed_at: float | None = None
@@ -54,23 +63,24 @@ class Round:
         """Something :meth:`next_slot` decides on changed: a want, a waiting or naming request, a pass."""
         self._changed.set()
 
-    def restored(self, slot: int) -> None:
-        """``slot`` is restored: the requests waiting for it may go."""
+    def restored(self, slot: int, file: str) -> None:
+        """Snapshot ``file`` is restored into ``slot``: the requests waiting for it may go."""
         self.ready.add(slot)
+        self.landed.add(file)
         self._restored_at = asyncio.get_running_loop().time()
-        self.event(slot).set()
+        self.event(file).set()
 
-    def event(self, slot: int) -> asyncio.Event:
-        """Set once ``slot`` is restored in this round."""
-        return self._ready.setdefault(slot, asyncio.Event())
+    def event(self, file: str) -> asyncio.Event:
+        """Set once snapshot ``file`` is restored in this round."""
+        return self._ready.setdefault(file, asyncio.Event())
 
-    def want(self, slot: int, more: int) -> None:
-        """One more (``more`` 1) or one fewer (-1) request waiting for ``slot``."""
-        left = self.wants.get(slot, 0) + more
+    def want(self, file: str, more: int) -> None:
+        """One more (``more`` 1) or one fewer (-1) request waiting for snapshot ``file``."""
+        left = self.wants.get(file, 0) + more
         if left > 0:
-            self.wants[slot] = left
+            self.wants[file] = left
         else:
-            self.wants.pop(slot, None)
+            self.wants.pop(file, None)
         self.changed()
 
     def went(self) -> None:
@@ -86,23 +96,31 @@ class Round:
         self.changed()
 
     def _going(self) -> bool:
-        """Whether a request waits for a slot this round has restored: it is about to go on early."""
-        return any(slot in self.ready for slot in self.wants)
+        """Whether a request waits for a snapshot this round has restored: it is about to go on early."""
+        return any(file in self.landed for file in self.wants)
 
-    async def next_slot(self, pending: Sequence[int], waiting: Callable[[], int], unnamed: Callable[[], int]) -> int:
-        """The slot to restore next among ``pending`` (not empty); waits as the module says.
+    async def next_step(
+        self,
+        pending: Sequence[int],
+        waiting: Callable[[], int],
+        unnamed: Callable[[], int],
+        snapshots: Callable[[], Sequence[manifest.Manifest]],
+    ) -> restoreplan.Step:
+        """What to restore next, into one of ``pending`` (not empty); waits as the module says.
 
         ``waiting``: how many requests wait at the gate now; ``unnamed``: how many of them are to name
-        the slot they wait for once their ids are read, and have not yet.
+        the snapshot they wait for once their ids are read, and have not yet; ``snapshots``: every
+        committed snapshot now.
         """
         loop = asyncio.get_running_loop()
         if self._started is None:
             self._started = loop.time()
         while True:
             self._changed.clear()
-            wanted = next((slot for slot in self.wants if slot in pending), None)
-            if wanted is not None:
-                return wanted
+            step = restoreplan.plan(pending, tuple(self.wants), snapshots(), done=self.landed | self.tried)[0]
+            if step.wanted is not None:
+                self.tried.add(step.wanted)
+                return step
             now = loop.time()
             until: float | None = None
             if unnamed() and now < self._started + WANT_SECONDS:
@@ -112,7 +130,7 @@ class Round:
             elif self.passed > 0 and not waiting() and self._passed_at is not None:
                 until = self._passed_at + QUIET_SECONDS if now < self._passed_at + QUIET_SECONDS else None
             if until is None:
-                return pending[0]
+                return step
             try:
                 async with asyncio.timeout(until - now):
                     await self._changed.wait()

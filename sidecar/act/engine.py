@@ -26,7 +26,19 @@ from typing import Protocol
 
 import structlog
 
-from sidecar.act import actions, boundary, gate, memory, policy, probe, report, restorer, savings, snapshotter
+from sidecar.act import (
+    actions,
+    boundary,
+    gate,
+    memory,
+    policy,
+    probe,
+    report,
+    restoreplan,
+    restorer,
+    savings,
+    snapshotter,
+)
 from sidecar.core import apikeys, config, errors, events, hashing, metrics, outcomes, protocols, redact
 from sidecar.observe import upstream
 from sidecar.snapshots import manifest, slotfile, store
@@ -490,15 +502,15 @@ class Engine:
 
     # ---- the restore round's order: restorer.Order ------------------------------------------
 
-    async def next_slot(self, pending: tuple[int, ...]) -> int:
-        """The slot a request held at the gate waits for first (see :mod:`sidecar.act.early`)."""
-        return await self._gate.next_slot(pending)
+    async def next_step(self, pending: tuple[int, ...]) -> restoreplan.Step:
+        """What a request held at the gate waits for first, and where (see :mod:`sidecar.act.early`)."""
+        return await self._gate.next_step(pending, self._snapshots.snapshots)
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         """Tell the listeners what ``slot`` holds now, then let the requests waiting for it go on."""
         for listener in self._listeners:
             listener.restored(slot, record)
-        self._gate.restored(slot)
+        self._gate.restored(slot, record.file)
 
     async def restore_now(self) -> list[restorer.RestoreRecord]:
         """An admin's restore round into the slots that are empty now."""

@@ -23,10 +23,11 @@ are being restored: ``close(..., serving=True)``), a waiting request may do
 what touches no slot, so that it is done when the gate opens: the proxy has
 a routed request's token ids read then (``meanwhile`` of :meth:`Hold.wait`).
 The gate's ``restore_gate_open`` log line says how many did
-(``prepared``). Such a request names the slot the round will restore its
-prefix into, and goes on as soon as that slot is restored, before the round
-ends (:mod:`sidecar.act.early`: the round restores wanted slots first); the
-open's log line counts them too (``early``).
+(``prepared``). Such a request names the snapshot that holds its prefix,
+and goes on as soon as the round has restored it, before the round ends
+(:mod:`sidecar.act.early`: the round restores wanted snapshots first, each
+into the slot the request will run in); the open's log line counts them too
+(``early``).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import structlog
 
-from sidecar.act import early
+from sidecar.act import early, restoreplan
 from sidecar.core import metrics, protocols
+from sidecar.snapshots import manifest
 
 log = structlog.get_logger("sidecar.proxy.gate")
 
@@ -67,7 +69,7 @@ class Gate:
         self._round = early.Round()
         """The restore round the gate is closed for now (or was last)."""
         self._unnamed = 0
-        """Requests waiting with work meanwhile that has not ended (they may name the slot they wait for)."""
+        """Requests waiting with work meanwhile that has not ended (they may name the snapshot they wait for)."""
         self._suspect_at: float | None = None
         self.waiting = 0
         """Requests waiting at the gate now."""
@@ -125,13 +127,15 @@ class Gate:
         through early still runs with the server answering."""
         return self._open.is_set() or (hold.early is self._round and self._serving.is_set())
 
-    async def next_slot(self, pending: Sequence[int]) -> int:
-        """The slot the restore round restores next (see :mod:`sidecar.act.early`)."""
-        return await self._round.next_slot(pending, lambda: self.waiting, lambda: self._unnamed)
+    async def next_step(
+        self, pending: Sequence[int], snapshots: Callable[[], Sequence[manifest.Manifest]]
+    ) -> restoreplan.Step:
+        """What the restore round restores next, and where (see :mod:`sidecar.act.early`)."""
+        return await self._round.next_step(pending, lambda: self.waiting, lambda: self._unnamed, snapshots)
 
-    def restored(self, slot: int) -> None:
-        """The restore round restored ``slot``: requests waiting for it go on."""
-        self._round.restored(slot)
+    def restored(self, slot: int, file: str) -> None:
+        """The restore round restored snapshot ``file`` into ``slot``: requests waiting for it go on."""
+        self._round.restored(slot, file)
 
     async def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the gate to be open; False if it stayed closed."""
@@ -146,12 +150,12 @@ class Gate:
         return True
 
     async def wait_meanwhile(
-        self, timeout: float, work: Callable[[], Awaitable[int | None]]
+        self, timeout: float, work: Callable[[], Awaitable[str | None]]
     ) -> tuple[bool, early.Round | None]:
         """:meth:`wait`, running ``work`` once the server answers while the gate stays closed for a restore round.
 
-        ``work`` must touch no slot; it returns the slot whose restore the
-        request waits for (None: it waits for the whole round). Once it has
+        ``work`` must touch no slot; it returns the snapshot file whose restore
+        the request waits for (None: it waits for the whole round). Once it has
         started it is awaited (within ``timeout``) before this returns, so
         what it did is done when the caller goes on; if the gate opens before
         it started, it is not started at all. Errors of ``work`` are the
@@ -177,31 +181,31 @@ class Gate:
         went.went()
         return True, went
 
-    async def _passage(self, work: Callable[[], Awaitable[int | None]], named: asyncio.Event) -> early.Round | None:
-        """Until the gate opens (None) or the request's own slot is restored in the running round (that round).
+    async def _passage(self, work: Callable[[], Awaitable[str | None]], named: asyncio.Event) -> early.Round | None:
+        """Until the gate opens (None) or the request's own snapshot is restored in the running round (that round).
 
-        ``named`` is set once ``work`` has named the slot (or nothing).
+        ``named`` is set once ``work`` has named the snapshot (or nothing).
         """
         if not await self._first(self._serving):
             return None
         held = self._round
         self.prepared += 1
         try:
-            slot = await work()
+            file = await work()
         except Exception:
-            slot = None
+            file = None
         finally:
             named.set()
             self._unnamed -= 1
             held.changed()
-        if slot is None or held is not self._round:
+        if file is None or held is not self._round:
             await self._open.wait()
             return None
-        held.want(slot, 1)
+        held.want(file, 1)
         try:
-            restored = await self._first(held.event(slot))
+            restored = await self._first(held.event(file))
         finally:
-            held.want(slot, -1)
+            held.want(file, -1)
         return held if restored and held is self._round and self._serving.is_set() else None
 
     async def _first(self, event: asyncio.Event) -> bool:
@@ -270,7 +274,7 @@ class Hold:
         timeout: float,
         *,
         after: Awaitable[object] | None = None,
-        meanwhile: Callable[[], Awaitable[int | None]] | None = None,
+        meanwhile: Callable[[], Awaitable[str | None]] | None = None,
     ) -> bool:
         """Wait up to ``timeout`` seconds for the gate to be open; False if it stayed closed.
 

@@ -171,16 +171,23 @@ class RestorePlan:
 
 
 def plan_restore(
-    view: events.SlotView, snapshots: Sequence[manifest.Manifest], identity: events.Identity
+    view: events.SlotView,
+    snapshots: Sequence[manifest.Manifest],
+    identity: events.Identity,
+    *,
+    in_order: bool = False,
 ) -> RestorePlan:
-    """What to restore into ``view``: never into a busy slot or one holding tokens."""
+    """What to restore into ``view``: never into a busy slot or one holding tokens.
+
+    ``in_order``: ``snapshots`` are already in the order to try them (a restore round's plan); else newest first.
+    """
     if view.processing or not view.empty:
         return RestorePlan(view.id, (), outcomes.RestoreOutcome.SLOT_BUSY)
     if not snapshots:
         return RestorePlan(view.id, (), outcomes.RestoreOutcome.NO_SNAPSHOT)
     good: list[manifest.Manifest] = []
     refusals: list[tuple[str, str]] = []
-    for snap in manifest.newest_first(snapshots):
+    for snap in snapshots if in_order else manifest.newest_first(snapshots):
         problems = manifest.incompatibilities(snap, identity, slot_n_ctx=view.n_ctx)
         if problems:
             refusals.append((snap.file, "; ".join(problems)))

@@ -58,7 +58,7 @@ from typing import Protocol
 
 import structlog
 
-from sidecar.act import actions, policy, savings
+from sidecar.act import actions, policy, restoreplan, savings
 from sidecar.core import errors, events, hashing, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, store
 
@@ -156,10 +156,10 @@ _Stamp = tuple[int, int, int]
 
 
 class Order(Protocol):
-    """A restore round's order: which slot goes next, and who is told of each restore as it lands."""
+    """A restore round's order: what goes next and where, and who is told of each restore as it lands."""
 
-    async def next_slot(self, pending: tuple[int, ...]) -> int:
-        """One of ``pending`` (not empty): the slot to restore next; may wait."""
+    async def next_step(self, pending: tuple[int, ...]) -> restoreplan.Step:
+        """What to restore next into one of ``pending`` (not empty), as :func:`restoreplan.plan` says; may wait."""
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         """``record`` is restored into ``slot``, before the round goes on."""
@@ -230,8 +230,9 @@ class Restorer:
     ) -> dict[int, manifest.Manifest] | None:
         """One restore round into every idle, empty slot; returns the manifest restored into each slot.
 
-        ``order``: which slot goes next, and who is told of each restore as it lands (else slot order,
-        told of none). None if the round could not start (/slots unreadable): try again at the next poll.
+        ``order``: what goes next and where, and who is told of each restore as it lands (else each slot's
+        own snapshots in slot order, told of none). None if the round could not start (/slots unreadable):
+        try again at the next poll.
         """
         done: dict[int, manifest.Manifest] = {}
         records: list[RestoreRecord] = []
@@ -245,10 +246,15 @@ class Restorer:
             acted = self._acted
             pending = {view.id: view for view in listing}
             while pending:
-                slot = await order.next_slot(tuple(pending)) if order is not None else next(iter(pending))
-                view = pending.pop(slot)
+                slots = tuple(pending)
+                step = (
+                    await order.next_step(slots)
+                    if order is not None
+                    else restoreplan.plan(slots, (), self._snapshots.snapshots())[0]
+                )
+                view = pending.pop(step.slot)
                 fresh = (view, listed_at) if self._acted == acted else None  # nothing has run since the listing
-                record, restored = await self._restore_slot(view.id, fresh, identity, healthy_at, counters)
+                record, restored = await self._restore_slot(step, fresh, identity, healthy_at, counters)
                 records.append(record)
                 if restored is not None:
                     done[view.id] = restored
@@ -327,13 +333,14 @@ class Restorer:
 
     async def _restore_slot(
         self,
-        slot: int,
+        step: restoreplan.Step,
         fresh: tuple[events.SlotView, float] | None,
         identity: events.Identity,
         healthy_at: float | None,
         counters: events.Counters | None,
     ) -> tuple[RestoreRecord, manifest.Manifest | None]:
-        """Restore ``slot``; ``fresh``: a view of it and when its read began, nothing run since (else None)."""
+        """Restore ``step``; ``fresh``: a view of its slot and when its read began, nothing run since (else None)."""
+        slot = step.slot
         view: events.SlotView | None
         if fresh is not None:
             (view, started), problem = fresh, ""
@@ -342,7 +349,7 @@ class Restorer:
             view, problem = await self._read(slot)
         if view is None:
             return self._count(slot, Outcome.FAILED, problem), None
-        plan = policy.plan_restore(view, self._snapshots.snapshots(slot), identity)
+        plan = policy.plan_restore(view, step.candidates, identity, in_order=True)
         for file, why in plan.refusals:
             log.warning("snapshot_incompatible", slot=slot, file=file, differences=why)
         if plan.outcome is not None:
@@ -364,7 +371,7 @@ class Restorer:
                 return await self._send(slot, view, candidate, healthy_at, counters, started, filename=staged)
             finally:
                 await asyncio.to_thread(self._snapshots.unstage, staged, candidate)
-        return self._count(slot, Outcome.FAILED, "every snapshot of this slot failed its check"), None
+        return self._count(slot, Outcome.FAILED, "every snapshot planned for this slot failed its check"), None
 
     async def _send(
         self,

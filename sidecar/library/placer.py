@@ -188,15 +188,15 @@ class Placer:
 
     # ---- the proxy's hook -----------------------------------------------------------------
 
-    async def prepare(self, raw_path: str, body: bytes, *, owner: str = apikeys.NOBODY) -> int | None:
+    async def prepare(self, raw_path: str, body: bytes, *, owner: str = apikeys.NOBODY) -> str | None:
         """Have the token ids of a request held at the restore gate read while the server restores its slots.
 
         Ids depend on no slot: the tokenizer remembers them, and the request's
         placement finds them there instead of asking the server. Returns the
-        slot whose newest snapshot holds the longest prefix of them (the one
-        the restore round puts it back in: the request waits for that slot
-        only), None if none does. Never raises: on any error the placement
-        asks, as it would have.
+        snapshot file that holds the longest prefix of them, a slot's newest
+        or an older one (the restore round restores it first, into the slot
+        the request then runs in: the request waits for it only), None if none
+        does. Never raises: on any error the placement asks, as it would have.
         """
         try:
             request = prompt.of(raw_path, body)
@@ -206,18 +206,14 @@ class Placer:
             pass
         return None
 
-    def _awaited(self, packed: bytes, owner: str) -> int | None:
-        """The slot whose newest snapshot, of ``owner``'s, shares the most blocks with the ids ``packed`` (an
-        exact prefix of them on a model that cannot cut a state back)."""
+    def _awaited(self, packed: bytes, owner: str) -> str | None:
+        """The snapshot of ``owner``'s that shares the most blocks with the ids ``packed`` (an exact prefix of
+        them on a model that cannot cut a state back); the newest among equals."""
         _, identity = self._core.seen()
         exact = identity is not None and not memory.cuts_back(identity.memory)
         chain = slotfile.prefix_hashes(packed)
-        best: tuple[int, int] | None = None
-        newest: set[int] = set()
-        for record in self._snapshots.snapshots():  # newest first: the one a restore round puts back
-            if record.slot in newest:
-                continue
-            newest.add(record.slot)
+        best: tuple[str, int] | None = None
+        for record in self._snapshots.snapshots():  # newest first
             if (
                 record.owner != owner
                 or record.index is None
@@ -226,7 +222,7 @@ class Placer:
                 continue
             shared = slotfile.shared_blocks(chain, record.index.chain)
             if shared and (best is None or shared > best[1]):
-                best = record.slot, shared
+                best = record.file, shared
         return best[0] if best is not None else None
 
     @contextlib.asynccontextmanager

@@ -81,10 +81,10 @@ class Pinner(Protocol):
         ``within``: the slots restored so far by the restore round that let the request through early.
         """
 
-    async def prepare(self, raw_path: str, body: bytes, *, owner: str) -> int | None:
+    async def prepare(self, raw_path: str, body: bytes, *, owner: str) -> str | None:
         """What needs no slot (the token ids), done while the request waits for a restore round; never raises.
 
-        Returns the slot whose restore the request waits for (None: the whole round).
+        Returns the snapshot file whose restore the request waits for (None: the whole round).
         """
 
 
@@ -287,7 +287,7 @@ class Relay:
             attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
             return await self._send(request, route, target, headers, body, attempts)
 
-    async def _wait(self, attempts: _Attempts, meanwhile: Callable[[], Awaitable[int | None]] | None = None) -> bool:
+    async def _wait(self, attempts: _Attempts, meanwhile: Callable[[], Awaitable[str | None]] | None = None) -> bool:
         """Wait at the gate until the request's deadline; False if it stayed closed (``meanwhile``: see gate)."""
         return await attempts.hold.wait(attempts.deadline - self._clock.monotonic(), meanwhile=meanwhile)
 

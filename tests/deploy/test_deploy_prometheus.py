@@ -49,5 +49,6 @@ def test_scrape_jobs_have_the_names_the_alerts_and_dashboard_expect() -> None:
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert set(jobs) == {"llama-kv-sidecar", "llama-server"}
     assert jobs["llama-kv-sidecar"]["static_configs"][0]["targets"] == ["sidecar:9464"]
-    assert jobs["llama-server"]["static_configs"][0]["targets"] == ["llama-server:8080"]
+    # llama-server through the proxy, which forwards /metrics: the same target in launcher and beside mode.
+    assert jobs["llama-server"]["static_configs"][0]["targets"] == ["sidecar:8080"]
     assert config["rule_files"] == ["alerts.yml"]

@@ -20,25 +20,10 @@ from pathlib import Path
 import pytest
 
 from support import agents, tinymodels
-from support.llamabed import MakeServer, http_json, make_prompt
+from support.llamabed import MakeServer, make_prompt
 from support.sidecarbed import MakeSidecar, SidecarProcess, proxied
 
 WARM = 0.9
-
-
-def _first_turn(server: str, api: agents.Chat, chat: agents.Conversation, slot: int) -> None:
-    """The conversation's first turn, straight to llama-server in ``slot``, as ``api`` would send it."""
-    body = {
-        "messages": api.messages(chat),
-        "tools": agents.chat_tools(),
-        "max_tokens": agents.MAX_TOKENS,
-        "temperature": 0,
-        "id_slot": slot,
-    }
-    status, answer = http_json("POST", server + "/v1/chat/completions", body, timeout=300)
-    assert status == 200, answer
-    text = answer["choices"][0]["message"].get("content") or ""
-    chat.answered(agents.Reply(text, 0, answer["usage"]["prompt_tokens"], "", True), f"Read record {chat.n}.")
 
 
 def _saved(side: SidecarProcess, slot: str) -> bool:
@@ -59,16 +44,12 @@ def test_a_turn_held_after_a_kill9_goes_on_once_its_own_slot_is_restored_before_
     api = agents.Chat(url, stream=True)
     chats = [agents.Conversation.start(n, make_prompt(server.url, 600, seed=710 + n)) for n in range(2)]
     for slot, chat in enumerate(chats):
-        _first_turn(server.url, api, chat, slot)
+        agents.first_turn_direct(server.url, api, chat, slot)
         side.wait_for(functools.partial(_saved, side, str(slot)), timeout=60, what=f"slot {slot}'s snapshot")
     restored_before = len(side.log_events("slot_restored"))
     opened_before = len(side.log_events("restore_gate_open"))
-    server.kill()
-    side.wait_for(lambda: side.get("/readyz")[0] == 503, what="the gate closed for the kill")
-    server.start()  # not waited for: the turn below is held at the gate while the server loads
     later = chats[1]
-    reply = api.send(later)
-    assert reply.complete, reply
+    reply = agents.sent_across_a_kill9(side, server, api, later)
     side.wait_for(lambda: len(side.log_events("slot_restored")) >= restored_before + 2, what="both slots restored")
     restored = [e["slot"] for e in side.log_events("slot_restored")[restored_before:]]
     opened = side.log_events("restore_gate_open")[opened_before:]

@@ -38,7 +38,7 @@ class _SlowBookkeeping:
         self.finish = asyncio.Event()
         self.placed: list[_Placed] = []
 
-    async def prepare(self, raw_path: str, body: bytes, *, owner: str = "") -> int | None:
+    async def prepare(self, raw_path: str, body: bytes, *, owner: str = "") -> str | None:
         return None
 
     @contextlib.asynccontextmanager

@@ -407,7 +407,7 @@ class Placing:
     def __init__(self) -> None:
         self.placed: list[Any] = []
 
-    async def prepare(self, raw_path: str, body: bytes, *, owner: str = "") -> int | None:
+    async def prepare(self, raw_path: str, body: bytes, *, owner: str = "") -> str | None:
         return None
 
     @contextlib.asynccontextmanager

@@ -19,6 +19,8 @@ from typing import Any
 import anthropic
 import openai
 
+from support import llamabed
+
 SYSTEM = "You answer in one short sentence."
 TOOL_NAME = "read_file"
 TOOL_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
@@ -249,6 +251,33 @@ class Responses(Api):
                     assert usage is not None
                     cached, prompt = usage.input_tokens_details.cached_tokens, usage.input_tokens
         return Reply(text, cached, prompt, header, completed)
+
+
+def first_turn_direct(server: str, api: Chat, chat: Conversation, slot: int) -> None:
+    """``chat``'s first turn straight to llama-server at ``server``, in ``slot``, as ``api`` would send it;
+    ``chat`` gets its answer and a next user turn."""
+    body = {
+        "messages": api.messages(chat),
+        "tools": chat_tools(),
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "id_slot": slot,
+    }
+    status, answer = llamabed.http_json("POST", server + "/v1/chat/completions", body, timeout=300)
+    assert status == 200, answer
+    text = answer["choices"][0]["message"].get("content") or ""
+    chat.answered(Reply(text, 0, answer["usage"]["prompt_tokens"], "", True), f"Read record {chat.n}.")
+
+
+def sent_across_a_kill9(side: Any, server: Any, api: Api, chat: Conversation) -> Reply:
+    """Kill llama-server with SIGKILL, wait for the sidecar's gate to close, start the server again (not
+    waited for) and send ``chat``'s next turn at once: it is held at the gate while the server loads."""
+    server.kill()
+    side.wait_for(lambda: side.get("/readyz")[0] == 503, what="the gate closed for the kill")
+    server.start()
+    reply = api.send(chat)
+    assert reply.complete, reply
+    return reply
 
 
 def every_api(url: str) -> list[Api]:

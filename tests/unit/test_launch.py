@@ -136,15 +136,15 @@ def test_keys_are_blanked_in_the_logged_command() -> None:
     assert shown == ["llama-server", "--api-key", "***", "--api-key-file=***", "-m", "x"]
 
 
-def test_the_first_restarts_come_soon_then_back_off_to_the_cap() -> None:
+def test_a_lone_end_restarts_at_once_then_ends_close_together_back_off_to_the_cap() -> None:
     ends: list[float] = []
     delays = []
     for i in range(4):
         ends.append(i * 100.0)  # each end outside the window of the one before
         delays.append(restarts.decide(ends, i * 100.0, jitter=1.0).delay)
-    assert delays == [restarts.FIRST_DELAY] * 4
+    assert delays == [0.0] * 4
     close = [0.0, 1.0, 2.0, 3.0]
-    assert [restarts.decide(close[: n + 1], close[n], jitter=1.0).delay for n in range(4)] == [0.25, 0.5, 1.0, 2.0]
+    assert [restarts.decide(close[: n + 1], close[n], jitter=1.0).delay for n in range(4)] == [0.0, 0.25, 0.5, 1.0]
 
 
 def test_five_ends_within_a_minute_are_a_crash_loop() -> None:
@@ -167,8 +167,10 @@ def test_the_delay_is_jittered_capped_and_the_verdict_follows_the_window(ends: l
     in_window = sum(1 for at in ends if now - at < restarts.CRASH_LOOP_SECONDS)
     assert verdict.recent == in_window
     assert verdict.restart == (in_window < restarts.CRASH_LOOP_EXITS)
-    if verdict.restart:
+    if verdict.restart and in_window > 1:
         assert restarts.FIRST_DELAY / 2 <= verdict.delay <= restarts.MAX_DELAY
+    elif verdict.restart:
+        assert verdict.delay == 0.0
 
 
 def test_output_lines_are_split_bounded_and_the_cut_counted() -> None:

@@ -118,7 +118,7 @@ async def test_work_meanwhile_starts_only_once_the_server_answers_and_is_done_be
     done: list[str] = []
     release = asyncio.Event()
 
-    async def work() -> int | None:
+    async def work() -> str | None:
         done.append("started")
         await release.wait()
         done.append("ended")
@@ -144,7 +144,7 @@ async def test_work_meanwhile_is_not_started_when_the_gate_opens_first_and_the_o
     g.close("llama-server is down")
     started: list[int] = []
 
-    async def work() -> int | None:
+    async def work() -> str | None:
         started.append(1)
         return None
 

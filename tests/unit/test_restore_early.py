@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -10,10 +11,44 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import early, gate
-from sidecar.core import metrics
+from sidecar.core import hashing, metrics
+from sidecar.snapshots import manifest
 
 SHORT = 0.05
 """Seconds in which something that must not happen would have happened."""
+FP = manifest.Fingerprint("b1", "/m.gguf", 1, 1, 4096, 4)
+
+
+def _file(slot: int) -> str:
+    return f"slot{slot}.bin"
+
+
+SNAPS = tuple(
+    manifest.Manifest(
+        slot=n,
+        file=_file(n),
+        tokens=500,
+        bytes=100,
+        checksum=manifest.Checksum(hashing.Algorithm.SHA256, "0" * 64),
+        generation=n + 1,
+        created=float(n),
+        task=1,
+        fingerprint=FP,
+    )
+    for n in range(4)
+)
+"""Each slot's one snapshot: a request wanting slot N's content names ``slotN.bin``."""
+
+
+async def _next(g: gate.Gate, pending: tuple[int, ...]) -> int:
+    """The slot the round restores next (each slot's own snapshot)."""
+    step = await g.next_step(pending, lambda: SNAPS)
+    assert step.candidates[:1] == tuple(s for s in SNAPS if s.slot == step.slot)
+    return step.slot
+
+
+def _restored(g: gate.Gate, slot: int) -> None:
+    g.restored(slot, _file(slot))
 
 
 def _gate() -> tuple[gate.Gate, metrics.Metrics]:
@@ -22,13 +57,13 @@ def _gate() -> tuple[gate.Gate, metrics.Metrics]:
     return g, metrics.Metrics(CollectorRegistry(), version="t")
 
 
-def _wanting(slot: int | None) -> tuple[asyncio.Event, Callable[[], Awaitable[int | None]]]:
-    """Work that names ``slot`` once its event is set (the ids read)."""
+def _wanting(slot: int | None) -> tuple[asyncio.Event, Callable[[], Awaitable[str | None]]]:
+    """Work that names ``slot``'s snapshot once its event is set (the ids read)."""
     read = asyncio.Event()
 
-    async def work() -> int | None:
+    async def work() -> str | None:
         await read.wait()
-        return slot
+        return None if slot is None else _file(slot)
 
     return read, work
 
@@ -53,8 +88,8 @@ async def _restored_for(g: gate.Gate, hold: gate.Hold, slot: int, pending: tuple
     read.set()
     waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
     await _preparing(g)
-    assert await g.next_slot(pending) == slot
-    g.restored(slot)
+    assert await _next(g, pending) == slot
+    _restored(g, slot)
     return waiter
 
 
@@ -68,14 +103,14 @@ async def test_the_round_restores_first_the_slot_a_held_request_names_once_its_i
     read, work = _wanting(2)
     with g.hold(stats) as hold:
         waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
-        picking = asyncio.ensure_future(g.next_slot((0, 1, 2, 3)))
+        picking = asyncio.ensure_future(_next(g, (0, 1, 2, 3)))
         assert await _not_within(picking)  # a held request is still reading its ids: its want may come
         read.set()
         assert await picking == 2
         assert await _not_within(waiter)  # its slot is not restored yet
-        g.restored(0)
+        _restored(g, 0)
         assert await _not_within(waiter)  # another slot's restore does not let it through
-        g.restored(2)
+        _restored(g, 2)
         assert await waiter  # through before the round ends
         assert not g.is_open
         assert hold.early is not None
@@ -95,8 +130,8 @@ async def test_a_request_that_waited_through_the_load_is_waited_for_even_by_a_ro
             while g.waiting < 1:
                 await asyncio.sleep(0)
         g.close("a restore round is owed", serving=True)
-        assert await g.next_slot((0, 1)) == 1  # picked before the request even woke up to read its ids
-        g.restored(1)
+        assert await _next(g, (0, 1)) == 1  # picked before the request even woke up to read its ids
+        _restored(g, 1)
         assert await waiter
 
 
@@ -107,7 +142,7 @@ async def test_the_round_does_not_wait_longer_than_want_seconds_for_ids_still_be
         waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
         await asyncio.sleep(0)
         async with asyncio.timeout(early.WANT_SECONDS + 1.0):
-            assert await g.next_slot((0, 1)) == 0  # after WANT_SECONDS: in slot order
+            assert await _next(g, (0, 1)) == 0  # after WANT_SECONDS: in slot order
         waiter.cancel()
 
 
@@ -115,7 +150,7 @@ async def test_the_rest_of_the_round_waits_while_a_request_let_through_early_run
     g, stats = _gate()
     with g.hold(stats) as hold:
         await _let_through(g, hold, 1, (0, 1))
-        picking = asyncio.ensure_future(g.next_slot((0,)))
+        picking = asyncio.ensure_future(_next(g, (0,)))
         assert await _not_within(picking)  # a restore now would land beside the request's own task
         hold.leave_early()  # the request ended
         assert await picking == 0
@@ -126,7 +161,7 @@ async def test_the_round_picks_no_other_slot_between_a_requests_restore_and_the_
     g, stats = _gate()
     with g.hold(stats) as hold:
         waiter = await _restored_for(g, hold, 1, (0, 1))
-        picking = asyncio.ensure_future(g.next_slot((0,)))  # at once, as the restore round asks
+        picking = asyncio.ensure_future(_next(g, (0,)))  # at once, as the restore round asks
         assert await _not_within(picking)  # slot 0's restore would land beside the request's first task
         assert await waiter
         assert hold.early is not None
@@ -141,7 +176,7 @@ async def test_a_request_whose_slot_was_restored_stops_holding_the_round_once_it
         waiter = await _restored_for(g, hold, 1, (0, 1))
         waiter.cancel()  # the client went away before its request went on
         async with asyncio.timeout(early.QUIET_SECONDS / 2):  # not held for the whole quiet time
-            assert await g.next_slot((0,)) == 0
+            assert await _next(g, (0,)) == 0
 
 
 async def test_a_request_waiting_at_the_gate_for_the_whole_round_keeps_the_round_going() -> None:
@@ -151,7 +186,7 @@ async def test_a_request_waiting_at_the_gate_for_the_whole_round_keeps_the_round
         waits = asyncio.ensure_future(second.wait(5.0))  # names no slot: it waits for the whole round
         await asyncio.sleep(0)
         async with asyncio.timeout(SHORT):
-            assert await g.next_slot((0,)) == 0
+            assert await _next(g, (0,)) == 0
         g.open(seen_at=float("inf"))
         assert await waits
 
@@ -164,7 +199,7 @@ async def test_the_rest_of_the_round_goes_on_quiet_seconds_after_the_first_early
     with g.hold(stats) as hold:
         await _let_through(g, hold, 1, (0, 1))
         async with asyncio.timeout(1.0):
-            assert await g.next_slot((0,)) == 0  # the request still runs: the round goes on beside it
+            assert await _next(g, (0,)) == 0  # the request still runs: the round goes on beside it
 
 
 async def test_a_crash_during_the_round_stops_a_request_let_through_early() -> None:
@@ -184,9 +219,50 @@ async def test_a_request_that_names_no_slot_waits_for_the_whole_round() -> None:
     read.set()
     with g.hold(stats) as hold:
         waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
-        g.restored(0)
-        g.restored(1)
+        _restored(g, 0)
+        _restored(g, 1)
         assert await _not_within(waiter)
         g.open(seen_at=float("inf"))
         assert await waiter
         assert hold.early is None
+
+
+async def test_a_held_request_whose_conversation_is_no_slots_newest_has_it_restored_first_into_its_slot() -> None:
+    older = dataclasses.replace(SNAPS[1], file="older1.bin", generation=0)  # slot 1's older conversation
+    snaps = (*SNAPS[:2], older)
+    g, stats = _gate()
+    read = asyncio.Event()
+
+    async def work() -> str | None:
+        await read.wait()
+        return older.file
+
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        picking = asyncio.ensure_future(g.next_step((0, 1), lambda: snaps))
+        assert await _not_within(picking)
+        read.set()
+        step = await picking
+        assert (step.slot, step.candidates[0].file, step.wanted) == (1, "older1.bin", "older1.bin")
+        g.restored(1, SNAPS[1].file)
+        assert await _not_within(waiter)  # the slot's newest is not what it waits for
+        g.restored(1, older.file)
+        assert await waiter
+        hold.leave_early()
+        rest = await g.next_step((0,), lambda: snaps)
+        assert (rest.slot, rest.candidates[0].file, rest.wanted) == (0, SNAPS[0].file, None)
+
+
+async def test_a_wanted_snapshot_that_did_not_land_is_not_planned_again_into_another_slot() -> None:
+    g, stats = _gate()
+    read, work = _wanting(0)
+    read.set()
+    with g.hold(stats) as hold:
+        waiter = asyncio.ensure_future(hold.wait(5.0, meanwhile=work))
+        await _preparing(g)
+        first = await g.next_step((0, 1), lambda: SNAPS)
+        assert (first.slot, first.wanted) == (0, _file(0))
+        # slot0.bin failed its check: the round restored nothing there and goes on with slot 1, its own
+        step = await g.next_step((1,), lambda: SNAPS)
+        assert (step.slot, step.wanted, step.candidates[0].file) == (1, None, _file(1))
+        waiter.cancel()

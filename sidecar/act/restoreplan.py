@@ -1,0 +1,84 @@
+"""A restore round's plan: which snapshot goes into which slot, and in what order. Pure.
+
+Without requests waiting, each empty slot gets its own newest snapshot
+(older ones as fallbacks), in slot order: what the server held when it
+died.
+
+A request held at the restore gate names the snapshot that holds the
+longest prefix of its conversation (its *want*, see :mod:`sidecar.act.early`),
+which need not be the newest of any slot: with 2 slots and 4 conversations,
+two of them live only in older snapshots. Restoring the slots' newest would
+make that request wait for the whole round and then for a swap. So wanted
+snapshots go first, in the order they were wanted, each into the slot it
+was saved from when that slot is still to be restored (else into the first
+such slot no later want is saved from): the slot the request then runs in.
+The other slots follow with their own newest; a slot's newest that a wanted
+snapshot displaced goes into a slot that has no snapshot of its own, if one
+is left. A snapshot is planned into one slot at most, and one already
+restored in this round (``done``) into none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Sequence
+
+from sidecar.snapshots import manifest
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Step:
+    """Restore one of ``candidates`` (the first that passes its checks) into ``slot``."""
+
+    slot: int
+    candidates: tuple[manifest.Manifest, ...]
+    """In the order to try them; empty: nothing to restore there (``no_snapshot``)."""
+    wanted: str | None = None
+    """The file a held request waits for (the first candidate); None: the slot's own content."""
+
+
+def plan(
+    pending: Sequence[int],
+    wanted: Sequence[str],
+    snapshots: Sequence[manifest.Manifest],
+    *,
+    done: Collection[str] = (),
+) -> tuple[Step, ...]:
+    """One step per slot of ``pending`` (slots still to restore), wanted snapshots first (see the module).
+
+    ``wanted``: files held requests wait for, in the order first wanted; ``snapshots``: every committed
+    snapshot; ``done``: files this round has restored already.
+    """
+    by_file = {snap.file: snap for snap in snapshots}
+    own: dict[int, list[manifest.Manifest]] = {}
+    for snap in manifest.newest_first(snapshots):
+        own.setdefault(snap.slot, []).append(snap)
+    free = list(dict.fromkeys(pending))
+    taken = set(done)
+    first: list[Step] = []
+    wants = [by_file[file] for file in dict.fromkeys(wanted) if file in by_file and file not in taken]
+    for i, snap in enumerate(wants):
+        later = {other.slot for other in wants[i + 1 :]}
+        slot = snap.slot if snap.slot in free else next((s for s in free if s not in later), None)
+        if slot is None:
+            continue  # more wants than slots: this one waits for the round, then for a swap
+        free.remove(slot)
+        taken.add(snap.file)
+        first.append(Step(slot, (snap,), wanted=snap.file))
+    displaced = [group[0] for step in first if (group := own.get(step.slot)) and group[0].file not in taken]
+    rest: list[Step] = []
+    for slot in free:
+        candidates = tuple(snap for snap in own.get(slot, ()) if snap.file not in taken)
+        if not candidates and displaced:
+            candidates = (displaced.pop(0),)
+        taken.update(snap.file for snap in candidates[:1])
+        rest.append(Step(slot, candidates))
+    fallbacks = tuple(
+        dataclasses.replace(step, candidates=step.candidates + _others(own.get(step.slot, ()), taken)) for step in first
+    )
+    return fallbacks + tuple(rest)
+
+
+def _others(group: Sequence[manifest.Manifest], taken: Collection[str]) -> tuple[manifest.Manifest, ...]:
+    """The slot's own snapshots no step restores, newest first: tried if the wanted one fails its check."""
+    return tuple(snap for snap in group if snap.file not in taken)
