@@ -292,7 +292,6 @@ class Snapshotter:
         self, slot: int, fault: outcomes.StoreFault, exc: errors.SnapshotError, seconds: float
     ) -> SaveRecord:
         """The record of a commit the disk refused; saves are skipped until it may take one again."""
-        self._stats.snapshot_write_errors.labels(fault.value).inc()
         await asyncio.to_thread(self._snapshots.collect_blocks)  # the failed ingest's new blocks
         usage = await asyncio.to_thread(self._snapshots.usage)
         first = self._unwritable is None
@@ -311,6 +310,7 @@ class Snapshotter:
                 "resume on their own once the disk takes writes again",
                 hint=storefault.HINTS[fault],
             )
+        self._stats.snapshot_write_errors.labels(fault.value).inc()  # after the line: a count comes with its reason
         detail = f"the disk of {keeps} refused the save ({fault.value}): {exc}; {storefault.HINTS[fault]}"
         return self._record(slot, outcomes.SaveCause.STORE_UNWRITABLE, detail, seconds=seconds)
 

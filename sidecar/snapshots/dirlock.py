@@ -56,7 +56,8 @@ class DirLock:
     def acquire(self) -> None:
         """Take the lock or raise ConfigError naming the sidecar that holds it."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+            # Held read-only: a file open for writing would stop the filesystem being remounted read-only.
+            fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o640)
         except OSError as exc:
             raise errors.ConfigError(
                 f"cannot open the lock file {self.path}: {exc.strerror or exc}: the {self._kind} must be "
@@ -77,8 +78,14 @@ class DirLock:
             raise
         since = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}) + "\n"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, body.encode(), 0)
+        try:
+            _write_holder(self.path, body)
+        except OSError as exc:
+            os.close(fd)
+            raise errors.ConfigError(
+                f"cannot write the lock file {self.path}: {exc.strerror or exc}: the {self._kind} must be "
+                "writable by this user"
+            ) from exc
         self.release()
         self._fd = fd
         st = os.fstat(fd)
@@ -103,6 +110,16 @@ class DirLock:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
         self._fd, self._held = None, None
+
+
+def _write_holder(path: Path, body: str) -> None:
+    """Who holds the lock, for the refusal of the next one (written through a descriptor closed at once)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, body.encode(), 0)
+    finally:
+        os.close(fd)
 
 
 def _describe_holder(fd: int) -> str:

@@ -32,7 +32,7 @@ from sidecar.snapshots import slotdir
 
 FOLDER = "staging"
 """The folder of ``STORE`` a file staged on disk goes into."""
-HEADROOM = 16 << 20
+HEADROOM = 1 << 20
 """Bytes the slot dir keeps free beyond a staged file's estimated size (other files, the estimate's error)."""
 FILE_MODE = 0o640
 
