@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import structlog
 
-from sidecar.act import actions, policy
+from sidecar.act import actions, policy, storefault
 from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, slotfile, store
 
@@ -100,6 +100,8 @@ class Snapshotter:
         self._clock = clock
         self.last: SaveRecord | None = None
         self._low_disk = False
+        self._unwritable: storefault.Episode | None = None
+        """The disk the snapshots are kept on refused a save's write (see :mod:`~sidecar.act.storefault`)."""
         self.pending: collections.deque[Written] = collections.deque()
         """Saves whose commit waits, oldest first."""
         self._committed_later = committed_later
@@ -131,6 +133,7 @@ class Snapshotter:
         if floor is not None:
             return floor
         temp = self._snapshots.temp_name(slot)
+        await asyncio.to_thread(self._snapshots.place_save, temp, self._estimate_bytes(action.tokens))
         started = time.perf_counter()
         created = self._clock.wall()
         try:
@@ -216,7 +219,12 @@ class Snapshotter:
                 owner=written.owner,
             )
         except errors.SnapshotError as exc:
-            return self._failed(slot, exc, written.call_seconds + time.perf_counter() - started)
+            seconds = written.call_seconds + time.perf_counter() - started
+            fault = storefault.classify(exc)
+            if fault is not None:
+                return await self._refused(slot, fault, exc, seconds)
+            return self._failed(slot, exc, seconds)
+        self._writable_again()
         seconds = written.call_seconds + time.perf_counter() - started
         self._stats.snapshot_duration.observe(seconds)
         self._stats.last_snapshot.set(committed.created)
@@ -246,6 +254,17 @@ class Snapshotter:
         usage = await asyncio.to_thread(self._snapshots.usage)
         if usage.problem:
             return self._fail(slot, outcomes.SaveCause.SLOT_DIR, usage.problem, 0.0)
+        if self._unwritable is not None and not await self._may_write(self._unwritable, usage.free_bytes):
+            episode = self._unwritable
+            self._unwritable = dataclasses.replace(episode, skipped=episode.skipped + 1)
+            detail = f"skipped without a save call: {episode.detail}"
+            return self._record(
+                slot,
+                outcomes.SaveCause.STORE_UNWRITABLE,
+                detail,
+                tokens=action.tokens,
+                result=outcomes.SaveResult.SKIPPED,
+            )
         if usage.free_bytes - need < self._settings.min_free_bytes:
             if not self._low_disk:
                 log.warning(
@@ -262,6 +281,50 @@ class Snapshotter:
             )
         self._low_disk = False
         return None
+
+    async def _may_write(self, episode: storefault.Episode, free_bytes: int) -> bool:
+        """Whether a save may be tried while the disk refused the last one (free space back, a probe written)."""
+        if not storefault.worth_probing(episode, free_bytes=free_bytes):
+            return False
+        return await asyncio.to_thread(self._snapshots.probe_write) is None
+
+    async def _refused(
+        self, slot: int, fault: outcomes.StoreFault, exc: errors.SnapshotError, seconds: float
+    ) -> SaveRecord:
+        """The record of a commit the disk refused; saves are skipped until it may take one again."""
+        await asyncio.to_thread(self._snapshots.collect_blocks)  # the failed ingest's new blocks
+        usage = await asyncio.to_thread(self._snapshots.usage)
+        first = self._unwritable is None
+        self._unwritable = storefault.Episode(fault, usage.free_bytes, str(exc))
+        keeps = self._snapshots.keeps
+        if first:
+            log.error(
+                "snapshot_store_unwritable",
+                slot=slot,
+                reason=fault.value,
+                directory=str(keeps),
+                free_bytes=usage.free_bytes,
+                error=str(exc),
+                effect="this save is lost and later saves are skipped (llama-server is not asked to save); "
+                "committed snapshots are kept and still restore, and the server keeps serving; saves "
+                "resume on their own once the disk takes writes again",
+                hint=storefault.HINTS[fault],
+            )
+        self._stats.snapshot_write_errors.labels(fault.value).inc()  # after the line: a count comes with its reason
+        detail = f"the disk of {keeps} refused the save ({fault.value}): {exc}; {storefault.HINTS[fault]}"
+        return self._record(slot, outcomes.SaveCause.STORE_UNWRITABLE, detail, seconds=seconds)
+
+    def _writable_again(self) -> None:
+        if self._unwritable is None:
+            return
+        episode, self._unwritable = self._unwritable, None
+        log.info(
+            "snapshot_store_writable_again",
+            directory=str(self._snapshots.keeps),
+            reason=episode.fault.value,
+            skipped=episode.skipped,
+            effect="saves go on as before",
+        )
 
     def _failed(self, slot: int, exc: errors.SnapshotError | errors.UpstreamError, seconds: float) -> SaveRecord:
         """The record of a save or commit that raised ``exc``."""
@@ -351,13 +414,13 @@ class Snapshotter:
         seconds: float = 0.0,
         tokens: int = 0,
         size: int = 0,
+        result: outcomes.SaveResult | None = None,
     ) -> SaveRecord:
-        if cause is None:
+        """``result``: None, the cause's (``ok`` without one, ``skipped`` or ``failed``)."""
+        if result is None and cause is None:
             result = outcomes.SaveResult.OK
-        elif cause in outcomes.SKIP_CAUSES:
-            result = outcomes.SaveResult.SKIPPED
-        else:
-            result = outcomes.SaveResult.FAILED
+        elif result is None:
+            result = outcomes.SaveResult.SKIPPED if cause in outcomes.SKIP_CAUSES else outcomes.SaveResult.FAILED
         self._stats.snapshots.labels(str(slot), result.value).inc()
         self._stats.count_model(self._stats.model_snapshots, result.value)
         self.last = SaveRecord(slot, result, cause, detail, self._clock.wall(), seconds, tokens, size)

@@ -61,6 +61,19 @@ class StoreLog:
             hint="a llama-server of another slot file format wrote it; the sidecar reads format 4",
         )
 
+    def staged_on_disk(self, name: str, reason: outcomes.StagingFallback, estimated_bytes: int) -> None:
+        self._stats.staged_on_disk.labels(reason.value).inc()
+        log.warning(
+            "snapshot_staged_on_disk",
+            file=name,
+            reason=reason.value,
+            estimated_bytes=estimated_bytes,
+            effect="llama-server writes or reads this slot file on the store's disk through a link in the slot "
+            "dir, not in RAM: it works, at the disk's speed",
+            hint="give the slot dir's tmpfs more room (size= of the mount) than the largest slot file, "
+            "or keep conversations shorter",
+        )
+
     def newer_format(self, name: str, found: int) -> None:
         log.warning(
             "manifest_newer_format",

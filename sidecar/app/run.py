@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -90,11 +91,14 @@ async def main(
         events=reports.StoreLog(stats),
         store_dir=settings.snapshots.store_dir,
     )
+    if snapshots.blocks is not None:  # measured at each scrape: what is staged now, never a stale count
+        stats.store_staged.set_function(snapshots.staged_bytes)
     problem = snapshots.check_writable()
     if problem:
         raise errors.ConfigError(problem + ": create it, or fix --slot-dir / LLAMA_SIDECAR_SLOT_DIR")
     lock = dirlock.DirLock(settings.snapshots.slot_dir)
     lock.acquire()
+    store_lock = _store_lock(settings.snapshots.store_dir, lock)
     launcher = supervisor.Supervisor(launch, stats=stats) if launch is not None else None
     try:
         if settings.upstream.router is None:
@@ -108,6 +112,21 @@ async def main(
                 return
     finally:
         lock.release()
+        if store_lock is not None:
+            store_lock.release()
+
+
+def _store_lock(store_dir: Path | None, slot_lock: dirlock.DirLock) -> dirlock.DirLock | None:
+    """The store dir's lock, held for life (see :mod:`~sidecar.snapshots.dirlock`); None without ``--store-dir``."""
+    if store_dir is None:
+        return None
+    held = dirlock.DirLock(store_dir, kind="store dir", remedy="give this one a --store-dir of its own")
+    try:
+        held.acquire()
+    except BaseException:
+        slot_lock.release()
+        raise
+    return held
 
 
 async def _found_mode(settings: config.Settings) -> config.Settings:

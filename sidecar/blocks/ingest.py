@@ -74,16 +74,19 @@ def ingest(
             for part in cut.parts:
                 made: list[recipe.Block] = []
                 for data in _pieces(view, part):
-                    digest = hashlib.sha256(data).hexdigest()
-                    new = blocks.put(digest, data)
+                    try:
+                        digest = hashlib.sha256(data).hexdigest()
+                        new = blocks.put(digest, data)
+                    finally:  # also when the write fails (a full disk): a slice left unreleased pins the mapping
+                        length = len(data)
+                        if isinstance(data, memoryview):
+                            data.release()
                     written += new
-                    written_bytes += len(data) if new else 0
+                    written_bytes += length if new else 0
                     tally = regions.setdefault(part.region, [0, 0])
-                    tally[0] += len(data)
-                    tally[1] += len(data) if new else 0
-                    made.append(recipe.Block(digest, len(data)))
-                    if isinstance(data, memoryview):
-                        data.release()
+                    tally[0] += length
+                    tally[1] += length if new else 0
+                    made.append(recipe.Block(digest, length))
                 made_parts.append(
                     recipe.Part(part.region, part.rows if isinstance(part, parts.Grid) else 0, tuple(made))
                 )

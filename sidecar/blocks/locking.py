@@ -25,6 +25,7 @@ processes do.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -36,7 +37,14 @@ LOCK_NAME = ".lock"
 @contextlib.contextmanager
 def held(root: Path, *, exclusive: bool, wait: bool = True) -> Iterator[bool]:
     """Hold the store's lock for the block; yields False (not held) only when ``wait`` is False and it is taken."""
-    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    try:
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    except OSError as exc:
+        if exc.errno != errno.EROFS:
+            raise
+        # A store on a filesystem remounted read-only: nothing can ingest or collect there, and the
+        # committed snapshots must still be rebuilt for restores. flock needs no write access.
+        fd = os.open(root / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
     try:
         flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
         try:

@@ -171,8 +171,15 @@ def _verify(ns: argparse.Namespace) -> int:
     snapshots = _open_store(ns, read_only=ns.dry_run, events=told)
     bad = told.bad
     lock = dirlock.DirLock(snapshots.staging)
+    store_lock = None if snapshots.blocks is None else dirlock.DirLock(snapshots.blocks.root, kind="store dir")
     if not ns.dry_run:
         lock.acquire()  # it quarantines: not beside a running sidecar's own checks
+        if store_lock is not None:
+            try:
+                store_lock.acquire()
+            except BaseException:
+                lock.release()
+                raise
     try:
         snapshots.scan(clean=False)
         checked = snapshots.snapshots()
@@ -190,6 +197,8 @@ def _verify(ns: argparse.Namespace) -> int:
                     unreadable += 1
     finally:
         lock.release()
+        if store_lock is not None:
+            store_lock.release()
     summary = {"checked": len(checked), "bad": len(bad)} | ({"unreadable": unreadable} if unreadable else {})
     print(json.dumps(summary))
     return 1 if bad or unreadable else 0

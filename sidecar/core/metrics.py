@@ -230,11 +230,21 @@ class Metrics:
         )
         self.store_staged = Gauge(
             "store_staged_bytes",
-            "Bytes the sidecar has staged in the slot dir now: a snapshot rebuilt from the block store for "
-            "llama-server's restore, deleted right after it.",
+            "Bytes staged in the slot dir (RAM on a tmpfs) now, measured: saves llama-server wrote that are not "
+            "ingested yet, and snapshots rebuilt for its restores (0 without --store-dir).",
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.staged_on_disk = Counter(
+            "store_staged_on_disk",
+            "Saves and restores staged on the store's disk (--store-dir) instead of the slot dir, by reason: "
+            "no_room (the slot dir's free space was below the slot file's estimated size).",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        for fallback in outcomes.StagingFallback:
+            self.staged_on_disk.labels(fallback.value)
 
     def _slot_dir_families(self, registry: CollectorRegistry) -> None:
         """The slot dir: disk, files, retention, quarantine, I/O errors, commits."""
@@ -302,6 +312,17 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.snapshot_write_errors = Counter(
+            "snapshot_write_errors",
+            "Saves whose commit the disk the snapshots are kept on (--store-dir, else the slot dir) refused, by "
+            "reason: no_space (full, or over quota), read_only, denied (permissions). Later saves are skipped "
+            '(snapshots_total{result="skipped"}) until the disk takes writes again; committed snapshots stay.',
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        for fault in outcomes.StoreFault:
+            self.snapshot_write_errors.labels(fault.value)
         self.commits_pending = Gauge(
             "snapshot_commits_pending",
             "Snapshots llama-server has written whose commit (checksum, fdatasync, manifest) waits for a "

@@ -41,6 +41,9 @@ class SaveCause(enum.StrEnum):
     """Failed: the file the server wrote failed the sidecar's size check, or could not be committed."""
     SLOT_DIR = "slot_dir"
     """Failed: the slot dir could not be read or measured (moved, removed, I/O error); tried again later."""
+    STORE_UNWRITABLE = "store_unwritable"
+    """Failed (the save that found it), then skipped until the disk takes writes again: the disk the
+    snapshots are kept on (``--store-dir``, else the slot dir) is full, read-only or refuses this user."""
 
 
 SKIP_CAUSES = frozenset({SaveCause.BELOW_MIN_TOKENS, SaveCause.EMPTY, SaveCause.LOW_DISK, SaveCause.SLOT_BUSY})
@@ -189,6 +192,24 @@ class ProxyOutcome(enum.StrEnum):
     """Refused before forwarding because bodies in flight reached --proxy-max-inflight-body-bytes (503)."""
     CANCELLED = "cancelled"
     """The client went away first; the upstream request was cancelled with it."""
+
+
+class StoreFault(enum.StrEnum):
+    """``snapshot_write_errors_total{reason}``: why the disk the snapshots are kept on refused a save's write."""
+
+    NO_SPACE = "no_space"
+    """ENOSPC or EDQUOT: the filesystem (or the user's quota) is full."""
+    READ_ONLY = "read_only"
+    """EROFS: the filesystem is mounted read-only (often remounted so by the kernel after an I/O error)."""
+    DENIED = "denied"
+    """EACCES or EPERM: this user may not write there."""
+
+
+class StagingFallback(enum.StrEnum):
+    """``store_staged_on_disk_total{reason}``: why a file was staged on the store's disk, not in the slot dir."""
+
+    NO_ROOM = "no_room"
+    """The slot dir's free space (a tmpfs: RAM) was below the file's estimated size and some headroom."""
 
 
 class StoreWrite(enum.StrEnum):

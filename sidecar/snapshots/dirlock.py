@@ -1,7 +1,13 @@
-"""One sidecar per slot dir: an exclusive ``flock`` held for the process lifetime.
+"""One sidecar per slot dir, and per store dir: an exclusive ``flock`` held for the process lifetime.
 
 Two sidecars on one directory would delete each other's temp files at
-start-up and restore each other's conversations. ``run`` and ``verify``
+start-up and restore each other's conversations. On one store dir
+(``--store-dir``, each with a slot dir of its own) the second's start-up
+would drop the recipe of an ingest the first has in flight (a recipe no
+manifest names yet looks like a commit that died), and the first's
+manifest would then name a missing recipe; both would also restore the
+same snapshots. So ``run`` holds the store dir's lock too, and a second
+sidecar is refused at start. ``run`` and ``verify``
 (which quarantines) take the lock on ``.llama-kv-sidecar.lock`` in the slot
 dir; ``ls`` and ``verify --dry-run`` only read and take none. The file
 holds the holder's pid, host and start time, so the refusal can name it.
@@ -28,8 +34,17 @@ LOCK_NAME = ".llama-kv-sidecar.lock"
 class DirLock:
     """Hold with :meth:`acquire`; :meth:`release` (or process exit) lets go."""
 
-    def __init__(self, slot_dir: Path) -> None:
+    def __init__(
+        self,
+        slot_dir: Path,
+        *,
+        kind: str = "slot dir",
+        remedy: str = "give this one the directory of its own llama-server",
+    ) -> None:
+        """``kind`` names the directory in messages (a slot dir, or a store dir); ``remedy`` says what to do."""
         self.dir = slot_dir
+        self._kind = kind
+        self._remedy = remedy
         self._fd: int | None = None
         self._held: tuple[int, int] | None = None
         """(device, inode) of the lock file this process holds."""
@@ -41,10 +56,11 @@ class DirLock:
     def acquire(self) -> None:
         """Take the lock or raise ConfigError naming the sidecar that holds it."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
+            # Held read-only: a file open for writing would stop the filesystem being remounted read-only.
+            fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o640)
         except OSError as exc:
             raise errors.ConfigError(
-                f"cannot open the lock file {self.path}: {exc.strerror or exc}: the slot dir must be "
+                f"cannot open the lock file {self.path}: {exc.strerror or exc}: the {self._kind} must be "
                 "writable by this user"
             ) from exc
         try:
@@ -53,8 +69,8 @@ class DirLock:
             holder = _describe_holder(fd)
             os.close(fd)
             raise errors.ConfigError(
-                f"another llama-kv-sidecar holds the slot dir {self.dir} ({holder}): one sidecar per "
-                f"slot dir; stop that one, or give this one the directory of its own llama-server "
+                f"another llama-kv-sidecar holds the {self._kind} {self.dir} ({holder}): one sidecar per "
+                f"{self._kind}; stop that one, or {self._remedy} "
                 f"(lock file {LOCK_NAME})"
             ) from None
         except BaseException:
@@ -62,8 +78,14 @@ class DirLock:
             raise
         since = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}) + "\n"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, body.encode(), 0)
+        try:
+            _write_holder(self.path, body)
+        except OSError as exc:
+            os.close(fd)
+            raise errors.ConfigError(
+                f"cannot write the lock file {self.path}: {exc.strerror or exc}: the {self._kind} must be "
+                "writable by this user"
+            ) from exc
         self.release()
         self._fd = fd
         st = os.fstat(fd)
@@ -88,6 +110,16 @@ class DirLock:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
         self._fd, self._held = None, None
+
+
+def _write_holder(path: Path, body: str) -> None:
+    """Who holds the lock, for the refusal of the next one (written through a descriptor closed at once)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, body.encode(), 0)
+    finally:
+        os.close(fd)
 
 
 def _describe_holder(fd: int) -> str:

@@ -26,6 +26,9 @@ class StoreEvents(Protocol):
     def unindexed(self, name: str, reason: str) -> None:
         """A committed file whose token header could not be read: restorable, not routable."""
 
+    def staged_on_disk(self, name: str, reason: outcomes.StagingFallback, estimated_bytes: int) -> None:
+        """A save or restore is staged on the store's disk, not in the slot dir (see :mod:`.spill`)."""
+
 
 class Silent:
     """:class:`StoreEvents` that drops every report (the store's default)."""
@@ -41,3 +44,6 @@ class Silent:
 
     def unindexed(self, name: str, reason: str) -> None:
         del name, reason
+
+    def staged_on_disk(self, name: str, reason: outcomes.StagingFallback, estimated_bytes: int) -> None:
+        del name, reason, estimated_bytes

@@ -50,11 +50,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sidecar.core import apikeys, errors, hashing, outcomes, protocols, safeio
-from sidecar.snapshots import backing, index, manifest, recency, reporting, slotdir, slotfile
+from sidecar.snapshots import backing, index, manifest, recency, reporting, slotdir, slotfile, spill
 from sidecar.snapshots import commit as checks
 
 TEMP_PREFIX = slotdir.TEMP_PREFIX
 PROBE_PREFIX = ".probe-"
+PROBE_BYTES = 4096
+"""Bytes :meth:`SnapshotStore.probe_write` writes: one page, enough to find a full or read-only disk."""
 QUARANTINE_SUFFIX = ".quarantined"
 QUARANTINE_KEEP = 4
 """Quarantined snapshots kept for inspection; older ones are deleted."""
@@ -80,7 +82,7 @@ class Usage:
     represented_bytes: int = 0
     """With a block store: the sum of its files' sizes, what whole files would take."""
     staged_bytes: int = 0
-    """With a block store: bytes the sidecar has staged in the slot dir now (rebuilt for a restore)."""
+    """With a block store: bytes staged in the slot dir now (saves not yet ingested, rebuilds for restores)."""
 
 
 class _BadContent(Exception):
@@ -111,6 +113,8 @@ class _Directory:
     """Manifests of a newer format already reported."""
     blocks: backing.Blocks | None = None
     """The block store holding every snapshot's bytes (``--store-dir``); None: whole files beside the manifests."""
+    spill: spill.Spill | None = None
+    """With a block store: files staged on its disk when the slot dir lacks room (see :mod:`.spill`)."""
 
 
 class SnapshotStore:
@@ -137,15 +141,17 @@ class SnapshotStore:
             home.mkdir(parents=True, exist_ok=True)
             blocks = backing.Blocks(store_dir, clock=clock)
         fs = slotdir.SlotDir(home, told.io_error)
+        staging = fs if store_dir is None else slotdir.SlotDir(slot_dir, told.io_error)
         self._dir = _Directory(
             path=home,
             fs=fs,
-            staging=fs if store_dir is None else slotdir.SlotDir(slot_dir, told.io_error),
+            staging=staging,
             clock=clock,
             events=told,
             read_only=read_only,
             recency=recency.Recency(home, clock=clock, read_only=read_only),
             blocks=blocks,
+            spill=None if store_dir is None else spill.Spill(staging, store_dir, told.io_error),
         )
         self.model: str | None = None
         """The router-mode model this view writes (see :meth:`for_model`); None: a plain server's."""
@@ -174,6 +180,11 @@ class SnapshotStore:
     @property
     def blocks(self) -> backing.Blocks | None:
         return self._dir.blocks
+
+    @property
+    def keeps(self) -> Path:
+        """Where the snapshots' bytes are kept: the block store's root, or the slot dir."""
+        return self._dir.path if self._dir.blocks is None else self._dir.blocks.root
 
     @property
     def _prefix(self) -> str:
@@ -246,8 +257,20 @@ class SnapshotStore:
             free_bytes=measured[1],
             unique_bytes=held.unique_bytes,
             represented_bytes=held.represented_bytes,
-            staged_bytes=self._dir.blocks.figures.staged_bytes,
+            staged_bytes=self.staged_bytes(),
         )
+
+    def staged_bytes(self) -> int:
+        """Bytes of the files staged in the slot dir now (RAM on a tmpfs): what is there, not what was counted."""
+        if self._dir.blocks is None:
+            return 0
+        total = 0
+        with contextlib.suppress(OSError):
+            for entry in self._dir.staging.files():  # regular files only: a link to a file staged on disk is not
+                if entry.name.startswith((TEMP_PREFIX, PROBE_PREFIX)):
+                    with contextlib.suppress(OSError):
+                        total += entry.stat(follow_symlinks=False).st_size
+        return total
 
     def check_writable(self) -> str | None:
         """None if the slot dir is a writable directory, else what is wrong (for /readyz)."""
@@ -323,6 +346,8 @@ class SnapshotStore:
         for name in staged:
             if name.startswith((TEMP_PREFIX, PROBE_PREFIX)) and self._dir.staging.unlink(name):
                 findings.append(f"removed {name} from the slot dir: left over from an interrupted save or restore")
+        if self._dir.spill is not None:
+            findings += self._dir.spill.clean()
         self._dir.blocks.collect()
         return findings
 
@@ -423,6 +448,26 @@ class SnapshotStore:
     def probe_name(self) -> str:
         return f"{PROBE_PREFIX}{secrets.token_hex(6)}.bin"
 
+    def probe_write(self) -> str | None:
+        """None if a small file can be written and synced where manifests are kept, else why not.
+
+        Asked while that disk refuses saves (see :mod:`sidecar.act.storefault`); the file is removed at once,
+        and a probe file left by a crash goes at the next start-up's scan.
+        """
+        path = self.dir / self.probe_name()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+            try:
+                os.write(fd, bytes(PROBE_BYTES))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            backing.remove_quietly(path)
+            return slotdir.describe(exc)
+        backing.remove_quietly(path)
+        return None
+
     def commit(
         self,
         temp: str,
@@ -466,9 +511,9 @@ class SnapshotStore:
             )
 
         if self._dir.blocks is not None:
-            return self._publish(
-                checks.commit_to_blocks(
-                    self._dir.staging,
+            with self._released(temp):
+                committed = checks.commit_to_blocks(
+                    self._staged_in(temp),
                     self._dir.fs,
                     self._dir.blocks,
                     temp,
@@ -481,7 +526,7 @@ class SnapshotStore:
                     prefix=self._prefix,
                     now=self._dir.clock.wall() if created is None else created,
                 )
-            )
+            return self._publish(committed)
         fs, path = self._dir.fs, self.dir / temp
         with checks.removed_if_failed(fs, temp, f"committing {temp}"):
             checked = checks.check_written(fs, temp, tokens=tokens, written=written, blocked=self._dir.index.blocked)
@@ -509,10 +554,9 @@ class SnapshotStore:
         """The cheap checks of :meth:`commit` (the file is here, holds tokens, has the size the server
         reported), made right after the save when its commit waits; raises ``errors.SnapshotError``
         and removes the file when one fails."""
-        with checks.removed_if_failed(self._dir.staging, temp, f"checking {temp}"):
-            checks.check_written(
-                self._dir.staging, temp, tokens=tokens, written=written, blocked=self._dir.index.blocked
-            )
+        staged = self._staged_in(temp)
+        with self._released_if_failed(temp), checks.removed_if_failed(staged, temp, f"checking {temp}"):
+            checks.check_written(staged, temp, tokens=tokens, written=written, blocked=self._dir.index.blocked)
 
     def check(self, record: manifest.Manifest) -> None:
         """Raise SnapshotError unless the file still has its manifest's size and checksum.
@@ -621,14 +665,60 @@ class SnapshotStore:
         return gone and self._dir.fs.unlink(record.file)
 
     def remove(self, name: str) -> None:
-        """Remove a file of the server's (a temp, probe or staged name) from the slot dir."""
+        """Remove a file of the server's (a temp, probe or staged name) from the slot dir, or its disk stand-in."""
         self._dir.staging.unlink(name)
+        if self._dir.spill is not None:
+            self._dir.spill.release(name)
 
     def exists(self, name: str) -> bool:
         """Whether the slot dir holds ``name`` (a temp, probe or staged name)."""
         return self._dir.staging.exists(name)
 
     # ---- the block store (``--store-dir``) -------------------------------------------
+
+    def place_save(self, temp: str, estimated_bytes: int) -> outcomes.StagingFallback | None:
+        """Where llama-server writes (or reads) the staged ``temp``: None, the slot dir; else why on the store's disk.
+
+        With a block store, a slot dir whose free space is below ``estimated_bytes`` (and some headroom) gets
+        a link named ``temp`` to a file under ``STORE/staging`` (see :mod:`.spill`); if that cannot be made,
+        the save stays in the slot dir (reported as an I/O error).
+        """
+        if self._dir.spill is None:
+            return None
+        reason = self._dir.spill.room(estimated_bytes)
+        if reason is None:
+            return None
+        try:
+            self._dir.spill.place(temp)
+        except OSError as exc:
+            self._dir.events.io_error(outcomes.SlotDirOperation.WRITE, temp, slotdir.describe(exc))
+            return None
+        self._dir.events.staged_on_disk(temp, reason, estimated_bytes)
+        return reason
+
+    def _staged_in(self, name: str) -> slotdir.SlotDir:
+        """The directory that holds the staged file ``name``: the slot dir, or the store's staging folder."""
+        if self._dir.spill is not None and self._dir.spill.holds(name):
+            return self._dir.spill.dir
+        return self._dir.staging
+
+    @contextlib.contextmanager
+    def _released_if_failed(self, name: str) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            if self._dir.spill is not None:
+                self._dir.spill.release(name)
+            raise
+
+    @contextlib.contextmanager
+    def _released(self, name: str) -> Iterator[None]:
+        """Remove the link and file of ``name`` staged on disk when the block ends, however it ends."""
+        try:
+            yield
+        finally:
+            if self._dir.spill is not None:
+                self._dir.spill.release(name)
 
     def read_tokens(self, record: manifest.Manifest) -> slotfile.SlotTokens:
         """The token ids at the head of ``record``'s file; raises SlotFileError or OSError."""
@@ -642,13 +732,16 @@ class SnapshotStore:
         if self._dir.blocks is None:
             return record.file
         name = f"{TEMP_PREFIX}restore-{self._prefix}{secrets.token_hex(6)}.bin"
-        self._dir.blocks.stage(record, self.staging / name)
+        with self._released_if_failed(name):
+            on_disk = self.place_save(name, record.bytes)
+            dest = self.staging / name if on_disk is None else self._staged_in(name).path / name
+            self._dir.blocks.stage(record, dest)
         return name
 
     def unstage(self, name: str, record: manifest.Manifest) -> None:
         """Delete what :meth:`stage` staged (nothing for a whole file)."""
         if self._dir.blocks is not None and name != record.file:
-            self._dir.staging.unlink(name)
+            self.remove(name)
             self._dir.blocks.unstaged(record.bytes)
 
     def whole_file(self, record: manifest.Manifest) -> Path:

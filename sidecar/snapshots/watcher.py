@@ -202,7 +202,6 @@ class Watcher:
             return
         self._metrics.store_unique.set(usage.unique_bytes)
         self._metrics.store_represented.set(usage.represented_bytes)
-        self._metrics.store_staged.set(usage.staged_bytes)
         now = dataclasses.replace(blocks.figures)
         last, self._counted = self._counted, now
         self._metrics.store_written.labels(outcomes.StoreWrite.BLOCKS.value).inc(

@@ -34,6 +34,8 @@ SHARED_DIRECTIONS = ("up", "down")
 SHARED_OPERATIONS = ("put", "get", "list", "delete")
 SERVER_EXITS = ("stopped", "exited", "failed", "killed", "not_started")
 STORE_WRITES = ("blocks", "manifests")
+STAGING_FALLBACKS = ("no_room",)
+STORE_FAULTS = ("no_space", "read_only", "denied")
 MODELS = ("alpha", "beta")
 """Router mode (--router): the models the router lists."""
 
@@ -161,6 +163,12 @@ def sidecar_registry() -> CollectorRegistry:
     Gauge("store_unique_bytes", "Unique bytes", namespace=ns, registry=registry).set(800_000_000)
     Gauge("store_represented_bytes", "Represented bytes", namespace=ns, registry=registry).set(2_400_000_000)
     Gauge("store_staged_bytes", "Staged bytes", namespace=ns, registry=registry).set(0)
+    on_disk = Counter("store_staged_on_disk", "Staged on disk", ["reason"], namespace=ns, registry=registry)
+    for reason in STAGING_FALLBACKS:
+        on_disk.labels(reason=reason).inc(2)
+    write_errors = Counter("snapshot_write_errors", "Saves refused", ["reason"], namespace=ns, registry=registry)
+    for n, reason in enumerate(STORE_FAULTS):
+        write_errors.labels(reason=reason).inc(n)
     left = Histogram("library_left_unsaved_reprefill_seconds", "Left unsaved", namespace=ns, registry=registry)
     for seconds in (0.4, 1.2, 3.0):
         left.observe(seconds)

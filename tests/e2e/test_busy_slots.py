@@ -7,7 +7,6 @@ only loop for the whole generation: nothing else was observed or saved.
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
@@ -16,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from support import streams
 from support.llamabed import LlamaHTTPError, MakeServer, call, complete, make_prompt, slots
 from support.sidecarbed import MakeSidecar, SidecarProcess, log_time
 
 TOKEN = "admin-secret-for-the-tests"
-LONG_GENERATION = 6000
-"""Tokens slot 1 generates (ignoring end-of-text): far longer than the test's steps take."""
+LONG_GENERATION = streams.LONG_GENERATION
 
 
 def _generate(url: str, prompt: str, outcome: dict[str, Any]) -> None:
@@ -97,44 +96,6 @@ def test_a_long_generation_neither_receives_a_save_nor_stops_the_polls(
     assert side.metric("llama_sidecar_snapshots_total", slot="1", result="failed") == 0
 
 
-class _Stream:
-    """A streamed generation on one slot that lasts until :meth:`stop` (closing the connection cancels it)."""
-
-    def __init__(self, port: int, slot: int, prompt: str) -> None:
-        self.tokens = 0
-        self.ended_at = 0.0
-        self.error: Exception | None = None
-        self._stop = threading.Event()
-        self._args = (port, slot, prompt)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        port, slot, prompt = self._args
-        body = {"prompt": prompt, "n_predict": LONG_GENERATION, "ignore_eos": True, "stream": True, "id_slot": slot}
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        try:
-            conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
-            for line in conn.getresponse():
-                if line.startswith(b"data: "):
-                    self.tokens += 1
-                if self._stop.is_set():
-                    break
-        except OSError as exc:  # the server was killed mid-stream
-            self.error = exc
-        finally:
-            conn.close()
-            self.ended_at = time.time()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=120)
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-
 def _of_slot(side: SidecarProcess, event: str, slot: int) -> list[dict[str, Any]]:
     return [e for e in side.log_events(event) if e.get("slot") == slot]
 
@@ -149,7 +110,7 @@ def test_a_save_made_during_another_slots_generation_is_committed_after_it_or_be
     side.wait_for(lambda: side.status()["server"]["slot_dir_linked"] is True, what="slot dir linked")
 
     # 1. The generation ends: the commit follows.
-    stream = _Stream(server.port, 1, make_prompt(server.url, 200, seed=44))
+    stream = streams.Stream(server.port, 1, make_prompt(server.url, 200, seed=44))
     side.wait_for(lambda: _status_slot(side, 1)["processing"], what="slot 1 generating, as the sidecar sees it")
     prompt = make_prompt(server.url, 300, seed=45)
     complete(server.url, prompt, n_predict=4, id_slot=0)
@@ -172,7 +133,7 @@ def test_a_save_made_during_another_slots_generation_is_committed_after_it_or_be
     )
 
     # 2. The server is killed while a commit waits: committed before the restore round, and restored.
-    stream = _Stream(server.port, 1, make_prompt(server.url, 200, seed=46))
+    stream = streams.Stream(server.port, 1, make_prompt(server.url, 200, seed=46))
     side.wait_for(lambda: _status_slot(side, 1)["processing"], what="slot 1 generating again")
     longer = prompt + make_prompt(server.url, 300, seed=47)  # the snapshot before holds half of it
     turn = complete(server.url, longer, n_predict=4, id_slot=0)

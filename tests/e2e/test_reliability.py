@@ -5,13 +5,13 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from support import mounts
 from support.llamabed import MakeServer, complete, make_prompt, tokenize
 from support.sidecarbed import MakeSidecar, SidecarProcess, bin_of, manifests
 from support.wait import wait_until
@@ -207,22 +207,8 @@ def test_fewer_slots_refuses_every_snapshot_naming_total_slots(
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 64 MiB tmpfs as the slot dir. Mounting it needs root: without root this fails, never skips."""
-    assert os.geteuid() == 0, (
-        "the disk-floor test mounts a 64 MiB tmpfs and needs root (CI runs as root);"
-        " run the tests as root, or deselect it with -k 'not disk_floor'"
-    )
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True)
-    try:
+    with mounts.tmpfs(tmp_path / "small", "64m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _free(path: Path) -> int:
-    stats = os.statvfs(path)
-    return stats.f_bavail * stats.f_frsize
 
 
 def test_disk_floor_and_full_disk_skip_or_fail_saves_and_keep_the_good_snapshot(
@@ -247,7 +233,7 @@ def test_disk_floor_and_full_disk_skip_or_fail_saves_and_keep_the_good_snapshot(
     side = sidecar(server, small_fs, extra={"--min-free-bytes": "0", "--keep-per-slot": "1"})
     other = make_prompt(server.url, 1024, seed=49)  # ~8.5 MB on disk, estimated at ~5 MB
     filler = small_fs / "filler"
-    filler.write_bytes(b"\0" * max(0, _free(small_fs) - (6 << 20) - (512 << 10)))
+    filler.write_bytes(b"\0" * max(0, mounts.free_bytes(small_fs) - (6 << 20) - (512 << 10)))
     complete(server.url, other)
     side.wait_for(
         lambda: side.metric("llama_sidecar_snapshots_total", slot="0", result="failed") >= 1, what="failed save"

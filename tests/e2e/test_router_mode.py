@@ -14,6 +14,7 @@ load the requested one, and holds the request until its KV is restored.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -249,3 +250,27 @@ def test_a_request_sent_right_after_a_kill9_of_the_router_waits_for_its_models_r
     )
     assert warm["timings"]["cache_n"] >= 0.9 * prefilled_a
     assert _restored(side, "alpha")
+
+
+def test_kill9_of_the_router_with_a_store_dir_restores_each_model_from_blocks(
+    llama: MakeServer, sidecar: MakeSidecar, model: Path, tmp_path: Path, slot_dir: Path
+) -> None:
+    """``--store-dir`` in router mode: each model's saves go into the block store (manifests under
+    ``STORE/snapshots`` named after the model, the slot dir only staging) and come back after a kill -9."""
+    store = tmp_path / "store"
+    server = _router(llama, model, tmp_path, slot_dir)
+    side = sidecar(server, slot_dir, env=ROUTER, extra={"--store-dir": str(store)})
+    manifests = store / "snapshots"
+    prompt_a, prefilled_a = _converse(server, side, manifests, "alpha", seed=61)
+    _converse(server, side, manifests, "beta", seed=62)
+    assert not [p.name for p in slot_dir.iterdir() if "--slot" in p.name], "nothing of a save stays in the slot dir"
+    recipes = {json.loads(p.read_text())["recipe"] for name in MODELS for p in manifests.glob(f"{model_tag(name)}--*")}
+    assert len(recipes) == 2
+    assert all((store / "recipes" / f"{r}.json").is_file() for r in recipes)
+
+    server.restart(graceful=False)  # kill -9 of the router; its child servers exit with it
+    _load_and_wait_restored(server, side, "alpha")
+    warm = complete(server.url, prompt_a + " and then some more", model="alpha")
+    assert warm["timings"]["cache_n"] >= 0.9 * prefilled_a
+    assert not list(slot_dir.glob(".tmp-*")), "the staged rebuild is deleted after the restore"
+    assert _saved(manifests, "beta"), "beta's snapshot stays in the store while beta is unloaded"

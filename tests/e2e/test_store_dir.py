@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from support import widekv
 from support.llamabed import LlamaServer, MakeServer, complete, make_prompt
 from support.sidecarbed import MakeSidecar, proxied
@@ -78,8 +80,21 @@ def test_a_save_goes_into_blocks_and_comes_back_after_kill9(
     assert _staged(slot_dir) == [], "the staged rebuild is deleted after the restore"
 
 
-def test_a_corrupt_block_refuses_that_snapshot_only(
-    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, tmp_path: Path
+def _spoil(block: Path, how: str) -> None:
+    """Flip a byte (same size: only the checksum can tell), cut the block in half, or delete it."""
+    data = bytearray(block.read_bytes())
+    if how == "flip":
+        data[len(data) // 2] ^= 0xFF
+        block.write_bytes(bytes(data))
+    elif how == "truncate":
+        block.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        block.unlink()
+
+
+@pytest.mark.parametrize(("how", "reason"), [("flip", "checksum"), ("truncate", "size"), ("missing", "size")])
+def test_a_corrupt_truncated_or_missing_block_refuses_that_snapshot_only(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, tmp_path: Path, how: str, reason: str
 ) -> None:
     store = tmp_path / "store"
     server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=4096)
@@ -93,10 +108,7 @@ def test_a_corrupt_block_refuses_that_snapshot_only(
     by_slot = {int(str(m["slot"])): str(m["recipe"]) for m in _store_manifests(store)}
     own = sorted(_recipe_digests(store, by_slot[0]) - _recipe_digests(store, by_slot[1]))
     assert own, "slot 0's snapshot has blocks of its own"
-    victim = store / "blocks" / own[len(own) // 2][:2] / own[len(own) // 2]
-    data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # same size, other bytes: only the checksum can tell
-    victim.write_bytes(bytes(data))
+    _spoil(store / "blocks" / own[len(own) // 2][:2] / own[len(own) // 2], how)
 
     server.restart(graceful=False)
     side.wait_restored(slot=1)
@@ -104,7 +116,7 @@ def test_a_corrupt_block_refuses_that_snapshot_only(
     corrupt = side.log_events("snapshot_corrupt")[0]
     assert corrupt["slot"] == 0, corrupt
     assert own[len(own) // 2] in corrupt["error"], corrupt  # names the block
-    assert side.metric("llama_sidecar_snapshots_quarantined_total", reason="checksum") == 1
+    assert side.metric("llama_sidecar_snapshots_quarantined_total", reason=reason) == 1
     assert not [e for e in side.log_events("slot_restored") if e.get("slot") == 0]
     warm = complete(server.url, prompts[1] + " continued", id_slot=1)
     assert warm["timings"]["cache_n"] >= 0.95 * colds[1]["timings"]["prompt_n"]

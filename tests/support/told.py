@@ -22,6 +22,8 @@ class Told:
         """(operation, file, error) per I/O error."""
         self.newer: list[tuple[str, int]] = []
         self.not_indexed: list[tuple[str, str]] = []
+        self.on_disk: list[tuple[str, outcomes.StagingFallback, int]] = []
+        """(name, reason, estimated bytes) per save or restore staged on the store's disk."""
 
     def quarantined(self, file: str, reason: outcomes.SnapshotProblem, detail: str) -> None:
         self.bad.calls.append((file, reason, detail))
@@ -34,3 +36,6 @@ class Told:
 
     def unindexed(self, name: str, reason: str) -> None:
         self.not_indexed.append((name, reason))
+
+    def staged_on_disk(self, name: str, reason: outcomes.StagingFallback, estimated_bytes: int) -> None:
+        self.on_disk.append((name, reason, estimated_bytes))

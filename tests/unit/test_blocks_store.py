@@ -254,3 +254,32 @@ def test_a_crash_mid_ingest_leaves_no_recipe_and_collection_cleans_up(tmp_path: 
     for name in committed:
         s.reassemble(name, tmp_path / f"{name}.out")
     assert (tmp_path / "b.out").read_bytes() == b
+
+
+def test_a_full_disk_mid_ingest_raises_the_disks_error_commits_nothing_and_collection_frees_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC on the third new block: the caller gets that OSError (before: a BufferError from closing the
+    mapping a slice still pinned), no recipe names the file, and a collection deletes its two blocks."""
+    s, _, _ = ingest_two(tmp_path)
+    before = set(block_files(s))
+    real_put = blockdir.BlockDir.put
+    calls = []
+
+    def put_until_full(self: blockdir.BlockDir, digest: str, data: memoryview | bytes | bytearray) -> bool:
+        calls.append(digest)
+        if len(calls) > 2 and not self.holds(digest, len(data)):
+            raise OSError(28, "No space left on device")
+        return real_put(self, digest, data)
+
+    monkeypatch.setattr(blockdir.BlockDir, "put", put_until_full)
+    other = put(tmp_path, "other.bin", slotfiles.slot_file(list(range(500, 600)), slotfiles.Shape()))
+    with pytest.raises(OSError, match="No space left") as raised:
+        s.ingest("other", other)
+    assert raised.value.errno == 28
+    assert "other" not in s.names()
+    monkeypatch.undo()
+    assert s.collect().outcome is collect.Outcome.DONE
+    assert set(block_files(s)) == before
+    for name in s.names():  # the committed files still rebuild
+        s.reassemble(name, tmp_path / f"{name}.again")
