@@ -19,14 +19,18 @@ Figures per way: bytes written to disk by llama-server and the sidecar
 (``write_bytes`` of ``/proc/PID/io``; a write to tmpfs counts none) over
 the distinct KV the conversations hold (the shared prompt counted once:
 every byte of it was new KV once); bytes the snapshots take on disk over
-that distinct KV; the mean restore (``restore_duration_seconds``, the
-restart round's; with the block store it includes the reassembly) against
-the whole-file way's; and each conversation's turn after the ``kill -9``:
-tokens reused over its previous prompt.
+that distinct KV; what a user waits for a restored slot after the ``kill
+-9``: the mean of ``restart_to_restore_seconds`` over the restart round's
+restores, from the restarted server answering /health ok (when a restore
+could start) to the slot restored, the same figure both ways (with the block
+store it holds any rebuild not done ahead, while the server loaded), beside
+the restore calls alone (``restore_duration_seconds``) and the restores
+that took a file rebuilt ahead; and each conversation's turn after the
+``kill -9``: tokens reused over its previous prompt.
 
 Goals (issue 41), on the block-store way: written at most 1.5x the new KV,
-stored at most 1.2x the distinct KV, a restore at most 1.2x the whole
-file's, and every turn after the ``kill -9`` at least 99% cached. MET or
+stored at most 1.2x the distinct KV, the wait for a restored slot at
+most 1.2x the whole file's, and every turn after the ``kill -9`` at least 99% cached. MET or
 MISSED each, exit status 1 on a miss.
 
 Run alone with ``python -m bench.scale [--quick]``.
@@ -45,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT, rig
-from bench.beds import llamabed, net, widekv
+from bench.beds import llamabed, net, sidecarbed, widekv
 
 SLOTS = 2
 CONVERSATIONS = 3
@@ -61,8 +65,13 @@ class Way:
     stored: int
     """Bytes of the snapshots on disk at the end."""
     distinct_tokens: int
+    wait_seconds: float
+    """What a user waits for a restored slot after the kill -9: the mean, over the restart round's restores, of
+    the restarted server answering /health ok to the slot restored (restart_to_restore_seconds); NaN if none."""
     restore_seconds: float
-    """Mean of the sidecar's restores (restore_duration_seconds), NaN if none."""
+    """Mean of the sidecar's restore calls (restore_duration_seconds: the server's restore only), NaN if none."""
+    ahead: int
+    """Restores that took a file rebuilt ahead, while the server loaded (restore_ahead_total{outcome="used"})."""
     after_kill: list[float]
     """Per conversation, tokens reused by the turn after the kill -9 over its previous prompt."""
     turns: int
@@ -151,16 +160,22 @@ def _way(bed: rig.Rig, name: str, *, system_tokens: int, turns: int, say: rig.Sa
         written += _written(server.pid)
         assert side.proc is not None
         written += _written(side.proc.pid) - side_written
-        count = side.metric("llama_sidecar_restore_duration_seconds_count")
-        restore = side.metric("llama_sidecar_restore_duration_seconds_sum") / count if count else float("nan")
+        wait = _mean(side, "llama_sidecar_restart_to_restore_seconds")
+        restore = _mean(side, "llama_sidecar_restore_duration_seconds")
+        ahead = int(side.metric("llama_sidecar_restore_ahead_total", outcome="used"))
         stored = _bytes_under(store_dir)
         side.kill()
         server.kill()
         distinct = shared + sum(a.total - shared for a in agents)
-        return Way(name, written, stored, distinct, restore, after, turns)
+        return Way(name, written, stored, distinct, wait, restore, ahead, after, turns)
     finally:
         if name == BLOCKS:
             shutil.rmtree(slot_dir, ignore_errors=True)
+
+
+def _mean(side: sidecarbed.SidecarProcess, histogram: str) -> float:
+    count = side.metric(histogram + "_count")
+    return side.metric(histogram + "_sum") / count if count else float("nan")
 
 
 def table(ways: list[Way]) -> str:
@@ -172,7 +187,9 @@ def table(ways: list[Way]) -> str:
             w.written / w.distinct_bytes,
             w.stored / 2**20,
             w.stored / w.distinct_bytes,
+            w.wait_seconds,
             w.restore_seconds,
+            w.ahead,
             min(w.after_kill),
         )
         for w in ways
@@ -189,7 +206,9 @@ def table(ways: list[Way]) -> str:
             "written/KV",
             "stored MiB",
             "stored/KV",
-            "restore s",
+            "wait s",
+            "restore call s",
+            "rebuilt ahead",
             "min after kill",
         ],
         rows,
@@ -199,14 +218,16 @@ def table(ways: list[Way]) -> str:
 def verdicts(ways: list[Way]) -> list[str]:
     by = {w.name: w for w in ways}
     blocks, whole = by[BLOCKS], by[WHOLE]
-    restore = blocks.restore_seconds / whole.restore_seconds
+    restore = blocks.wait_seconds / whole.wait_seconds
     checks = [
         (blocks.written / blocks.distinct_bytes <= WRITTEN_GOAL, f"written ÷ new KV at most {WRITTEN_GOAL}x",
          f"{blocks.written / blocks.distinct_bytes:.2f}x (whole files {whole.written / whole.distinct_bytes:.2f}x)"),
         (blocks.stored / blocks.distinct_bytes <= STORED_GOAL, f"stored ÷ distinct KV at most {STORED_GOAL}x",
          f"{blocks.stored / blocks.distinct_bytes:.2f}x (whole files {whole.stored / whole.distinct_bytes:.2f}x)"),
-        (restore <= RESTORE_GOAL, f"a restore at most {RESTORE_GOAL}x the whole file's",
-         f"{restore:.2f}x ({blocks.restore_seconds:.3f} s against {whole.restore_seconds:.3f} s)"),
+        (restore <= RESTORE_GOAL,
+         f"the wait for a restored slot (server healthy -> slot restored) at most {RESTORE_GOAL}x the whole file's",
+         f"{restore:.2f}x ({blocks.wait_seconds:.3f} s against {whole.wait_seconds:.3f} s; the restore calls alone "
+         f"{blocks.restore_seconds:.3f} s against {whole.restore_seconds:.3f} s)"),
         (min(blocks.after_kill) >= CACHED_GOAL, f"every turn after the kill -9 at least {CACHED_GOAL:.0%} cached",
          ", ".join(f"{x:.1%}" for x in blocks.after_kill)),
     ]  # fmt: skip

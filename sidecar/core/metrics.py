@@ -231,10 +231,23 @@ class Metrics:
         self.store_staged = Gauge(
             "store_staged_bytes",
             "Bytes the sidecar has staged in the slot dir now: a snapshot rebuilt from the block store for "
-            "llama-server's restore, deleted right after it.",
+            "llama-server's restore (during a restore, or ahead of a restart's restore round while the server "
+            "loads), deleted right after it.",
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.restore_ahead = Counter(
+            "restore_ahead",
+            "Snapshots of the block store rebuilt into the slot dir ahead of a restart's restore round, while "
+            "llama-server loaded, by outcome: used (its restore waited for no rebuild), unused (given back: a "
+            "newer snapshot won, the slot was not empty, no round came), skipped (not rebuilt ahead for lack of "
+            "room in the slot dir's filesystem or RAM; rebuilt by its restore).",
+            ["outcome"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        for outcome in outcomes.RestoreAhead:
+            self.restore_ahead.labels(outcome.value)
 
     def _slot_dir_families(self, registry: CollectorRegistry) -> None:
         """The slot dir: disk, files, retention, quarantine, I/O errors, commits."""

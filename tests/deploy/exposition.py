@@ -34,6 +34,7 @@ SHARED_DIRECTIONS = ("up", "down")
 SHARED_OPERATIONS = ("put", "get", "list", "delete")
 SERVER_EXITS = ("stopped", "exited", "failed", "killed", "not_started")
 STORE_WRITES = ("blocks", "manifests")
+RESTORE_AHEAD = ("used", "unused", "skipped")
 MODELS = ("alpha", "beta")
 """Router mode (--router): the models the router lists."""
 
@@ -161,6 +162,9 @@ def sidecar_registry() -> CollectorRegistry:
     Gauge("store_unique_bytes", "Unique bytes", namespace=ns, registry=registry).set(800_000_000)
     Gauge("store_represented_bytes", "Represented bytes", namespace=ns, registry=registry).set(2_400_000_000)
     Gauge("store_staged_bytes", "Staged bytes", namespace=ns, registry=registry).set(0)
+    ahead = Counter("restore_ahead", "Rebuilt ahead", ["outcome"], namespace=ns, registry=registry)
+    for n, outcome in enumerate(RESTORE_AHEAD):
+        ahead.labels(outcome=outcome).inc(6 // (n + 1))
     left = Histogram("library_left_unsaved_reprefill_seconds", "Left unsaved", namespace=ns, registry=registry)
     for seconds in (0.4, 1.2, 3.0):
         left.observe(seconds)
