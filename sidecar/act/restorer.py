@@ -61,7 +61,7 @@ from typing import Protocol
 import structlog
 
 from sidecar.act import actions, ahead, policy, savings
-from sidecar.core import errors, events, hashing, metrics, outcomes, protocols
+from sidecar.core import errors, events, hashing, metrics, outcomes, protocols, tasks
 from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.restore")
@@ -541,7 +541,10 @@ class Restorer:
         quarter of a second for 300 MB on tmpfs, on a busy machine), and the next slot or request waits."""
         if staged == candidate.file:
             return
-        task = asyncio.create_task(asyncio.to_thread(self._snapshots.unstage, staged, candidate))
+        task = tasks.watch(
+            asyncio.create_task(asyncio.to_thread(self._snapshots.unstage, staged, candidate), name="give-back"),
+            effect="a staged rebuild stays in the slot dir until the sidecar's next start-up",
+        )
         self._giving_back.add(task)
         task.add_done_callback(self._giving_back.discard)
 
