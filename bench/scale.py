@@ -60,6 +60,8 @@ SLOTS = 2
 CONVERSATIONS = 3
 WHOLE, BLOCKS = "whole files", "block store"
 WRITTEN_GOAL, STORED_GOAL, RESTORE_GOAL, CACHED_GOAL = 1.5, 1.2, 1.2, 0.99
+STAGING = Path("/dev/shm")
+"""Where the block store's slot dirs go (``--staging``): a tmpfs."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,11 +121,11 @@ def _bytes_under(*roots: Path) -> int:
     return sum(p.stat().st_size for root in roots if root.exists() for p in root.rglob("*") if p.is_file())
 
 
-def _way(bed: rig.Rig, name: str, *, system_tokens: int, turns: int, say: rig.Say) -> Way:
+def _way(bed: rig.Rig, name: str, *, system_tokens: int, turns: int, staging: Path, say: rig.Say) -> Way:
     model = widekv.model(tokenizer_from=bed.model)
     tag = "blocks" if name == BLOCKS else "whole"
     store_dir = bed.slot_dir(f"scale-store-{tag}")
-    slot_dir = Path("/dev/shm") / f"llama-kv-bench-{os.getpid()}-{tag}" if name == BLOCKS else store_dir
+    slot_dir = staging / f"llama-kv-bench-{os.getpid()}-{tag}" if name == BLOCKS else store_dir
     if name == BLOCKS:
         shutil.rmtree(slot_dir, ignore_errors=True)
         slot_dir.mkdir(parents=True)
@@ -239,11 +241,16 @@ def verdicts(ways: list[Way]) -> list[str]:
     return [("MET  " if met else "MISSED ") + f"{goal}: {figure}" for met, goal, figure in checks]
 
 
-def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[list[Way], str]:
+def measure(bed: rig.Rig, *, quick: bool, say: rig.Say, staging: Path = STAGING) -> tuple[list[Way], str]:
+    """``staging``: the tmpfs the block store's slot dirs go under."""
     system_tokens, turns = (2000, 4) if quick else (10000, 8)
-    ways = [_way(bed, name, system_tokens=system_tokens, turns=turns, say=say) for name in (WHOLE, BLOCKS)]
+    ways = [
+        _way(bed, name, system_tokens=system_tokens, turns=turns, staging=staging, say=say) for name in (WHOLE, BLOCKS)
+    ]
     seconds, rounds = (40.0, 1) if quick else (60.0, 2)
-    gaps = scale_gaps.run(bed, base_tokens=system_tokens, seconds=seconds, period=4.0, rounds=rounds, say=say)
+    gaps = scale_gaps.run(
+        bed, base_tokens=system_tokens, seconds=seconds, period=4.0, rounds=rounds, staging=staging, say=say
+    )
     return ways, "\n\n".join(
         [table(ways), scale_gaps.table(gaps), "\n".join([*verdicts(ways), scale_gaps.report(gaps)])]
     )
@@ -254,11 +261,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a 2,000-token system prompt, 4 turns (else 10,000, 8)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="JSON and logs go here")
     parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
+    parser.add_argument(
+        "--staging",
+        type=Path,
+        default=STAGING,
+        help="the tmpfs the block store's slot dirs go under (default /dev/shm; a tmpfs mounted with "
+        "huge=within_size lets llama-server read a restored file as fast as from a disk's page cache)",
+    )
     ns = parser.parse_args(argv)
     bed = rig.Rig(log_dir=ns.out / f"logs-scale-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
     try:
         before = rig.busy()
-        ways, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
+        ways, body = measure(
+            bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True), staging=ns.staging
+        )
         print(f"## Scale\n({before} at start, {rig.busy()} at end)\n")
         print(body)
     finally:

@@ -46,9 +46,11 @@ class Gaps:
         return stall.p99_ratio(self.conditions, over=NO_SAVES, side=POLICY)
 
 
-def run(bed: rig.Rig, *, base_tokens: int, seconds: float, period: float, rounds: int, say: rig.Say) -> Gaps:
+def run(
+    bed: rig.Rig, *, base_tokens: int, seconds: float, period: float, rounds: int, staging: Path, say: rig.Say
+) -> Gaps:
     model = widekv.model(tokenizer_from=bed.model)
-    slot_dir = Path("/dev/shm") / f"llama-kv-bench-{os.getpid()}-gaps"
+    slot_dir = staging / f"llama-kv-bench-{os.getpid()}-gaps"
     store_dir = bed.slot_dir("scale-gaps-store")
     shutil.rmtree(slot_dir, ignore_errors=True)
     slot_dir.mkdir(parents=True)
