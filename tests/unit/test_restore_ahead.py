@@ -29,24 +29,6 @@ def test_every_file_fits_when_the_largest_still_fits_beyond_them() -> None:
     assert ahead.chosen([], ahead.Room(staging=0, memory=0)) == 0
 
 
-def test_a_snapshot_is_the_same_only_with_the_same_name_generation_and_checksum() -> None:
-    one = manifest.Manifest(
-        slot=0,
-        file="slot0-a.bin",
-        tokens=5,
-        bytes=100,
-        checksum=manifest.Checksum(hashing.Algorithm.XXH3_128, "0" * 32),
-        generation=3,
-        created=1.0,
-        task=1,
-        fingerprint=FP,
-    )
-    assert ahead.same_snapshot(one, dataclasses.replace(one, created=2.0))
-    assert not ahead.same_snapshot(one, dataclasses.replace(one, generation=4))
-    other = manifest.Checksum(hashing.Algorithm.XXH3_128, "1" * 32)
-    assert not ahead.same_snapshot(one, dataclasses.replace(one, checksum=other))
-
-
 @dataclasses.dataclass
 class Bed:
     server: memllama.MemLlama
@@ -184,3 +166,11 @@ async def test_nothing_is_rebuilt_ahead_without_room_for_the_largest_beyond(bed:
     assert await bed.round() == [(0, "ok"), (1, "ok")]
     assert bed.value("used") == 1
     await bed.settled()
+
+
+def test_a_snapshot_is_the_same_only_with_the_same_name_generation_and_checksum(bed: Bed) -> None:
+    one = bed.saved(0, 5)
+    assert ahead.same_snapshot(one, dataclasses.replace(one, created=2.0))
+    assert not ahead.same_snapshot(one, dataclasses.replace(one, generation=one.generation + 1))
+    other = manifest.Checksum(hashing.Algorithm.XXH3_128, "1" * 32)
+    assert not ahead.same_snapshot(one, dataclasses.replace(one, checksum=other))
