@@ -55,6 +55,7 @@ from typing import Any
 
 from bench import REPO_ROOT, rig, scale_gaps
 from bench.beds import llamabed, net, sidecarbed, widekv
+from sidecar.core import mounts
 
 SLOTS = 2
 CONVERSATIONS = 3
@@ -251,9 +252,14 @@ def measure(bed: rig.Rig, *, quick: bool, say: rig.Say, staging: Path = STAGING)
     gaps = scale_gaps.run(
         bed, base_tokens=system_tokens, seconds=seconds, period=4.0, rounds=rounds, staging=staging, say=say
     )
-    return ways, "\n\n".join(
-        [table(ways), scale_gaps.table(gaps), "\n".join([*verdicts(ways), scale_gaps.report(gaps)])]
-    )
+    notes = [scale_gaps.report(gaps)]
+    if mounts.tmpfs_of_small_pages(staging):
+        notes.append(
+            f"NOTE {staging} is a tmpfs of small pages (mounted without huge=): llama-server reads a restored file "
+            "from it about 2.5x slower than from a disk's page cache, which the wait for a restored slot shows; "
+            "--staging a tmpfs mounted with huge=within_size for the block store's best"
+        )
+    return ways, "\n\n".join([table(ways), scale_gaps.table(gaps), "\n".join([*verdicts(ways), *notes])])
 
 
 def main(argv: list[str] | None = None) -> int:
