@@ -19,14 +19,23 @@ Figures per way: bytes written to disk by llama-server and the sidecar
 (``write_bytes`` of ``/proc/PID/io``; a write to tmpfs counts none) over
 the distinct KV the conversations hold (the shared prompt counted once:
 every byte of it was new KV once); bytes the snapshots take on disk over
-that distinct KV; the mean restore (``restore_duration_seconds``, the
-restart round's; with the block store it includes the reassembly) against
-the whole-file way's; and each conversation's turn after the ``kill -9``:
-tokens reused over its previous prompt.
+that distinct KV; what a user waits for a restored slot after the ``kill
+-9``: the mean of ``restart_to_restore_seconds`` over the restart round's
+restores, from the restarted server answering /health ok (when a restore
+could start) to the slot restored, the same figure both ways (with the block
+store it holds any rebuild not done ahead, while the server loaded), beside
+the restore calls alone (``restore_duration_seconds``) and the restores
+that took a file rebuilt ahead; and each conversation's turn after the
+``kill -9``: tokens reused over its previous prompt.
+
+Then the stream on one slot while the other slot's conversation is saved
+(:mod:`bench.scale_gaps`): the p99 gap between streamed tokens with the
+sidecar's policy (its defaults, ``--store-dir``) over no saves at all, the
+same turns, and the saves each made; reported, no goal.
 
 Goals (issue 41), on the block-store way: written at most 1.5x the new KV,
-stored at most 1.2x the distinct KV, a restore at most 1.2x the whole
-file's, and every turn after the ``kill -9`` at least 99% cached. MET or
+stored at most 1.2x the distinct KV, the wait for a restored slot at
+most 1.2x the whole file's, and every turn after the ``kill -9`` at least 99% cached. MET or
 MISSED each, exit status 1 on a miss.
 
 Run alone with ``python -m bench.scale [--quick]``.
@@ -44,13 +53,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import REPO_ROOT, rig
-from bench.beds import llamabed, net, widekv
+from bench import REPO_ROOT, rig, scale_gaps
+from bench.beds import llamabed, net, sidecarbed, widekv
+from sidecar.core import mounts
 
 SLOTS = 2
 CONVERSATIONS = 3
 WHOLE, BLOCKS = "whole files", "block store"
 WRITTEN_GOAL, STORED_GOAL, RESTORE_GOAL, CACHED_GOAL = 1.5, 1.2, 1.2, 0.99
+STAGING = Path("/dev/shm")
+"""Where the block store's slot dirs go (``--staging``): a tmpfs."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,8 +73,13 @@ class Way:
     stored: int
     """Bytes of the snapshots on disk at the end."""
     distinct_tokens: int
+    wait_seconds: float
+    """What a user waits for a restored slot after the kill -9: the mean, over the restart round's restores, of
+    the restarted server answering /health ok to the slot restored (restart_to_restore_seconds); NaN if none."""
     restore_seconds: float
-    """Mean of the sidecar's restores (restore_duration_seconds), NaN if none."""
+    """Mean of the sidecar's restore calls (restore_duration_seconds: the server's restore only), NaN if none."""
+    ahead: int
+    """Restores that took a file rebuilt ahead, while the server loaded (restore_ahead_total{outcome="used"})."""
     after_kill: list[float]
     """Per conversation, tokens reused by the turn after the kill -9 over its previous prompt."""
     turns: int
@@ -105,11 +122,11 @@ def _bytes_under(*roots: Path) -> int:
     return sum(p.stat().st_size for root in roots if root.exists() for p in root.rglob("*") if p.is_file())
 
 
-def _way(bed: rig.Rig, name: str, *, system_tokens: int, turns: int, say: rig.Say) -> Way:
+def _way(bed: rig.Rig, name: str, *, system_tokens: int, turns: int, staging: Path, say: rig.Say) -> Way:
     model = widekv.model(tokenizer_from=bed.model)
     tag = "blocks" if name == BLOCKS else "whole"
     store_dir = bed.slot_dir(f"scale-store-{tag}")
-    slot_dir = Path("/dev/shm") / f"llama-kv-bench-{os.getpid()}-{tag}" if name == BLOCKS else store_dir
+    slot_dir = staging / f"llama-kv-bench-{os.getpid()}-{tag}" if name == BLOCKS else store_dir
     if name == BLOCKS:
         shutil.rmtree(slot_dir, ignore_errors=True)
         slot_dir.mkdir(parents=True)
@@ -151,16 +168,22 @@ def _way(bed: rig.Rig, name: str, *, system_tokens: int, turns: int, say: rig.Sa
         written += _written(server.pid)
         assert side.proc is not None
         written += _written(side.proc.pid) - side_written
-        count = side.metric("llama_sidecar_restore_duration_seconds_count")
-        restore = side.metric("llama_sidecar_restore_duration_seconds_sum") / count if count else float("nan")
+        wait = _mean(side, "llama_sidecar_restart_to_restore_seconds")
+        restore = _mean(side, "llama_sidecar_restore_duration_seconds")
+        ahead = int(side.metric("llama_sidecar_restore_ahead_total", outcome="used"))
         stored = _bytes_under(store_dir)
         side.kill()
         server.kill()
         distinct = shared + sum(a.total - shared for a in agents)
-        return Way(name, written, stored, distinct, restore, after, turns)
+        return Way(name, written, stored, distinct, wait, restore, ahead, after, turns)
     finally:
         if name == BLOCKS:
             shutil.rmtree(slot_dir, ignore_errors=True)
+
+
+def _mean(side: sidecarbed.SidecarProcess, histogram: str) -> float:
+    count = side.metric(histogram + "_count")
+    return side.metric(histogram + "_sum") / count if count else float("nan")
 
 
 def table(ways: list[Way]) -> str:
@@ -172,7 +195,9 @@ def table(ways: list[Way]) -> str:
             w.written / w.distinct_bytes,
             w.stored / 2**20,
             w.stored / w.distinct_bytes,
+            w.wait_seconds,
             w.restore_seconds,
+            w.ahead,
             min(w.after_kill),
         )
         for w in ways
@@ -189,7 +214,9 @@ def table(ways: list[Way]) -> str:
             "written/KV",
             "stored MiB",
             "stored/KV",
-            "restore s",
+            "wait s",
+            "restore call s",
+            "rebuilt ahead",
             "min after kill",
         ],
         rows,
@@ -199,24 +226,40 @@ def table(ways: list[Way]) -> str:
 def verdicts(ways: list[Way]) -> list[str]:
     by = {w.name: w for w in ways}
     blocks, whole = by[BLOCKS], by[WHOLE]
-    restore = blocks.restore_seconds / whole.restore_seconds
+    restore = blocks.wait_seconds / whole.wait_seconds
     checks = [
         (blocks.written / blocks.distinct_bytes <= WRITTEN_GOAL, f"written ÷ new KV at most {WRITTEN_GOAL}x",
          f"{blocks.written / blocks.distinct_bytes:.2f}x (whole files {whole.written / whole.distinct_bytes:.2f}x)"),
         (blocks.stored / blocks.distinct_bytes <= STORED_GOAL, f"stored ÷ distinct KV at most {STORED_GOAL}x",
          f"{blocks.stored / blocks.distinct_bytes:.2f}x (whole files {whole.stored / whole.distinct_bytes:.2f}x)"),
-        (restore <= RESTORE_GOAL, f"a restore at most {RESTORE_GOAL}x the whole file's",
-         f"{restore:.2f}x ({blocks.restore_seconds:.3f} s against {whole.restore_seconds:.3f} s)"),
+        (restore <= RESTORE_GOAL,
+         f"the wait for a restored slot (server healthy -> slot restored) at most {RESTORE_GOAL}x the whole file's",
+         f"{restore:.2f}x ({blocks.wait_seconds:.3f} s against {whole.wait_seconds:.3f} s; the restore calls alone "
+         f"{blocks.restore_seconds:.3f} s against {whole.restore_seconds:.3f} s)"),
         (min(blocks.after_kill) >= CACHED_GOAL, f"every turn after the kill -9 at least {CACHED_GOAL:.0%} cached",
          ", ".join(f"{x:.1%}" for x in blocks.after_kill)),
     ]  # fmt: skip
     return [("MET  " if met else "MISSED ") + f"{goal}: {figure}" for met, goal, figure in checks]
 
 
-def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[list[Way], str]:
+def measure(bed: rig.Rig, *, quick: bool, say: rig.Say, staging: Path = STAGING) -> tuple[list[Way], str]:
+    """``staging``: the tmpfs the block store's slot dirs go under."""
     system_tokens, turns = (2000, 4) if quick else (10000, 8)
-    ways = [_way(bed, name, system_tokens=system_tokens, turns=turns, say=say) for name in (WHOLE, BLOCKS)]
-    return ways, table(ways) + "\n\n" + "\n".join(verdicts(ways))
+    ways = [
+        _way(bed, name, system_tokens=system_tokens, turns=turns, staging=staging, say=say) for name in (WHOLE, BLOCKS)
+    ]
+    seconds, rounds = (40.0, 1) if quick else (60.0, 2)
+    gaps = scale_gaps.run(
+        bed, base_tokens=system_tokens, seconds=seconds, period=4.0, rounds=rounds, staging=staging, say=say
+    )
+    notes = [scale_gaps.report(gaps)]
+    if mounts.tmpfs_of_small_pages(staging):
+        notes.append(
+            f"NOTE {staging} is a tmpfs of small pages (mounted without huge=): llama-server reads a restored file "
+            "from it about 2.5x slower than from a disk's page cache, which the wait for a restored slot shows; "
+            "--staging a tmpfs mounted with huge=within_size for the block store's best"
+        )
+    return ways, "\n\n".join([table(ways), scale_gaps.table(gaps), "\n".join([*verdicts(ways), *notes])])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,11 +267,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a 2,000-token system prompt, 4 turns (else 10,000, 8)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="JSON and logs go here")
     parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
+    parser.add_argument(
+        "--staging",
+        type=Path,
+        default=STAGING,
+        help="the tmpfs the block store's slot dirs go under (default /dev/shm; a tmpfs mounted with "
+        "huge=within_size lets llama-server read a restored file as fast as from a disk's page cache)",
+    )
     ns = parser.parse_args(argv)
     bed = rig.Rig(log_dir=ns.out / f"logs-scale-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
     try:
         before = rig.busy()
-        ways, body = measure(bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True))
+        ways, body = measure(
+            bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True), staging=ns.staging
+        )
         print(f"## Scale\n({before} at start, {rig.busy()} at end)\n")
         print(body)
     finally:

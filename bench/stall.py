@@ -182,15 +182,15 @@ def run(bed: rig.Rig, *, base_tokens: int, seconds: float, rounds: int, period: 
             after = 0
             if side is not None:
                 client.settle(side)  # the commits that waited for the stream's end are logged
-                saves = _sidecar_saves(side, cond, start, end)
+                saves = sidecar_saves(side, cond, start, end)
                 if cond.name == HELD and changes:
                     after = _held_saves(side, end)
                 side.kill()
             for direct in slot_dir.glob(f"{DIRECT_FILE}-*.bin"):
                 direct.unlink()
             gaps = [(b - a) * 1000 for a, b in itertools.pairwise(times)]
-            w = Window(r + 1, gaps, len(saves), _holding(saves, times), changes, rig.cpu_pressure())
-            w.during_generation = sum(1 for began, ended in saves if _during(began, ended, times))
+            w = Window(r + 1, gaps, len(saves), holding(saves, times), changes, rig.cpu_pressure())
+            w.during_generation = sum(1 for began, ended in saves if during(began, ended, times))
             w.after_stream = after
             cond.windows.append(w)
             say(
@@ -203,7 +203,7 @@ def run(bed: rig.Rig, *, base_tokens: int, seconds: float, rounds: int, period: 
     return conds
 
 
-def _sidecar_saves(
+def sidecar_saves(
     side: sidecarbed.SidecarProcess, cond: Condition, start: float, end: float
 ) -> list[tuple[float, float]]:
     """(start, end) of the save calls of the sidecar's committed saves that began inside the window."""
@@ -235,12 +235,12 @@ def _held_saves(side: sidecarbed.SidecarProcess, end: float) -> int:
     return 1
 
 
-def _during(began: float, ended: float, times: list[float]) -> bool:
+def during(began: float, ended: float, times: list[float]) -> bool:
     """Whether a save from `began` to `ended` landed while the stream was producing tokens."""
     return bool(times) and times[0] < ended and began < times[-1]
 
 
-def _holding(saves: list[tuple[float, float]], times: list[float]) -> list[float]:
+def holding(saves: list[tuple[float, float]], times: list[float]) -> list[float]:
     """For each save, the longest inter-token gap overlapping it, in ms."""
     out = []
     for began, ended in saves:

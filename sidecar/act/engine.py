@@ -435,6 +435,8 @@ class Engine:
                     server.restore = memory.Restore.DONE
             if not self._server.restore_owed:
                 self._gate.open(seen_at=obs.at)
+        if self._restorer.ahead and not self._server.restore_owed:
+            await self._restorer.drop_ahead()  # the server came back without a restore round, or it had none
         if self._server.link.ok is None:
             await self._probe()
         await self._expire()
@@ -483,8 +485,10 @@ class Engine:
 
     async def _precheck(self) -> None:
         self._server.prechecked = True
-        if self._server.restore_owed or self._latest is None or self._latest.health is not events.Health.OK:
-            await self._restorer.precheck()
+        down = self._latest is not None and self._latest.health is not events.Health.OK
+        if self._server.restore_owed or self._latest is None or down:
+            # Rebuilt ahead only while the server is seen down or loading: a round follows its return.
+            await self._restorer.precheck(rebuild=down)
 
     async def _restore(self, obs: events.Observation) -> None:
         assert self._identity is not None

@@ -7,6 +7,8 @@ restore call is kept as small as the server allows:
 
 * files are checked (size and xxh3-128 checksum) ahead, while the server is still
   loading (:meth:`Restorer.precheck`), so no hashing sits inside the window;
+  with a block store, the files the round will restore are rebuilt then too
+  (:mod:`sidecar.act.ahead`), so no rebuild sits inside it either;
   a file checked then is trusted by the next restore round while its size,
   mtime and inode stay the same; any other file is hashed in the round, and
   the slot read again after; a file that fails a check is quarantined and the
@@ -58,8 +60,8 @@ from typing import Protocol
 
 import structlog
 
-from sidecar.act import actions, policy, restoreplan, savings
-from sidecar.core import errors, events, hashing, metrics, outcomes, protocols
+from sidecar.act import actions, ahead, policy, restoreplan, savings
+from sidecar.core import errors, events, hashing, metrics, outcomes, protocols, tasks
 from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.restore")
@@ -199,12 +201,16 @@ class Restorer:
         """The file being checked now; None between checks."""
         self.checked_at = float("-inf")
         """Monotonic time the last check ended (progress, for liveness)."""
+        self._ahead = ahead.Ahead(snapshots, stats)
+        self._giving_back: set[asyncio.Task[None]] = set()
 
-    async def precheck(self) -> None:
+    async def precheck(self, *, rebuild: bool = False) -> None:
         """Check the newest good snapshot of every slot now, so the restore round does not hash.
 
         Called while the server loads (or before the first poll), when the
-        files are all the sidecar can work on.
+        files are all the sidecar can work on. ``rebuild``: with a block store,
+        also rebuild those snapshots into the slot dir (:mod:`sidecar.act.ahead`),
+        so the round does not rebuild either.
         """
         self._checked.clear()  # every restore round's files are hashed anew: just before it, or in it
         by_slot: dict[int, list[manifest.Manifest]] = {}
@@ -212,13 +218,26 @@ class Restorer:
             by_slot.setdefault(snap.slot, []).append(snap)
         started = time.perf_counter()
         checked = 0
-        for newest_first in by_slot.values():
+        good: list[manifest.Manifest] = []
+        for _, newest_first in sorted(by_slot.items()):
             for candidate in newest_first:
                 checked += 1
                 if await self._check(candidate):
+                    good.append(candidate)
                     break
         if checked:
             log.info("snapshots_prechecked", files=checked, seconds=round(time.perf_counter() - started, 4))
+        if rebuild and self._snapshots.blocks is not None:
+            await self._ahead.build(good)
+
+    @property
+    def ahead(self) -> bool:
+        """Whether files rebuilt ahead wait for a restore round (give them back with :meth:`drop_ahead`)."""
+        return self._ahead.pending
+
+    async def drop_ahead(self) -> None:
+        """Delete the files rebuilt ahead that no restore took (no restore round came)."""
+        await self._ahead.discard()
 
     async def restore_all(
         self,
@@ -260,6 +279,7 @@ class Restorer:
                     done[view.id] = restored
                     if order is not None:
                         order.restored(view.id, restored)
+            await self._ahead.discard()  # a newer snapshot won, or the slot was not empty
         self._checked.clear()
         self.last = sorted(records, key=lambda record: record.slot)
         return done
@@ -299,11 +319,11 @@ class Restorer:
                 return self._count(slot, Outcome.INCOMPATIBLE, refusal, candidate.file), None
             if view.processing:
                 return self._count(slot, Outcome.SLOT_BUSY, "the slot is processing a request"), None
-            staged = await self._stage(candidate)
+            staged, rebuilt = await self._stage(candidate)
             if staged is None:
                 return self._count(slot, Outcome.FAILED, "the snapshot failed its check", candidate.file), None
             try:
-                if staged != candidate.file:  # rebuilt from the block store: time has passed, read it again
+                if rebuilt:  # rebuilt from the block store: time has passed, read it again
                     view, problem = await self._read(slot)
                     if view is None:
                         return self._count(slot, Outcome.FAILED, problem), None
@@ -313,7 +333,7 @@ class Restorer:
                     slot, view, candidate, None, counters, started, by=outcomes.SavedBy.SWAP, filename=staged
                 )
             finally:
-                await asyncio.to_thread(self._snapshots.unstage, staged, candidate)
+                self._give_back(staged, candidate)
             if restored is None:
                 return record, None
             after, _ = await self._read(slot)
@@ -355,11 +375,11 @@ class Restorer:
         if plan.outcome is not None:
             return self._count(slot, plan.outcome, _DETAILS.get(plan.outcome, "")), None
         for candidate in plan.candidates:
-            staged = await self._stage(candidate)  # rebuilt from the block store and checked, or the file itself
+            staged, rebuilt = await self._stage(candidate)  # rebuilt and checked (maybe ahead), or the file itself
             if staged is None:
                 continue
             try:
-                if staged != candidate.file or not self._checked_unchanged(candidate):
+                if rebuilt or (staged == candidate.file and not self._checked_unchanged(candidate)):
                     # Not checked ahead: hash it now (a rebuild was), then read the slot again, as time has passed.
                     if staged == candidate.file and not await self._check(candidate):
                         continue
@@ -370,7 +390,7 @@ class Restorer:
                         return self._count(slot, Outcome.SLOT_BUSY, _DETAILS[Outcome.SLOT_BUSY]), None
                 return await self._send(slot, view, candidate, healthy_at, counters, started, filename=staged)
             finally:
-                await asyncio.to_thread(self._snapshots.unstage, staged, candidate)
+                self._give_back(staged, candidate)
         return self._count(slot, Outcome.FAILED, "every snapshot planned for this slot failed its check"), None
 
     async def _send(
@@ -483,18 +503,23 @@ class Restorer:
             return None, f"cannot read /slots: {exc}"
         return view, "" if view is not None else "slot vanished from /slots"
 
-    async def _stage(self, candidate: manifest.Manifest) -> str | None:
-        """The name the server restores ``candidate`` from; None if it cannot be rebuilt (logged, and
-        quarantined on proof of bad content: a missing or corrupt block refuses that snapshot only).
+    async def _stage(self, candidate: manifest.Manifest) -> tuple[str | None, bool]:
+        """The name the server restores ``candidate`` from, and whether it was rebuilt now (time has passed);
+        None if it cannot be rebuilt (logged, and quarantined on proof of bad content: a missing or corrupt
+        block refuses that snapshot only).
 
-        Without a block store that is the snapshot's own file. With one, its file is rebuilt into the slot
-        dir under a fresh name and checked against its checksum; the caller gives it back with ``unstage``.
+        Without a block store that is the snapshot's own file. With one, its file rebuilt ahead while the
+        server loaded (:mod:`sidecar.act.ahead`), or else rebuilt now into the slot dir under a fresh name,
+        checked against its checksum either way; the caller gives it back with :meth:`_give_back`.
         """
         if self._snapshots.blocks is None:
-            return candidate.file
+            return candidate.file, False
+        ready = self._ahead.take(candidate)
+        if ready is not None:
+            return ready, False
         self._acted += 1
         try:
-            return await asyncio.to_thread(self._snapshots.stage, candidate)
+            return await asyncio.to_thread(self._snapshots.stage, candidate), True
         except errors.SnapshotError as exc:
             if exc.reason not in outcomes.BAD_CONTENT:
                 log.warning(
@@ -504,7 +529,7 @@ class Restorer:
                     error=str(exc),
                     effect="not restored now; tried again later (nothing proves it bad)",
                 )
-                return None
+                return None, False
             log.error(
                 "snapshot_corrupt",
                 slot=candidate.slot,
@@ -516,7 +541,19 @@ class Restorer:
                 hint="check the --store-dir disk; a block changed or vanished outside the sidecar",
             )
             await asyncio.to_thread(self._snapshots.quarantine, candidate.file, exc.reason, detail=str(exc))
-            return None
+            return None, False
+
+    def _give_back(self, staged: str, candidate: manifest.Manifest) -> None:
+        """Delete what :meth:`_stage` staged, off the restore's path: freeing a large file takes a while (a
+        quarter of a second for 300 MB on tmpfs, on a busy machine), and the next slot or request waits."""
+        if staged == candidate.file:
+            return
+        task = tasks.watch(
+            asyncio.create_task(asyncio.to_thread(self._snapshots.unstage, staged, candidate), name="give-back"),
+            effect="a staged rebuild stays in the slot dir until the sidecar's next start-up",
+        )
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
 
     async def _check(self, candidate: manifest.Manifest) -> bool:
         """Whether ``candidate`` passes its size and checksum check (cached while the file is unchanged)."""

@@ -231,7 +231,8 @@ class Metrics:
         self.store_staged = Gauge(
             "store_staged_bytes",
             "Bytes staged in the slot dir (RAM on a tmpfs) now, measured: saves llama-server wrote that are not "
-            "ingested yet, and snapshots rebuilt for its restores (0 without --store-dir).",
+            "ingested yet, and snapshots rebuilt for its restores, ahead of a restart's restore round too "
+            "(0 without --store-dir).",
             namespace=NAMESPACE,
             registry=registry,
         )
@@ -245,6 +246,18 @@ class Metrics:
         )
         for fallback in outcomes.StagingFallback:
             self.staged_on_disk.labels(fallback.value)
+        self.restore_ahead = Counter(
+            "restore_ahead",
+            "Snapshots of the block store rebuilt into the slot dir ahead of a restart's restore round, while "
+            "llama-server loaded, by outcome: used (its restore waited for no rebuild), unused (given back: a "
+            "newer snapshot won, the slot was not empty, no round came), skipped (not rebuilt ahead for lack of "
+            "room in the slot dir's filesystem or RAM; rebuilt by its restore).",
+            ["outcome"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        for outcome in outcomes.RestoreAhead:
+            self.restore_ahead.labels(outcome.value)
 
     def _slot_dir_families(self, registry: CollectorRegistry) -> None:
         """The slot dir: disk, files, retention, quarantine, I/O errors, commits."""

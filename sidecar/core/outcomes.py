@@ -220,6 +220,17 @@ class StoreWrite(enum.StrEnum):
     """Recipes and snapshot manifests."""
 
 
+class RestoreAhead(enum.StrEnum):
+    """``restore_ahead_total{outcome}``: what became of a snapshot rebuilt ahead, while the server loaded."""
+
+    USED = "used"
+    """A restore took it: its restore call waited for no rebuild."""
+    UNUSED = "unused"
+    """Given back unused: the slot got a newer snapshot or was not empty, or no restore round came."""
+    SKIPPED = "skipped"
+    """Not rebuilt ahead: the slot dir's filesystem or the RAM lacked room (the restore rebuilds it then)."""
+
+
 class SavedBy(enum.StrEnum):
     """What put back the KV a request reused (``prefill_saved_seconds_total{by}``)."""
 

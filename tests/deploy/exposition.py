@@ -36,6 +36,7 @@ SERVER_EXITS = ("stopped", "exited", "failed", "killed", "not_started")
 STORE_WRITES = ("blocks", "manifests")
 STAGING_FALLBACKS = ("no_room",)
 STORE_FAULTS = ("no_space", "read_only", "denied")
+RESTORE_AHEAD = ("used", "unused", "skipped")
 MODELS = ("alpha", "beta")
 """Router mode (--router): the models the router lists."""
 
@@ -169,6 +170,9 @@ def sidecar_registry() -> CollectorRegistry:
     write_errors = Counter("snapshot_write_errors", "Saves refused", ["reason"], namespace=ns, registry=registry)
     for n, reason in enumerate(STORE_FAULTS):
         write_errors.labels(reason=reason).inc(n)
+    ahead = Counter("restore_ahead", "Rebuilt ahead", ["outcome"], namespace=ns, registry=registry)
+    for n, outcome in enumerate(RESTORE_AHEAD):
+        ahead.labels(outcome=outcome).inc(6 // (n + 1))
     left = Histogram("library_left_unsaved_reprefill_seconds", "Left unsaved", namespace=ns, registry=registry)
     for seconds in (0.4, 1.2, 3.0):
         left.observe(seconds)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.core import protocols
+from sidecar.snapshots import store
 from support import widekv
 from support.llamabed import LlamaServer, MakeServer, complete, make_prompt
 from support.sidecarbed import MakeSidecar, proxied
@@ -77,7 +79,7 @@ def test_a_save_goes_into_blocks_and_comes_back_after_kill9(
         f"rebuilt from {len(blocks)} blocks ({record['bytes']} bytes)"
     )
     assert warm["timings"]["cache_n"] >= 0.95 * n_prompt
-    assert _staged(slot_dir) == [], "the staged rebuild is deleted after the restore"
+    side.wait_for(lambda: _staged(slot_dir) == [], what="the staged rebuild deleted after the restore")
 
 
 def _spoil(block: Path, how: str) -> None:
@@ -120,7 +122,7 @@ def test_a_corrupt_truncated_or_missing_block_refuses_that_snapshot_only(
     assert not [e for e in side.log_events("slot_restored") if e.get("slot") == 0]
     warm = complete(server.url, prompts[1] + " continued", id_slot=1)
     assert warm["timings"]["cache_n"] >= 0.95 * colds[1]["timings"]["prompt_n"]
-    assert _staged(slot_dir) == []
+    side.wait_for(lambda: _staged(slot_dir) == [], what="the staged rebuild deleted after the restore")
 
 
 def test_whole_file_snapshots_of_an_earlier_run_are_moved_into_the_store(
@@ -161,7 +163,7 @@ def test_the_library_swaps_conversations_through_the_store(
     print(f"swap from the store: {again['timings']['cache_n']} of {firsts[0]['timings']['prompt_n']} tokens reused")
     assert again["timings"]["cache_n"] >= 0.9 * firsts[0]["timings"]["prompt_n"]
     assert side.metric("llama_sidecar_conversation_requests_total", source="library") >= 1
-    assert _staged(slot_dir) == []
+    side.wait_for(lambda: _staged(slot_dir) == [], what="the staged rebuild deleted after the swap")
 
 
 def test_two_conversations_sharing_a_long_prefix_take_less_store_than_two_files_on_an_8b_class_kv(
@@ -192,3 +194,60 @@ def test_two_conversations_sharing_a_long_prefix_take_less_store_than_two_files_
     assert unique < 0.8 * files
     assert written == unique
     assert _staged(slot_dir) == []
+
+
+def test_a_restart_restores_the_files_rebuilt_while_the_server_loaded_unless_a_newer_snapshot_came(
+    llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path, tmp_path: Path
+) -> None:
+    """After a kill -9 the sidecar rebuilds each slot's snapshot while the server is down; the round uses them.
+
+    A newer snapshot of slot 0 committed after that rebuild (here by another writer of the store: slot 1's
+    file committed as slot 0's) is the one restored into slot 0, and the stale rebuild is deleted unused.
+    """
+    store_dir = tmp_path / "store"
+    server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=4096)
+    side = sidecar(server, slot_dir, extra={"--store-dir": str(store_dir)})
+    prompts = [make_prompt(server.url, 600, seed=60 + i) for i in range(2)]
+    colds = []
+    for slot, prompt in enumerate(prompts):
+        colds.append(complete(server.url, prompt, id_slot=slot))
+        side.wait_saved(slot=slot)
+    side.wait_for(lambda: len(_store_manifests(store_dir)) == 2, what="two manifests in the store")
+
+    server.kill()  # kill -9; started again below, once the rebuild ahead is done
+    built = side.wait_for(lambda: side.log_events("restore_ahead_built"), what="the snapshots rebuilt ahead")
+    assert built[0]["files"] == 2, built
+    ahead_names = {n for n in _staged(slot_dir) if n.startswith(".tmp-restore-")}
+    assert len(ahead_names) == 2, _staged(slot_dir)
+    server.start()
+    server.wait_healthy()
+    side.wait_restored(slot=0)
+    side.wait_restored(slot=1)
+    assert side.metric("llama_sidecar_restore_ahead_total", outcome="used") == 2
+    restored = {e["slot"]: e for e in side.log_events("slot_restored")}
+    for slot, prompt in enumerate(prompts):
+        warm = complete(server.url, prompt + " and a few more words", id_slot=slot)
+        assert warm["timings"]["cache_n"] >= 0.95 * colds[slot]["timings"]["prompt_n"], (slot, restored[slot])
+    side.wait_for(lambda: _staged(slot_dir) == [], what="the rebuilt files deleted after their restores")
+
+    server.kill()
+    side.wait_for(lambda: len(side.log_events("restore_ahead_built")) == 2, what="a second rebuild ahead")
+    writer = store.SnapshotStore(slot_dir, clock=protocols.SystemClock(), store_dir=store_dir)
+    writer.scan(clean=False)
+    theirs = next(m for m in writer.snapshots() if m.slot == 1)
+    staged = writer.stage(theirs)
+    newer = writer.commit(
+        staged, slot=0, tokens=theirs.tokens, written=theirs.bytes, task=theirs.task, fingerprint=theirs.fingerprint
+    )
+    side.wait_for(lambda: side.metric("llama_sidecar_snapshot_files") == 3, what="the newer snapshot seen")
+    server.start()
+    server.wait_healthy()
+    side.wait_restored(n=2, slot=0)
+    side.wait_restored(n=2, slot=1)
+    latest = [e for e in side.log_events("slot_restored") if e.get("slot") == 0][-1]
+    assert latest["file"] == newer.file, latest
+    assert side.metric("llama_sidecar_restore_ahead_total", outcome="used") == 3  # slot 1's, this time too
+    assert side.metric("llama_sidecar_restore_ahead_total", outcome="unused") == 1  # slot 0's stale rebuild
+    warm = complete(server.url, prompts[1] + " once more", id_slot=0)  # slot 0 holds conversation 1 now
+    assert warm["timings"]["cache_n"] >= 0.95 * colds[1]["timings"]["prompt_n"]
+    side.wait_for(lambda: _staged(slot_dir) == [], what="every staged file deleted")

@@ -1,0 +1,203 @@
+"""Rebuilding ahead: a restart's restore round finds its files already rebuilt from the block store.
+
+With ``--store-dir`` a restore first rebuilds the snapshot's file into the
+slot dir from its blocks, and that rebuild costs about as much as
+llama-server's restore of the file. After a restart the sidecar knows which
+snapshots the round will restore (the newest good one of each slot) long
+before the server has loaded its model, so it rebuilds them then, while the
+server loads (:meth:`Ahead.build`, from the restorer's precheck), and the
+round's restore calls wait for no rebuild (:meth:`Ahead.take`).
+
+A file rebuilt ahead passed the rebuild's checksum (xxh3-128 of the whole
+file, against the manifest's) before it got its name; a restore takes it
+only while its size, mtime and inode are those it had then, as a whole file
+checked ahead is trusted (see :mod:`sidecar.act.restorer`), and only for the
+very snapshot it was rebuilt from (file name, generation and checksum): a
+newer snapshot committed meanwhile is the one the round restores, rebuilt
+then, and the file rebuilt ahead is given back unused. Whatever no restore
+took is deleted at the end of the round, or when the server comes back
+without a round.
+
+RAM: the files are the ones the round is about to hand to llama-server, at
+most one per slot, and only as many as leave room, in the slot dir's
+filesystem and in the RAM available, for the largest of them beyond (what
+the server itself may save meanwhile): :func:`chosen`. A file that does not
+fit is rebuilt by its restore, as without rebuilding ahead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import structlog
+
+from sidecar.core import errors, metrics, outcomes
+from sidecar.snapshots import manifest, store
+
+log = structlog.get_logger("sidecar.restore")
+
+Stamp = tuple[int, int, int]
+"""(size, mtime_ns, inode) of a rebuilt file right after its checksum passed."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Room:
+    """Bytes free where files rebuilt ahead would go."""
+
+    staging: int
+    """Free in the slot dir's filesystem (for unprivileged users)."""
+    memory: int | None
+    """RAM the kernel reports available (``MemAvailable``); None where unknown."""
+
+
+def chosen(sizes: Sequence[int], room: Room) -> int:
+    """How many of the files of ``sizes`` (in the order they would be restored) to rebuild ahead. Pure.
+
+    The longest leading run whose total still leaves room, in the slot dir's filesystem and in RAM, for the
+    largest of the files beyond it: the server may save a slot meanwhile, and nothing rebuilt ahead may make
+    that save fail or push the host into swapping.
+    """
+    limit = room.staging if room.memory is None else min(room.staging, room.memory)
+    budget = limit - max(sizes, default=0)
+    count = total = 0
+    for size in sizes:
+        if total + size > budget:
+            break
+        total += size
+        count += 1
+    return count
+
+
+def measure_room(staging: Path) -> Room:
+    """The :class:`Room` of ``staging`` now; raises OSError if its filesystem cannot be read."""
+    stats = os.statvfs(staging)
+    return Room(stats.f_bavail * stats.f_frsize, _memory_available())
+
+
+def _memory_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ready:
+    """A snapshot's file rebuilt ahead, in the slot dir under ``name``."""
+
+    name: str
+    record: manifest.Manifest
+    stamp: Stamp
+
+
+class Ahead:
+    """The files rebuilt ahead of the next restore round, by snapshot file."""
+
+    def __init__(
+        self,
+        snapshots: store.SnapshotStore,
+        stats: metrics.Metrics,
+        *,
+        room: Callable[[Path], Room] = measure_room,
+    ) -> None:
+        self._snapshots = snapshots
+        self._stats = stats
+        self._room = room
+        self._ready: dict[str, Ready] = {}
+
+    @property
+    def pending(self) -> bool:
+        """Whether files rebuilt ahead wait for a restore."""
+        return bool(self._ready)
+
+    async def build(self, records: Sequence[manifest.Manifest]) -> None:
+        """Rebuild ``records`` (each slot's snapshot its restore round will restore, in that order) into the
+        slot dir, as many as :func:`chosen` allows; give back any rebuilt before."""
+        await self.discard()
+        if not records:
+            return
+        try:
+            room = await asyncio.to_thread(self._room, self._snapshots.staging)
+        except OSError as exc:
+            log.warning("restore_ahead_skipped", error=str(exc), effect="each restore rebuilds its file itself")
+            return
+        count = chosen([r.bytes for r in records], room)
+        if count < len(records):
+            self._stats.restore_ahead.labels(outcomes.RestoreAhead.SKIPPED.value).inc(len(records) - count)
+            log.info(
+                "restore_ahead_skipped",
+                files=len(records) - count,
+                bytes=sum(r.bytes for r in records[count:]),
+                staging_free_bytes=room.staging,
+                memory_available_bytes=room.memory,
+                reason="rebuilding them now would leave less room than the largest snapshot's size in the slot "
+                "dir's filesystem or in RAM",
+                effect="their restores rebuild them, after the server is up",
+            )
+        started, done = time.perf_counter(), 0
+        for record in records[:count]:
+            try:
+                name = await asyncio.to_thread(self._snapshots.stage, record)
+            except errors.SnapshotError as exc:  # the restore tries it again, and decides what to do with it
+                log.warning("restore_ahead_failed", slot=record.slot, file=record.file, error=str(exc))
+                continue
+            stamp = self._stamp(name)
+            if stamp is None:
+                await asyncio.to_thread(self._snapshots.unstage, name, record)
+                continue
+            self._ready[record.file] = Ready(name, record, stamp)
+            done += record.bytes
+        if self._ready:
+            log.info(
+                "restore_ahead_built",
+                files=len(self._ready),
+                bytes=done,
+                seconds=round(time.perf_counter() - started, 4),
+                effect="the restore round after the server loads hands them to it without rebuilding them",
+            )
+
+    def take(self, record: manifest.Manifest) -> str | None:
+        """The name of ``record``'s file rebuilt ahead and unchanged since, now the caller's; None if none.
+
+        A file that changed since its checksum passed is not trusted: it is given back by :meth:`discard`.
+        """
+        ready = self._ready.get(record.file)
+        if ready is None or not same_snapshot(ready.record, record) or self._stamp(ready.name) != ready.stamp:
+            return None
+        del self._ready[record.file]
+        self._stats.restore_ahead.labels(outcomes.RestoreAhead.USED.value).inc()
+        return ready.name
+
+    async def discard(self) -> None:
+        """Delete every file rebuilt ahead that no restore took."""
+        left, self._ready = list(self._ready.values()), {}
+        for ready in left:
+            self._stats.restore_ahead.labels(outcomes.RestoreAhead.UNUSED.value).inc()
+            await asyncio.to_thread(self._snapshots.unstage, ready.name, ready.record)
+        if left:
+            log.info(
+                "restore_ahead_unused",
+                files=[r.record.file for r in left],
+                reason="no restore took them: a newer snapshot of the slot, a slot not empty, or no restore round",
+            )
+
+    def _stamp(self, name: str) -> Stamp | None:
+        try:
+            st = os.lstat(self._snapshots.staging / name)
+        except OSError:
+            return None
+        return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def same_snapshot(a: manifest.Manifest, b: manifest.Manifest) -> bool:
+    """Whether ``a`` and ``b`` are the one committed snapshot (a file is named once, but a name can return). Pure."""
+    return a.file == b.file and a.generation == b.generation and a.checksum == b.checksum and a.bytes == b.bytes

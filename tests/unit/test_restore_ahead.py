@@ -1,0 +1,176 @@
+"""Rebuilding ahead (sidecar.act.ahead): how many files fit, and the restorer taking them, never a stale one."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import os
+from pathlib import Path
+
+import memllama
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.act import actions, ahead, restorer
+from sidecar.core import hashing, metrics
+from sidecar.snapshots import manifest, store
+from support import clocks
+
+FP = manifest.Fingerprint.of(memllama.IDENTITY, n_ctx=memllama.N_CTX)
+MB = 1 << 20
+
+
+def test_every_file_fits_when_the_largest_still_fits_beyond_them() -> None:
+    assert ahead.chosen([100, 300], ahead.Room(staging=700, memory=None)) == 2
+    assert ahead.chosen([100, 300], ahead.Room(staging=699, memory=None)) == 1
+    assert ahead.chosen([100, 300], ahead.Room(staging=10_000, memory=699)) == 1  # RAM is the tighter bound
+    assert ahead.chosen([300, 100], ahead.Room(staging=599, memory=None)) == 0  # in restore order: no skipping ahead
+    assert ahead.chosen([], ahead.Room(staging=0, memory=0)) == 0
+
+
+@dataclasses.dataclass
+class Bed:
+    server: memllama.MemLlama
+    snapshots: store.SnapshotStore
+    registry: CollectorRegistry
+    restorer: restorer.Restorer
+    restored: dict[int, bytes] = dataclasses.field(default_factory=dict)
+    """What each restore call found under the name it was given."""
+
+    def saved(self, slot: int, tokens: int, *, task: int = 1) -> manifest.Manifest:
+        temp = self.snapshots.temp_name(slot)
+        data = bytes([slot]) * memllama.HEADER + bytes([task % 256]) * (tokens * memllama.BYTES_PER_TOKEN)
+        (self.snapshots.staging / temp).write_bytes(data)  # what llama-server's save does
+        return self.snapshots.commit(temp, slot=slot, tokens=tokens, written=len(data), task=task, fingerprint=FP)
+
+    def staged(self) -> list[str]:
+        return sorted(p.name for p in self.snapshots.staging.iterdir())
+
+    def value(self, outcome: str) -> float:
+        return self.registry.get_sample_value("llama_sidecar_restore_ahead_total", {"outcome": outcome}) or 0.0
+
+    def calls(self) -> list[str]:
+        return [str(args[1]) for name, args in self.server.calls if name == "restore" and isinstance(args, tuple)]
+
+    async def round(self) -> list[tuple[int, str]]:
+        await self.restorer.restore_all(memllama.IDENTITY, healthy_at=None, counters=None)
+        return [(r.slot, r.result.value) for r in self.restorer.last]
+
+    async def settled(self) -> None:
+        """Wait until the staged files given back after the restores are deleted."""
+        for _ in range(500):
+            if not self.staged():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"staged files left: {self.staged()}")
+
+
+@pytest.fixture
+def bed(tmp_path: Path) -> Bed:
+    slot_dir, store_dir = tmp_path / "slots", tmp_path / "store"
+    slot_dir.mkdir()
+    server = memllama.MemLlama(slot_dir)
+    stamps = itertools.count(1_764_000_000)
+    snapshots = store.SnapshotStore(slot_dir, clock=clocks.Wall(lambda: float(next(stamps))), store_dir=store_dir)
+    registry = CollectorRegistry()
+    stats = metrics.Metrics(registry, version="t")
+    stats.init_slots(range(2))
+    worker = restorer.Restorer(
+        slot_actions=actions.SlotActions(client=server, snapshots=snapshots),
+        snapshots=snapshots,
+        stats=stats,
+        clock=memllama.ManualClock(),
+        identity=lambda: memllama.IDENTITY,
+    )
+    made = Bed(server, snapshots, registry, worker)
+
+    async def keep(slot: int, filename: str) -> None:
+        made.restored[slot] = (slot_dir / filename).read_bytes()
+
+    server.hooks["restore"] = keep
+    return made
+
+
+async def test_the_round_restores_the_files_rebuilt_while_the_server_loaded(bed: Bed) -> None:
+    first, second = bed.saved(0, 500), bed.saved(1, 300, task=2)
+    await bed.restorer.precheck(rebuild=True)  # while the server loads
+    built = bed.staged()
+    assert len(built) == 2
+    assert bed.restorer.ahead
+    assert await bed.round() == [(0, "ok"), (1, "ok")]
+    assert sorted(bed.calls()) == built  # the very files rebuilt ahead, none rebuilt in the round
+    assert "verify" not in bed.server.names()
+    assert bed.value("used") == 2
+    assert bed.value("unused") == 0
+    assert bed.restored[0] == bytes([0]) * memllama.HEADER + bytes([1]) * (500 * memllama.BYTES_PER_TOKEN)
+    assert len(bed.restored[1]) == second.bytes
+    assert len(bed.restored[0]) == first.bytes
+    await bed.settled()
+    assert bed.snapshots.usage().staged_bytes == 0
+
+
+async def test_a_snapshot_committed_after_the_rebuild_wins_and_the_stale_file_is_deleted(bed: Bed) -> None:
+    bed.saved(0, 500)
+    await bed.restorer.precheck(rebuild=True)
+    stale = bed.staged()
+    newer = bed.saved(0, 700, task=5)  # a save committed after the rebuild, before the round
+    assert await bed.round() == [(0, "ok"), (1, "no_snapshot")]
+    assert bed.calls() != stale
+    assert bed.restored[0] == bytes([0]) * memllama.HEADER + bytes([5]) * (700 * memllama.BYTES_PER_TOKEN)
+    assert len(bed.restored[0]) == newer.bytes
+    assert bed.value("used") == 0
+    assert bed.value("unused") == 1
+    await bed.settled()
+    assert not bed.restorer.ahead
+
+
+async def test_a_file_changed_after_its_rebuild_is_not_handed_to_the_server(bed: Bed) -> None:
+    bed.saved(0, 500)
+    await bed.restorer.precheck(rebuild=True)
+    (name,) = bed.staged()
+    path = bed.snapshots.staging / name
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    os.unlink(path)
+    path.write_bytes(bytes(data))  # a new file under its name: not the one whose checksum passed
+    assert await bed.round() == [(0, "ok"), (1, "no_snapshot")]
+    assert bed.calls() != [name]
+    assert bed.restored[0][-1] == 1  # the exact bytes, rebuilt in the round
+    assert bed.value("used") == 0
+    assert bed.value("unused") == 1
+    await bed.settled()
+
+
+async def test_files_no_round_took_are_deleted(bed: Bed) -> None:
+    bed.saved(0, 500)
+    await bed.restorer.precheck(rebuild=True)
+    assert bed.staged()
+    await bed.restorer.drop_ahead()
+    assert bed.staged() == []
+    assert not bed.restorer.ahead
+    assert bed.value("unused") == 1
+
+
+async def test_nothing_is_rebuilt_ahead_without_room_for_the_largest_beyond(bed: Bed, tmp_path: Path) -> None:
+    bed.saved(0, 500)
+    bed.saved(1, 300)
+    bed.restorer._ahead = ahead.Ahead(
+        bed.snapshots,
+        bed.restorer._stats,
+        room=lambda _: ahead.Room(staging=2 * (memllama.HEADER + 500 * memllama.BYTES_PER_TOKEN), memory=None),
+    )
+    await bed.restorer.precheck(rebuild=True)
+    assert len(bed.staged()) == 1  # slot 0's fits with room for the largest beyond; slot 1's does not
+    assert bed.value("skipped") == 1
+    assert await bed.round() == [(0, "ok"), (1, "ok")]
+    assert bed.value("used") == 1
+    await bed.settled()
+
+
+def test_a_snapshot_is_the_same_only_with_the_same_name_generation_and_checksum(bed: Bed) -> None:
+    one = bed.saved(0, 5)
+    assert ahead.same_snapshot(one, dataclasses.replace(one, created=2.0))
+    assert not ahead.same_snapshot(one, dataclasses.replace(one, generation=one.generation + 1))
+    other = manifest.Checksum(hashing.Algorithm.XXH3_128, "1" * 32)
+    assert not ahead.same_snapshot(one, dataclasses.replace(one, checksum=other))
