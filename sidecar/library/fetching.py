@@ -79,7 +79,7 @@ class Fetcher:
         )
         if estimate.verdict is not decide.Verdict.FETCH:
             return None
-        return routing.Entry(match.record.blob, match.record.chain), match.record
+        return routing.Entry(match.record.key, match.record.chain), match.record
 
     async def download(self, shared: records.SharedRecord, *, slot: int) -> manifest.Manifest | None:
         """The snapshot ``shared`` downloaded into ``slot``'s name; None if the store failed or was too slow."""

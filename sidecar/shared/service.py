@@ -118,13 +118,13 @@ class SharedStore:
         """The records of ``found`` this server can restore; the others are refused (said once, counted)."""
         fitting: list[records.SharedRecord] = []
         for record in found:
-            if record.blob in self._refused:
+            if record.key in self._refused:
                 continue
             if record.snapshot.tokens > max_tokens:
                 continue  # too long for these slots, not foreign: another server of the namespace may take it
             problems = manifest.incompatibilities(record.snapshot, identity, slot_n_ctx=max_tokens)
             if problems:
-                self._refuse(record.blob, outcomes.SharedRefusal.INCOMPATIBLE, "; ".join(problems))
+                self._refuse(record.key, outcomes.SharedRefusal.INCOMPATIBLE, "; ".join(problems))
                 continue
             fitting.append(record)
         return fitting
@@ -162,11 +162,11 @@ class SharedStore:
                 self.objects, shared, snapshots=self._snapshots, slot=slot, stats=self._stats, rate=self.rate
             )
         except errors.SharedObjectRefused as exc:
-            self._refuse(shared.blob, outcomes.SharedRefusal(exc.reason), str(exc))
+            self._refuse(shared.key, outcomes.SharedRefusal(exc.reason), str(exc))
         except errors.SharedStoreError as exc:
             self._failed(exc, "fetch")
         except errors.SnapshotError as exc:
-            log.error("shared_fetch_failed", blob=shared.blob, error=str(exc), effect="the slot is prefilled instead")
+            log.error("shared_fetch_failed", key=shared.key, error=str(exc), effect="the slot is prefilled instead")
         return None
 
     async def warm(self, identity: events.Identity, slots: tuple[events.SlotView, ...]) -> list[manifest.Manifest]:
