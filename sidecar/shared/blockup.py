@@ -144,6 +144,13 @@ async def _ensure_blocks(
             info = await objects.head(key)
             if info is not None and info.size == size:
                 return
+            if info is not None:
+                raise errors.SnapshotError(
+                    f"block {key} in the shared store holds {info.size} bytes, not the {size} of its name: a damaged "
+                    "or foreign object that a create-only write cannot replace; remove it and the upload is retried "
+                    "at the next start-up",
+                    reason=outcomes.SnapshotProblem.IO,
+                )
             data = await asyncio.to_thread(_read_checked, root, digest, size)
             if await objects.put_bytes(key, data) is objstore.Written.CREATED:
                 sent.blocks += 1
