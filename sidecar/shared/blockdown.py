@@ -27,7 +27,7 @@ import hashlib
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from sidecar.blocks import assemble, blockdir, locking, recipe
@@ -140,6 +140,16 @@ def _block_dir(snapshots: store.SnapshotStore) -> Iterator[blockdir.BlockDir]:
         yield blockdir.BlockDir(temp)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def missing_bytes(snapshots: store.SnapshotStore, blocks: Iterable[tuple[str, int]]) -> int:
+    """Bytes of the distinct ``blocks`` (digest, size) this node's block store lacks (all without one)."""
+    unique = dict(blocks)
+    held = snapshots.blocks
+    if held is None:
+        return sum(unique.values())
+    where = blockdir.BlockDir(held.store.root / "blocks")
+    return sum(size for digest, size in unique.items() if not where.holds(digest, size))
 
 
 def _corrupt(detail: str) -> errors.SharedObjectRefused:

@@ -61,8 +61,11 @@ async def test_a_second_snapshot_sharing_a_prefix_uploads_and_fetches_only_new_b
 
     found = {r.snapshot.checksum: r for r in await shared_b.catalog.records(ns)}
     assert all(r.recipe and not r.blob for r in found.values())
+    assert await shared_b.transfer_bytes(found[second.checksum]) > 0.95 * second.bytes  # node B holds nothing yet
     got_first = await shared_b.fetch(found[first.checksum], slot=0)
     assert got_first is not None
+    priced = await shared_b.transfer_bytes(found[second.checksum])  # what a fetch-or-prefill decision weighs
+    assert 0 < priced < 0.3 * second.bytes, priced
     fetched_first = stats_b("shared_store_bytes_total", direction="down")
     got_second = await shared_b.fetch(found[second.checksum], slot=1)
     assert got_second is not None
