@@ -5,29 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import structlog.testing
 
-from sidecar.core import location
-from sidecar.shared import connect, fence, gc, keys, objstore
+from sidecar.core import events, location
+from sidecar.shared import fence, gc, keys, objstore
 from support.sharednodes import IDENTITY, committed, node, slot_file, url_of
 
 KV = 3 << 20
-
-
-@pytest.fixture(params=["s3", "file"])
-async def objects(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[objstore.ObjectStore]:
-    if request.param == "s3":
-        url = request.getfixturevalue("s3_url")
-    else:
-        (tmp_path / "shared").mkdir()
-        url = f"file://{tmp_path / 'shared'}"
-    opened = connect.open_store(location.parse(url, os.environ))
-    yield opened
-    await opened.close()
 
 
 def _kinds(listed: list[objstore.ObjectInfo]) -> set[str]:
@@ -253,3 +240,19 @@ def test_gc_byte_cap_counts_a_block_shared_by_snapshots_once() -> None:
     capped = _plan(objs, recipes, max_bytes=115)
     assert capped.unpublish == (f"{NS}/manifests/s1.json",)
     assert capped.kept_bytes == 110
+
+
+async def test_warm_fetches_block_snapshots_into_empty_slots_of_a_store_dir_node(tmp_path: Path) -> None:
+    (tmp_path / "shared").mkdir()
+    where = location.parse(f"file://{tmp_path / 'shared'}", {})
+    snaps_a, shared_a, _ = node(tmp_path / "a", where, store_dir=tmp_path / "store-a")
+    _, shared_b, stats_b = node(tmp_path / "b", where, store_dir=tmp_path / "store-b")
+    head = slot_file(list(range(300)), 1 << 20)
+    for data in (head, head + os.urandom(1 << 16)):
+        assert await shared_a.uploader.publish(committed(snaps_a, data))
+    slots = (events.SlotView(0, 4096, False, None, 0), events.SlotView(1, 4096, False, None, 0))
+    got = await shared_b.warm(IDENTITY, slots)
+    assert sorted(m.slot for m in got) == [0, 1]
+    assert stats_b("shared_store_block_bytes_total", direction="down", outcome="skipped") > 0.5 * len(head)
+    await shared_a.close()
+    await shared_b.close()

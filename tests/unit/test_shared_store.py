@@ -8,7 +8,6 @@ import os
 import shutil
 import time
 import typing
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,23 +16,11 @@ import structlog.testing
 from prometheus_client import CollectorRegistry
 
 from sidecar.core import apikeys, errors, events, location, metrics, protocols
-from sidecar.shared import connect, gc, keys, objstore, service
+from sidecar.shared import gc, keys, objstore, service
 from sidecar.snapshots import manifest, slotfile, store
 from support.s3bed import S3Server
 from support.sharednodes import FP, IDENTITY, Samples, committed, node, slot_file, url_of
 from support.wait import eventually
-
-
-@pytest.fixture(params=["s3", "file"])
-async def objects(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[objstore.ObjectStore]:
-    if request.param == "s3":
-        url = request.getfixturevalue("s3_url")
-    else:
-        (tmp_path / "shared").mkdir()
-        url = f"file://{tmp_path / 'shared'}"
-    opened = connect.open_store(location.parse(url, os.environ))
-    yield opened
-    await opened.close()
 
 
 async def test_create_only_writes_stream_back_byte_for_byte(objects: objstore.ObjectStore, tmp_path: Path) -> None:
