@@ -35,9 +35,6 @@ from sidecar.snapshots import backing, manifest, store
 
 CONCURRENCY = 8
 """Block requests (HEAD or PUT) in flight at once."""
-FRESH = 600.0
-"""A recipe older than this at the fence is written again under a new attempt: a collection deletes only
-recipes no manifest names once they are older than its grace (an hour by default)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,9 +83,9 @@ async def upload(
         waited_now = await _wait_for_collections(objects, prefix, clock)
         waited += time.monotonic() - started
         info = await objects.head(recipe_key)
-        if not waited_now and info is not None and clock.wall() - recipe_written < FRESH:
+        if not waited_now and info is not None and clock.wall() - recipe_written < fence.RECIPE_FRESH:
             break
-        if info is None or clock.wall() - recipe_written >= FRESH:
+        if info is None or clock.wall() - recipe_written >= fence.RECIPE_FRESH:
             recipe_key, recipe_written = await _put_recipe(objects, prefix, ns, record, text, clock)
             sent.bytes += len(text)
         await _ensure_blocks(objects, prefix, ns, unique, snapshots, sent)

@@ -19,7 +19,8 @@ snapshot's checksum goes with it), and then:
 4. a block is deleted only when no recipe left in the store names it (a
    published one or one an upload in progress wrote before its blocks) and
    it is older than ``--grace``; a recipe that cannot be read keeps every
-   block of its namespace;
+   block of its namespace; recipes and blocks younger than
+   :data:`fence.MIN_GRACE` are never deleted, whatever ``--grace`` says;
 5. a run marks itself (``gc-running/<start>-<random>``) before it lists and
    deletes nothing once :data:`fence.DEADLINE` seconds have passed since: an
    upload that reused blocks waits for such a run before it publishes, then
@@ -94,6 +95,7 @@ def plan(
 ) -> Plan:
     """What to unpublish and delete; ``max_age`` 0 and ``max_bytes`` 0 mean no limit."""
     named = recipes or {}
+    block_grace = max(grace, fence.MIN_GRACE)
     manifests: dict[tuple[str, str], objstore.ObjectInfo] = {}
     blobs: dict[tuple[str, str], objstore.ObjectInfo] = {}
     stones: dict[tuple[str, str], list[objstore.ObjectInfo]] = {}
@@ -131,14 +133,15 @@ def plan(
             continue  # unpublished by this run: the blob waits for the grace period
         blob = blobs.get(k)
         tried = attempts.get(k, [])
+        old = [r.key for r in tried if now - r.modified > block_grace]  # a younger one: an upload in progress
         if dated:
             if now - max(s.modified for s in dated) > grace:
-                delete += [s.key for s in dated] + ([blob.key] if blob else []) + [r.key for r in tried]
+                delete += [s.key for s in dated] + ([blob.key] if blob else []) + old
         else:
             if blob is not None and now - blob.modified > grace:
                 delete.append(blob.key)  # an upload that never published its manifest
-            delete += [r.key for r in tried if now - r.modified > grace]  # likewise, as blocks
-    delete += _unreferenced_blocks(blocks, attempts, named, gone=set(delete), now=now, grace=grace)
+            delete += old  # likewise, as blocks
+    delete += _unreferenced_blocks(blocks, attempts, named, gone=set(delete), now=now, grace=block_grace)
     return Plan(tuple(sorted(manifests[k].key for k in drop)), tuple(sorted(delete)), sizes.total)
 
 

@@ -256,3 +256,16 @@ async def test_warm_fetches_block_snapshots_into_empty_slots_of_a_store_dir_node
     assert stats_b("shared_store_block_bytes_total", direction="down", outcome="skipped") > 0.5 * len(head)
     await shared_a.close()
     await shared_b.close()
+
+
+def test_gc_leaves_an_upload_in_progress_alone_whatever_its_grace() -> None:
+    """A short --grace, and a snapshot unpublished long ago being uploaded again: its new recipe and blocks stay."""
+    objs = [
+        _o("gone/s1@1", age=2 * HOUR),
+        _o("recipes/s1/9-new.json", age=300),  # written 5 minutes ago, its manifest not yet
+        _o("blocks/aa.blk", age=50 * HOUR, size=10),  # found in the store by that upload, and relied on
+    ]
+    plan = gc.plan(
+        objs, now=NOW, max_age=0, max_bytes=0, grace=60, recipes={f"{NS}/recipes/s1/9-new.json": frozenset({"aa"})}
+    )
+    assert plan.delete == (f"{NS}/gone/s1@1",)
