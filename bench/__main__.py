@@ -2,7 +2,7 @@
 
 Sections (all by default, or a subset with `--only`): ttft, restart, stall,
 footprint, scaling, proxy, restore, hashing, library, shared, agents, hybrid, price, scale,
-nodes, launcher.
+nodes, launcher, blocks.
 Progress goes to stderr, results to stdout, ending with one verdict line per
 goal (MET, MISSED or NO VERDICT, with the figures).
 The exit status is 1 when a goal was missed.
@@ -32,13 +32,14 @@ from bench import proxy as proxy_mod
 from bench import restart as restart_mod
 from bench import restore as restore_mod
 from bench import scale as scale_mod
+from bench import shared_blocks as blocks_mod
 from bench import shared_store as shared_mod
 from bench import stall as stall_mod
 from bench import ttft as ttft_mod
 
 SECTIONS = (
     "ttft", "restart", "stall", "footprint", "scaling", "proxy", "restore", "hashing", "library", "shared", "agents",
-    "hybrid", "price", "scale", "nodes", "launcher",
+    "hybrid", "price", "scale", "nodes", "launcher", "blocks",
 )  # fmt: skip
 
 
@@ -232,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
             "16. Launcher mode after a kill -9: from the death vs beside with a restart loop, and who waits",
             lambda: launcher_mod.measure(bed, quick=bool(ns.quick), say=say),
         )
+        blocks = section(
+            "blocks",
+            "17. Shared store: bytes moved per turn, blocks vs whole files, two nodes (python -m bench.shared_blocks)",
+            lambda: blocks_mod.measure(bed, quick=bool(ns.quick), say=say),
+        )
     finally:
         bed.close()
     load1 = rig.loadavg()
@@ -259,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     missed |= scale is not None and any(line.startswith("MISSED") for line in scale_mod.verdicts(scale))
     missed |= nodes is not None and any(line.startswith("MISSED") for line in nodes_mod.verdicts(nodes))
     missed |= launcher is not None and any(line.startswith("MISSED") for line in launcher_mod.verdicts(launcher))
+    missed |= blocks is not None and any(line.startswith("MISSED") for line in blocks_mod.verdicts(blocks))
     return 1 if missed else goals.exit_code(verdicts)
 
 

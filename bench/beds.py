@@ -7,6 +7,17 @@ mypy with `MYPYPATH=tests`, which types these modules fully; a bare
 
 from __future__ import annotations
 
-from support import haproxybed, llamabed, net, nodechats, s3bed, sidecarbed, tinymodels, wait, widekv  # type: ignore[import-not-found, unused-ignore]
+from support import haproxybed, llamabed, net, nodechats, s3bed, sharednodes, sidecarbed, tinymodels, wait, widekv  # type: ignore[import-not-found, unused-ignore]
 
-__all__ = ["haproxybed", "llamabed", "net", "nodechats", "s3bed", "sidecarbed", "tinymodels", "wait", "widekv"]
+__all__ = [
+    "haproxybed",
+    "llamabed",
+    "net",
+    "nodechats",
+    "s3bed",
+    "sharednodes",
+    "sidecarbed",
+    "tinymodels",
+    "wait",
+    "widekv",
+]

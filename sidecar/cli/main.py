@@ -238,6 +238,7 @@ def _gc(ns: argparse.Namespace) -> int:
         json.dumps(
             {"unpublished": len(done.unpublish), "deleted": len(done.delete), "kept_bytes": done.kept_bytes}
             | ({"dry_run": True} if ns.dry_run else {})
+            | ({"late": "the run passed its deadline; the rest is deleted by the next run"} if done.late else {})
         )
     )
     return 0

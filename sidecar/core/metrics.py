@@ -541,6 +541,15 @@ class Metrics:
             namespace=NAMESPACE,
             registry=registry,
         )
+        self.shared_block_bytes = Counter(
+            "shared_store_block_bytes",
+            "Bytes of snapshot files moved to (up) or from (down) the shared store as blocks (with "
+            "--store-dir, or a node fetching another's blocks), by outcome: transferred (blocks the other "
+            "side lacked, and the recipe) or skipped (blocks the other side held already: not moved).",
+            ["direction", "outcome"],
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.shared_transfer = Histogram(
             "shared_store_transfer_seconds",
             "Seconds one snapshot took to upload (up) or download and verify (down).",
@@ -610,6 +619,8 @@ class Metrics:
             self.shared_bytes.labels(direction)
             self.shared_objects.labels(direction)
             self.shared_transfer.labels(direction)
+            for moved in outcomes.BlockTransfer:
+                self.shared_block_bytes.labels(direction, moved.value)
         for operation in SHARED_OPERATIONS:
             self.shared_errors.labels(operation)
         for reason in SHARED_REFUSALS:

@@ -323,6 +323,15 @@ class Direction(enum.StrEnum):
     DOWN = "down"
 
 
+class BlockTransfer(enum.StrEnum):
+    """What became of a snapshot's bytes in a block transfer (``shared_store_block_bytes_total{outcome}``)."""
+
+    TRANSFERRED = "transferred"
+    """Blocks the other side lacked (and the recipe): sent up or fetched down."""
+    SKIPPED = "skipped"
+    """Blocks the other side held already: not moved."""
+
+
 class ServerExit(enum.StrEnum):
     """How a llama-server the sidecar launched (``run ... -- llama-server``) ended (``server_exits_total{cause}``)."""
 

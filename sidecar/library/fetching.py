@@ -65,12 +65,13 @@ class Fetcher:
             kept=next((m.prefill_rate for m in self._snapshots.snapshots() if m.prefill_rate is not None), None),
         )
         cached = local.blocks * slotfile.BLOCK_TOKENS
-        estimate = self._shared.worth(match, cached_tokens=cached, prefill_rate=rate)
+        estimate = await self._shared.worth(match, cached_tokens=cached, prefill_rate=rate)
         log.info(
             "shared_prefix_found",
             tokens=match.tokens,
             local_tokens=cached,
             bytes=match.record.snapshot.bytes,
+            transfer_bytes=estimate.bytes,
             prefill_rate=round(rate),
             prefill_rate_from=rate_source.value,
             fetch_seconds=round(estimate.fetch_seconds, 3),
@@ -79,7 +80,7 @@ class Fetcher:
         )
         if estimate.verdict is not decide.Verdict.FETCH:
             return None
-        return routing.Entry(match.record.blob, match.record.chain), match.record
+        return routing.Entry(match.record.key, match.record.chain), match.record
 
     async def download(self, shared: records.SharedRecord, *, slot: int) -> manifest.Manifest | None:
         """The snapshot ``shared`` downloaded into ``slot``'s name; None if the store failed or was too slow."""

@@ -58,6 +58,8 @@ class Estimate:
     verdict: Verdict
     fetch_seconds: float
     prefill_seconds: float
+    bytes: int = 0
+    """Bytes the fetch would download."""
 
 
 def fetch_or_prefill(
@@ -67,7 +69,7 @@ def fetch_or_prefill(
     fetch = overhead + size / max(bandwidth, 1.0)
     prefill = saved_tokens / max(prefill_rate, 1e-9)
     verdict = Verdict.FETCH if saved_tokens > 0 and fetch < MARGIN * prefill else Verdict.PREFILL
-    return Estimate(verdict, fetch, prefill)
+    return Estimate(verdict, fetch, prefill, size)
 
 
 def prefill_rate(*, prompt_tokens: float, prompt_seconds: float) -> float:

@@ -1,5 +1,9 @@
 """Fetching a snapshot from the shared store into the slot dir.
 
+A snapshot uploaded as blocks is rebuilt from the blocks this node lacks
+(:mod:`~sidecar.shared.blockdown`), checked block by block and as a whole
+file, into the same temporary name; from there it is committed like a blob.
+
 The blob is streamed into a temporary name (``.tmp-slot<id>-…``, which
 nothing restores and the next start-up removes), its size and checksum are
 compared with the shared manifest's while it is written (the download stops
@@ -23,7 +27,7 @@ import structlog
 import xxhash
 
 from sidecar.core import errors, hashing, metrics, outcomes
-from sidecar.shared import decide, objstore, records
+from sidecar.shared import blockdown, decide, objstore, records
 from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.shared")
@@ -43,8 +47,19 @@ async def fetch(
     temp = snapshots.temp_name(slot)
     path = snapshots.staging / temp
     started = time.perf_counter()
+    moved: int | None = None
     try:
-        size, digest = await _download(store_, shared.blob, path, want.checksum.algorithm, limit=want.bytes)
+        if shared.recipe:
+            got = await blockdown.fetch_into(store_, shared, snapshots=snapshots, dest=path)
+            size, digest, moved = want.bytes, want.checksum.digest, got.fetched_bytes
+            stats.shared_block_bytes.labels(outcomes.Direction.DOWN, outcomes.BlockTransfer.TRANSFERRED).inc(
+                got.fetched_bytes
+            )
+            stats.shared_block_bytes.labels(outcomes.Direction.DOWN, outcomes.BlockTransfer.SKIPPED).inc(
+                got.skipped_bytes
+            )
+        else:
+            size, digest = await _download(store_, shared.blob, path, want.checksum.algorithm, limit=want.bytes)
         if size != want.bytes:
             raise _corrupt(f"{shared.blob} holds {size} bytes, its shared manifest says {want.bytes}")
         if digest != want.checksum.digest:
@@ -69,8 +84,9 @@ async def fetch(
             f"{committed.file} changed while it was committed", reason=outcomes.SnapshotProblem.CHECKSUM
         )
     seconds = time.perf_counter() - started
-    rate.add(size, seconds)
-    stats.shared_bytes.labels(outcomes.Direction.DOWN).inc(size)
+    transferred = size if moved is None else moved
+    rate.add(transferred, seconds)
+    stats.shared_bytes.labels(outcomes.Direction.DOWN).inc(transferred)
     stats.shared_objects.labels(outcomes.Direction.DOWN).inc()
     stats.shared_transfer.labels(outcomes.Direction.DOWN).observe(seconds)
     log.info(
@@ -79,6 +95,8 @@ async def fetch(
         slot=slot,
         tokens=committed.tokens,
         bytes=size,
+        transferred=transferred,
+        form="blocks" if shared.recipe else "whole",
         seconds=round(seconds, 3),
     )
     return committed

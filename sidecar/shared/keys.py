@@ -5,6 +5,14 @@ Layout under the URL's prefix::
     <namespace>/blobs/<algorithm>-<digest>.bin       a snapshot file, byte for byte
     <namespace>/manifests/<algorithm>-<digest>.json  its shared manifest (written last)
 
+and, for snapshots a node with a block store (``--store-dir``) uploads::
+
+    <namespace>/blocks/<sha256>.blk                  one block, named by the sha256 of its bytes
+    <namespace>/recipes/<algorithm>-<digest>/<stamp>-<random>.json
+                                                     the blocks of one snapshot file, in order
+                                                     (one per upload attempt, written before its blocks)
+    gc-running/<unix start>-<random>                 a shared-store collection in progress
+
 Keys are content-addressed by the snapshot's checksum, so an object never
 changes once written: two nodes uploading the same snapshot write the same
 bytes to the same key, and a reader may cache what it read by key forever.
@@ -28,6 +36,9 @@ from sidecar.snapshots import manifest
 
 BLOBS = "blobs"
 MANIFESTS = "manifests"
+BLOCKS = "blocks"
+RECIPES = "recipes"
+GC_RUNNING = "gc-running"
 _UNSAFE = re.compile(r"[^a-z0-9._-]+")
 
 
@@ -67,3 +78,31 @@ def is_manifest(key: str) -> bool:
 
 def is_blob(key: str) -> bool:
     return f"/{BLOBS}/" in f"/{key}" and key.endswith(".bin")
+
+
+def block(prefix: str, ns: str, digest: str) -> str:
+    return join(prefix, ns, BLOCKS, digest + ".blk")
+
+
+def block_beside(recipe_key: str, digest: str) -> str:
+    """The key of block ``digest`` in the namespace of the recipe at ``recipe_key``."""
+    return join(recipe_key.rsplit(f"/{RECIPES}/", 1)[0], BLOCKS, digest + ".blk")
+
+
+def recipe(prefix: str, ns: str, checksum: manifest.Checksum, attempt: str) -> str:
+    """One upload attempt's recipe: ``attempt`` is ``<unix time>-<random>``, so every attempt has a key of its own."""
+    return join(prefix, ns, RECIPES, content_id(checksum), attempt + ".json")
+
+
+def gc_marker(prefix: str, start: float, token: str) -> str:
+    return join(prefix, GC_RUNNING, f"{int(start)}-{token}")
+
+
+def gc_markers_under(prefix: str) -> str:
+    return join(prefix, GC_RUNNING) + "/"
+
+
+def marker_start(key: str) -> float | None:
+    """The unix time a collection's marker says it started; None for another key."""
+    head = key.rsplit("/", 1)[-1].split("-", 1)[0]
+    return float(head) if head.isdigit() else None

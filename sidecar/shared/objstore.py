@@ -10,9 +10,10 @@ implementations: ``s3store`` (any S3 API, via aiobotocore) and
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -82,3 +83,11 @@ def bounded(key: str, data: bytes, limit: int) -> bytes:
             reason=outcomes.SharedRefusal.OVERSIZED,
         )
     return data
+
+
+async def all_done(calls: Iterable[Coroutine[object, object, None]]) -> None:
+    """Run ``calls`` at once and wait for every one; then raise the first failure, if any (none is left running)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result

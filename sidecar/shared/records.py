@@ -18,6 +18,10 @@ from typing import Any
 from sidecar.snapshots import manifest
 
 FORMAT = 1
+"""A snapshot uploaded whole, as one blob."""
+FORMAT_BLOCKS = 2
+"""A snapshot uploaded as blocks: ``recipe`` names the object listing them; ``blob`` is empty.
+A sidecar older than this format refuses such a manifest as unreadable (its hint says to upgrade)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -30,16 +34,25 @@ class SharedRecord:
     block_tokens: int
     uploaded: float
     """Unix time the uploading node published it."""
+    recipe: str = ""
+    """Key of the recipe object listing the snapshot's blocks (a block upload); empty for a whole blob."""
+
+    @property
+    def key(self) -> str:
+        """The object that holds the snapshot's bytes: its blob, or its recipe."""
+        return self.recipe or self.blob
 
     def to_json(self) -> str:
-        body = {
-            "format": FORMAT,
+        body: dict[str, Any] = {
+            "format": FORMAT_BLOCKS if self.recipe else FORMAT,
             "snapshot": json.loads(self.snapshot.to_json()),
             "blob": self.blob,
             "chain": list(self.chain),
             "block_tokens": self.block_tokens,
             "uploaded": self.uploaded,
         }
+        if self.recipe:
+            body["recipe"] = self.recipe
         return json.dumps(body, sort_keys=True) + "\n"
 
     @classmethod
@@ -49,8 +62,8 @@ class SharedRecord:
         if not isinstance(raw, dict):
             raise ValueError("shared manifest is not a JSON object")
         fmt = raw.get("format")
-        if fmt != FORMAT:
-            raise ValueError(f"shared manifest format {fmt!r} is not {FORMAT}")
+        if fmt not in (FORMAT, FORMAT_BLOCKS):
+            raise ValueError(f"shared manifest format {fmt!r} is not {FORMAT} or {FORMAT_BLOCKS}")
         snapshot = manifest.Manifest.from_json(json.dumps(_get(raw, "snapshot", dict)))
         chain = _get(raw, "chain", list)
         if not all(isinstance(h, str) for h in chain):
@@ -59,7 +72,10 @@ class SharedRecord:
         uploaded = raw.get("uploaded")
         if not isinstance(uploaded, int | float) or isinstance(uploaded, bool):
             raise ValueError("shared manifest field 'uploaded' is not a number")
-        return cls(snapshot, _get(raw, "blob", str), tuple(chain), block, float(uploaded))
+        recipe = _get(raw, "recipe", str) if fmt == FORMAT_BLOCKS else ""
+        if fmt == FORMAT_BLOCKS and not recipe:
+            raise ValueError("shared manifest of blocks names no recipe")
+        return cls(snapshot, _get(raw, "blob", str), tuple(chain), block, float(uploaded), recipe)
 
 
 def _get(raw: dict[str, Any], key: str, kind: type) -> Any:

@@ -175,7 +175,12 @@ class S3Store:
         try:
             reply = await s3.get_object(Bucket=self._bucket, Key=key, Range=f"bytes=0-{limit}")
             async with reply["Body"] as body:
-                data = await body.read(limit + 1)
+                chunks: list[bytes] = []
+                left = limit + 1
+                while left > 0 and (chunk := await body.read(left)):  # a read may return less than asked
+                    chunks.append(chunk)
+                    left -= len(chunk)
+                data = b"".join(chunks)
         except botocore.exceptions.ClientError as exc:
             if _code(exc) in _EMPTY_RANGE:
                 return b""  # a range of an empty object

@@ -31,13 +31,18 @@ from collections.abc import Iterable
 
 import structlog
 
+from sidecar.blocks import recipe as blockrecipe
 from sidecar.core import apikeys, errors, events, location, metrics, outcomes
-from sidecar.shared import catalog, connect, decide, downloader, keys, objstore, records, uploader
+from sidecar.shared import blockdown, catalog, connect, decide, downloader, keys, objstore, records, uploader
 from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.shared")
 WARM_TIMEOUT = 60.0
 """Longest a restore round waits for snapshots fetched from the shared store, in seconds."""
+RECIPE_SECONDS = 1.0
+"""Longest the request path waits for a recipe to price a block fetch; then the whole file is priced."""
+RECIPE_CACHE = 256
+"""Recipes' block lists kept (objects never change once written)."""
 
 
 class SharedStore:
@@ -54,6 +59,7 @@ class SharedStore:
         prefix = where.key_prefix
         self._snapshots = snapshots
         self._stats = stats
+        self._recipes: dict[str, tuple[tuple[str, int], ...]] = {}
         self._refused: set[str] = set()
         """Keys of the blobs this process refused (incompatible or corrupt): never fetched again."""
         self.rate = decide.Rate()
@@ -118,13 +124,13 @@ class SharedStore:
         """The records of ``found`` this server can restore; the others are refused (said once, counted)."""
         fitting: list[records.SharedRecord] = []
         for record in found:
-            if record.blob in self._refused:
+            if record.key in self._refused:
                 continue
             if record.snapshot.tokens > max_tokens:
                 continue  # too long for these slots, not foreign: another server of the namespace may take it
             problems = manifest.incompatibilities(record.snapshot, identity, slot_n_ctx=max_tokens)
             if problems:
-                self._refuse(record.blob, outcomes.SharedRefusal.INCOMPATIBLE, "; ".join(problems))
+                self._refuse(record.key, outcomes.SharedRefusal.INCOMPATIBLE, "; ".join(problems))
                 continue
             fitting.append(record)
         return fitting
@@ -146,14 +152,39 @@ class SharedStore:
     def _refused_manifest(self, key: str, reason: outcomes.SharedRefusal, detail: str) -> None:
         self._refuse(key, reason, detail)
 
-    def worth(self, match: catalog.Match, *, cached_tokens: int, prefill_rate: float) -> decide.Estimate:
+    async def worth(self, match: catalog.Match, *, cached_tokens: int, prefill_rate: float) -> decide.Estimate:
         """Whether fetching ``match`` beats prefilling what it adds over ``cached_tokens`` already at hand."""
         return decide.fetch_or_prefill(
-            size=match.record.snapshot.bytes,
+            size=await self.transfer_bytes(match.record),
             saved_tokens=max(0, match.tokens - cached_tokens),
             bandwidth=self.rate.current(),
             prefill_rate=prefill_rate,
         )
+
+    async def transfer_bytes(self, shared: records.SharedRecord) -> int:
+        """Bytes a fetch of ``shared`` would download: the blocks this node lacks, or the whole file.
+
+        A snapshot uploaded as blocks is priced by its recipe (read once, bounded, within
+        :data:`RECIPE_SECONDS`) against this node's block store; any failure prices the whole file.
+        """
+        if not shared.recipe:
+            return shared.snapshot.bytes
+        try:
+            async with asyncio.timeout(RECIPE_SECONDS):
+                blocks = await self._recipe_blocks(shared.recipe)
+            return await asyncio.to_thread(blockdown.missing_bytes, self._snapshots, blocks)
+        except (TimeoutError, errors.SharedStoreError, ValueError, UnicodeDecodeError):
+            return shared.snapshot.bytes
+
+    async def _recipe_blocks(self, key: str) -> tuple[tuple[str, int], ...]:
+        known = self._recipes.get(key)
+        if known is None:
+            raw = await self.objects.get_bytes(key, limit=blockrecipe.MAX_BYTES)
+            known = tuple((b.digest, b.size) for b in blockrecipe.Recipe.from_json(raw.decode()).blocks())
+            if len(self._recipes) >= RECIPE_CACHE:
+                self._recipes.clear()
+            self._recipes[key] = known
+        return known
 
     async def fetch(self, shared: records.SharedRecord, *, slot: int) -> manifest.Manifest | None:
         """Download ``shared`` into the slot dir as a snapshot of ``slot``; None if it failed (logged, counted)."""
@@ -162,11 +193,11 @@ class SharedStore:
                 self.objects, shared, snapshots=self._snapshots, slot=slot, stats=self._stats, rate=self.rate
             )
         except errors.SharedObjectRefused as exc:
-            self._refuse(shared.blob, outcomes.SharedRefusal(exc.reason), str(exc))
+            self._refuse(shared.key, outcomes.SharedRefusal(exc.reason), str(exc))
         except errors.SharedStoreError as exc:
             self._failed(exc, "fetch")
         except errors.SnapshotError as exc:
-            log.error("shared_fetch_failed", blob=shared.blob, error=str(exc), effect="the slot is prefilled instead")
+            log.error("shared_fetch_failed", key=shared.key, error=str(exc), effect="the slot is prefilled instead")
         return None
 
     async def warm(self, identity: events.Identity, slots: tuple[events.SlotView, ...]) -> list[manifest.Manifest]:

@@ -11,6 +11,10 @@ task publishes each snapshot in two steps, both create-only:
 2. the shared manifest ``<ns>/manifests/<checksum>.json``, last, so a
    listed manifest always names a complete object.
 
+With a block store (``--store-dir``) step 1 sends only the blocks the store
+lacks, after a recipe naming them (:mod:`~sidecar.shared.blockup`), and the
+shared manifest names the recipe instead of a blob.
+
 A key that exists already (another node, or an earlier attempt) is left as
 it is. When the store fails, the snapshot stays at the head of the queue
 and is retried after a backoff that doubles up to :data:`MAX_BACKOFF`;
@@ -27,12 +31,11 @@ import collections
 import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import structlog
 
 from sidecar.core import errors, metrics, outcomes, protocols, safeio
-from sidecar.shared import decide, keys, objstore, records
+from sidecar.shared import blockup, decide, keys, objstore, records
 from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.shared")
@@ -135,6 +138,8 @@ class Uploader:
         manifest_key = keys.shared_manifest(self._prefix, ns, record.checksum)
         if await self._store.head(manifest_key) is not None:
             return False  # published before (by us or by another node)
+        if self._snapshots.blocks is not None:
+            return await self._publish_blocks(record, ns, manifest_key)
         with self._snapshots.using(record.file):  # retention leaves it alone while it is read
             try:
                 await asyncio.to_thread(self._snapshots.check, record)
@@ -143,7 +148,7 @@ class Uploader:
                 log.info("shared_upload_skipped", file=record.file, reason=str(exc), effect="not uploaded")
                 return False
             try:
-                chain = await asyncio.to_thread(_chain, record, path)
+                chain = await asyncio.to_thread(_chain, record, lambda: slotfile.read_tokens(path))
                 blob_key = keys.blob(self._prefix, ns, record.checksum)
                 started = time.perf_counter()
                 written = await self._store.put_file(blob_key, path)
@@ -171,13 +176,64 @@ class Uploader:
         )
         return True
 
+    async def _publish_blocks(self, record: manifest.Manifest, ns: str, manifest_key: str) -> bool:
+        """Upload the blocks of ``record`` the store lacks, then its shared manifest (see ``blockup``)."""
+        with self._snapshots.using(record.file):  # retention leaves it (and so its blocks) alone meanwhile
+            try:
+                await asyncio.to_thread(self._snapshots.check, record)
+                started = time.perf_counter()
+                sent = await blockup.upload(
+                    self._store, prefix=self._prefix, ns=ns, record=record, snapshots=self._snapshots, clock=self._clock
+                )
+                seconds = time.perf_counter() - started
+            except errors.SnapshotError as exc:
+                log.info("shared_upload_skipped", file=record.file, reason=str(exc), effect="not uploaded")
+                return False
+            chain = (
+                record.index.chain if record.index is not None and record.index.block == slotfile.BLOCK_TOKENS else ()
+            )
+        shared = records.SharedRecord(
+            snapshot=record,
+            blob="",
+            chain=chain,
+            block_tokens=slotfile.BLOCK_TOKENS,
+            uploaded=self._clock.wall(),
+            recipe=sent.recipe_key,
+        )
+        written = await self._store.put_bytes(manifest_key, shared.to_json().encode())
+        if sent.sent_bytes:
+            self._rate.add(sent.sent_bytes, max(1e-6, seconds - sent.waited))
+        up = outcomes.Direction.UP
+        self._stats.shared_bytes.labels(up).inc(sent.sent_bytes)
+        self._stats.shared_block_bytes.labels(up, outcomes.BlockTransfer.TRANSFERRED).inc(sent.sent_bytes)
+        self._stats.shared_block_bytes.labels(up, outcomes.BlockTransfer.SKIPPED).inc(sent.skipped_bytes)
+        if written is objstore.Written.CREATED:
+            self._stats.shared_objects.labels(up).inc()
+            self._stats.shared_transfer.labels(up).observe(seconds)
+        self._on_published(ns)
+        log.info(
+            "shared_snapshot_published",
+            file=record.file,
+            key=manifest_key,
+            form="blocks",
+            bytes=record.bytes,
+            transferred=sent.sent_bytes,
+            skipped=sent.skipped_bytes,
+            blocks=sent.blocks,
+            blocks_sent=sent.sent_blocks,
+            waited_for_gc=round(sent.waited, 1),
+            seconds=round(seconds, 3),
+            indexed_blocks=len(chain),
+        )
+        return True
 
-def _chain(record: manifest.Manifest, path: Path) -> tuple[str, ...]:
+
+def _chain(record: manifest.Manifest, read: Callable[[], slotfile.SlotTokens]) -> tuple[str, ...]:
     """The snapshot's prefix hash chain; empty when its tokens cannot be read (it stays shareable by slot)."""
     if record.index is not None and record.index.block == slotfile.BLOCK_TOKENS:
         return record.index.chain  # read from the file at commit
     try:
-        tokens = slotfile.read_tokens(path)
+        tokens = read()
     except (slotfile.SlotFileError, safeio.Refused, OSError):
         return ()
     return slotfile.prefix_hashes(tokens.data)

@@ -183,7 +183,12 @@ def sidecar_registry() -> CollectorRegistry:
     transfer = Histogram(
         "shared_store_transfer_seconds", "One transfer", ["direction"], namespace=ns, registry=registry
     )
+    block_bytes = Counter(
+        "shared_store_block_bytes", "Block bytes", ["direction", "outcome"], namespace=ns, registry=registry
+    )
     for n, direction in enumerate(SHARED_DIRECTIONS):
+        block_bytes.labels(direction=direction, outcome="transferred").inc(9_000_000 * (3 - n))
+        block_bytes.labels(direction=direction, outcome="skipped").inc(36_000_000 * (3 - n))
         shared_bytes.labels(direction=direction).inc(45_000_000 * (3 - n))
         shared_objects.labels(direction=direction).inc(3 - n)
         for seconds in (0.4, 0.9, 2.5):

@@ -12,12 +12,11 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from sidecar.core import location
 from sidecar.shared import catalog, connect
 from support import weights
-from support.llamabed import MakeServer, complete, http_json, make_prompt
+from support.llamabed import MakeServer, chat, complete, http_json, make_prompt
 from support.net import free_port
 from support.s3bed import S3Server
 from support.sidecarbed import MakeSidecar, SidecarProcess, manifests
@@ -134,14 +133,6 @@ def _wait_listings_stale(node: SidecarProcess) -> None:
     )
 
 
-def _chat(url: str, messages: list[dict[str, str]]) -> dict[str, Any]:
-    status, answer = http_json(
-        "POST", url + "/v1/chat/completions", {"messages": messages, "max_tokens": 2, "temperature": 0}, timeout=300
-    )
-    assert status == 200, answer
-    return dict(answer)
-
-
 def test_a_chat_saved_on_node_a_continues_warm_through_node_b_proxy(
     llama: MakeServer,
     sidecar: MakeSidecar,
@@ -158,14 +149,14 @@ def test_a_chat_saved_on_node_a_continues_warm_through_node_b_proxy(
     node_b = sidecar(server_b, dir_b, extra={"--shared-store": s3_url, "--proxy-listen": proxy_b}, env=env)
     # node B serves a conversation of its own first: it measures its prefill rate and, uploading it, its bandwidth
     other = [{"role": "user", "content": make_prompt(server_b.url, PROMPT_TOKENS, seed=51)}]
-    _chat(f"http://{proxy_b}", other)
+    chat(f"http://{proxy_b}", other)
     node_b.wait_saved()
 
     messages = [
         {"role": "system", "content": "You answer in one short sentence."},
         {"role": "user", "content": make_prompt(server_a.url, CHAT_TOKENS, seed=52)},
     ]
-    first = _chat(f"http://{proxy_a}", messages)
+    first = chat(f"http://{proxy_a}", messages)
     node_a.wait_saved()
     for node in (node_a, node_b):
         _wait_uploaded(node)
@@ -175,7 +166,7 @@ def test_a_chat_saved_on_node_a_continues_warm_through_node_b_proxy(
         {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
         {"role": "user", "content": "And what does the record say next?"},
     ]
-    turn = _chat(f"http://{proxy_b}", messages)
+    turn = chat(f"http://{proxy_b}", messages)
     timings, prompt_tokens = turn["timings"], turn["usage"]["prompt_tokens"]
     found = (node_b.log_events("shared_prefix_found") or [{}])[-1]
     figure(
@@ -213,7 +204,7 @@ def test_a_node_that_just_started_fetches_a_mid_size_chat_at_the_rate_its_snapsh
         {"role": "system", "content": "You answer in one short sentence."},
         {"role": "user", "content": make_prompt(server_a.url, MID_TOKENS, seed=53)},
     ]
-    first = _chat(f"http://{proxy_a}", messages)
+    first = chat(f"http://{proxy_a}", messages)
     node_a.wait_saved()
     _wait_uploaded(node_a)
     _wait_listings_stale(node_b)  # its restore round listed the store, maybe before node A's upload
@@ -224,7 +215,7 @@ def test_a_node_that_just_started_fetches_a_mid_size_chat_at_the_rate_its_snapsh
         {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
         {"role": "user", "content": "And what does the record say next?"},
     ]
-    turn = _chat(f"http://{proxy_b}", messages)
+    turn = chat(f"http://{proxy_b}", messages)
     timings, prompt_tokens = turn["timings"], turn["usage"]["prompt_tokens"]
     found = (node_b.log_events("shared_prefix_found") or [{}])[-1]
     figure(
@@ -284,7 +275,7 @@ def test_a_snapshot_of_other_weights_under_this_nodes_prefix_is_refused_and_the_
     node_x = sidecar(server_x, dir_x, extra={"--shared-store": s3_url, "--proxy-listen": proxy_x}, env=env)
     node_b = sidecar(server_b, dir_b, extra={"--shared-store": s3_url, "--proxy-listen": proxy_b}, env=env)
     # node B serves a conversation of its own first: its prefill rate, its bandwidth, its namespace in the bucket
-    _chat(f"http://{proxy_b}", [{"role": "user", "content": make_prompt(server_b.url, PROMPT_TOKENS, seed=53)}])
+    chat(f"http://{proxy_b}", [{"role": "user", "content": make_prompt(server_b.url, PROMPT_TOKENS, seed=53)}])
     node_b.wait_saved()
     _wait_uploaded(node_b)
     (ours,) = _namespaces(s3_url)
@@ -293,7 +284,7 @@ def test_a_snapshot_of_other_weights_under_this_nodes_prefix_is_refused_and_the_
         {"role": "system", "content": "You answer in one short sentence."},
         {"role": "user", "content": make_prompt(server_x.url, CHAT_TOKENS, seed=54)},
     ]
-    first = _chat(f"http://{proxy_x}", messages)
+    first = chat(f"http://{proxy_x}", messages)
     node_x.wait_saved()
     _wait_uploaded(node_x)
     (theirs,) = _namespaces(s3_url) - {ours}
@@ -304,7 +295,7 @@ def test_a_snapshot_of_other_weights_under_this_nodes_prefix_is_refused_and_the_
         {"role": "user", "content": "And what does the record say next?"},
     ]
     restored_before = node_b.metric("llama_sidecar_restores_total", result="ok")
-    turn = _chat(f"http://{proxy_b}", messages)
+    turn = chat(f"http://{proxy_b}", messages)
     status, cold = http_json(
         "POST",
         server_b.url + "/v1/chat/completions",

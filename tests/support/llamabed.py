@@ -386,6 +386,15 @@ def call(method: str, url: str, body: Any = None, api_key: str | None = None) ->
     return parsed
 
 
+def chat(url: str, messages: list[dict[str, str]], *, max_tokens: int = 2) -> dict[str, Any]:
+    """One greedy chat completion (``url`` a server or a proxy); LlamaBedError unless it answers 200."""
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    status, answer = http_json("POST", url + "/v1/chat/completions", body, timeout=300)
+    if status != 200:
+        raise LlamaBedError(f"chat completion answered HTTP {status}: {str(answer)[:300]}")
+    return dict(answer)
+
+
 def complete(
     url: str,
     prompt: str,

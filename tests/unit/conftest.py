@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from hypothesis import configuration
 
-from sidecar.core import hashing
+from sidecar.core import hashing, location
+from sidecar.shared import connect, objstore
 
 # Hypothesis caches constants it finds in the code under test; keep that out of the work tree.
 configuration.set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "llama-kv-sidecar-hypothesis")
@@ -35,3 +37,16 @@ def hash_pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
     monkeypatch.setattr(hashing, "digest_and_sync", watched)
     return pauses
+
+
+@pytest.fixture(params=["s3", "file"])
+async def objects(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[objstore.ObjectStore]:
+    """An object store of each kind: a real S3 server (SeaweedFS) and a directory."""
+    if request.param == "s3":
+        url = request.getfixturevalue("s3_url")
+    else:
+        (tmp_path / "shared").mkdir()
+        url = f"file://{tmp_path / 'shared'}"
+    opened = connect.open_store(location.parse(url, os.environ))
+    yield opened
+    await opened.close()

@@ -255,7 +255,7 @@ class FakeShared:
             await self.lookup_wait.wait()
         return catalog.best_match([self.record], chain, max_tokens=max_tokens, block_tokens=BLOCK)
 
-    def worth(self, match: catalog.Match, *, cached_tokens: int, prefill_rate: float) -> decide.Estimate:
+    async def worth(self, match: catalog.Match, *, cached_tokens: int, prefill_rate: float) -> decide.Estimate:
         self.rates.append(prefill_rate)
         return decide.fetch_or_prefill(
             size=match.record.snapshot.bytes,

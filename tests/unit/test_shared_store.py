@@ -6,10 +6,8 @@ import asyncio
 import dataclasses
 import os
 import shutil
-import struct
 import time
 import typing
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,57 +16,11 @@ import structlog.testing
 from prometheus_client import CollectorRegistry
 
 from sidecar.core import apikeys, errors, events, location, metrics, protocols
-from sidecar.shared import connect, gc, keys, objstore, service
+from sidecar.shared import gc, keys, objstore, service
 from sidecar.snapshots import manifest, slotfile, store
 from support.s3bed import S3Server
+from support.sharednodes import FP, IDENTITY, Samples, committed, node, slot_file, url_of
 from support.wait import eventually
-
-IDENTITY = events.Identity("b1-abc", "/models/m.gguf", 2, 8192, 1000, 10, weights="xxh3-128:" + "3" * 32)
-FP = manifest.Fingerprint.of(IDENTITY, n_ctx=4096)
-
-
-@pytest.fixture(params=["s3", "file"])
-async def objects(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[objstore.ObjectStore]:
-    if request.param == "s3":
-        url = request.getfixturevalue("s3_url")
-    else:
-        (tmp_path / "shared").mkdir()
-        url = f"file://{tmp_path / 'shared'}"
-    opened = connect.open_store(location.parse(url, os.environ))
-    yield opened
-    await opened.close()
-
-
-def slot_file(ids: list[int], kv_bytes: int) -> bytes:
-    """A slot file as llama-server writes it: header, packed token state, then KV data."""
-    words = struct.pack("<iII", -1, slotfile.PACKED_VERSION, len(ids)) + struct.pack(f"<{len(ids)}i", *ids)
-    head = struct.pack("<III", slotfile.MAGIC, slotfile.VERSION, len(words) // 4)
-    return head + words + os.urandom(kv_bytes)
-
-
-def committed(snaps: store.SnapshotStore, data: bytes, *, slot: int = 0, tokens: int = 600) -> manifest.Manifest:
-    temp = snaps.temp_name(slot)
-    (snaps.dir / temp).write_bytes(data)
-    return snaps.commit(temp, slot=slot, tokens=tokens, written=len(data), task=1, fingerprint=FP)
-
-
-class Samples:
-    """Reads one node's metrics by their exported names."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-
-    def __call__(self, name: str, **labels: str) -> float:
-        return self.registry.get_sample_value(f"llama_sidecar_{name}", labels) or 0.0
-
-
-def node(root: Path, where: location.Location) -> tuple[store.SnapshotStore, service.SharedStore, Samples]:
-    root.mkdir()
-    snaps = store.SnapshotStore(root, clock=protocols.SystemClock())
-    registry = CollectorRegistry()
-    shared = service.SharedStore(where, snapshots=snaps, stats=metrics.Metrics(registry, version="test"))
-    snaps.subscribe(shared.offer)
-    return snaps, shared, Samples(registry)
 
 
 async def test_create_only_writes_stream_back_byte_for_byte(objects: objstore.ObjectStore, tmp_path: Path) -> None:
@@ -103,7 +55,7 @@ async def test_create_only_writes_stream_back_byte_for_byte(objects: objstore.Ob
 async def test_a_commit_is_published_and_another_node_fetches_and_finds_it(
     objects: objstore.ObjectStore, tmp_path: Path
 ) -> None:
-    where = location.parse(_url_of(objects, tmp_path), os.environ)
+    where = location.parse(url_of(objects, tmp_path), os.environ)
     snaps_a, shared_a, stats_a = node(tmp_path / "a", where)
     snaps_b, shared_b, stats_b = node(tmp_path / "b", where)
     ids = list(range(1000, 1600))
@@ -227,7 +179,7 @@ class _Reads:
 async def test_a_manifest_object_larger_than_a_manifest_is_refused_unread(
     objects: objstore.ObjectStore, tmp_path: Path
 ) -> None:
-    where = location.parse(_url_of(objects, tmp_path), os.environ)
+    where = location.parse(url_of(objects, tmp_path), os.environ)
     reads = _Reads(objects)
     (tmp_path / "b").mkdir()
     registry = CollectorRegistry()
@@ -311,7 +263,7 @@ async def test_store_outage_counts_errors_and_uploads_catch_up(
 
 
 async def test_gc_unpublishes_then_deletes_after_the_grace(objects: objstore.ObjectStore, tmp_path: Path) -> None:
-    where = location.parse(_url_of(objects, tmp_path), os.environ)
+    where = location.parse(url_of(objects, tmp_path), os.environ)
     snaps, shared, _ = node(tmp_path / "a", where)
     record = committed(snaps, slot_file(list(range(300)), 4096))
     assert await shared.uploader.publish(record)
@@ -328,8 +280,3 @@ async def test_gc_unpublishes_then_deletes_after_the_grace(objects: objstore.Obj
     assert len(second.delete) == 2
     assert await objects.list_objects(keys.join(prefix) + "/" if prefix else "") == []
     await shared.close()
-
-
-def _url_of(objects: objstore.ObjectStore, tmp_path: Path) -> str:
-    text = objects.describe()
-    return text.split(" at ")[0]
