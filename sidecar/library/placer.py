@@ -708,6 +708,7 @@ class Placer:
         assert decision.slot is not None
         assert self._fetcher is not None
         download = self._loop.create_task(self._fetcher.download(shared, slot=decision.slot), name="placer-fetch")
+        download.add_done_callback(_retrieved)  # cancelled unawaited when the save fails
         try:
             if decision.save_first and not await self._save(view):
                 return None, outcomes.Source.SHARED
@@ -874,7 +875,7 @@ class Placer:
         )
 
 
-def _retrieved(read: asyncio.Task[tuple[events.SlotView, ...]]) -> None:
-    """An early read no request awaited: its error was the placement's to count, had it needed the read."""
+def _retrieved(read: asyncio.Task[Any]) -> None:
+    """An early read (or a fetch) no request awaited: its error was the placement's to count, had it needed it."""
     if not read.cancelled():
         read.exception()
