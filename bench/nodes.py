@@ -25,13 +25,20 @@ Figures:
   node: tokens reused over the previous prompt, and their time against the
   same turn of the conversations that stayed (no failure for them, same
   node, same sizes; medians);
-* **spread**: conversations per node under the shipped config, the busiest
-  node's over the mean, against the config's ``hash-balance-factor``.
+* **bounded load**: before the conversations, a burst of requests of one
+  session (one ``x-session-id``: one key, one node on the ring) sent at once
+  through the shipped config; the busiest node's share of them against the
+  config's ``hash-balance-factor``, which bounds a node's requests in flight
+  at that factor times the average. The conversations per node are printed
+  beside, with how often a fair coin per conversation splits them at least as
+  unevenly: the factor does not bound them (turns sent one at a time never
+  put two requests in flight), the hash alone spreads them.
 
 Goals (issue 45): the shipped config's returning turns at least 95% warm
 (round robin's printed beside), the dead node's conversations at least 90%
 cached and at most 1.5x the time of the turn without a failure, and the
-spread within the balance factor (1.5). MET or MISSED each, exit status 1
+burst's busiest node within the balance factor (1.5x the mean, rounded up
+to a whole request). MET or MISSED each, exit status 1
 on a miss.
 
 Run alone with ``python -m bench.nodes [--quick]``.
@@ -40,15 +47,19 @@ Run alone with ``python -m bench.nodes [--quick]``.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
+import math
 import random
 import re
 import secrets
 import statistics
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -110,17 +121,37 @@ class Result:
     stayed_seconds: list[float]
     moved_before_seconds: list[float]
     """The moved conversations' turn before the kill, on their own node."""
+    moved_server_seconds: list[float] = dataclasses.field(default_factory=list)
+    """llama-server's own time for the moved conversations' turn (its answer's prompt and generation timings)."""
+    stayed_server_seconds: list[float] = dataclasses.field(default_factory=list)
+    moved_steps: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    """Where each moved turn's placement went on the surviving node, from its log: seconds per step."""
+    stayed_placing: list[float] = dataclasses.field(default_factory=list)
+    """Seconds the surviving node took to place each turn of the conversations that stayed."""
+    burst: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The requests of one session sent at once through the shipped config, per node that took them."""
+    factor: float = SPREAD_GOAL
+    """The shipped config's ``hash-balance-factor``, over 100."""
+    paired: list[float] = dataclasses.field(default_factory=list)
+    """Each moved turn over the turns that stayed sent just before and after it (:func:`_paired`)."""
+
+    @property
+    def burst_bound(self) -> int:
+        """The most requests of the burst a node may take: the factor times the mean, rounded up."""
+        return math.ceil(self.factor * sum(self.burst.values()) / len(NODES))
+
+    @property
+    def uneven_odds(self) -> float:
+        """How often a fair coin per conversation splits the shipped config's conversations at least as unevenly."""
+        spread = self.phases[0].spread
+        n, top = sum(spread.values()), max(spread.values())
+        tail = sum(math.comb(n, k) for k in range(n + 1) if max(k, n - k) >= top)
+        return tail / (1 << n)
 
     @property
     def time_ratio(self) -> float:
-        if not self.moved_seconds or not self.stayed_seconds:
-            return float("nan")
-        return statistics.median(self.moved_seconds) / statistics.median(self.stayed_seconds)
-
-    @property
-    def spread_ratio(self) -> float:
-        spread = self.phases[0].spread
-        return max(spread.values()) / (sum(spread.values()) / len(spread))
+        """The goal's figure: the median of the moved turns, each over its neighbours that stayed."""
+        return statistics.median(self.paired) if self.paired else float("nan")
 
 
 def round_robin(config: str) -> str:
@@ -129,6 +160,34 @@ def round_robin(config: str) -> str:
     if n != 1:
         raise rig.BenchError("the shipped config has no 'balance hash' line")
     return re.sub(r"(?m)^    hash-(type|balance-factor) .*\n", "", config)
+
+
+BURST = 8
+"""Requests of one session sent at once through the shipped config, to see its bounded load at work."""
+
+
+def balance_factor() -> float:
+    """The shipped config's ``hash-balance-factor``, over 100."""
+    found = re.search(r"(?m)^    hash-balance-factor (\d+)$", haproxybed.CONFIG.read_text())
+    if found is None:
+        raise rig.BenchError("the shipped config has no 'hash-balance-factor' line")
+    return int(found.group(1)) / 100
+
+
+def _burst(url: str, n: int) -> dict[str, int]:
+    """``n`` short requests of one session sent at once through ``url``: how many each node took."""
+    body = json.dumps({"messages": [{"role": "user", "content": "Say one word."}], "max_tokens": 16}).encode()
+
+    def send() -> str:
+        headers = {"content-type": "application/json", "x-session-id": "one-agent"}
+        req = urllib.request.Request(url + "/v1/chat/completions", data=body, headers=headers)
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            resp.read()
+            return str(resp.headers["x-node"])
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        took = list(pool.map(lambda _: send(), range(n)))
+    return {node: took.count(node) for node in NODES if node in took}
 
 
 def _ready(side: Any) -> Callable[[], bool]:
@@ -141,12 +200,29 @@ def _settle(nodes: list[Node]) -> None:
     time.sleep(LISTING_EXPIRES + 0.5)
 
 
-def _round(chats: list[Chat], url: str, nodes: dict[str, Node], order: random.Random | None) -> None:
+def _round(chats: list[Chat], url: str, nodes: dict[str, Node], order: random.Random | None) -> list[Chat]:
+    """One turn of each conversation, in ``order`` (else as listed); the conversations in the order sent."""
     todo = list(chats)
     if order is not None:
         order.shuffle(todo)
     for chat in todo:
         chat.turn(url, {name: node.fetched for name, node in nodes.items()})
+    return todo
+
+
+def _paired(sent: list[Chat], moved: list[Chat], turn: int) -> list[float]:
+    """Each moved conversation's turn ``turn`` over that of the conversations that stayed sent nearest before and
+    after it: the same turn on the same node, side by side in time (what the machine's load does to one does it
+    to the other)."""
+    ratios = []
+    for i, chat in enumerate(sent):
+        if chat not in moved:
+            continue
+        before = [c for c in reversed(sent[:i]) if c not in moved][:1]
+        after = [c for c in sent[i + 1 :] if c not in moved][:1]
+        if before or after:
+            ratios.append(chat.seconds[turn] / statistics.mean(c.seconds[turn] for c in before + after))
+    return ratios
 
 
 def _phase(name: str, chats: list[Chat], turns: int) -> Phase:
@@ -162,6 +238,32 @@ def _phase(name: str, chats: list[Chat], turns: int) -> Phase:
     )
 
 
+def _steps(side: Any, since: float) -> tuple[list[dict[str, float]], list[float]]:
+    """From ``side``'s log after Unix time ``since``: the steps of each placement served from the shared store
+    (tokenize, lookup, download, swap and the whole placement, in seconds), and the other placements' seconds."""
+
+    def after(event: str) -> list[dict[str, Any]]:
+        return [e for e in side.log_events(event) if datetime.fromisoformat(e["timestamp"]).timestamp() >= since]
+
+    routed = after("request_routed")
+    found = [e for e in after("shared_prefix_found") if e["verdict"] == "fetch"]
+    swaps = {e["file"]: float(e["seconds"]) for e in after("conversation_swapped_in")}
+    steps = []
+    for placed, looked, fetched in zip(
+        (e for e in routed if e["source"] == "shared"), found, after("shared_snapshot_fetched"), strict=False
+    ):
+        steps.append(
+            {
+                "placement": float(placed["seconds"]),
+                "tokenize": float(placed.get("tokenize_seconds", 0.0)),
+                "lookup": float(looked["lookup_seconds"]),
+                "download": float(fetched["seconds"]),
+                "swap": swaps.get(fetched["file"], float("nan")),
+            }
+        )
+    return steps, [float(e["seconds"]) for e in routed if e["source"] != "shared"]
+
+
 def run(bed: rig.Rig, *, conversations: int, turns: int, say: rig.Say) -> Result:
     s3 = s3bed.S3Server(bed.work / "s3")
     balancers: list[Any] = []
@@ -175,6 +277,7 @@ def run(bed: rig.Rig, *, conversations: int, turns: int, say: rig.Say) -> Result
             server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=4096, alone=False)
             proxy, agent = net.free_port(), net.free_port()
             options = {
+                "--log-level": "debug",  # each request's placement and its steps, timed (``request_routed``)
                 "--proxy-listen": f"127.0.0.1:{proxy}",
                 "--agent-check-listen": f"127.0.0.1:{agent}",
                 "--shared-store": store,
@@ -193,6 +296,8 @@ def run(bed: rig.Rig, *, conversations: int, turns: int, say: rig.Say) -> Result
             for name in NODES:
                 balancer.wait_status(name, "UP", timeout=120)
         shipped, robin = balancers
+        burst = _burst(shipped.url, BURST)
+        say(f"  a burst of {BURST} requests of one session: {burst}")
         url0 = nodes[NODES[0]].server.url
         # Round robin first: the kill -9 ends the shipped config's phase.
         chats: dict[str, list[Chat]] = {}
@@ -213,7 +318,9 @@ def run(bed: rig.Rig, *, conversations: int, turns: int, say: rig.Say) -> Result
         _settle(list(nodes.values()))
         dead.server.kill()
         shipped.wait_status(dead.name, "DOWN", timeout=60)
-        _round(mine, shipped.url, nodes, random.Random(turns))
+        killed = time.time()
+        sent = _round(mine, shipped.url, nodes, random.Random(turns))
+        steps, placing = _steps(alive.side, killed)
         say(f"  after the kill -9 of {dead.name}: {len(moved)} conversations moved, {len(stayed)} stayed")
         return Result(
             conversations,
@@ -225,6 +332,13 @@ def run(bed: rig.Rig, *, conversations: int, turns: int, say: rig.Say) -> Result
             [c.seconds[turns] for c in moved],
             [c.seconds[turns] for c in stayed],
             [c.seconds[turns - 1] for c in moved],
+            [c.server_seconds[turns] for c in moved],
+            [c.server_seconds[turns] for c in stayed],
+            steps,
+            placing,
+            burst,
+            balance_factor(),
+            _paired(sent, moved, turns),
         )
     finally:
         for balancer in balancers:
@@ -249,7 +363,7 @@ def table(r: Result) -> str:
     phases = rig.table(["balancer", "convs per node", "returning turns warm", "fetched", "reused"], rows)
     median = statistics.median
     moved = rig.table(
-        ["after kill -9", "conversations", "min reused", "fetched", "median s", "no failure s", "ratio"],
+        ["after kill -9", "conversations", "min reused", "fetched", "median s", "no failure s", "ratios", "ratio"],
         [
             (
                 f"{r.dead}'s, moved",
@@ -258,17 +372,48 @@ def table(r: Result) -> str:
                 r.moved_fetched,
                 median(r.moved_seconds) if r.moved_seconds else float("nan"),
                 median(r.stayed_seconds) if r.stayed_seconds else float("nan"),
+                " ".join(f"{x:.2f}" for x in sorted(r.paired)),
                 r.time_ratio,
             )
         ],
         digits=2,
     )
+    nan = float("nan")
+
+    def med(values: list[float]) -> float:
+        return median(values) if values else nan
+
+    def step(name: str) -> float:
+        return med([s[name] for s in r.moved_steps if name in s])
+
+    placing_moved = step("placement")
+    where = rig.table(
+        ["after kill -9, medians s", "whole turn", "llama-server", "placement", "tokenize", "lookup", "download",
+         "swap", "the rest"],
+        [
+            (f"{r.dead}'s, moved", med(r.moved_seconds), med(r.moved_server_seconds), placing_moved,
+             step("tokenize"), step("lookup"), step("download"), step("swap"),
+             med(r.moved_seconds) - med(r.moved_server_seconds) - placing_moved),
+            ("stayed", med(r.stayed_seconds), med(r.stayed_server_seconds), med(r.stayed_placing), nan, nan, nan,
+             nan, med(r.stayed_seconds) - med(r.stayed_server_seconds) - med(r.stayed_placing)),
+        ],
+        digits=3,
+    )  # fmt: skip
     before = median(r.moved_before_seconds) if r.moved_before_seconds else float("nan")
     tail = (
         f"\n\n'no failure s': the same turn of the {len(r.stayed_seconds)} conversations that stayed on their node; "
+        "'ratios': each moved turn over the turns that stayed sent just before and after it (the same turn, side by "
+        "side in time), 'ratio' their median (the goal's figure); "
         f"the moved ones' turn before the kill took {before:.2f} s (median)"
     )
-    return head + phases + "\n\n" + moved + tail
+    why = (
+        "\n\nWhere the time went: 'llama-server' is the server's own prompt and generation time (its answer's "
+        "timings); 'placement' the surviving node's sidecar placing the request (its log), of which the moved "
+        "turns' steps: 'tokenize' (template and tokens), 'lookup' (the shared store's listing), 'download' (fetch, "
+        "check, commit), 'swap' (the slot's save if needed, and the restore); 'the rest' the balancer, the "
+        "proxies and the client."
+    )
+    return head + phases + "\n\n" + moved + tail + "\n\n" + where + why
 
 
 def verdicts(r: Result) -> list[str]:
@@ -282,8 +427,12 @@ def verdicts(r: Result) -> list[str]:
          ", ".join(f"{x:.1%}" for x in r.moved_reused) or "none moved"),
         (r.time_ratio <= TIME_GOAL, f"their next turn at most {TIME_GOAL}x the same turn without a failure",
          f"{r.time_ratio:.2f}x"),
-        (r.spread_ratio <= SPREAD_GOAL, f"the busiest node at most {SPREAD_GOAL}x the mean of conversations",
-         f"{r.spread_ratio:.2f}x ({'/'.join(str(shipped.spread[n]) for n in NODES)})"),
+        (bool(r.burst) and max(r.burst.values()) <= r.burst_bound,
+         f"one session's requests in flight at once: the busiest node at most {r.factor:g}x the mean "
+         f"(hash-balance-factor), {r.burst_bound} of {sum(r.burst.values())}",
+         f"{max(r.burst.values(), default=0)} ({'/'.join(str(r.burst.get(n, 0)) for n in NODES)}); conversations "
+         f"{'/'.join(str(shipped.spread[n]) for n in NODES)}, a split a fair coin gives {r.uneven_odds:.0%} of the "
+         "time (not bounded by the factor: one turn in flight at a time)"),
     ]  # fmt: skip
     return [("MET  " if met else "MISSED ") + f"{goal}: {figure}" for met, goal, figure in checks]
 

@@ -175,13 +175,14 @@ class Engine:
         return tokens >= self._policy.settings.min_tokens
 
     async def swap_in(
-        self, slot: int, record: manifest.Manifest, *, counters: events.Counters | None
+        self, slot: int, record: manifest.Manifest, *, counters: events.Counters | None, checked: bool = False
     ) -> restorer.RestoreRecord:
         """Restore ``record`` into ``slot`` for a request, replacing what it holds (the caller saved that first).
 
-        The slot then holds a snapshot's content: the engine takes it as saved.
+        The slot then holds a snapshot's content: the engine takes it as saved. ``checked``: the caller
+        committed ``record`` just now (see ``Restorer.swap_in``).
         """
-        result, after = await self._restorer.swap_in(slot, record, counters=counters)
+        result, after = await self._restorer.swap_in(slot, record, counters=counters, checked=checked)
         if result.restored and after is not None and after.signature is not None:
             self._policy.settle(slot, after.signature)
         return result

@@ -60,6 +60,8 @@ class Status:
     """The snapshot file being checked (hashed) now, and by when its check must end; None between checks."""
     low_disk: bool = False
     """The newest save was skipped: the slot dir is below ``--min-free-bytes`` (until a save finds room)."""
+    models: tuple[tuple[str, Status], ...] = ()
+    """Router mode: each watched model's own status (its engine's), by model name; empty otherwise."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -285,7 +285,7 @@ class Restorer:
         return done
 
     async def swap_in(
-        self, slot: int, candidate: manifest.Manifest, *, counters: events.Counters | None
+        self, slot: int, candidate: manifest.Manifest, *, counters: events.Counters | None, checked: bool = False
     ) -> tuple[RestoreRecord, events.SlotView | None]:
         """Restore ``candidate`` into ``slot``, replacing what it holds (its owner saved it first).
 
@@ -296,10 +296,12 @@ class Restorer:
         read right before the call and never restored into while it is
         processing, and read again after it to catch a racing request, as in a
         restore round. Returns the record and the slot as read after a
-        successful restore.
+        successful restore. ``checked``: the caller committed ``candidate``
+        just now (a fetch from the shared store, hashed as it was downloaded
+        and again by its commit): it is not hashed a third time.
         """
         async with self._actions.lock:
-            if not await self._check(candidate):
+            if not checked and not await self._check(candidate):
                 return self._count(slot, Outcome.FAILED, "the snapshot failed its check", candidate.file), None
             started = time.perf_counter()
             view, problem = await self._read(slot)

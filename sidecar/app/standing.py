@@ -24,6 +24,16 @@ runs one; how many conversations the slots hold does not move it (the node
 holding them is where they are warm), it is said in the line's description.
 Load is better bounded per request by ``hash-balance-factor``, which sends a
 request past an overloaded server without moving the ring.
+
+In router mode (several models behind one llama-server) the balancer still
+sees one server line per node, so every state stands for the whole node:
+``down`` while the router is down, ``drain`` while the slot dir (one for
+every model) is below the free-space floor; the slots are every loaded
+model's. A model whose restore round is owed or running does not drain the
+node: its requests wait for it at its own gate on this node, where its KV is
+coming back, and the other models' conversations stay where they are warm
+(a drain would send them all to other nodes). The line's description names
+such models.
 """
 
 from __future__ import annotations
@@ -56,6 +66,8 @@ class Facts:
     """Of those, slots processing a request."""
     held: int = 0
     """Of those, slots holding a conversation's tokens."""
+    restoring: tuple[str, ...] = ()
+    """Router mode: the loaded models whose restore round is owed or running (their own gates closed)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,9 +91,11 @@ class Answer:
 
 
 def facts(status: report.Status) -> Facts:
-    """The facts of one status: the newest poll, the restore gate, the newest save's free-space check."""
+    """The facts of one status: the newest poll, the restore gate, the newest save's free-space check; in router
+    mode, the router's health with every loaded model's slots and restore gate."""
     latest = status.observation
-    slots = (latest.slots or ()) if latest is not None else ()
+    loaded = [(name, model) for name, model in status.models if _health(model) is events.Health.OK]
+    slots = tuple(v for _, model in loaded for v in _slots(model)) if status.models else _slots(status)
     return Facts(
         server=latest.health if latest is not None else None,
         denied=bool(latest.denied) if latest is not None else False,
@@ -90,7 +104,16 @@ def facts(status: report.Status) -> Facts:
         slots=len(slots),
         busy=sum(1 for s in slots if s.processing),
         held=sum(1 for s in slots if not s.empty),
+        restoring=tuple(name for name, model in loaded if model.restore_gate),
     )
+
+
+def _health(status: report.Status) -> events.Health | None:
+    return status.observation.health if status.observation is not None else None
+
+
+def _slots(status: report.Status) -> tuple[events.SlotView, ...]:
+    return (status.observation.slots or ()) if status.observation is not None else ()
 
 
 def answer(known: Facts) -> Answer:
@@ -107,8 +130,7 @@ def answer(known: Facts) -> Answer:
         return Answer(outcomes.AgentState.DRAIN, 0, "slot dir below --min-free-bytes: new conversations not saved")
     free = known.slots - known.busy
     weight = SATURATED if known.slots and free <= 0 else FULL
-    return Answer(
-        outcomes.AgentState.UP,
-        weight,
-        f"{free} of {known.slots} slots free, {known.held} holding a conversation",
-    )
+    why = f"{free} of {known.slots} slots free, {known.held} holding a conversation"
+    if known.restoring:
+        why = f"restoring model {', '.join(known.restoring)} (its requests wait here); {why}"
+    return Answer(outcomes.AgentState.UP, weight, why)

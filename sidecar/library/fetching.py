@@ -13,6 +13,7 @@ store that is down, slow or wrong costs the request at most that wait
 from __future__ import annotations
 
 import asyncio
+import time
 
 import structlog
 
@@ -48,6 +49,7 @@ class Fetcher:
         None if none."""
         if local.slot is None or len(chain) <= local.blocks or not obs.slots:
             return None  # no store, no idle slot to fetch into, or the whole prompt is at hand already
+        started = time.perf_counter()
         try:
             async with asyncio.timeout(min(LOOKUP_SECONDS, self._hold)):
                 match = await self._shared.lookup(
@@ -72,6 +74,7 @@ class Fetcher:
             local_tokens=cached,
             bytes=match.record.snapshot.bytes,
             transfer_bytes=estimate.bytes,
+            lookup_seconds=round(time.perf_counter() - started, 4),
             prefill_rate=round(rate),
             prefill_rate_from=rate_source.value,
             fetch_seconds=round(estimate.fetch_seconds, 3),

@@ -338,6 +338,7 @@ class Placer:
     async def _plan(
         self, raw_path: str, body: bytes, within: frozenset[int] | None, owner: str
     ) -> _Plan | outcomes.Unrouted | None:
+        started = time.perf_counter()
         try:
             early = await self._read_early(raw_path, body) if within is None else None
             request = prompt.of(raw_path, body)
@@ -349,7 +350,7 @@ class Placer:
             turn = turns.of(request)
             if within is not None:
                 pass  # a new process: no slot ran a routed turn in it yet
-            elif turn is not None and (went := await self._continue(request, turn, early, owner)) is not None:
+            elif turn is not None and (went := await self._continue(request, turn, early, owner, started)) is not None:
                 if isinstance(went, _Plan):
                     self._stats.library_routes.labels(outcomes.RouteBy.TURN.value).inc()
                 return went
@@ -362,7 +363,8 @@ class Placer:
             chain = slotfile.prefix_hashes(packed)
             if not chain:
                 return None  # shorter than one block: nothing worth routing, llama-server picks
-            placed = await self._place(request, chain, packed, turn, within, owner)
+            tokenized = time.perf_counter() - started
+            placed = await self._place(request, chain, packed, turn, within, owner, (started, tokenized))
         except Exception as exc:  # routing must never fail the request: it goes as it came
             self._unrouted(outcomes.Unrouted.ERROR, f"{exc.__class__.__name__}: {exc}")
             return outcomes.Unrouted.ERROR
@@ -405,6 +407,7 @@ class Placer:
         turn: turns.Key,
         early: asyncio.Task[tuple[events.SlotView, ...]] | None,
         owner: str,
+        started: float,
     ) -> _Plan | outcomes.Unrouted | None:
         """Pin a request that continues the conversation an idle slot ran last to that slot; None: route it by ids.
 
@@ -432,7 +435,14 @@ class Placer:
         placed = request.pin is prompt.Pin.PLACED
         if placed:
             await self._clear_for(owner, {v.id: v for v in obs.slots}, slot=slot, keep=True)
-        log.debug("request_routed", source=planned.source.value, slot=slot, blocks=len(state.chain), by="turn")
+        log.debug(
+            "request_routed",
+            source=planned.source.value,
+            slot=slot,
+            blocks=len(state.chain),
+            by="turn",
+            seconds=round(time.perf_counter() - started, 4),
+        )
         return _Plan(planned, state.chain, turn, prompt.pinned(request, slot) or b"", owner, placed)
 
     def _continued(self, turn: turns.Key, text: bytes, owner: str) -> int | None:
@@ -454,7 +464,9 @@ class Placer:
         turn: turns.Key | None,
         within: frozenset[int] | None,
         owner: str,
+        timing: tuple[float, float],
     ) -> _Plan | outcomes.Unrouted | None:
+        """Place a request by its ids; ``timing``: when its placement started, and the seconds its tokens took."""
         polled, identity = self._core.seen()
         if polled is None or polled.slots is None or identity is None:
             self._unrouted(outcomes.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
@@ -529,7 +541,15 @@ class Placer:
                 outcomes.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
             )
             return outcomes.Unrouted.SWAP
-        log.debug("request_routed", source=source.value, slot=decision.slot, blocks=decision.blocks)
+        log.debug(
+            "request_routed",
+            source=source.value,
+            slot=decision.slot,
+            blocks=decision.blocks,
+            by="tokens",
+            seconds=round(time.perf_counter() - timing[0], 4),
+            tokenize_seconds=round(timing[1], 4),
+        )
         planned = verdict.Planned(source, decision.slot, decision.blocks * slotfile.BLOCK_TOKENS, restored)
         if source is outcomes.Source.COLD:
             planned = dataclasses.replace(planned, prefix_tokens=0)
@@ -675,15 +695,26 @@ class Placer:
         counters: events.Counters | None,
     ) -> tuple[int | None, outcomes.Source]:
         """Fetch ``shared`` and swap it into the decision's slot: (tokens restored, None if something would be
-        lost; where the prefix came from)."""
+        lost; where the prefix came from).
+
+        The download runs while the slot's own content is saved (a call to llama-server, the download a
+        transfer from the store into a file of its own): the request waits for the longer of the two, not
+        for both. The restore waits for both.
+        """
         assert decision.slot is not None
         assert self._fetcher is not None
-        if decision.save_first and not await self._save(view):
-            return None, outcomes.Source.SHARED
-        record = await self._fetcher.download(shared, slot=decision.slot)
+        download = self._loop.create_task(self._fetcher.download(shared, slot=decision.slot), name="placer-fetch")
+        download.add_done_callback(_retrieved)  # cancelled unawaited when the save fails
+        try:
+            if decision.save_first and not await self._save(view):
+                return None, outcomes.Source.SHARED
+            record = await download
+        finally:
+            download.cancel()  # no-op once it is done: the request goes on without it only when the save failed
         if record is None:
             return 0, outcomes.Source.COLD  # the slot's own content is saved: it runs cold there
-        restored = await self._swap(dataclasses.replace(decision, save_first=False), record, view, counters)
+        later = dataclasses.replace(decision, save_first=False)
+        restored = await self._swap(later, record, view, counters, checked=True)
         return restored, outcomes.Source.SHARED
 
     async def _swap(
@@ -692,14 +723,18 @@ class Placer:
         record: manifest.Manifest,
         view: events.SlotView,
         counters: events.Counters | None,
+        *,
+        checked: bool = False,
     ) -> int | None:
-        """Save the slot's own content if it changed, then restore ``record`` into it: the tokens restored, or None."""
+        """Save the slot's own content if it changed, then restore ``record`` into it: the tokens restored, or None.
+
+        ``checked``: ``record`` was committed just now (fetched from the shared store), not hashed again."""
         assert decision.slot is not None
         started = time.perf_counter()
         with self._snapshots.using(record.file):
             if decision.save_first and not await self._save(view):
                 return None
-            result = await self._core.swap_in(decision.slot, record, counters=counters)
+            result = await self._core.swap_in(decision.slot, record, counters=counters, checked=checked)
         if not result.restored:
             return None
         seconds = time.perf_counter() - started
@@ -836,7 +871,7 @@ class Placer:
         )
 
 
-def _retrieved(read: asyncio.Task[tuple[events.SlotView, ...]]) -> None:
-    """An early read no request awaited: its error was the placement's to count, had it needed the read."""
+def _retrieved(read: asyncio.Task[Any]) -> None:
+    """An early read (or a fetch) no request awaited: its error was the placement's to count, had it needed it."""
     if not read.cancelled():
         read.exception()

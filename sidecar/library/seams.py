@@ -46,9 +46,10 @@ class Slots(Protocol):
         ...
 
     async def swap_in(
-        self, slot: int, record: manifest.Manifest, *, counters: events.Counters | None
+        self, slot: int, record: manifest.Manifest, *, counters: events.Counters | None, checked: bool = False
     ) -> restorer.RestoreRecord:
-        """Restore ``record`` into the slot for a request (its own content saved first)."""
+        """Restore ``record`` into the slot for a request (its own content saved first); ``checked``: committed
+        just now, not hashed again."""
         ...
 
     async def erase(self, slot: int) -> bool:

@@ -152,7 +152,8 @@ class Fleet:
 
     def status(self) -> report.Status:
         """The router's health, with the slowest engine's progress and every engine's last actions."""
-        cores = [m.core.status() for m in self.members.values()]
+        models = tuple((name, m.core.status()) for name, m in self.members.items())
+        cores = [status for _, status in models]
         saves = [s.last_snapshot for s in cores if s.last_snapshot is not None]
         links = [s.link_ok for s in cores if s.link_ok is not None]
         return report.Status(
@@ -168,6 +169,7 @@ class Fleet:
             saved=savings.merge([s.saved for s in cores]),
             recent=tuple(sorted((d for s in cores for d in s.recent), key=lambda d: d.at)),
             low_disk=any(s.low_disk for s in cores),
+            models=models,
         )
 
     async def save_now(self, slot: int) -> report.SaveReply | None:

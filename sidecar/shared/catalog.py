@@ -38,6 +38,10 @@ READ_BATCH = 16
 """Manifests read at once after a listing (the first listing of a busy namespace reads many)."""
 
 
+Record = records.SharedRecord
+"""A shared manifest (named apart: :meth:`Catalog.records` hides the module inside the class)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Match:
     record: records.SharedRecord
@@ -129,8 +133,19 @@ class Catalog:
             self._on_refused(key, outcomes.SharedRefusal.UNREADABLE, str(exc))
 
     def forget(self, ns: str) -> None:
-        """List ``ns`` again at the next call (after this node published into it)."""
+        """List ``ns`` again at the next call."""
         self._listed.pop(ns, None)
+
+    def published(self, ns: str, key: str, record: Record) -> None:
+        """This node wrote ``record`` under ``key`` in ``ns``: known without reading it back, and listed from now on.
+
+        A request's lookup then neither lists the store again for it nor reads the node's own manifests back
+        (one GET each, on the request's path); other nodes' new manifests are listed within ``refresh_every``.
+        """
+        self._records[key] = record
+        listed = self._listed.get(ns)
+        if listed is not None and key not in listed[1]:
+            listed[1].append(key)
 
     async def lookup(self, ns: str, chain: tuple[str, ...], *, max_tokens: int) -> Match | None:
         """The shared snapshot with the longest common prefix with ``chain``; None if none shares a block."""

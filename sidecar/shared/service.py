@@ -71,7 +71,7 @@ class SharedStore:
             snapshots=snapshots,
             stats=stats,
             rate=self.rate,
-            on_published=self.catalog.forget,
+            on_published=self.catalog.published,
         )
 
     def _count(self, exc: errors.SharedStoreError) -> None:

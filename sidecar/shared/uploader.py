@@ -55,7 +55,7 @@ class Uploader:
         snapshots: store.SnapshotStore,
         stats: metrics.Metrics,
         rate: decide.Rate,
-        on_published: Callable[[str], None] = lambda ns: None,
+        on_published: Callable[[str, str, records.SharedRecord], None] = lambda ns, key, record: None,
         clock: protocols.Clock | None = None,
     ) -> None:
         self._store = store_
@@ -164,7 +164,7 @@ class Uploader:
             self._stats.shared_bytes.labels(outcomes.Direction.UP).inc(record.bytes)
             self._stats.shared_objects.labels(outcomes.Direction.UP).inc()
             self._stats.shared_transfer.labels(outcomes.Direction.UP).observe(seconds)
-        self._on_published(ns)
+        self._on_published(ns, manifest_key, shared)
         log.info(
             "shared_snapshot_published",
             file=record.file,
@@ -210,7 +210,7 @@ class Uploader:
         if written is objstore.Written.CREATED:
             self._stats.shared_objects.labels(up).inc()
             self._stats.shared_transfer.labels(up).observe(seconds)
-        self._on_published(ns)
+        self._on_published(ns, manifest_key, shared)
         log.info(
             "shared_snapshot_published",
             file=record.file,

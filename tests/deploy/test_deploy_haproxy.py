@@ -1,14 +1,20 @@
-"""deploy/haproxy/haproxy.cfg: valid for the real HAProxy, and the conversation key it computes, per API.
+"""deploy/haproxy/haproxy.cfg: valid for the real HAProxy, the conversation key it computes per API, its bound.
 
 Two stand-in nodes (threads: an HTTP server that records each request's key,
 and an agent port answering ``ready up 100%``) behind the real HAProxy: each
-API's first turn and next turn carry the same key and reach the same node.
+API's first turn and next turn carry the same key and reach the same node;
+and requests of one key held in flight at once are spread by the config's
+``hash-balance-factor`` (the bound it sets is on requests in flight, not on
+conversations).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import http.server
 import json
+import math
+import re
 import socketserver
 import threading
 import urllib.request
@@ -21,6 +27,7 @@ from deploytools import DEPLOY, require_tool, run
 
 from support.haproxybed import INSTALL, HAProxy
 from support.net import free_port
+from support.wait import wait_until
 
 
 def test_haproxy_accepts_the_shipped_config() -> None:
@@ -49,13 +56,34 @@ class _Agent(socketserver.BaseRequestHandler):
         self.request.sendall(b"ready up 100%\n")
 
 
-@pytest.fixture
-def balancer(tmp_path: Path) -> Iterator[HAProxy]:
+class _Held:
+    """Requests the stand-in nodes hold until :attr:`release` is set, counted per node while they wait."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.waiting: dict[str, int] = {}
+
+    def handler(self, node: str) -> type[http.server.BaseHTTPRequestHandler]:
+        held = self
+
+        class _Holding(_Node):
+            def do_POST(self) -> None:
+                with held.lock:
+                    held.waiting[node] = held.waiting.get(node, 0) + 1
+                held.release.wait(30)
+                super().do_POST()
+
+        return _Holding
+
+
+def _stand_ins(tmp_path: Path, held: _Held | None = None) -> Iterator[HAProxy]:
     require_tool("haproxy", install=INSTALL)
     servers: list[socketserver.TCPServer] = []
     nodes = {}
     for name in ("node-a", "node-b"):
-        web = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Node)
+        handler = held.handler(name) if held is not None else _Node
+        web = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
         agent = socketserver.ThreadingTCPServer(("127.0.0.1", free_port()), _Agent)
         servers += [web, agent]
         nodes[name] = (web.server_address[1], agent.server_address[1])
@@ -65,9 +93,23 @@ def balancer(tmp_path: Path) -> Iterator[HAProxy]:
         for name in nodes:
             proxy.wait_status(name, "UP", timeout=20)
         yield proxy
+    if held is not None:
+        held.release.set()
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def balancer(tmp_path: Path) -> Iterator[HAProxy]:
+    yield from _stand_ins(tmp_path)
+
+
+@pytest.fixture
+def holding(tmp_path: Path) -> Iterator[tuple[HAProxy, _Held]]:
+    held = _Held()
+    for proxy in _stand_ins(tmp_path, held):
+        yield proxy, held
 
 
 def _send(proxy: HAProxy, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[str, str]:
@@ -139,3 +181,27 @@ def test_conversations_spread_over_both_nodes(balancer: HAProxy) -> None:
     counts = {name: nodes.count(name) for name in set(nodes)}
     assert set(counts) == {"node-a", "node-b"}, counts
     assert min(counts.values()) >= 8, counts
+
+
+def test_requests_of_one_key_in_flight_at_once_are_bounded_by_the_balance_factor(
+    holding: tuple[HAProxy, _Held],
+) -> None:
+    """The config's ``hash-balance-factor`` bounds the requests a node has in flight against the average, not the
+    conversations it holds: one key's requests, held at the node all at once, spill to the next node past it."""
+    proxy, held = holding
+    found = re.search(r"(?m)^    hash-balance-factor (\d+)$", proxy.path.read_text())
+    assert found is not None, "the shipped config bounds the load with hash-balance-factor"
+    factor = int(found.group(1)) / 100
+    burst = 8
+    body = {"messages": [{"role": "user", "content": "One agent's many calls."}]}
+    with concurrent.futures.ThreadPoolExecutor(burst) as pool:
+        sent = []
+        for n in range(burst):  # one at a time, each in flight before the next: HAProxy's count is exact
+            sent.append(pool.submit(_send, proxy, "/v1/chat/completions", body, {"x-session-id": "agent-1"}))
+            wait_until(lambda: sum(held.waiting.values()) == len(sent), timeout=10, what=f"request {n + 1} at a node")
+        at = dict(held.waiting)
+        held.release.set()
+        nodes = [future.result()[0] for future in sent]
+    assert {name: nodes.count(name) for name in set(nodes)} == at
+    assert len(at) == 2, f"one key's {burst} requests in flight all went to one node: {at}"
+    assert max(at.values()) <= math.ceil(factor * burst / len(at)), (at, factor)

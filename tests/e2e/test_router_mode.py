@@ -15,6 +15,8 @@ load the requested one, and holds the request until its KV is restored.
 from __future__ import annotations
 
 import json
+import re
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,9 +162,13 @@ def test_through_the_proxy_a_swap_saves_first_and_the_way_back_waits_for_the_res
     figure: Callable[[str], None],
 ) -> None:
     server = _router(llama, model, tmp_path, slot_dir)
-    port = free_port()
+    port, agent = free_port(), free_port()
     # Idle slots are not saved for ten minutes: alpha's KV is on disk only if it is saved before the swap.
-    extra = {"--proxy-listen": f"127.0.0.1:{port}", "--idle-seconds": "600"}
+    extra = {
+        "--proxy-listen": f"127.0.0.1:{port}",
+        "--idle-seconds": "600",
+        "--agent-check-listen": f"127.0.0.1:{agent}",
+    }
     side = sidecar(server, slot_dir, env=ROUTER, extra=extra)
     proxy = f"http://127.0.0.1:{port}"
     side.wait_for(lambda: _proxy_up(proxy), timeout=20, what="the proxy to answer /health")
@@ -185,6 +191,17 @@ def test_through_the_proxy_a_swap_saves_first_and_the_way_back_waits_for_the_res
     )
     assert warm["timings"]["cache_n"] >= 0.9 * prefilled_a
     assert _restored(side, "alpha")
+    # The agent check speaks for the node: up, with the loaded model's slots (the router itself lists none).
+    line = side.wait_for(lambda: _agent_line(agent), what="the agent check to count alpha's slots")
+    assert line is not None
+    assert line.startswith(b"ready up "), line
+
+
+def _agent_line(port: int) -> bytes | None:
+    """The agent check's answer, once it counts a loaded model's slots (None before)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        line = sock.makefile("rb").readline()
+    return line if re.search(rb"#\d+ of [1-9]\d* slots free", line) else None
 
 
 def test_a_router_is_recognised_without_the_flag_and_its_models_are_saved_and_restored(

@@ -44,6 +44,8 @@ class Chat:
         self.prompts: list[int] = []
         self.cached: list[int] = []
         self.seconds: list[float] = []
+        self.server_seconds: list[float] = []
+        """llama-server's own time for each turn: its answer's ``timings`` (prompt plus generation)."""
         self.fetched: list[bool] = []
 
     def turn(self, url: str, fetches: Mapping[str, Callable[[], float]] | None = None, timeout: float = 600) -> None:
@@ -61,6 +63,7 @@ class Chat:
         self.fetched.append(fetches is not None and fetches[node]() > before[node])
         self.prompts.append(int(answer["usage"]["prompt_tokens"]))
         self.cached.append(int(answer["timings"]["cache_n"]))
+        self.server_seconds.append((answer["timings"]["prompt_ms"] + answer["timings"]["predicted_ms"]) / 1000)
         self.messages += [
             {"role": "assistant", "content": answer["choices"][0]["message"]["content"] or "ok"},
             {"role": "user", "content": f"Turn {len(self.nodes) + 1}: and what comes next in record {self.n}?"},

@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import typing
+from typing import Any
 
 import pytest
 import uvloop
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
-from sidecar.act import report
+from sidecar.act import gate, report
 from sidecar.app import agentcheck, standing
-from sidecar.core import events, outcomes
+from sidecar.core import errors, events, metrics, outcomes, protocols
+from sidecar.router import fleet as router_fleet
 from support.wait import until
 
 
@@ -90,6 +94,72 @@ def test_the_line_is_one_line_of_ascii_whatever_the_reason_says() -> None:
     assert line.count(b"\n") == 1
     assert line.count(b"#") == 1
     line.decode("ascii")
+
+
+def _router(health: events.Health | None, models: dict[str, report.Status], *, low_disk: bool = False) -> report.Status:
+    """A router-mode status as the fleet builds it: the router's health (no slots), and each model's own status."""
+    return dataclasses.replace(_status(health, low_disk=low_disk), models=tuple(models.items()))
+
+
+def test_router_mode_one_model_restoring_keeps_the_node_up_and_names_the_model() -> None:
+    alpha = _status(slots=(_slot(0), _slot(1, tokens=900)), gate="restore round running")
+    beta = _status(slots=(_slot(0, processing=True, tokens=300), _slot(1)))
+    got = _answer(_router(events.Health.OK, {"alpha": alpha, "beta": beta}))
+    assert got.state is outcomes.AgentState.UP
+    assert got.line() == (
+        b"ready up 100% #restoring model alpha (its requests wait here); 3 of 4 slots free, 2 holding a conversation\n"
+    )
+
+
+def test_router_mode_counts_only_loaded_models_slots_and_restores() -> None:
+    gone = _status(events.Health.UNLOADED, gate="llama-server is unloaded")  # an unloaded model's gate is closed
+    busy = _status(slots=(_slot(0, processing=True, tokens=9),))
+    got = _answer(_router(events.Health.OK, {"alpha": gone, "beta": busy}))
+    assert got.line() == b"ready up 50% #0 of 1 slots free, 1 holding a conversation\n"
+
+
+@dataclasses.dataclass
+class _Core:
+    now: report.Status
+
+    def status(self) -> report.Status:
+        return self.now
+
+
+class _Router:
+    """The router's client as the fleet's step reads it: healthy, its model list unreadable (the members stay)."""
+
+    url = "http://router:8080"
+
+    async def health(self) -> tuple[events.Health, str]:
+        return events.Health.OK, ""
+
+    async def models(self) -> list[str]:
+        raise errors.UpstreamUnavailable("not listed in this test", endpoint="/models")
+
+
+async def test_the_fleets_status_gives_the_agent_each_loaded_models_slots_and_restore() -> None:
+    fleet = router_fleet.Fleet(
+        client=typing.cast(Any, _Router()),
+        snapshots=typing.cast(Any, None),
+        stats=metrics.Metrics(CollectorRegistry(), version="test"),
+        settings=typing.cast(Any, None),
+        clock=protocols.SystemClock(),
+    )
+    restoring = _status(slots=(_slot(0), _slot(1, tokens=500)), gate="restore round running")
+    fleet.members["alpha"] = router_fleet.Member("alpha", typing.cast(Any, _Core(restoring)), gate.Gate())
+    await fleet.step()
+    assert _answer(fleet.status()).line() == (
+        b"ready up 100% #restoring model alpha (its requests wait here); 2 of 2 slots free, 1 holding a conversation\n"
+    )
+
+
+def test_router_mode_node_wide_states_hold_whatever_the_models_say() -> None:
+    fine = {"alpha": _status(slots=(_slot(0),))}
+    assert _answer(_router(events.Health.DOWN, fine)).state is outcomes.AgentState.DOWN
+    drained = _answer(_router(events.Health.OK, fine, low_disk=True))
+    assert drained.state is outcomes.AgentState.DRAIN
+    assert b"--min-free-bytes" in drained.line()
 
 
 views = st.builds(_slot, st.integers(0, 7), processing=st.booleans(), tokens=st.sampled_from([0, 1, 300, 4000])).map(

@@ -56,6 +56,8 @@ class TokenLlama(memllama.MemLlama):
 
     async def save(self, slot_id: int, filename: str) -> protocols.ActionResult:
         self.calls.append(("save", (slot_id, filename)))
+        if "save" in self.hooks:
+            await self.hooks["save"](slot_id, filename)
         ids = self.held.get(slot_id, [])
         data = slot_bytes(ids)
         (self.dir / filename).write_bytes(data)
@@ -227,6 +229,8 @@ class FakeShared:
         self.rates: list[float] = []
         self.lookup_wait: asyncio.Event | None = None
         self.fail_fetch = False
+        self.fetching = asyncio.Event()
+        """Set once a fetch has started."""
         ids = ids_of(conversation)
         other = store.SnapshotStore(tmp_path / "node-a", clock=clocks.Wall(lambda: 1_700_000_000.0))
         other.dir.mkdir()
@@ -267,6 +271,8 @@ class FakeShared:
 
     async def fetch(self, shared: records.SharedRecord, *, slot: int) -> manifest.Manifest | None:
         self.fetches += 1
+        self.fetching.set()
+        await asyncio.sleep(0)  # a transfer: the loop runs other work meanwhile
         if self.fail_fetch:
             return None  # the real store counts and logs its own failures
         snapshots = self.bed.snapshots
@@ -327,6 +333,34 @@ async def test_the_shared_snapshot_replaces_a_changed_slot_only_after_saving_it(
         assert slot == 0  # B's slot, the least recently used
     assert bed.actions() == [("save", 0), ("restore", 0)]
     assert bed.server.held[0] == ids_of("A")
+
+
+async def test_the_fetch_runs_while_the_slot_is_saved_and_what_it_committed_is_not_hashed_again(
+    bed: Bed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = FakeShared(bed, tmp_path, "A")
+    with_shared(bed, shared)
+    for name in ("B", "C"):
+        async with bed.request(name):
+            pass
+
+    async def save_waits_for_the_fetch(slot_id: int, filename: str) -> None:
+        await asyncio.wait_for(shared.fetching.wait(), timeout=2)  # in turn, the fetch would start after the save
+
+    bed.server.hooks["save"] = save_waits_for_the_fetch
+    hashed: list[str] = []
+    check = bed.snapshots.check
+
+    def counted(record: manifest.Manifest) -> None:
+        hashed.append(record.file)
+        check(record)
+
+    monkeypatch.setattr(bed.snapshots, "check", counted)
+    async with bed.request("A") as slot:
+        assert slot == 0
+    assert bed.actions() == [("save", 0), ("restore", 0)]
+    assert bed.server.held[0] == ids_of("A")
+    assert hashed == []  # hashed as it was fetched and committed: the swap restores it as it is
 
 
 async def test_a_fetch_slower_than_the_prefill_it_saves_is_not_made(bed: Bed, tmp_path: Path) -> None:

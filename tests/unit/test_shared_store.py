@@ -16,7 +16,7 @@ import structlog.testing
 from prometheus_client import CollectorRegistry
 
 from sidecar.core import apikeys, errors, events, location, metrics, protocols
-from sidecar.shared import gc, keys, objstore, service
+from sidecar.shared import connect, gc, keys, objstore, service
 from sidecar.snapshots import manifest, slotfile, store
 from support.s3bed import S3Server
 from support.sharednodes import FP, IDENTITY, Samples, committed, node, slot_file, url_of
@@ -204,6 +204,32 @@ async def test_a_manifest_object_larger_than_a_manifest_is_refused_unread(
     assert refused["hint"]
     assert stats("shared_store_refused_total", reason="oversized") == 1
     await objects.delete([key])
+
+
+async def test_a_nodes_own_manifests_are_known_without_reading_them_back(tmp_path: Path) -> None:
+    (tmp_path / "shared").mkdir()
+    where = location.parse(f"file://{tmp_path / 'shared'}", {})
+    (tmp_path / "a").mkdir()
+    snaps_a = store.SnapshotStore(tmp_path / "a", clock=protocols.SystemClock())
+    reads = _Reads(connect.open_store(where))
+    shared_a = service.SharedStore(
+        where,
+        snapshots=snaps_a,
+        stats=metrics.Metrics(CollectorRegistry(), version="test"),
+        objects=typing.cast(objstore.ObjectStore, reads),
+    )
+    snaps_b, shared_b, _ = node(tmp_path / "b", where)
+    ids = list(range(2000, 2300))
+    request = slotfile.prefix_hashes(slotfile.pack_ids(ids))
+    assert await shared_a.lookup(IDENTITY, request, max_tokens=4096) is None  # listed once, empty
+    assert await shared_a.uploader.publish(committed(snaps_a, slot_file(ids, 1 << 20)))
+    assert await shared_b.uploader.publish(committed(snaps_b, slot_file(list(range(300)), 1 << 20)))
+    match = await shared_a.lookup(IDENTITY, request, max_tokens=4096)
+    assert match is not None  # its own, found without a listing
+    assert reads.read == []  # nor a read of what it wrote itself
+    shared_a.catalog.forget(shared_a.namespace(IDENTITY))  # the listing expires: the other node's is read
+    assert len(await shared_a.catalog.records(shared_a.namespace(IDENTITY))) == 2
+    assert len(reads.read) == 1
 
 
 async def test_warm_fills_only_empty_slots_without_a_local_snapshot(tmp_path: Path) -> None:
