@@ -83,6 +83,21 @@ COMPLETION_ROUTES = frozenset(
 )
 """llama-server's POST routes that run a task in a slot (``tools/server/server.cpp``, build 11434)."""
 
+STREAMING_ROUTES = frozenset(
+    {
+        "/completion",
+        "/completions",
+        "/v1/completions",
+        "/chat/completions",
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/responses",
+        "/v1/messages",
+        "/infill",
+    }
+)
+"""The completion routes that answer a body with ``"stream": true`` with a stream of events (SSE)."""
+
 OTHER_POST_ROUTES = frozenset(
     {
         "/props",
