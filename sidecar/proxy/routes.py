@@ -58,31 +58,6 @@ class Request:
     """The path as llama-server will route it (decoded)."""
 
 
-COMPLETION_ROUTES = frozenset(
-    {
-        "/completion",
-        "/completions",
-        "/v1/completions",
-        "/chat/completions",
-        "/v1/chat/completions",
-        "/v1/responses",
-        "/responses",
-        "/v1/audio/transcriptions",
-        "/audio/transcriptions",
-        "/v1/messages",
-        "/infill",
-        "/embedding",
-        "/embeddings",
-        "/v1/embeddings",
-        "/rerank",
-        "/reranking",
-        "/v1/rerank",
-        "/v1/reranking",
-        "/v1/systemone",
-    }
-)
-"""llama-server's POST routes that run a task in a slot (``tools/server/server.cpp``, build 11434)."""
-
 STREAMING_ROUTES = frozenset(
     {
         "/completion",
@@ -97,6 +72,22 @@ STREAMING_ROUTES = frozenset(
     }
 )
 """The completion routes that answer a body with ``"stream": true`` with a stream of events (SSE)."""
+
+COMPLETION_ROUTES = STREAMING_ROUTES | frozenset(
+    {
+        "/v1/audio/transcriptions",
+        "/audio/transcriptions",
+        "/embedding",
+        "/embeddings",
+        "/v1/embeddings",
+        "/rerank",
+        "/reranking",
+        "/v1/rerank",
+        "/v1/reranking",
+        "/v1/systemone",
+    }
+)
+"""llama-server's POST routes that run a task in a slot (``tools/server/server.cpp``, build 11434)."""
 
 OTHER_POST_ROUTES = frozenset(
     {

@@ -33,7 +33,7 @@ READ_TIMEOUT = 3.0
 """The SDKs' read timeout: shorter than every wait below. Each answer is one token: the gap between two
 tokens, which is llama-server's alone, reached 3 s and more on 2 busy cores."""
 HELD = 2 * READ_TIMEOUT + 1
-LONG_PROMPT = 2000
+LONG_PROMPT = 3000
 STOPPED = re.compile(r"task (\d+) \| stop processing: n_tokens = (\d+)")
 
 
@@ -117,7 +117,7 @@ def test_sdk_streams_held_longer_than_their_read_timeout_complete_also_across_a_
     out.clear()
     thread = _in_thread("messages", url, long, out)
     side.wait_for(lambda: _processing(server), timeout=60, what="the prefill")
-    time.sleep(READ_TIMEOUT + 0.5)  # past the read timeout, well inside a prefill of 2,000 tokens in 32-token batches
+    time.sleep(READ_TIMEOUT + 0.5)  # past the read timeout, well inside a prefill of 3,000 tokens in 32-token batches
     assert _processing(server), "the prefill ended before the kill"
     assert not out, f"the client ended before the kill: {out}"
     server.kill()
@@ -174,7 +174,7 @@ def test_a_client_that_leaves_stops_its_prefill_at_once_and_a_held_one_is_never_
         prompt = make_prompt(server.url, LONG_PROMPT, seed=41 + n)
         sock = _send(url, {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2, "stream": stream})
         side.wait_for(lambda: _processing(server), timeout=60, what="the prefill")
-        time.sleep(1.0)  # well inside a prefill of 2,000 tokens in 32-token batches
+        time.sleep(1.0)  # well inside a prefill of 3,000 tokens in 32-token batches
         stopped = len(_stops(server))
         sock.close()
         left = time.monotonic()
