@@ -47,7 +47,7 @@ DIRECT, PROXY = "direct", "proxy"
 ADDED_P50_TARGET_MS = 1.0
 FIRST_BYTE_GOAL_MS = 100.0
 HELD_SECONDS = 1.5
-PREFILL_TOKENS = 1500
+PREFILL_TOKENS = 1000
 PROMPT = "The proxy benchmark asks for one token after this short sentence."
 
 

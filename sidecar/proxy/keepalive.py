@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from sidecar.core import tasks
 from sidecar.proxy import sse
 
 HEADERS_AFTER = 0.05
@@ -58,7 +59,10 @@ class KeepAlive:
         self.header: tuple[str, str] | None = None
         """The prefix header (name, value), once the request was placed; sent as a comment if the headers went first."""
         self._header_sent = False
-        self._task = asyncio.get_running_loop().create_task(self._run(delay), name="proxy-keepalive")
+        self._task = tasks.watch(
+            asyncio.get_running_loop().create_task(self._run(delay), name="proxy-keepalive"),
+            effect="this stream's client got no more keep-alives; its answer is relayed as it comes",
+        )
         request[PROBE] = self.poke
 
     @property
@@ -107,9 +111,7 @@ class KeepAlive:
         self._stopping = True
         if not self._writing:
             self._task.cancel()
-        await asyncio.wait({self._task})
-        if not self._task.cancelled() and (exc := self._task.exception()) is not None:
-            raise exc
+        await asyncio.wait({self._task})  # a failure is logged by its watch
         if self._response is None:
             return None
         lead = b""
