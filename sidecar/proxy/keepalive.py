@@ -96,6 +96,7 @@ class KeepAlive:
         response = web.StreamResponse(status=200)
         response.content_type = "text/event-stream"
         response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Accel-Buffering"] = "no"  # as llama-server sends it: a proxy in front passes each event on
         if origin := self._request.headers.get("Origin"):
             response.headers["Access-Control-Allow-Origin"] = origin  # as llama-server answers a browser's request
         if self.header is not None:
