@@ -215,7 +215,9 @@ class Relay:
         self, request: web.BaseRequest, kind: routes.Request, body: bytes, arrived: float
     ) -> keepalive.KeepAlive | None:
         """The keep-alive of a streamed completion (see :mod:`keepalive`); None for any other request."""
-        if kind.path not in routes.STREAMING_ROUTES or not sse.asks_stream(body):
+        if kind.route is not outcomes.Route.COMPLETION or kind.path not in routes.STREAMING_ROUTES:
+            return None  # a read (GET) of the same path is no completion
+        if not sse.asks_stream(body):
             return None
         delay = keepalive.HEADERS_AFTER - (self._clock.monotonic() - arrived)
         return keepalive.KeepAlive(request, sse.api_of(request.raw_path), delay=max(delay, 0.0))
