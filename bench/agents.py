@@ -8,9 +8,10 @@ through the proxy in turn, each way on its own connection, so that drift in
 the machine's load hits both alike. Every request repeats its
 conversation, so the server reuses all of the prompt but its last token,
 both ways: what is timed is what a warm agent turn waits for, from sending
-the request to the first byte of the answer's body (its first SSE event:
-llama-server sends the status and headers when prompt processing starts,
-and the proxy holds them until that event).
+the request to the answer's first event (llama-server sends the status and
+headers when prompt processing starts; the proxy holds them until that
+event, or sends its own and keep-alives when it is slow to come, which are
+skipped here).
 
 Through the proxy each request is also routed: the conversion of the
 Anthropic and Responses bodies, ``/apply-template`` and ``/tokenize`` on the
@@ -30,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from bench import rig, section
+from bench import client, rig, section
 from bench.beds import llamabed, net, wait
 
 DIRECT, PROXY = "direct", "proxy"
@@ -81,14 +82,15 @@ class Api:
 
 
 def first_byte(port: int, path: str, body: dict[str, Any]) -> float:
-    """Milliseconds from sending a streamed request to the first byte of its answer's body; reads it to the end."""
+    """Milliseconds from sending a streamed request to its answer's first event (the proxy's keep-alives before it
+    skipped); reads it to the end."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
         data = json.dumps(body)
         started = time.perf_counter()
         conn.request("POST", path, data, {"Content-Type": "application/json"})
         resp = conn.getresponse()
-        first = resp.read1(1)
+        first = client.first_event(resp)
         elapsed = (time.perf_counter() - started) * 1000
         rest = resp.read()
         if resp.status != 200 or not first:

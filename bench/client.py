@@ -55,3 +55,14 @@ def settle(side: sidecarbed.SidecarProcess, *, quiet: float = 4.0, timeout: floa
         elif time.monotonic() - since >= quiet:
             return
         time.sleep(0.2)
+
+
+def first_event(resp: http.client.HTTPResponse) -> bytes:
+    """Read a streamed answer up to the end of its first event's data line, keep-alives skipped (SSE comments,
+    Anthropic's ``ping``: the proxy sends them while a stream waits); returns what was read."""
+    got = b""
+    while line := resp.readline():
+        got += line
+        if line.startswith(b"data: ") and not line.startswith(b'data: {"type":"ping"}'):
+            break
+    return got

@@ -29,7 +29,9 @@ to a request (its latency minus the direct one's, under 1 ms).
   least as fast as the disk's O_DIRECT read: the check is never the
   bottleneck of a restore.
 * Proxy: the targets of ``bench.proxy`` (under 1 ms added at p50 for a
-  non-streamed request; the p99 token gap within noise of the direct one).
+  non-streamed request; the p99 token gap within noise of the direct one; a
+  streamed request held at the gate or in a long prefill gets its first byte
+  within 100 ms).
 * Agents: the time to the first streamed byte of a warm agent turn through
   the proxy (routed: converted, templated, tokenized) at most 1.25x the
   direct one at p50, for Chat Completions, Anthropic Messages and Responses.
@@ -134,6 +136,7 @@ def results_from_json(raw: dict[str, Any]) -> Results:
         proxy=proxy_mod.Result(
             [proxy_mod.Latency(**d) for d in raw["proxy"]["latencies"]],
             [proxy_mod.Gaps(**d) for d in raw["proxy"]["gaps"]],
+            [proxy_mod.Held(**d) for d in raw["proxy"].get("held", [])],
         )
         if raw.get("proxy")
         else None,

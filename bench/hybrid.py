@@ -54,7 +54,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from bench import rig, section
+from bench import client, rig, section
 from bench.beds import llamabed, net, sidecarbed, tinymodels
 
 ALONE, BESIDE, PROXY = "alone", "beside", "proxy"
@@ -163,9 +163,9 @@ def stream(url: str, messages: list[dict[str, str]]) -> tuple[float, str, dict[s
         started = time.perf_counter()
         conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
         resp = conn.getresponse()
-        first = resp.readline()
+        first = client.first_event(resp)  # the proxy's keep-alives before it are no token
         ttft_ms = (time.perf_counter() - started) * 1000
-        lines = [first, *resp.read().splitlines()]
+        lines = [*first.splitlines(), *resp.read().splitlines()]
     finally:
         conn.close()
     if resp.status != 200:

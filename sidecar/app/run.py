@@ -183,6 +183,8 @@ class _Parts:
     library: relay.Pinner | None = None
     slots_reader: reads.SlotsReader | None = None
     """The library's read of /slots on a routed request's path (closed after the proxy)."""
+    quiet: Callable[[float], None] | None = None
+    """Hold the poller's reads for a while (a client left a request llama-server runs); None in router mode."""
 
 
 async def _run(
@@ -229,7 +231,7 @@ async def _run(
             await handle.close()
             raise
         try:
-            proxy = await _start_proxy(settings, parts.restore_gate, stats, parts.library, parts.admit)
+            proxy = await _start_proxy(settings, parts, stats)
         except BaseException:
             if agent is not None:
                 await agent.close()
@@ -376,7 +378,13 @@ def _plain(
             max_unsaved_seconds=settings.proxy.max_unsaved_seconds,
         )
     return _Parts(
-        watched.engine, watched.loops(), watched.gate, shared=shared, library=library, slots_reader=slots_reader
+        watched.engine,
+        watched.loops(),
+        watched.gate,
+        shared=shared,
+        library=library,
+        slots_reader=slots_reader,
+        quiet=watched.poller.quiet,
     )
 
 
@@ -477,15 +485,10 @@ async def _start_agent(settings: config.ServerSettings, core: agentcheck.Known) 
     return agent
 
 
-async def _start_proxy(
-    settings: config.Settings,
-    restore_gate: gate.Gate,
-    stats: metrics.Metrics,
-    library: relay.Pinner | None,
-    admit: relay.Admit | None = None,
-) -> listener.Listener | None:
+async def _start_proxy(settings: config.Settings, parts: _Parts, stats: metrics.Metrics) -> listener.Listener | None:
     if settings.proxy.host is None:
         return None
+    restore_gate = parts.restore_gate
     client = listener.client(settings.upstream)
     handler = relay.Relay(
         client=client,
@@ -494,8 +497,9 @@ async def _start_proxy(
         upstream=settings.upstream,
         settings=settings.proxy,
         admin_token=settings.server.admin_token,
-        pinner=library,
-        admit=admit,
+        pinner=parts.library,
+        admit=parts.admit,
+        on_leave=functools.partial(parts.quiet, relay.QUIET_SECONDS) if parts.quiet is not None else None,
     )
     try:
         sentry = (

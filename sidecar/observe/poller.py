@@ -20,6 +20,7 @@ sleeping server that is restarted is still seen as restarted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -79,9 +80,21 @@ class Poller:
         """This poll's refusals (401/403): said once when they start and once when they end."""
         self._was_denied = False
         self._soon = asyncio.Event()
+        self._quiet_until = 0.0
         self.hurry: Callable[[], bool] = lambda: False
         """True while a request waits for the server to come back (the proxy's held completions): while it
         is down or loading, polls are :data:`HURRIED` apart rather than ``down_interval``."""
+
+    def quiet(self, seconds: float) -> None:
+        """No poll for ``seconds`` from now, unless one is asked for (:meth:`poll_soon`).
+
+        Every /slots and /metrics read is a task whose result wakes each of llama-server's request
+        threads; a thread checks whether its client is still there only after a whole second with no
+        result (``HTTP_POLLING_SECONDS``), so polls a second apart keep it from ever seeing that a client
+        left: the task runs on to its end. The proxy asks for this quiet when a client leaves a request
+        llama-server is running, so that llama-server sees it and stops the task.
+        """
+        self._quiet_until = max(self._quiet_until, asyncio.get_running_loop().time() + seconds)
 
     def poll_soon(self) -> None:
         """Poll now rather than after the interval (a poll under way is followed at once by another)."""
@@ -100,6 +113,10 @@ class Poller:
                     await self._soon.wait()
             except TimeoutError:
                 pass
+            while not self._soon.is_set() and (rest := self._quiet_until - asyncio.get_running_loop().time()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(rest):
+                        await self._soon.wait()
             self._soon.clear()
 
     async def step(self) -> tuple[events.Observation, list[events.Event]]:

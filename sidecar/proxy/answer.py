@@ -84,15 +84,24 @@ async def relay(
     headers: list[tuple[str, str]],
     *,
     counted: bool,
+    started: tuple[web.StreamResponse, bytes] | None = None,
 ) -> tuple[web.StreamResponse, Ended]:
     """Send ``up``'s answer (its ``first`` part already read) to the client; the caller releases ``up``.
 
     ``counted``: read the answer's prompt-reuse figure (``Ended.cached``, for the library's counts); a
     route the library does not count (``/tokenize``, the web UI's files) is relayed without a look.
+    ``started``: the stream the proxy already sent the client (its status and headers: ``headers`` and
+    ``up``'s are not sent), and what to write in it first; an answer that is not a stream ends it as
+    its error event.
 
     The answer is written to its end here, a whole one too, and the response returned is prepared and
     ended: nothing the caller does once it returns (the library's end-of-request bookkeeping) delays it.
     """
+    if started is not None:
+        response, lead = started
+        if up.status == 200 and sse.is_event_stream(up.header("content-type") or ""):
+            return response, await _stream(request, response, up, first, counted, lead)
+        return response, await _as_event(request, response, up, first)
     if first.whole is not None:
         whole = web.Response(status=up.status, reason=up.reason, body=first.whole, headers=headers)
         ended = Ended(up.status, outcomes.ProxyOutcome.OK, sse.cached_tokens(first.whole) if counted else None)
@@ -106,18 +115,32 @@ async def relay(
     response.headers.extend(headers)
     if up.length is not None:
         response.content_length = up.length
-    cached = sse.cached_tokens(first.head) if counted else None
-    ended = Ended(up.status, outcomes.ProxyOutcome.OK, cached)
-    await response.prepare(request)
     try:
-        await response.write(first.head)
+        await response.prepare(request)
+    except ConnectionError:
+        return response, Ended(up.status, outcomes.ProxyOutcome.CANCELLED, None)
+    return response, await _stream(request, response, up, first, counted, b"")
+
+
+async def _stream(
+    request: web.BaseRequest,
+    response: web.StreamResponse,
+    up: upclient.Answer,
+    first: First,
+    counted: bool,
+    lead: bytes,
+) -> Ended:
+    """Write the answer's first part and the rest as it arrives into ``response`` (prepared), to its end."""
+    ended = Ended(up.status, outcomes.ProxyOutcome.OK, sse.cached_tokens(first.head) if counted else None)
+    try:
+        await response.write(lead + first.head)
         while not first.done:
             try:
                 chunk = await up.readany()
             except upclient.Lost as exc:
                 await _cut(request, response, up, exc)
                 ended.outcome = outcomes.ProxyOutcome.ERROR
-                return response, ended
+                return ended
             if not chunk:
                 break
             if counted and (found := sse.cached_tokens(chunk)) is not None:
@@ -126,7 +149,22 @@ async def relay(
         await response.write_eof()
     except ConnectionError:
         ended.outcome = outcomes.ProxyOutcome.CANCELLED
-    return response, ended
+    return ended
+
+
+async def _as_event(request: web.BaseRequest, response: web.StreamResponse, up: upclient.Answer, first: First) -> Ended:
+    """An answer that is no stream (a 400, a 503), for a stream already started: its error event ends it."""
+    body = first.whole if first.whole is not None else first.head
+    if first.whole is None and not first.done:
+        with contextlib.suppress(upclient.Lost):
+            body += await up.read()
+    ended = Ended(up.status, outcomes.ProxyOutcome.OK, None)
+    try:
+        await response.write(sse.answer_as_event(sse.api_of(request.raw_path), up.status, up.reason, body))
+        await response.write_eof()
+    except ConnectionError:
+        ended.outcome = outcomes.ProxyOutcome.CANCELLED
+    return ended
 
 
 async def _cut(request: web.BaseRequest, response: web.StreamResponse, up: upclient.Answer, exc: Exception) -> None:

@@ -12,12 +12,16 @@ two ways:
   exchange, and llama-server answers it. aiohttp takes the end of the
   client's stream for a disconnect and cancels the request. Here the
   connection stays open for the answer (and closes after it), and the
-  proxy checks every ``PROBE`` seconds whether the client is still there:
-  until the answer starts it sends an interim ``100 Continue`` (which
-  every HTTP/1.1 client skips), and a client that closed its socket
-  answers that, or the answer's first bytes, with a reset; the request is
-  then cancelled as for any disconnect, within about two ``PROBE``. An idle
-  connection's end is a close, as before.
+  proxy checks at once, then every ``PROBE`` seconds, whether the client is
+  still there: until the answer starts it sends an interim ``100 Continue``
+  (which every HTTP/1.1 client skips), a stream the proxy started sends a
+  keep-alive (:mod:`keepalive`), and a client that closed its socket
+  answers that, or the answer's own bytes, with a reset, seen within a few
+  tens of milliseconds on a local network (:data:`CHECKS`); the request is
+  then cancelled as for any disconnect. A client that leaves mid-request
+  closes its socket, which is this path too: its request is cancelled (and
+  llama-server's task with it) within about 0.1 s. An idle connection's
+  end is a close, as before.
 """
 
 from __future__ import annotations
@@ -35,12 +39,16 @@ from aiohttp import HttpVersion11, web, web_protocol
 from prometheus_client import Counter, Gauge
 
 from sidecar.core import tasks
+from sidecar.proxy import keepalive
 
 log = structlog.get_logger("sidecar.proxy")
 
 PROBE = 1.0
-"""Seconds between two liveness probes of a half-closed client, until its answer starts (llama-server
-checks its own clients once a second too)."""
+"""Seconds between two liveness probes of a half-closed client (llama-server checks its own clients once a
+second too)."""
+CHECKS = (0.01, 0.03, 0.06, 0.1, 0.2, 0.6)
+"""Seconds between the checks for a reset after each probe (their sum is ``PROBE``): a client that closed its
+socket answers the probe with a reset within a round trip, so most are seen at the first checks."""
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 FD_RESERVE = 256
 """File descriptors kept for everything but client connections: slot files, the upstream pool, the
@@ -132,22 +140,30 @@ class Protocol(web_protocol.RequestHandler):
                 transport.close()  # its answer was sent (or it never sent a whole request)
                 return
             request = self._current_request
-            if request is not None and request.version >= HttpVersion11 and request.writer.output_size == 0:
-                transport.write(_CONTINUE)
-            await asyncio.sleep(PROBE)
-            if transport.is_closing():
-                return  # closed during the sleep: connection_lost does the rest
-            sock = transport.get_extra_info("socket")
-            try:
-                code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if sock is not None else 0
-            except (OSError, ValueError) as exc:
-                # The socket's descriptor is gone (closed under the transport: uvloop's socket then
-                # raises ValueError "negative file descriptor"): the client is gone with it.
-                code = getattr(exc, "errno", None) or errno.EBADF
-            if code:
-                transport.abort()  # connection_lost cancels the request, as for any disconnect
-                log.debug("proxy_client_gone", error=os.strerror(code))
-                return
+            if request is not None:
+                if request.version >= HttpVersion11 and request.writer.output_size == 0:
+                    transport.write(_CONTINUE)
+                elif (poke := request.get(keepalive.PROBE)) is not None:
+                    poke()  # the stream the proxy started, before its first event: a keep-alive now
+            for wait in CHECKS:
+                await asyncio.sleep(wait)
+                if transport.is_closing():
+                    return  # closed during the sleep: connection_lost does the rest
+                if code := _pending_error(transport):
+                    transport.abort()  # connection_lost cancels the request, as for any disconnect
+                    log.debug("proxy_client_gone", error=os.strerror(code))
+                    return
+
+
+def _pending_error(transport: asyncio.BaseTransport) -> int:
+    """The socket's pending error (a reset the client answered a probe with), 0 for none."""
+    sock = transport.get_extra_info("socket")
+    try:
+        return int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)) if sock is not None else 0
+    except (OSError, ValueError) as exc:
+        # The socket's descriptor is gone (closed under the transport: uvloop's socket then
+        # raises ValueError "negative file descriptor"): the client is gone with it.
+        return getattr(exc, "errno", None) or errno.EBADF
 
 
 def usable_connections(wanted: int) -> int:

@@ -13,9 +13,17 @@ chunk is written to the client as soon as it is read; nothing is retried,
 and a stream llama-server cuts ends with an error event of its API's format
 (see :mod:`sidecar.proxy.answer`).
 
+A streamed completion whose first event is slow to come gets its headers
+and keep-alives from the proxy meanwhile (:mod:`sidecar.proxy.keepalive`);
+nothing of llama-server's answer has reached the client then, so it is
+replayed as above, and an answer that is no stream ends it as its error
+event.
+
 A client that goes away cancels this handler (the listener runs with
-``handler_cancellation``), which closes the upstream connection:
-llama-server then stops the task and frees the slot.
+``handler_cancellation``), which closes the upstream connection, in the
+prefill too; ``on_leave`` then holds the sidecar's polls, whose task
+results would keep llama-server from seeing its client gone (see
+``Poller.quiet``): llama-server stops the task and frees the slot.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from aiohttp import web
 
 from sidecar.act import gate
 from sidecar.core import apikeys, config, metrics, outcomes, protocols, tries
-from sidecar.proxy import answer, bodies, held, passon, predict, refusals, routes, upclient
+from sidecar.proxy import answer, bodies, held, keepalive, passon, predict, refusals, routes, sse, upclient
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -42,6 +50,9 @@ _LOADING = b"Loading model"
 PREFIX_HEADER = "X-Llama-Sidecar-Prefix"
 """The response header that tells the client where its prompt's prefix came from (``--proxy-prefix-header``)."""
 Refusal = bodies.Refusal
+QUIET_SECONDS = 1.2
+"""How long the poller holds its reads once a client left a request llama-server runs: llama-server checks
+its client only after a whole second with no task result (see ``Poller.quiet``)."""
 Admit = Callable[[outcomes.Route, bytes], Awaitable[Refusal | None]]
 """Router mode: waits until a request may be forwarded (its model loaded and restored); or the answer instead."""
 
@@ -122,8 +133,12 @@ class Relay:
         pinner: Pinner | None = None,
         admit: Admit | None = None,
         admin_tries: tries.Tries | None = None,
+        on_leave: Callable[[], None] | None = None,
     ) -> None:
+        """``on_leave``: called when a client leaves a request sent to llama-server before its answer began
+        (the sidecar's poller holds its reads, so that llama-server sees the client gone)."""
         self._pinner = pinner
+        self._on_leave = on_leave
         self._client = client
         self._gate = restore_gate
         self._metrics = stats
@@ -185,9 +200,27 @@ class Relay:
         if refusal is not None:
             return refusal
         try:
-            return await self._dispatch(request, kind, headers, body, admin=admin, owner=owner)
+            keep = self._keep_alive(request, kind, body, now)
+            if keep is None:
+                return await self._dispatch(request, kind, headers, body, admin=admin, owner=owner)
+            try:
+                found = await self._dispatch(request, kind, headers, body, admin=admin, owner=owner, keep=keep)
+                return await keep.settle(found[0]), found[1]
+            finally:
+                keep.cancel()
         finally:
             self._bodies.give(len(body))
+
+    def _keep_alive(
+        self, request: web.BaseRequest, kind: routes.Request, body: bytes, arrived: float
+    ) -> keepalive.KeepAlive | None:
+        """The keep-alive of a streamed completion (see :mod:`keepalive`); None for any other request."""
+        if kind.route is not outcomes.Route.COMPLETION or kind.path not in routes.STREAMING_ROUTES:
+            return None  # a read (GET) of the same path is no completion
+        if not sse.asks_stream(body):
+            return None
+        delay = keepalive.HEADERS_AFTER - (self._clock.monotonic() - arrived)
+        return keepalive.KeepAlive(request, sse.api_of(request.raw_path), delay=max(delay, 0.0))
 
     async def _dispatch(
         self,
@@ -198,6 +231,7 @@ class Relay:
         *,
         admin: bool,
         owner: str,
+        keep: keepalive.KeepAlive | None = None,
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         found = predict.check(body) if kind.verdict is routes.Verdict.PREDICT and not admin else None
         if found is not None and found is not predict.Check.ALLOWED:
@@ -205,8 +239,8 @@ class Relay:
         if self._admit is not None and (refused := await self._admit(kind.route, body)) is not None:
             return refused
         if self._pinner is not None and kind.route is outcomes.Route.COMPLETION:
-            return await self._pinned(request, kind.target, headers, body, self._pinner, owner)
-        return await self._forward(request, kind.route, kind.target, headers, body)
+            return await self._pinned(request, kind.target, headers, body, self._pinner, owner, keep)
+        return await self._forward(request, kind.route, kind.target, headers, body, keep)
 
     async def _pinned(
         self,
@@ -216,6 +250,7 @@ class Relay:
         body: bytes,
         pinner: Pinner,
         owner: str,
+        keep: keepalive.KeepAlive | None,
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         """A completion placed by ``pinner`` once the gate is open: a slot is only chosen on a server that can serve.
 
@@ -239,6 +274,8 @@ class Relay:
                         attempts.whole_round = True
                         continue
                     attempts.whole_round = False
+                    if keep is not None and placement.header and self._settings.prefix_header:
+                        keep.header = (PREFIX_HEADER, placement.header)
                     try:
                         return await self._send(
                             request,
@@ -248,6 +285,7 @@ class Relay:
                             placement.body,
                             attempts,
                             placement=placement,
+                            keep=keep,
                         )
                     except _Repin:
                         continue
@@ -282,10 +320,11 @@ class Relay:
         target: str,
         headers: list[tuple[str, str]],
         body: bytes,
+        keep: keepalive.KeepAlive | None,
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         with self._gate.hold(self._metrics) as hold:
             attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
-            return await self._send(request, route, target, headers, body, attempts)
+            return await self._send(request, route, target, headers, body, attempts, keep=keep)
 
     async def _wait(self, attempts: _Attempts, meanwhile: Callable[[], Awaitable[str | None]] | None = None) -> bool:
         """Wait at the gate until the request's deadline; False if it stayed closed (``meanwhile``: see gate)."""
@@ -301,6 +340,7 @@ class Relay:
         attempts: _Attempts,
         *,
         placement: Placement | None = None,
+        keep: keepalive.KeepAlive | None = None,
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         """Send until an answer's first event arrives, then relay it; raises ``_Repin`` for a placement to redo."""
         gated = route is outcomes.Route.COMPLETION
@@ -318,6 +358,9 @@ class Relay:
                     return refused
             try:
                 up = await self._client.request(request.method, target, headers, body)
+            except asyncio.CancelledError:
+                self._left()  # a non-streamed answer's headers come at its end: the client left before
+                raise
             except upclient.ConnectFailed as exc:
                 # Nothing listens: a crash the poller may not have seen yet. The request never
                 # reached llama-server, so a completion can wait and be sent when it is back.
@@ -342,7 +385,11 @@ class Relay:
                 if (refused := self._lost(exc, attempts, gated)) is not None:
                     return refused
                 continue
-            return await self._relay(request, up, first, placement)
+            except BaseException:
+                up.close()  # the client went away in the prefill: llama-server sees the connection drop and stops
+                self._left()
+                raise
+            return await self._relay(request, up, first, placement, keep)
 
     def _lost(self, exc: BaseException, attempts: _Attempts, gated: bool) -> Refusal | None:
         """The connection closed before the answer's first event: None to send again, else the answer to give.
@@ -366,19 +413,29 @@ class Relay:
         )
         return None
 
+    def _left(self) -> None:
+        if self._on_leave is not None:
+            self._on_leave()
+
     def _held_too_long(self) -> web.Response:
         return self._held.answer(self._gate.reason or "the restore gate kept closing")
 
     async def _relay(
-        self, request: web.BaseRequest, up: upclient.Answer, first: answer.First, placement: Placement | None
+        self,
+        request: web.BaseRequest,
+        up: upclient.Answer,
+        first: answer.First,
+        placement: Placement | None,
+        keep: keepalive.KeepAlive | None,
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         clean = False
         try:
+            started = await keep.stop() if keep is not None else None
             headers = passon.to_client(up.headers)
             if placement is not None and placement.header and self._settings.prefix_header:
                 headers.append((PREFIX_HEADER, placement.header))
             counted = placement is not None and placement.counted
-            response, ended = await answer.relay(request, up, first, headers, counted=counted)
+            response, ended = await answer.relay(request, up, first, headers, counted=counted, started=started)
             clean = ended.outcome is outcomes.ProxyOutcome.OK
             if placement is not None:
                 placement.answered(ended)

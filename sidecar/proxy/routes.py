@@ -58,7 +58,7 @@ class Request:
     """The path as llama-server will route it (decoded)."""
 
 
-COMPLETION_ROUTES = frozenset(
+STREAMING_ROUTES = frozenset(
     {
         "/completion",
         "/completions",
@@ -67,10 +67,16 @@ COMPLETION_ROUTES = frozenset(
         "/v1/chat/completions",
         "/v1/responses",
         "/responses",
-        "/v1/audio/transcriptions",
-        "/audio/transcriptions",
         "/v1/messages",
         "/infill",
+    }
+)
+"""The completion routes that answer a body with ``"stream": true`` with a stream of events (SSE)."""
+
+COMPLETION_ROUTES = STREAMING_ROUTES | frozenset(
+    {
+        "/v1/audio/transcriptions",
+        "/audio/transcriptions",
         "/embedding",
         "/embeddings",
         "/v1/embeddings",

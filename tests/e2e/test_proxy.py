@@ -217,6 +217,8 @@ async def _stream(url: str, prompt: str, n_predict: int) -> tuple[list[float], l
             buffer += chunk
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
+                if event.startswith(b":"):
+                    continue  # a keep-alive (SSE comment) the proxy sends before the first event
                 data = json.loads(event.removeprefix(b"data: "))
                 if data.get("content"):
                     arrivals.append(now)

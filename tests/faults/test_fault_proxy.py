@@ -357,6 +357,35 @@ async def test_completion_held_past_the_limit_gets_503_with_retry_after_and_othe
 
 
 @pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("path", "keep_alive", "error"),
+    [
+        ("/v1/chat/completions", b": keep-alive\n\n", b'data: {"error":{"code":503,'),
+        ("/v1/messages", b'event: ping\ndata: {"type":"ping"}\n\n', b'event: error\ndata: {"type":"error","error":'
+         b'{"type":"overloaded_error",'),
+    ],
+)  # fmt: skip
+async def test_a_stream_held_past_the_limit_is_kept_alive_then_ends_with_the_503_as_its_error_event(
+    upstream: tuple[Upstream, str], path: str, keep_alive: bytes, error: bytes
+) -> None:
+    fake, url = upstream
+    async with run_proxy(url, hold_seconds=1.5, gate_open=False) as proxy, aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        async with session.post(proxy.url + path, json={"stream": True, "messages": []}) as resp:
+            headed = time.monotonic() - started
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/event-stream")
+            body = await resp.content.read()  # a complete chunked body: no ClientPayloadError
+        assert headed < 0.5, f"the headers came {headed:.3f} s after the request"
+        assert body.startswith(keep_alive + keep_alive), body  # at once, then a second later
+        tail = body.removeprefix(keep_alive * body.count(keep_alive))
+        assert tail.startswith(error), body
+        assert gate.NOT_POLLED.encode() in tail
+        assert proxy.count("completion", "held_timeout") == 1
+    assert fake.paths() == []
+
+
+@pytest.mark.timeout(20)
 async def test_held_request_goes_through_once_the_gate_opens(upstream: tuple[Upstream, str]) -> None:
     fake, url = upstream
     async with run_proxy(url, gate_open=False) as proxy:

@@ -7,7 +7,8 @@ then the model's replies, a tool call with its result, follow-ups) and each
 with ``max_retries=0`` so the test sees exactly what the proxy did. Every
 request carries one tool; every reply gives the answer's own reuse figure
 and prompt size as the API reports them, and the proxy's
-``X-Llama-Sidecar-Prefix`` header.
+``X-Llama-Sidecar-Prefix`` header (for a stream the proxy started before
+the request was placed, the SSE comment that stands for it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 from typing import Any
 
 import anthropic
+import httpx2
 import openai
 
 from support import llamabed
@@ -81,6 +83,40 @@ class Api:
         raise NotImplementedError
 
 
+PREFIX = "X-Llama-Sidecar-Prefix"
+_COMMENT = b": " + PREFIX.encode() + b": "
+
+
+class _Prefixed(httpx2.HTTPTransport):
+    """Reads the proxy's prefix header, or the comment that stands for it in a stream the proxy started
+    before the request was placed (set then in the response's headers, once the stream was read)."""
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = super().handle_request(request)
+        if PREFIX not in response.headers:
+            response.stream = _Peek(response.stream, response)
+        return response
+
+
+class _Peek(httpx2.SyncByteStream):
+    def __init__(self, inner: Any, response: httpx2.Response) -> None:
+        self._inner, self._response = inner, response
+
+    def __iter__(self) -> Any:
+        for chunk in self._inner:
+            if (at := chunk.find(_COMMENT)) >= 0 and PREFIX not in self._response.headers:
+                line = chunk[at + len(_COMMENT) :].split(b"\n", 1)[0]
+                self._response.headers[PREFIX] = line.decode()
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _http() -> httpx2.Client:
+    return httpx2.Client(transport=_Prefixed(), timeout=600)
+
+
 _made: list[openai.OpenAI | anthropic.Anthropic] = []
 """Every SDK client made, until :func:`close_all`."""
 
@@ -104,7 +140,9 @@ class Chat(Api):
         super().__init__(url)
         self.stream = stream
         self.name = "chat, streamed" if stream else "chat"
-        self.client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+        self.client = openai.OpenAI(
+            base_url=url + "/v1", api_key="none", max_retries=0, timeout=600, http_client=_http()
+        )
         _made.append(self.client)
 
     def messages(self, conversation: Conversation) -> list[dict[str, Any]]:
@@ -143,7 +181,6 @@ class Chat(Api):
         with self.client.chat.completions.with_streaming_response.create(
             **common, temperature=0, stream=True, stream_options={"include_usage": True}
         ) as response:
-            header = response.headers.get("X-Llama-Sidecar-Prefix", "")
             for chunk in response.parse():
                 for choice in chunk.choices:
                     text += choice.delta.content or ""
@@ -151,6 +188,7 @@ class Chat(Api):
                 if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
                     cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
                     prompt = chunk.usage.prompt_tokens
+            header = response.headers.get(PREFIX, "")
         return Reply(text, cached, prompt, header, finished)
 
 
@@ -161,7 +199,7 @@ class Messages(Api):
         super().__init__(url)
         self.stream = stream
         self.name = "anthropic, streamed" if stream else "anthropic"
-        self.client = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=600)
+        self.client = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=600, http_client=_http())
         _made.append(self.client)
 
     def messages(self, conversation: Conversation) -> list[dict[str, Any]]:
@@ -195,7 +233,6 @@ class Messages(Api):
         with self.client.messages.with_streaming_response.create(
             **common, max_tokens=MAX_TOKENS, extra_body=GREEDY, stream=True
         ) as response:
-            header = response.headers.get("X-Llama-Sidecar-Prefix", "")
             for event in response.parse():
                 if event.type == "message_start":
                     cached = event.message.usage.cache_read_input_tokens or 0
@@ -204,6 +241,7 @@ class Messages(Api):
                     text += event.delta.text
                 elif event.type == "message_stop":
                     stopped = True
+            header = response.headers.get(PREFIX, "")
         return Reply(text, cached, prompt, header, stopped)
 
 
@@ -215,7 +253,9 @@ class Responses(Api):
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
-        self.client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+        self.client = openai.OpenAI(
+            base_url=url + "/v1", api_key="none", max_retries=0, timeout=600, http_client=_http()
+        )
         _made.append(self.client)
 
     def items(self, conversation: Conversation) -> list[dict[str, Any]]:
@@ -241,7 +281,6 @@ class Responses(Api):
             model="m", instructions=SYSTEM, input=items, tools=tools, max_output_tokens=MAX_TOKENS,
             temperature=0, store=False, stream=True,
         ) as response:  # fmt: skip
-            header = response.headers.get("X-Llama-Sidecar-Prefix", "")
             for event in response.parse():
                 if event.type == "response.output_text.delta":
                     text += event.delta
@@ -250,6 +289,7 @@ class Responses(Api):
                     usage = event.response.usage
                     assert usage is not None
                     cached, prompt = usage.input_tokens_details.cached_tokens, usage.input_tokens
+            header = response.headers.get(PREFIX, "")
         return Reply(text, cached, prompt, header, completed)
 
 

@@ -1,0 +1,140 @@
+"""A streamed request's headers at once, then keep-alive events until its first event.
+
+A streamed completion (``"stream": true`` on a route that answers with
+events) may wait long before its first event: at the restore gate, for a
+slot or a swap, in router mode for its model to load, and in llama-server's
+prefill, during which llama-server has sent its headers and then nothing.
+A client with a read timeout shorter than that wait gives up and often
+sends the request again, while the first one goes on. So if the stream's
+first event has not come :data:`HEADERS_AFTER` seconds after the request
+arrived, the proxy sends the client a ``200`` with SSE headers and a
+keep-alive at once, and another every :data:`EVERY` seconds until the first
+event (:func:`sse.keep_alive`: Anthropic's ``ping`` event for
+``/v1/messages``, an SSE comment for the OpenAI-style streams).
+
+Nothing of llama-server's answer has reached the client then: a request
+whose connection llama-server drops before the first event is sent again
+as before (the client sees more keep-alives). An answer that ends the
+request without a stream (a 503 after ``--proxy-hold-seconds``, llama-server
+gone for good, a 400 for a prompt over the context) becomes the stream's
+error event in its API's format (:func:`sse.answer_as_event`), and the
+stream ends. A stream whose first event comes sooner is relayed as before,
+with llama-server's own status and headers.
+
+The routed request's ``X-Llama-Sidecar-Prefix`` header goes with the
+headers if the request was placed by then; else it comes as an SSE comment
+(``: X-Llama-Sidecar-Prefix: ...``) before the first event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from aiohttp import web
+
+from sidecar.core import tasks
+from sidecar.proxy import sse
+
+HEADERS_AFTER = 0.05
+"""Seconds after a streamed request's arrival at which its headers are sent, if its first event has not come."""
+EVERY = 1.0
+"""Seconds between two keep-alives: below any read timeout a client sets (the SDKs' default is 600 s)."""
+PROBE: web.RequestKey[Callable[[], None]] = web.RequestKey("llama_sidecar_keepalive")
+"""The request's key for :meth:`KeepAlive.poke`, which the listener calls to see whether the client is still there."""
+
+
+class KeepAlive:
+    """One streamed request's headers and keep-alives, sent by a task of their own until :meth:`stop`."""
+
+    def __init__(self, request: web.BaseRequest, api: sse.Api, *, delay: float, every: float = EVERY) -> None:
+        self._request = request
+        self._api = api
+        self._every = every
+        self._response: web.StreamResponse | None = None
+        self._poke = asyncio.Event()
+        self._stopping = False
+        self._writing = False
+        self.header: tuple[str, str] | None = None
+        """The prefix header (name, value), once the request was placed; sent as a comment if the headers went first."""
+        self._header_sent = False
+        self._task = tasks.watch(
+            asyncio.get_running_loop().create_task(self._run(delay), name="proxy-keepalive"),
+            effect="this stream's client got no more keep-alives; its answer is relayed as it comes",
+        )
+        request[PROBE] = self.poke
+
+    @property
+    def started(self) -> bool:
+        """The client got the stream's headers from the proxy."""
+        return self._response is not None
+
+    def poke(self) -> None:
+        """Send a keep-alive now, if the headers went (a client that left answers it with a reset)."""
+        self._poke.set()
+
+    async def _run(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        try:
+            self._writing = True
+            self._response = await self._prepare()
+            while not self._stopping:
+                self._writing = False
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._every):
+                        await self._poke.wait()
+                self._poke.clear()
+                self._writing = True
+                await self._response.write(sse.keep_alive(self._api))
+        except ConnectionError:
+            return  # the client is gone: the listener cancels its request
+        finally:
+            self._writing = False
+
+    async def _prepare(self) -> web.StreamResponse:
+        response = web.StreamResponse(status=200)
+        response.content_type = "text/event-stream"
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Accel-Buffering"] = "no"  # as llama-server sends it: a proxy in front passes each event on
+        if origin := self._request.headers.get("Origin"):
+            response.headers["Access-Control-Allow-Origin"] = origin  # as llama-server answers a browser's request
+        if self.header is not None:
+            response.headers[self.header[0]] = self.header[1]
+            self._header_sent = True
+        await response.prepare(self._request)
+        await response.write(sse.keep_alive(self._api))
+        return response
+
+    async def stop(self) -> tuple[web.StreamResponse, bytes] | None:
+        """No more keep-alives: the response already sent to the client, and what to write before the first
+        event (the prefix header's comment); None if nothing was sent, the caller answers as it would have."""
+        self._stopping = True
+        if not self._writing:
+            self._task.cancel()
+        await asyncio.wait({self._task})  # a failure is logged by its watch
+        if self._response is None:
+            return None
+        lead = b""
+        if self.header is not None and not self._header_sent:
+            lead = sse.comment(*self.header)
+            self._header_sent = True
+        return self._response, lead
+
+    async def settle(self, response: web.StreamResponse) -> web.StreamResponse:
+        """The response for the client: ``response``; or, if the stream's headers went first and ``response``
+        is an answer not sent (a refusal, a 503), the stream ended with that answer as its error event."""
+        started = await self.stop()
+        if started is None or response.prepared:
+            return response
+        stream, _ = started
+        body = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else b""
+        with contextlib.suppress(ConnectionError):
+            await stream.write(sse.answer_as_event(self._api, response.status, response.reason, body))
+            await stream.write_eof()
+        return stream
+
+    def cancel(self) -> None:
+        """The request ended (or was cancelled): stop the task, whatever it was doing."""
+        self._task.cancel()
+        self._request.pop(PROBE, None)
