@@ -419,6 +419,8 @@ class Engine:
         obs = self._latest
         if obs is None or obs.health is not events.Health.OK:
             await self._commit_written(quiet=True)  # nothing generates: the restore round will want them
+            if obs is not None and obs.health is events.Health.UNLOADED and self._restorer.ahead:
+                await self._restorer.drop_ahead()  # router mode: no server runs the model, none loads it (yet)
             if not self._server.prechecked:
                 await self._precheck()
             return
@@ -486,10 +488,12 @@ class Engine:
 
     async def _precheck(self) -> None:
         self._server.prechecked = True
-        down = self._latest is not None and self._latest.health is not events.Health.OK
+        health = None if self._latest is None else self._latest.health
+        down = health is not None and health is not events.Health.OK
         if self._server.restore_owed or self._latest is None or down:
-            # Rebuilt ahead only while the server is seen down or loading: a round follows its return.
-            await self._restorer.precheck(rebuild=down)
+            # Rebuilt ahead only while the server is seen down or loading: a round follows its return. Not for
+            # a model the router runs no server for (unloaded): it may not load for hours, and RAM holds them.
+            await self._restorer.precheck(rebuild=health in (events.Health.DOWN, events.Health.LOADING))
 
     async def _restore(self, obs: events.Observation) -> None:
         assert self._identity is not None
