@@ -86,8 +86,9 @@ class Sentinel:
         self.connections = 0
         """Connections opened so far."""
         self._healthy = True
-        """Whether /health answered 200 since the last ``server_connection_dropped`` line: one line per outage,
-        not one per connection a restarting server drops while it loads."""
+        """Whether /health answered 200 on the sentinel since the last ``server_connection_dropped`` line.
+        With the gate open (a poll saw the server serve since), it makes one line per outage, not one per
+        connection a restarting server drops while it loads."""
 
     async def run(self) -> None:
         if self._running:
@@ -146,7 +147,9 @@ class Sentinel:
             return End.CONFUSED
 
     def _gone(self, what: str) -> None:
-        if self._healthy:
+        # The gate open means a poll saw the server up since the last line, even if the sentinel's own
+        # pings have not (a kill within a ping of the restore round's end).
+        if self._healthy or self._gate.is_open:
             self._healthy = False
             log.info(
                 "server_connection_dropped",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable
 
 import pytest
@@ -128,6 +129,33 @@ async def test_one_outage_is_logged_once_however_many_connections_the_restarting
     server = Server(lambda n: script[n - 1] if n <= len(script) else OK)
     with structlog.testing.capture_logs() as logs:
         await _run(server, opened, lambda: server.requests >= len(script) + 1)
+    dropped = [entry for entry in logs if entry["event"] == "server_connection_dropped"]
+    assert len(dropped) == 2, dropped
+
+
+async def test_a_drop_after_a_poll_reopened_the_gate_is_a_new_outage_though_the_sentinel_saw_no_200() -> None:
+    # gone, then back loading (503s), then the poll sees it serve and opens the gate, and the process is
+    # killed before the sentinel's next ping: a second outage, a second line
+    g = gate.Gate()
+    g.open(seen_at=0.0)
+    reopened = False
+
+    def answer(n: int) -> bytes | None:
+        nonlocal reopened
+        if n == 1:
+            return OK
+        if n in (2, 4):
+            return None
+        if n == 3:
+            g.open(seen_at=time.monotonic())  # a poll that started after the suspicion saw it serve
+            reopened = True
+            return LOADING
+        return OK
+
+    server = Server(answer)
+    with structlog.testing.capture_logs() as logs:
+        await _run(server, g, lambda: server.requests >= 5)
+    assert reopened
     dropped = [entry for entry in logs if entry["event"] == "server_connection_dropped"]
     assert len(dropped) == 2, dropped
 
