@@ -30,6 +30,7 @@ from sidecar.act import (
     actions,
     boundary,
     gate,
+    lifecycle,
     memory,
     policy,
     probe,
@@ -120,7 +121,6 @@ class Engine:
         self._server = memory.ServerMemory()
         """What the engine knows of the server process it watches now (renewed in :meth:`_slots_emptied`)."""
         self._slot_count = 0
-        self._said: events.Health | None = None
         self._held: dict[int, events.SlotContent] = {}
         """The content of each slot whose save was last held (logged once per content)."""
         self._wake = asyncio.Event()
@@ -148,7 +148,7 @@ class Engine:
             # not the polls).
             progress_at=min(self._handled_at, self._runner_progress() or self._handled_at),
             acting=self._working_since is not None or self.acting(),
-            restore_gate=self._gate.reason,
+            restore_gate=self._gate.life.closed_because,
             saved=self._restorer.savings.totals(),
             recent=tuple(self._restorer.recent),
             slot_since=self._slot_since(),
@@ -257,7 +257,7 @@ class Engine:
 
     def restore_owed(self) -> bool:
         """Whether a restore round is owed or running: requests that reach the server now may race it."""
-        return self._server.restore_owed
+        return self._gate.life.restore_owed
 
     def acting(self) -> bool:
         """Whether a slot action (save, restore, probe) is in flight or about to be sent."""
@@ -272,11 +272,11 @@ class Engine:
             self._handled_at = self._clock.monotonic()  # the loop made progress: see report.Liveness
 
     async def _handle(self, obs: events.Observation, evts: list[events.Event]) -> None:
-        if obs.health is not self._said:
+        if self._latest is None or obs.health is not self._latest.health:
             self._say_state(obs)
         self._stats.server_readable.set(0 if obs.denied else 1)
         if obs.health is not events.Health.OK:
-            self._gate.close(f"llama-server is {obs.health.value}")
+            self._gate.see(lifecycle.Unhealthy(obs.health))
         for event in evts:
             self._on_event(event)
         self._latest = obs
@@ -289,7 +289,7 @@ class Engine:
             if (obs.health is not events.Health.OK and not self._server.prechecked) or self._saver.pending:
                 self._wake.set()  # check the files the restore round will need; commit the saves that wait
             elif obs.health is events.Health.OK:
-                self._gate.open(seen_at=obs.at)  # up, but nothing the sidecar can restore now
+                self._gate.see(lifecycle.Up(obs.at, ready=False))  # up, but nothing the sidecar can restore now
             return
         assert obs.slots is not None
         if len(obs.slots) != self._slot_count:
@@ -303,8 +303,7 @@ class Engine:
         self._export_unsaved()
         if self._restorer.unverified:
             self._restorer.judge(obs)
-        if not self._server.restore_owed:
-            self._gate.open(seen_at=obs.at)  # else the action runner opens it once the round is done
+        self._gate.see(lifecycle.Up(obs.at, ready=True))  # opens unless a round is owed: the runner's poll then
         self._wake.set()
 
     def _export_unsaved(self) -> None:
@@ -357,11 +356,10 @@ class Engine:
         for listener in self._listeners:
             listener.emptied()
         self._restorer.forget_pending()
-        self._gate.close("a restore round is owed: llama-server lost its slots (restart or wake-up)", serving=True)
+        self._gate.see(lifecycle.Emptied())
 
     def _say_state(self, obs: events.Observation) -> None:
         """Log the server's state once per change, not on every poll."""
-        self._said = obs.health
         if obs.health is events.Health.OK:
             log.info("server_up", server=self._client.url)
         elif obs.health is events.Health.LOADING:
@@ -427,24 +425,22 @@ class Engine:
         if not self._ready(obs):
             await self._commit_written(quiet=obs.sleeping or not self._processing(obs.slots or (), obs.counters))
             return
-        if self._server.restore is memory.Restore.OWED:
+        if self._gate.life.round is lifecycle.Round.OWED:
             await self._commit_written(quiet=True)  # the newest snapshots are restored, not those before
-            server = self._server
-            server.restore = memory.Restore.RUNNING
+            self._gate.see(lifecycle.RoundStarted())
+            answered = True
             try:
-                await self._restore(obs)
+                answered = await self._restore(obs)
             finally:
-                if server.restore is memory.Restore.RUNNING:  # not owed again meanwhile (nor renewed)
-                    server.restore = memory.Restore.DONE
-            if not self._server.restore_owed:
-                self._gate.open(seen_at=obs.at)
-        if self._restorer.ahead and not self._server.restore_owed:
+                self._gate.see(lifecycle.RoundEnded(answered))  # stays owed if the server lost its slots meanwhile
+            self._gate.see(lifecycle.Up(obs.at, ready=True))  # the poll the round started from: open once done
+        if self._restorer.ahead and not self.restore_owed():
             await self._restorer.drop_ahead()  # the server came back without a restore round, or it had none
         if self._server.link.ok is None:
             await self._probe()
         await self._expire()
         for action in self._policy.due(self._clock.monotonic()):
-            if self._server.restore_owed or self._latest is None or not self._ready(self._latest):
+            if self.restore_owed() or self._latest is None or not self._ready(self._latest):
                 return  # the server restarted, slept or went away meanwhile
             if isinstance(action, policy.Skip):
                 self._saver.skip(action)
@@ -490,24 +486,24 @@ class Engine:
         self._server.prechecked = True
         health = None if self._latest is None else self._latest.health
         down = health is not None and health is not events.Health.OK
-        if self._server.restore_owed or self._latest is None or down:
+        if self.restore_owed() or self._latest is None or down:
             # Rebuilt ahead only while the server is seen down or loading: a round follows its return. Not for
             # a model the router runs no server for (unloaded): it may not load for hours, and RAM holds them.
             await self._restorer.precheck(rebuild=health in (events.Health.DOWN, events.Health.LOADING))
 
-    async def _restore(self, obs: events.Observation) -> None:
+    async def _restore(self, obs: events.Observation) -> bool:
+        """The restore round; False if the server did not answer /slots (the next poll tries again)."""
         assert self._identity is not None
         if self._before_restore is not None and obs.slots:
             await self._before_restore(self._identity, obs.slots)
         if not self._snapshots.snapshots():
-            return
+            return True
         done = await self._restorer.restore_all(
             self._identity, healthy_at=self._server.healthy_at, counters=obs.counters, order=self
         )
-        if done is None:
-            self._server.restore = memory.Restore.OWED  # the server did not answer /slots: the next poll tries again
-        elif done:
+        if done:
             self._set_link(probe.Link(True))
+        return done is not None
 
     # ---- the restore round's order: restorer.Order ------------------------------------------
 

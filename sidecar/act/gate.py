@@ -1,11 +1,13 @@
 """The restore gate: closed while llama-server cannot yet serve a request with its restored KV.
 
-The engine drives it from its observations: it closes the gate when a poll
-finds the server down or loading and when a restore round becomes owed (a
-restart, a wake-up, the sidecar's own start), and opens it once a poll has
-seen the server up and the owed round is done (or there is nothing the
-sidecar can restore). The proxy waits at it with completion requests, and
-``/readyz`` reports it.
+The gate holds where its server is in its life, one
+:class:`sidecar.act.lifecycle.Life` moved only by :meth:`Gate.see`; the
+transition table there decides. The engine feeds it its observations: it
+closes the gate when a poll finds the server down or loading and when a
+restore round becomes owed (a restart, a wake-up, the sidecar's own start),
+and opens it once a poll has seen the server up and the owed round is done
+(or there is nothing the sidecar can restore). The proxy waits at it with
+completion requests, and ``/readyz`` reports it.
 
 The proxy also closes it, with :meth:`Gate.suspect`, as soon as a request
 fails to reach llama-server or its sentinel connection drops: the proxy sees a
@@ -39,13 +41,13 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import structlog
 
-from sidecar.act import early, restoreplan
-from sidecar.core import metrics, protocols
+from sidecar.act import early, lifecycle, restoreplan
+from sidecar.core import events, metrics, protocols
 from sidecar.snapshots import manifest
 
 log = structlog.get_logger("sidecar.proxy.gate")
 
-NOT_POLLED = "the sidecar has not seen llama-server up yet"
+NOT_POLLED = lifecycle.NOT_POLLED
 
 
 class Gate:
@@ -60,60 +62,53 @@ class Gate:
         cleared (or confirmed) soon. ``on_wait`` is called when a request starts waiting and none was:
         the poller polls at once, and keeps polling fast while requests wait."""
         self._clock = clock or protocols.SystemClock()
+        self._life = lifecycle.START
+        """Where the server is in its life: the one copy (see :mod:`sidecar.act.lifecycle`)."""
         self._open = asyncio.Event()
-        self._reason = NOT_POLLED
+        """Set while ``_life`` is open: what waiting requests wake on (set and cleared in :meth:`see` only)."""
         self._serving = asyncio.Event()
-        """Closed for a restore round: the server answers, only its slots are not ready."""
+        """Set while ``_life`` is closed for a restore round (set and cleared in :meth:`see` only)."""
         self.prepared = 0
         """Requests that started their slot-free work while the gate was closed, since it last opened."""
         self._round = early.Round()
         """The restore round the gate is closed for now (or was last)."""
         self._unnamed = 0
         """Requests waiting with work meanwhile that has not ended (they may name the snapshot they wait for)."""
-        self._suspect_at: float | None = None
         self.waiting = 0
         """Requests waiting at the gate now."""
         self._on_suspect = on_suspect
         self._on_wait = on_wait
 
     @property
+    def life(self) -> lifecycle.Life:
+        """Where the server is in its life now."""
+        return self._life
+
+    @property
     def is_open(self) -> bool:
-        return self._open.is_set()
+        return self._life.open
 
     @property
     def reason(self) -> str:
         """Why the gate is closed ("" while it is open)."""
-        return "" if self._open.is_set() else self._reason
+        return self._life.closed_because
 
-    def close(self, reason: str, *, serving: bool = False) -> None:
-        """``serving``: the server answers and only its slots are not ready (a restore round is owed)."""
-        if self._open.is_set() or reason != self._reason:
-            log.info("restore_gate_closed", reason=reason, waiting=self.waiting)
-        self._reason = reason
-        self._open.clear()
-        if serving:
+    def see(self, seen: lifecycle.Observation) -> None:
+        """Move the server's life on by ``seen`` (:func:`lifecycle.step`), and say so when the gate closes or opens."""
+        was, life = self._life, lifecycle.step(self._life, seen)
+        if not life.open and seen.kind in lifecycle.CLOSING and (was.open or life.reason != was.reason):
+            log.info("restore_gate_closed", reason=life.reason, waiting=self.waiting)
+        if seen.kind is lifecycle.Kind.EMPTIED:
             self._round = early.Round()
+        self._life = life
+        if life.restoring:
             self._serving.set()
         else:
             self._serving.clear()
-
-    def suspect(self, reason: str) -> None:
-        """Close until a poll that starts from now on sees the server up (and any restore is done)."""
-        self._suspect_at = self._clock.monotonic()
-        self.close(reason)
-        if self._on_suspect is not None:
-            self._on_suspect()
-
-    def open(self, *, seen_at: float) -> None:
-        """Open, on the word of a poll that started at ``seen_at`` (the poller's monotonic clock)."""
-        if self._suspect_at is not None and seen_at <= self._suspect_at:
-            return
-        self._suspect_at = None
-        self._serving.clear()
-        if not self._open.is_set():
+        if life.open and not was.open:
             log.info(
                 "restore_gate_open",
-                was=self._reason,
+                was=was.reason,
                 waiting=self.waiting,
                 prepared=self.prepared,
                 early=self._round.early,
@@ -121,11 +116,27 @@ class Gate:
             self.prepared = 0
             self._round.early = 0
             self._open.set()
+        elif not life.open:
+            self._open.clear()
+
+    def close(self, reason: str, *, serving: bool = False) -> None:
+        """``serving``: the server answers and only its slots are not ready (a restore round is owed)."""
+        self.see(lifecycle.Emptied(reason) if serving else lifecycle.Unhealthy(events.Health.DOWN, reason))
+
+    def suspect(self, reason: str) -> None:
+        """Close until a poll that starts from now on sees the server up (and any restore is done)."""
+        self.see(lifecycle.Suspected(self._clock.monotonic(), reason))
+        if self._on_suspect is not None:
+            self._on_suspect()
+
+    def open(self, *, seen_at: float) -> None:
+        """Open, on the word of a poll that started at ``seen_at`` (the poller's monotonic clock)."""
+        self.see(lifecycle.Up(seen_at, ready=False))
 
     def lets(self, hold: Hold) -> bool:
         """Whether ``hold``'s request may reach the server now: the gate is open, or the round that let it
         through early still runs with the server answering."""
-        return self._open.is_set() or (hold.early is self._round and self._serving.is_set())
+        return self._life.open or (hold.early is self._round and self._life.restoring)
 
     async def next_step(
         self, pending: Sequence[int], snapshots: Callable[[], Sequence[manifest.Manifest]]
@@ -139,7 +150,7 @@ class Gate:
 
     async def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the gate to be open; False if it stayed closed."""
-        if self._open.is_set():
+        if self._life.open:
             return True
         try:
             with self._counted():
@@ -163,7 +174,7 @@ class Gate:
         may go on, and the round that let it through before the gate opened
         (None: the gate opened, or stayed closed).
         """
-        if self._open.is_set():
+        if self._life.open:
             return True, None
         named = asyncio.Event()
         self._unnamed += 1
@@ -176,7 +187,7 @@ class Gate:
         finally:
             if not named.is_set():
                 self._unnamed -= 1
-        if went is None or self._open.is_set():
+        if went is None or self._life.open:
             return True, None
         went.went()
         return True, went
@@ -206,11 +217,11 @@ class Gate:
             restored = await self._first(held.event(file))
         finally:
             held.want(file, -1)
-        return held if restored and held is self._round and self._serving.is_set() else None
+        return held if restored and held is self._round and self._life.restoring else None
 
     async def _first(self, event: asyncio.Event) -> bool:
         """Wait until ``event`` is set or the gate opens; True if ``event`` was set with the gate still closed."""
-        if self._open.is_set():
+        if self._life.open:
             return False
         if not event.is_set():
             either = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._open.wait())}
@@ -219,7 +230,7 @@ class Gate:
             finally:
                 for task in either:
                     task.cancel()
-        return event.is_set() and not self._open.is_set()
+        return event.is_set() and not self._life.open
 
     @contextlib.contextmanager
     def _counted(self) -> Iterator[None]:

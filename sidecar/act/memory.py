@@ -2,36 +2,26 @@
 
 kopf keeps what it knows of one resource in a ``ResourceMemory``; the engine
 keeps what it knows of the server process it watches now in a
-:class:`ServerMemory`: whether a restore round is owed or running, whether
-the snapshot files were checked while the server was down, whether the
-server is known to write into the slot dir, which process this is. When the
-server loses its slots (a new process, or a wake-up from sleep), the engine
-replaces it with :meth:`ServerMemory.renewed`; nothing else resets it.
+:class:`ServerMemory`: whether the snapshot files were checked while the
+server was down, whether the server is known to write into the slot dir,
+which process this is. When the server loses its slots (a new process, or a
+wake-up from sleep), the engine replaces it with :meth:`ServerMemory.renewed`;
+nothing else resets it. Where the server is in its life (down, loading, a
+restore round owed or running, serving, suspected) is not kept here but in
+its gate's :class:`sidecar.act.lifecycle.Life`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 
 from sidecar.act import probe
-
-
-class Restore(enum.StrEnum):
-    """Where the restore round of the server process stands."""
-
-    OWED = "owed"
-    """At start-up, after each restart or wake-up, and after a round the server did not answer."""
-    RUNNING = "running"
-    DONE = "done"
-    """Done, or nothing to restore: requests no longer race it."""
 
 
 @dataclasses.dataclass(slots=True)
 class ServerMemory:
     epoch: int = 0
     """Server processes seen before this one (restarts and wake-ups): a save's outcome counts only in its own."""
-    restore: Restore = Restore.OWED
     prechecked: bool = False
     """The files the restore round will need were checked since the server last went down."""
     link: probe.Link = probe.UNKNOWN
@@ -42,7 +32,7 @@ class ServerMemory:
     """The slots whose content matches their newest snapshot were taken as saved (once, at start-up)."""
 
     def renewed(self, *, at: float, new_process: bool) -> ServerMemory:
-        """The memory of a server that just lost its slots at ``at``: a restore round is owed.
+        """The memory of a server that just lost its slots at ``at``.
 
         ``new_process``: a restart (the new process may have another --slot-save-path, so the
         link is unknown again); a wake-up keeps it.
@@ -50,12 +40,6 @@ class ServerMemory:
         return dataclasses.replace(
             self,
             epoch=self.epoch + 1,
-            restore=Restore.OWED,
             link=probe.UNKNOWN if new_process else self.link,
             healthy_at=at,
         )
-
-    @property
-    def restore_owed(self) -> bool:
-        """Whether a restore round is owed or running: requests that reach the server now may race it."""
-        return self.restore is not Restore.DONE

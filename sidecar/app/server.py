@@ -27,7 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 import sidecar
-from sidecar.act import report
+from sidecar.act import lifecycle, report
 from sidecar.app import figures, history, page, view
 from sidecar.core import config, events, parse, protocols, tries
 from sidecar.launch import supervisor
@@ -138,7 +138,7 @@ def _readiness(ctx: _Context, st: report.Status) -> list[str]:
     if st.link_ok is False:
         problems.append(st.link_problem)
     if st.restore_gate:
-        problems.append(f"restore gate closed: {st.restore_gate}")
+        problems.append(lifecycle.problem(st.restore_gate))
     if ctx.launcher is not None and (gave_up := ctx.launcher().problem):
         problems.append(gave_up)
     return problems

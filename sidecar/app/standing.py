@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sidecar.act import report
+from sidecar.act import lifecycle, report
 from sidecar.core import events, outcomes
 
 FULL = 100
@@ -125,7 +125,7 @@ def answer(known: Facts) -> Answer:
     if known.denied:
         return Answer(outcomes.AgentState.DOWN, 0, "llama-server refuses the sidecar's API key")
     if known.restore_gate:
-        return Answer(outcomes.AgentState.DRAIN, 0, f"restore gate closed: {known.restore_gate}")
+        return Answer(outcomes.AgentState.DRAIN, 0, lifecycle.problem(known.restore_gate))
     if known.low_disk:
         return Answer(outcomes.AgentState.DRAIN, 0, "slot dir below --min-free-bytes: new conversations not saved")
     free = known.slots - known.busy

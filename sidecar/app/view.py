@@ -14,7 +14,7 @@ import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 
-from sidecar.act import report, restorer
+from sidecar.act import lifecycle, report, restorer
 from sidecar.app import history
 from sidecar.core import events, outcomes
 from sidecar.launch import supervisor
@@ -340,7 +340,7 @@ def build(inputs: Inputs) -> Page:
     if obs is not None and obs.problem:
         problems.append(obs.problem)
     if st.restore_gate:
-        problems.append(f"restore gate closed: {st.restore_gate}")
+        problems.append(lifecycle.problem(st.restore_gate))
     if inputs.launcher is not None and inputs.launcher.problem:
         problems.append(inputs.launcher.problem)
     library, more = _library(inputs)

@@ -28,7 +28,8 @@ from collections.abc import Mapping
 
 import structlog
 
-from sidecar.core import config, errors, metrics, outcomes, protocols, tasks
+from sidecar.act import lifecycle
+from sidecar.core import config, errors, events, metrics, outcomes, protocols, tasks
 from sidecar.observe import upstream
 from sidecar.proxy import refusals, relay
 from sidecar.router import fleet
@@ -85,7 +86,9 @@ class Admission:
         with member.gate.hold(self._stats) as held:
             load = None
             if model not in running:
-                member.gate.close(f"the router is loading model {model!r} for a request")
+                member.gate.see(
+                    lifecycle.Unhealthy(events.Health.LOADING, f"the router is loading model {model!r} for a request")
+                )
                 load = self._loading.get(model)
                 if load is None or load.done():
                     others = {name: m for name, m in self._fleet.members.items() if name in running}

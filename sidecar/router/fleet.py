@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from sidecar.act import engine, gate, report, restorer, savings, spawn
+from sidecar.act import engine, gate, lifecycle, report, restorer, savings, spawn
 from sidecar.core import config, errors, events, metrics, protocols, redact
 from sidecar.observe import poller, upstream
 from sidecar.router import plan
@@ -90,9 +90,10 @@ class Fleet:
         self._listed_at = at
         self._stats.server_up.set(1 if health is events.Health.OK else 0)
         if health is not events.Health.OK:
-            self.gate.close(f"the router is {health.value}: {problem}")
+            self.gate.see(lifecycle.Unhealthy(health, f"the router is {health.value}: {problem}"))
             return
-        self.gate.open(seen_at=at)  # the engines see their models down on their own; the list is kept as it was
+        # The engines see their models down on their own; the list is kept as it was.
+        self.gate.see(lifecycle.Up(at, ready=False))
         try:
             listed = await self._client.models()
         except errors.UpstreamError as exc:
