@@ -303,7 +303,7 @@ class Engine:
         self._export_unsaved()
         if self._restorer.unverified:
             self._restorer.judge(obs)
-        self._gate.see(lifecycle.Up(obs.at, ready=True))  # opens unless a round is owed: the runner's poll then
+        self._gate.see(lifecycle.Up(obs.at, ready=True))  # opens unless a round is owed (the runner opens it then)
         self._wake.set()
 
     def _export_unsaved(self) -> None:
