@@ -1,20 +1,16 @@
 """The restore gate: closed while llama-server cannot yet serve a request with its restored KV.
 
-The gate holds where its server is in its life, one
-:class:`sidecar.act.lifecycle.Life` moved only by :meth:`Gate.see`; the
-transition table there decides. The engine feeds it its observations: it
-closes the gate when a poll finds the server down or loading and when a
-restore round becomes owed (a restart, a wake-up, the sidecar's own start),
-and opens it once a poll has seen the server up and the owed round is done
-(or there is nothing the sidecar can restore). The proxy waits at it with
-completion requests, and ``/readyz`` reports it.
+It holds its server's :class:`sidecar.act.lifecycle.Life`, moved only by
+:meth:`Gate.see` (the table there decides): closed while the server is down
+or loading and while a restore round is owed (a restart, a wake-up, the
+sidecar's own start), open once a poll has seen it up and the round is done
+(or nothing can be restored). The engine feeds it its observations; the
+proxy waits at it with completion requests, and ``/readyz`` reports it.
 
 The proxy also closes it, with :meth:`Gate.suspect`, as soon as a request
 fails to reach llama-server or its sentinel connection drops: the proxy sees a
-crash before the poller does, and the poller is asked to poll at once.
-A suspicion is cleared only by a poll that *started after it*; a poll that
-was already in flight saw the old process, and opening on its word would let
-a retrying client reach the new process before the restore round.
+crash before the poller does, and the poller is asked to poll at once. Only a
+poll that *started after* the suspicion opens it again (see the lifecycle).
 
 A request waits with :meth:`Gate.hold`, the one place that counts it in
 ``proxy_held_requests`` while it waits and observes its whole wait in
@@ -120,7 +116,7 @@ class Gate:
             self._open.clear()
 
     def close(self, reason: str, *, serving: bool = False) -> None:
-        """``serving``: the server answers and only its slots are not ready (a restore round is owed)."""
+        """Close as for a server seen down; ``serving``: as for one that lost its slots (a restore round is owed)."""
         self.see(lifecycle.Emptied(reason) if serving else lifecycle.Unhealthy(events.Health.DOWN, reason))
 
     def suspect(self, reason: str) -> None:

@@ -179,6 +179,8 @@ WAITS_FOR_ROUND: Final[frozenset[Kind]] = frozenset({Kind.READY})
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Life:
+    """Where one watched server is in its life; moved only by :func:`step`."""
+
     stage: Stage = Stage.UNSEEN
     round: Round = Round.OWED
     reason: str = NOT_POLLED
@@ -216,7 +218,7 @@ def step(life: Life, seen: Observation) -> Life:
     kind = seen.kind
     moved = dataclasses.replace(life, stage=GATE[life.stage, kind], round=ROUND[life.round, kind])
     match seen:
-        case Up(at=at):
+        case Up(at=at) if moved.open:
             if life.suspect_at is not None and at <= life.suspect_at:
                 return life  # a poll in flight when the suspicion came saw the old process
             if kind in WAITS_FOR_ROUND and moved.round is not Round.DONE:
