@@ -14,29 +14,38 @@ from sidecar.proxy import tickets
 S = tickets.Stage
 M = tickets.Move
 
-ROUTED: dict[tuple[S, M], S] = {
-    (S.HELD, M.LET_THROUGH): S.PLACING,
-    (S.PLACING, M.RESERVE): S.PLACING,
-    (S.PLACING, M.UNRESERVE): S.PLACING,
-    (S.PLACING, M.PLACE): S.PLACED,
-    (S.PLACING, M.LATER): S.HELD,
-    (S.PLACED, M.SEND): S.FORWARDED,
-    (S.FORWARDED, M.SEND): S.FORWARDED,
-    (S.HELD, M.CLOSED): S.HELD,
-    (S.PLACED, M.CLOSED): S.HELD,
-    (S.FORWARDED, M.CLOSED): S.HELD,
-    (S.FORWARDED, M.FIRST_EVENT): S.RELAYING,
-    **{(stage, M.RELEASE): S.RELEASED for stage in S if stage is not S.RELEASED},
-}
+
+def table(rows: str) -> dict[tuple[S, M], S]:
+    """Moves written one per line as ``stage move stage``; every stage but ``released`` may be released."""
+    moves = {(S(a), M(b)): S(c) for a, b, c in (line.split() for line in rows.strip().splitlines())}
+    return moves | {(stage, M.RELEASE): S.RELEASED for stage in S if stage is not S.RELEASED}
+
+
+ROUTED = table(
+    """
+    held      let_through placing
+    placing   reserve     placing
+    placing   unreserve   placing
+    placing   place       placed
+    placing   later       held
+    placed    send        forwarded
+    forwarded send        forwarded
+    held      closed      held
+    placed    closed      held
+    forwarded closed      held
+    forwarded first_event relaying
+    """
+)
 """Every move a routed request may make, written out by hand: held, placed, sent, relayed, released."""
-NOT_ROUTED: dict[tuple[S, M], S] = {
-    (S.HELD, M.SEND): S.FORWARDED,
-    (S.FORWARDED, M.SEND): S.FORWARDED,
-    (S.HELD, M.CLOSED): S.HELD,
-    (S.FORWARDED, M.CLOSED): S.HELD,
-    (S.FORWARDED, M.FIRST_EVENT): S.RELAYING,
-    **{(stage, M.RELEASE): S.RELEASED for stage in S if stage is not S.RELEASED},
-}
+NOT_ROUTED = table(
+    """
+    held      send        forwarded
+    forwarded send        forwarded
+    held      closed      held
+    forwarded closed      held
+    forwarded first_event relaying
+    """
+)
 """Every move a request the library does not place may make: it is sent straight from the gate."""
 
 
