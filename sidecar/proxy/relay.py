@@ -8,10 +8,11 @@ processing starts, so a crash during a long prefill leaves the client with
 nothing sent, and the request is sent again like a non-streamed one. A
 routed completion (``Pinner``) is placed afresh for each such replay after
 the restore gate opens, so it lands on its own conversation's KV, not on the
-slot it was pinned to before the restart. From the first event on, every
-chunk is written to the client as soon as it is read; nothing is retried,
-and a stream llama-server cuts ends with an error event of its API's format
-(see :mod:`sidecar.proxy.answer`).
+slot it was pinned to before the restart. Where a request is on that path
+(held, placed, sent, relayed, released) is its :class:`tickets.Ticket`.
+From the first event on, every chunk is written to the client as soon as
+it is read; nothing is retried, and a stream llama-server cuts ends with an
+error event of its API's format (see :mod:`sidecar.proxy.answer`).
 
 A streamed completion whose first event is slow to come gets its headers
 and keep-alives from the proxy meanwhile (:mod:`sidecar.proxy.keepalive`);
