@@ -56,7 +56,7 @@ from sidecar.act import policy, savings
 from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols, tasks
 from sidecar.library import fetching, prompt, ramtier, routing, seams, slotstate, turns, verdict
 from sidecar.observe import memory
-from sidecar.proxy import answer
+from sidecar.proxy import answer, tickets
 from sidecar.shared import records
 from sidecar.snapshots import manifest, slotfile, store
 
@@ -139,6 +139,8 @@ class Placer:
         self._reads: set[asyncio.Task[Any]] = set()
         """Reads of /slots running in the background (after a request ended, or sent early for one), held to their
         end: the event loop keeps no strong reference to a task."""
+        self._live: set[tickets.Ticket] = set()
+        """The requests inside :meth:`pin`: a slot is pinned while one of them reserves it (:meth:`_pinned`)."""
         self._loop = asyncio.get_running_loop()
         core.follow(self)
         snapshots.subscribe(self._committed)
@@ -172,7 +174,7 @@ class Placer:
         self, slot: int, chain: tuple[str, ...], seen: tuple[int, int] | None = None, owner: str = apikeys.NOBODY
     ) -> None:
         state = self._slot(slot)
-        if state.pinned or state.lock.locked():
+        if self._pinned(slot) or state.lock.locked():
             return
         shared = slotfile.shared_blocks(chain, state.chain)
         if shared == len(state.chain):
@@ -227,17 +229,33 @@ class Placer:
 
     @contextlib.asynccontextmanager
     async def pin(
-        self, raw_path: str, body: bytes, *, owner: str = apikeys.NOBODY, within: frozenset[int] | None = None
+        self, raw_path: str, body: bytes, *, owner: str = apikeys.NOBODY, ticket: tickets.Ticket | None = None
     ) -> AsyncIterator[Placed]:
         """The placement (pinned with ``id_slot``, or as it came); the slot counts busy inside.
 
-        ``owner``: whose request it is; only that owner's conversations serve it. ``within``: the slots a
-        restore round still running has restored (a request it let through early): the request is pinned
-        to one of them holding its prefix, or it is ``later`` (it waits for the whole round), as any other
-        slot may still be restored into.
+        ``owner``: whose request it is; only that owner's conversations serve it. ``ticket``: the request's
+        admission, let through by the gate (none: one let through by an open gate); the slot it is pinned to
+        is reserved there. ``ticket.within``: the slots a restore round still running has restored (a request
+        it let through early): the request is pinned to one of them holding its prefix, or it is ``later``
+        (it waits for the whole round), as any other slot may still be restored into.
         """
-        plan = await self._plan(raw_path, body, within, owner)
-        if within is not None and not isinstance(plan, _Plan):
+        if ticket is None:
+            ticket = tickets.Ticket()
+            ticket.let_through(None)
+        self._live.add(ticket)
+        try:
+            async with self._placed(raw_path, body, owner, ticket) as placed:
+                yield placed
+        finally:
+            self._live.discard(ticket)
+
+    @contextlib.asynccontextmanager
+    async def _placed(self, raw_path: str, body: bytes, owner: str, ticket: tickets.Ticket) -> AsyncIterator[Placed]:
+        """:meth:`pin` for a ticket the placer counts live."""
+        plan = await self._plan(raw_path, body, ticket, owner)
+        if not isinstance(plan, _Plan):
+            ticket.unreserve()  # not routed: no slot is held for it (a failed swap let its slot go)
+        if ticket.within is not None and not isinstance(plan, _Plan):
             yield Placed(body, "", None, later=True)
             return
         if not isinstance(plan, _Plan):
@@ -306,9 +324,7 @@ class Placer:
         """Count the request by its own answer, and record what the slot it ran in holds now."""
         slot = plan.planned.slot
         if slot is not None:
-            state = self._slot(slot)
-            state.pinned -= 1
-            state.used = self._clock.monotonic()
+            self._slot(slot).used = self._clock.monotonic()
             slot = ran_on
         if ended is not None:
             found = verdict.judge(plan.planned, status=ended.status, outcome=ended.outcome, cached=ended.cached)
@@ -336,9 +352,10 @@ class Placer:
             state.ended = self._clock.wall()
 
     async def _plan(
-        self, raw_path: str, body: bytes, within: frozenset[int] | None, owner: str
+        self, raw_path: str, body: bytes, ticket: tickets.Ticket, owner: str
     ) -> _Plan | outcomes.Unrouted | None:
         started = time.perf_counter()
+        within = ticket.within
         try:
             early = await self._read_early(raw_path, body) if within is None else None
             request = prompt.of(raw_path, body)
@@ -350,7 +367,10 @@ class Placer:
             turn = turns.of(request)
             if within is not None:
                 pass  # a new process: no slot ran a routed turn in it yet
-            elif turn is not None and (went := await self._continue(request, turn, early, owner, started)) is not None:
+            elif (
+                turn is not None
+                and (went := await self._continue(request, turn, early, owner, started, ticket)) is not None
+            ):
                 if isinstance(went, _Plan):
                     self._stats.library_routes.labels(outcomes.RouteBy.TURN.value).inc()
                 return went
@@ -364,7 +384,7 @@ class Placer:
             if not chain:
                 return None  # shorter than one block: nothing worth routing, llama-server picks
             tokenized = time.perf_counter() - started
-            placed = await self._place(request, chain, packed, turn, within, owner, (started, tokenized))
+            placed = await self._place(request, chain, packed, turn, within, owner, (started, tokenized), ticket)
         except Exception as exc:  # routing must never fail the request: it goes as it came
             self._unrouted(outcomes.Unrouted.ERROR, f"{exc.__class__.__name__}: {exc}")
             return outcomes.Unrouted.ERROR
@@ -391,7 +411,8 @@ class Placer:
         on a read of its own, made after its tokens.
         """
         if not prompt.may_route(raw_path, body, slotfile.BLOCK_TOKENS) or not any(
-            state.turn is not None and not state.pinned and not state.lock.locked() for state in self._slots.values()
+            state.turn is not None and not self._pinned(slot) and not state.lock.locked()
+            for slot, state in self._slots.items()
         ):
             return None
         read = self._loop.create_task(self._core.fresh_slots(), name="placer-early-read")
@@ -408,6 +429,7 @@ class Placer:
         early: asyncio.Task[tuple[events.SlotView, ...]] | None,
         owner: str,
         started: float,
+        ticket: tickets.Ticket,
     ) -> _Plan | outcomes.Unrouted | None:
         """Pin a request that continues the conversation an idle slot ran last to that slot; None: route it by ids.
 
@@ -429,7 +451,7 @@ class Placer:
         if slot is None or view is None or view.processing:
             return None
         state = self._slot(slot)
-        state.pinned += 1
+        ticket.reserve(slot)
         state.used = self._clock.monotonic()
         planned = verdict.Planned(outcomes.Source.SLOT, slot, len(state.chain) * slotfile.BLOCK_TOKENS)
         placed = request.pin is prompt.Pin.PLACED
@@ -449,7 +471,7 @@ class Placer:
         """The idle slot whose last routed request, of ``owner``'s, ``turn`` continues (the longest such)."""
         best: tuple[int, int] | None = None
         for slot, state in self._slots.items():
-            if state.pinned or state.lock.locked() or not state.continues(turn, text, owner):
+            if self._pinned(slot) or state.lock.locked() or not state.continues(turn, text, owner):
                 continue
             assert state.turn is not None
             if best is None or state.turn.length > best[1]:
@@ -465,6 +487,7 @@ class Placer:
         within: frozenset[int] | None,
         owner: str,
         timing: tuple[float, float],
+        ticket: tickets.Ticket,
     ) -> _Plan | outcomes.Unrouted | None:
         """Place a request by its ids; ``timing``: when its placement started, and the seconds its tokens took."""
         polled, identity = self._core.seen()
@@ -499,7 +522,7 @@ class Placer:
         if decision.slot is None:  # every slot busy: llama-server queues it as it would without the sidecar
             return _Plan(verdict.Planned(decision.source, None), chain, turn, b"", owner)  # b"": forwarded as it came
         state = self._slot(decision.slot)
-        state.pinned += 1
+        ticket.reserve(decision.slot)
         state.used = self._clock.monotonic()
         source = decision.source
         restored: int | None = None
@@ -533,7 +556,7 @@ class Placer:
                         self._stats.ram_conversations.set(len(self._ram))
         finally:
             if restored is None:
-                state.pinned -= 1
+                ticket.unreserve()
                 if decision.source is not outcomes.Source.COLD:
                     state.holds(())  # unknown now: the restore may or may not have run
         if restored is None:
@@ -599,7 +622,7 @@ class Placer:
             state = self._slot(view.id)
             if view.id == slot and keep:
                 continue
-            if view.processing or (state.pinned and view.id != slot) or state.lock.locked():
+            if view.processing or (self._pinned(view.id) and view.id != slot) or state.lock.locked():
                 continue
             if view.signature is None or view.tokens == 0 or state.owner == owner:
                 continue
@@ -677,7 +700,7 @@ class Placer:
             return None
         for view in slots:
             state = self._slot(view.id)
-            if state.pinned or state.lock.locked():
+            if self._pinned(view.id) or state.lock.locked():
                 continue  # a routed request or a swap is changing it: the placer knows what it holds
             if state.seen is not None and view.signature != state.seen and not state.routed_since:
                 # Another client's turn ran there, or --cache-idle-slots emptied it: the server copied
@@ -788,7 +811,7 @@ class Placer:
             slot=view.id,
             prefix=prefix,
             busy=view.processing
-            or state.pinned > 0
+            or self._pinned(view.id) > 0
             or state.lock.locked()
             or (within is not None and view.id not in within),
             last_used=state.used,
@@ -853,6 +876,10 @@ class Placer:
                 hint="llama-server runs with --cache-ram 0, or one smaller than --server-cache-ram-bytes: set "
                 "--server-cache-ram-bytes to its --cache-ram in bytes (0 for none)",
             )
+
+    def _pinned(self, slot: int) -> int:
+        """Routed requests on ``slot`` that have not ended: the live tickets that reserve it."""
+        return sum(1 for ticket in self._live if ticket.slot == slot)
 
     def _slot(self, slot: int) -> slotstate.SlotState:
         return self._slots.setdefault(slot, slotstate.SlotState())

@@ -15,10 +15,9 @@ class SlotState:
 
     chain: tuple[str, ...] = ()
     """Hash chain of the prompt routed there last, or of the snapshot restored into it."""
-    pinned: int = 0
-    """Routed requests that have not ended."""
     used: float = 0.0
-    """Monotonic time a routed request last ended or was pinned there."""
+    """Monotonic time a routed request last ended or was pinned there (the requests pinned there now are the
+    placer's live tickets that reserve the slot: ``proxy.tickets``)."""
     ended: float = 0.0
     """Unix time a routed request last ended there (its content changed then)."""
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)

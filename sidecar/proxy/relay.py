@@ -8,10 +8,11 @@ processing starts, so a crash during a long prefill leaves the client with
 nothing sent, and the request is sent again like a non-streamed one. A
 routed completion (``Pinner``) is placed afresh for each such replay after
 the restore gate opens, so it lands on its own conversation's KV, not on the
-slot it was pinned to before the restart. From the first event on, every
-chunk is written to the client as soon as it is read; nothing is retried,
-and a stream llama-server cuts ends with an error event of its API's format
-(see :mod:`sidecar.proxy.answer`).
+slot it was pinned to before the restart. Where a request is on that path
+(held, placed, sent, relayed, released) is its :class:`tickets.Ticket`.
+From the first event on, every chunk is written to the client as soon as
+it is read; nothing is retried, and a stream llama-server cuts ends with an
+error event of its API's format (see :mod:`sidecar.proxy.answer`).
 
 A streamed completion whose first event is slow to come gets its headers
 and keep-alives from the proxy meanwhile (:mod:`sidecar.proxy.keepalive`);
@@ -30,18 +31,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Literal, Protocol
 
 import structlog
 from aiohttp import web
 
 from sidecar.act import gate
 from sidecar.core import apikeys, config, metrics, outcomes, protocols, tries
-from sidecar.proxy import answer, bodies, held, keepalive, passon, predict, refusals, routes, sse, upclient
+from sidecar.proxy import answer, bodies, held, keepalive, passon, predict, refusals, routes, sse, tickets, upclient
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -84,12 +84,13 @@ class Pinner(Protocol):
     """Places a completion before it is forwarded (the library pins it to the slot that holds its KV)."""
 
     def pin(
-        self, raw_path: str, body: bytes, *, owner: str, within: frozenset[int] | None = None
+        self, raw_path: str, body: bytes, *, owner: str, ticket: tickets.Ticket
     ) -> contextlib.AbstractAsyncContextManager[Placement]:
         """The placement, valid until the request ends; never raises for a bad request.
 
         ``owner``: whose conversation it is (``apikeys.NOBODY`` without API keys): only that owner's KV serves it.
-        ``within``: the slots restored so far by the restore round that let the request through early.
+        ``ticket``: the request's admission, let through by the gate (``Ticket.within``: the slots restored so far
+        by the restore round that let it through early); the pinner reserves the slot it pins it to there.
         """
 
     async def prepare(self, raw_path: str, body: bytes, *, owner: str) -> str | None:
@@ -97,22 +98,6 @@ class Pinner(Protocol):
 
         Returns the snapshot file whose restore the request waits for (None: the whole round).
         """
-
-
-class _Repin(Exception):
-    """The gate closed before the request got an answer: place it again once the gate opens."""
-
-
-@dataclasses.dataclass(slots=True)
-class _Attempts:
-    """One request's sends to llama-server, across the replays and placements."""
-
-    deadline: float
-    hold: gate.Hold
-    """Its waits at the gate, observed in ``proxy_hold_seconds`` when the request ends."""
-    replays: int = 0
-    whole_round: bool = False
-    """Let through early but not placed: it waits for the whole restore round (``Placement.later``)."""
 
 
 _classify = functools.lru_cache(maxsize=256)(routes.classify)
@@ -258,37 +243,38 @@ class Relay:
         placement ends there and the request is placed again once the gate
         opens: the restore round may have put another conversation in its slot.
         """
+        ticket = tickets.Ticket(self._clock.monotonic() + self._settings.hold_seconds)
         with self._gate.hold(self._metrics) as hold:
-            attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
-            while True:
-                if not self._gate.lets(hold):
-                    meanwhile = (
-                        None if attempts.whole_round else functools.partial(pinner.prepare, target, body, owner=owner)
-                    )
-                    if not await self._wait(attempts, meanwhile):
-                        return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
-                within = frozenset(hold.early.ready) if hold.early is not None else None
-                async with pinner.pin(target, body, owner=owner, within=within) as placement:
-                    if placement.later:
-                        hold.leave_early()
-                        attempts.whole_round = True
-                        continue
-                    attempts.whole_round = False
-                    if keep is not None and placement.header and self._settings.prefix_header:
-                        keep.header = (PREFIX_HEADER, placement.header)
-                    try:
-                        return await self._send(
+            try:
+                while True:
+                    if not self._gate.lets(hold):
+                        meanwhile = functools.partial(pinner.prepare, target, body, owner=owner)
+                        if not await self._wait(ticket, hold, meanwhile if ticket.prepares else None):
+                            return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
+                    ticket.let_through(frozenset(hold.early.ready) if hold.early is not None else None)
+                    async with pinner.pin(target, body, owner=owner, ticket=ticket) as placement:
+                        if placement.later:
+                            ticket.later()
+                            hold.leave_early()
+                            continue
+                        ticket.place()
+                        if keep is not None and placement.header and self._settings.prefix_header:
+                            keep.header = (PREFIX_HEADER, placement.header)
+                        sent = await self._send(
                             request,
                             outcomes.Route.COMPLETION,
                             target,
                             headers,
                             placement.body,
-                            attempts,
+                            ticket,
+                            hold,
                             placement=placement,
                             keep=keep,
                         )
-                    except _Repin:
-                        continue
+                        if sent is not tickets.Resume.REPLACE:
+                            return sent
+            finally:
+                ticket.release()
 
     def _owner(self, request: web.BaseRequest, admin: bool) -> str | None:
         """Whose request this is (``apikeys.NOBODY`` without API keys); None: refused, for want of a key
@@ -322,13 +308,27 @@ class Relay:
         body: bytes,
         keep: keepalive.KeepAlive | None,
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
+        ticket = tickets.Ticket(
+            self._clock.monotonic() + self._settings.hold_seconds,
+            routed=False,
+            gated=route is outcomes.Route.COMPLETION,
+        )
         with self._gate.hold(self._metrics) as hold:
-            attempts = _Attempts(self._clock.monotonic() + self._settings.hold_seconds, hold)
-            return await self._send(request, route, target, headers, body, attempts, keep=keep)
+            try:
+                sent = await self._send(request, route, target, headers, body, ticket, hold, keep=keep)
+            finally:
+                ticket.release()
+        assert sent is not tickets.Resume.REPLACE  # only a routed request is placed again
+        return sent
 
-    async def _wait(self, attempts: _Attempts, meanwhile: Callable[[], Awaitable[str | None]] | None = None) -> bool:
+    async def _wait(
+        self,
+        ticket: tickets.Ticket,
+        hold: gate.Hold,
+        meanwhile: Callable[[], Awaitable[str | None]] | None = None,
+    ) -> bool:
         """Wait at the gate until the request's deadline; False if it stayed closed (``meanwhile``: see gate)."""
-        return await attempts.hold.wait(attempts.deadline - self._clock.monotonic(), meanwhile=meanwhile)
+        return await hold.wait(ticket.deadline - self._clock.monotonic(), meanwhile=meanwhile)
 
     async def _send(
         self,
@@ -337,18 +337,19 @@ class Relay:
         target: str,
         headers: list[tuple[str, str]],
         body: bytes,
-        attempts: _Attempts,
+        ticket: tickets.Ticket,
+        hold: gate.Hold,
         *,
         placement: Placement | None = None,
         keep: keepalive.KeepAlive | None = None,
-    ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
-        """Send until an answer's first event arrives, then relay it; raises ``_Repin`` for a placement to redo."""
-        gated = route is outcomes.Route.COMPLETION
+    ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome] | Literal[tickets.Resume.REPLACE]:
+        """Send until an answer's first event arrives, then relay it; ``Resume.REPLACE``: a placement to redo."""
+        gated = ticket.gated
         while True:
-            if gated and not self._gate.lets(attempts.hold):
-                if placement is not None:
-                    raise _Repin  # placed again once the gate opens: the restore round changed the slots
-                if not await self._wait(attempts):
+            if gated and not self._gate.lets(hold):
+                if ticket.closed() is tickets.Resume.REPLACE:
+                    return tickets.Resume.REPLACE  # placed again once the gate opens: the round changed the slots
+                if not await self._wait(ticket, hold):
                     return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
                 if self._admit is not None and (refused := await self._admit(route, body)) is not None:
                     # Router mode: the router is back, but the model it ran may not be (a kill -9 takes
@@ -356,6 +357,7 @@ class Relay:
                     # model for it and take the slot before the restore: it goes through the load
                     # and the model's gate, as a new request does.
                     return refused
+            ticket.send()
             try:
                 up = await self._client.request(request.method, target, headers, body)
             except asyncio.CancelledError:
@@ -369,7 +371,7 @@ class Relay:
                     return refusals.unreachable(exc), outcomes.ProxyOutcome.ERROR
                 continue
             except upclient.Lost as exc:
-                if (refused := self._lost(exc, attempts, gated)) is not None:
+                if (refused := self._lost(exc, ticket)) is not None:
                     return refused
                 continue
             if gated and up.status == 503:
@@ -382,16 +384,17 @@ class Relay:
                 first = await answer.first_part(up)
             except upclient.Lost as exc:
                 up.close()
-                if (refused := self._lost(exc, attempts, gated)) is not None:
+                if (refused := self._lost(exc, ticket)) is not None:
                     return refused
                 continue
             except BaseException:
                 up.close()  # the client went away in the prefill: llama-server sees the connection drop and stops
                 self._left()
                 raise
+            ticket.first_event()
             return await self._relay(request, up, first, placement, keep)
 
-    def _lost(self, exc: BaseException, attempts: _Attempts, gated: bool) -> Refusal | None:
+    def _lost(self, exc: BaseException, ticket: tickets.Ticket) -> Refusal | None:
         """The connection closed before the answer's first event: None to send again, else the answer to give.
 
         A crash, or a kept-alive connection llama-server closed just then. Sent
@@ -400,10 +403,10 @@ class Relay:
         process still held the listening socket) closes the gate: a completion
         is then sent a last time after the restart and restore.
         """
-        attempts.replays += 1
-        if attempts.replays > (2 if gated else 1):
+        replay = ticket.lost()
+        if replay is tickets.Replay.GIVE_UP:
             return refusals.unreachable(exc), outcomes.ProxyOutcome.ERROR
-        if attempts.replays == 2:
+        if replay is tickets.Replay.SUSPECT:
             self._gate.suspect(f"llama-server closed the connection twice ({exc.__class__.__name__})")
         log.info(
             "proxy_request_replayed",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
-from sidecar.proxy import answer
+from sidecar.proxy import answer, tickets
 from support.llamabed import MakeServer, http_json
 from support.net import free_port
 from support.proxybed import Proxy, run_proxy
@@ -43,7 +43,7 @@ class _SlowBookkeeping:
 
     @contextlib.asynccontextmanager
     async def pin(
-        self, raw_path: str, body: bytes, *, owner: str = "", within: frozenset[int] | None = None
+        self, raw_path: str, body: bytes, *, owner: str = "", ticket: tickets.Ticket | None = None
     ) -> AsyncIterator[_Placed]:
         placed = _Placed(body)
         self.placed.append(placed)

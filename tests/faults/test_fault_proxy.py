@@ -23,7 +23,7 @@ from aiohttp.test_utils import RawTestServer
 
 from sidecar.act import gate
 from sidecar.core import tries
-from sidecar.proxy import held
+from sidecar.proxy import held, tickets
 from support.proxybed import Upstream, json_body, raw_exchange, run_proxy, status_of
 from support.sidecarbed import SidecarProcess
 from support.wait import eventually, until
@@ -441,7 +441,7 @@ class Placing:
 
     @contextlib.asynccontextmanager
     async def pin(
-        self, raw_path: str, body: bytes, *, owner: str = "", within: frozenset[int] | None = None
+        self, raw_path: str, body: bytes, *, owner: str = "", ticket: tickets.Ticket | None = None
     ) -> AsyncIterator[Any]:
         placement = _Placement(b'{"id_slot": %d}' % len(self.placed), f"slot={len(self.placed)}")
         self.placed.append(placement)
@@ -590,9 +590,9 @@ class _Uncounted(Placing):
 
     @contextlib.asynccontextmanager
     async def pin(
-        self, raw_path: str, body: bytes, *, owner: str = "", within: frozenset[int] | None = None
+        self, raw_path: str, body: bytes, *, owner: str = "", ticket: tickets.Ticket | None = None
     ) -> AsyncIterator[Any]:
-        async with super().pin(raw_path, body, within=within) as placement:
+        async with super().pin(raw_path, body, ticket=ticket) as placement:
             placement.counted = self.counted
             yield placement
 

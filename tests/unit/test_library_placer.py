@@ -17,10 +17,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import engine
-from sidecar.core import config, events, metrics, outcomes, protocols
+from sidecar.core import config, errors, events, metrics, outcomes, protocols
 from sidecar.library import fetching, placer, prompt, turns
 from sidecar.observe import poller
-from sidecar.proxy import answer
+from sidecar.proxy import answer, tickets
 from sidecar.shared import catalog, decide, records
 from sidecar.snapshots import manifest, slotfile, store
 from support import clocks
@@ -650,3 +650,45 @@ async def test_only_a_routed_request_asks_for_its_answers_reuse_figure_and_one_n
             assert (placed.body, placed.counted) == (own, False), "forwarded as it came; its answer is not read"
             assert placed.header == "source=unrouted; reason=own_slot"
     assert bed.value("llama_sidecar_conversation_unrouted_total", reason="own_slot") == 2
+
+
+async def test_a_slot_counts_busy_while_a_live_ticket_holds_it_and_is_free_once_the_gate_closed_on_that_ticket(
+    bed: Bed,
+) -> None:
+    """The placer's count of routed requests on a slot is its live tickets that hold the slot, nothing kept apart."""
+    for name in ("A", "B"):
+        async with bed.request(name):
+            pass
+    ticket = tickets.Ticket()
+    ticket.let_through(None)
+    body = json.dumps({"messages": [{"role": "user", "content": "A"}]}).encode()
+    async with bed.library.pin("/v1/chat/completions", body, ticket=ticket) as placed:
+        assert (json.loads(placed.body)["id_slot"], ticket.slot) == (0, 0)  # used as late as slot 1 now
+        async with bed.request("C") as other:
+            assert other == 1, "slot 0 (the lower of two used as late) is busy: a live request holds it"
+        ticket.place()
+        ticket.send()
+        assert ticket.closed() is tickets.Resume.REPLACE  # a crash before the answer: it holds no slot now
+        assert ticket.slot is None
+        async with bed.request("D") as third:
+            assert third == 0, "the least recently used slot, free again: nothing else counts it busy"
+        placed.answered(answer.Ended(0, outcomes.ProxyOutcome.CANCELLED, None))
+
+
+async def test_a_swap_that_fails_leaves_its_request_holding_no_slot(bed: Bed) -> None:
+    for name in ("A", "B", "C"):  # A goes to the library, B is in a slot and in no snapshot
+        async with bed.request(name):
+            pass
+
+    async def refused(slot_id: int, filename: str) -> None:
+        raise errors.UpstreamRejected("the file is refused", endpoint="/slots", status=400)
+
+    bed.server.hooks["restore"] = refused
+    ticket = tickets.Ticket()
+    ticket.let_through(None)
+    body = json.dumps({"messages": [{"role": "user", "content": "A"}]}).encode()
+    async with bed.library.pin("/v1/chat/completions", body, ticket=ticket) as placed:
+        assert "id_slot" not in json.loads(placed.body), "forwarded as it came"
+        assert ticket.slot is None
+    assert bed.actions()[-1][0] == "restore"
+    assert bed.value("llama_sidecar_conversation_unrouted_total", reason="swap") == 1
