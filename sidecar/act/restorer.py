@@ -417,42 +417,14 @@ class Restorer:
         try:
             result = await self._actions.restore(slot, filename)
         except errors.UpstreamError as exc:
-            log.error(
-                "restore_failed",
-                slot=slot,
-                file=candidate.file,
-                error=str(exc),
-                hint="the server refused a file that passed its checksum: check that llama-server "
-                "runs with the same KV settings (--swa-full, cache types) as when it was saved",
-            )
-            return self._count(slot, Outcome.FAILED, str(exc), candidate.file), None
+            return self._refused(slot, candidate, exc), None
         seconds = time.perf_counter() - started
         path_seconds = time.perf_counter() - path_started
         after, _ = await self._read(slot)
         if after is not None and after.task != before.task:
-            log.warning(
-                "restore_raced",
-                slot=slot,
-                file=candidate.file,
-                effect="a request ran on the slot while the restore call was in flight; the server ran the "
-                "restore after it, replacing that request's KV with the snapshot",
-                hint="its answer is not affected; its next turn re-prefills what it does not share with the snapshot",
-            )
-            return self._count(slot, Outcome.RACED, "a request took the slot during the restore", candidate.file), None
+            return self._raced(slot, candidate), None
         if result.tokens != candidate.tokens:
-            log.error(
-                "restore_incomplete",
-                slot=slot,
-                file=candidate.file,
-                restored_tokens=result.tokens,
-                snapshot_tokens=candidate.tokens,
-                effect="counted failed: the server's answer does not say it restored the snapshot; the slot's "
-                "next request re-prefills what it lacks",
-                hint="llama-server's KV layout does not fit the snapshot: check its -c, -np, cache types and "
-                "--swa-full against the server that saved it",
-            )
-            detail = f"the server restored {result.tokens} of the snapshot's {candidate.tokens} tokens"
-            return self._count(slot, Outcome.FAILED, detail, candidate.file), None
+            return self._incomplete(slot, candidate, result.tokens), None
         since = self._clock.monotonic() - healthy_at if healthy_at is not None else None
         self._stats.restore_duration.observe(seconds)
         if since is not None:
@@ -468,35 +440,81 @@ class Restorer:
             server_ms=result.server_ms,
             since_healthy=None if since is None else round(since, 4),
         )
-        serial = next(self._serials)
+        task = after.task if after is not None else before.task
+        done = Done(next(self._serials), by, slot, candidate.file, result.tokens, seconds, self._clock.wall())
+        return self._to_verify(done, task, counters, since), candidate
+
+    def _refused(self, slot: int, candidate: manifest.Manifest, exc: errors.UpstreamError) -> RestoreRecord:
+        log.error(
+            "restore_failed",
+            slot=slot,
+            file=candidate.file,
+            error=str(exc),
+            hint="the server refused a file that passed its checksum: check that llama-server "
+            "runs with the same KV settings (--swa-full, cache types) as when it was saved",
+        )
+        return self._count(slot, Outcome.FAILED, str(exc), candidate.file)
+
+    def _raced(self, slot: int, candidate: manifest.Manifest) -> RestoreRecord:
+        log.warning(
+            "restore_raced",
+            slot=slot,
+            file=candidate.file,
+            effect="a request ran on the slot while the restore call was in flight; the server ran the "
+            "restore after it, replacing that request's KV with the snapshot",
+            hint="its answer is not affected; its next turn re-prefills what it does not share with the snapshot",
+        )
+        return self._count(slot, Outcome.RACED, "a request took the slot during the restore", candidate.file)
+
+    def _incomplete(self, slot: int, candidate: manifest.Manifest, tokens: int) -> RestoreRecord:
+        log.error(
+            "restore_incomplete",
+            slot=slot,
+            file=candidate.file,
+            restored_tokens=tokens,
+            snapshot_tokens=candidate.tokens,
+            effect="counted failed: the server's answer does not say it restored the snapshot; the slot's "
+            "next request re-prefills what it lacks",
+            hint="llama-server's KV layout does not fit the snapshot: check its -c, -np, cache types and "
+            "--swa-full against the server that saved it",
+        )
+        detail = f"the server restored {tokens} of the snapshot's {candidate.tokens} tokens"
+        return self._count(slot, Outcome.FAILED, detail, candidate.file)
+
+    def _to_verify(
+        self, done: Done, task: int | None, counters: events.Counters | None, since: float | None
+    ) -> RestoreRecord:
+        """Keep a restore that put ``done.tokens`` back until the slot's next task (after ``task``) judges it.
+
+        Counted ok now; on a sliding-window model counted only once that task shows whether the server reused it.
+        """
         identity = self._identity()
         sliding = identity is not None and identity.memory is events.Memory.SWA
-        self.recent.append(Done(serial, by, slot, candidate.file, result.tokens, seconds, self._clock.wall()))
-        self.unverified[slot] = Unverified(
-            tokens=result.tokens,
+        self.recent.append(done)
+        self.unverified[done.slot] = Unverified(
+            tokens=done.tokens,
             cached_before=counters.cached_tokens if counters else None,
-            task=after.task if after is not None else before.task,
+            task=task,
             at=self._clock.monotonic(),
-            by=by,
-            serial=serial,
+            by=done.by,
+            serial=done.serial,
             uncounted=sliding,
         )
-        if sliding:
-            log.info(
-                "restore_unverified",
-                slot=slot,
-                file=candidate.file,
-                reason="the model uses sliding-window attention, and llama-server does not say whether it runs "
-                "with --swa-full (without it a restore succeeds and is not reused)",
-                effect="shown as unverified in /status; counted in restores_total once the slot's next request "
-                "shows whether the server reused it (ok) or not (ineffective)",
-            )
-            detail = "waiting for the slot's next request to show whether the server reuses it"
-            return RestoreRecord(
-                slot, Outcome.UNVERIFIED, detail, self._clock.wall(), candidate.file, result.tokens, seconds, since
-            ), candidate
-        record = self._count(slot, Outcome.OK, "", candidate.file, result.tokens, seconds, since)
-        return record, candidate
+        if not sliding:
+            return self._count(done.slot, Outcome.OK, "", done.file, done.tokens, done.seconds, since)
+        log.info(
+            "restore_unverified",
+            slot=done.slot,
+            file=done.file,
+            reason="the model uses sliding-window attention, and llama-server does not say whether it runs "
+            "with --swa-full (without it a restore succeeds and is not reused)",
+            effect="shown as unverified in /status; counted in restores_total once the slot's next request "
+            "shows whether the server reused it (ok) or not (ineffective)",
+        )
+        detail = "waiting for the slot's next request to show whether the server reuses it"
+        return RestoreRecord(
+            done.slot, Outcome.UNVERIFIED, detail, self._clock.wall(), done.file, done.tokens, done.seconds, since
+        )
 
     async def _read(self, slot: int) -> tuple[events.SlotView | None, str]:
         try:

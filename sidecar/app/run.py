@@ -198,12 +198,7 @@ async def _run(
     launcher: supervisor.Supervisor | None,
 ) -> None:
     await _load(settings, snapshots, stats)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    budget = settings.snapshots.final_timeout + EXIT_MARGIN + (launcher.stop_timeout if launcher else 0.0)
-    at_once = functools.partial(_exit_at_once, launcher) if launcher is not None else None
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_signal, stop, budget, at_once)
+    stop = _stop_on_signals(settings, launcher)
     async with aiohttp.ClientSession(raise_for_status=False) as session:
         client = upstream.LlamaClient(session, settings.upstream)
         if settings.upstream.router:
@@ -246,15 +241,31 @@ async def _run(
         except* Terminate:
             log.info("stopping", reason="signal")
         finally:
-            if agent is not None:
-                await agent.close()  # the balancer sees the node go (its health check) and stops sending to it
-            if proxy is not None:
-                await proxy.close()  # no new requests may change the slots during the final snapshots
-            if parts.slots_reader is not None:
-                await parts.slots_reader.close()
+            await _close_doors(parts, agent, proxy)
             await _shutdown(parts.core, settings, watch, handle, launcher)
             if parts.shared is not None:
                 await parts.shared.close()
+
+
+async def _close_doors(parts: _Parts, agent: agentcheck.Handle | None, proxy: listener.Listener | None) -> None:
+    """Close what takes requests from outside, before the final snapshots."""
+    if agent is not None:
+        await agent.close()  # the balancer sees the node go (its health check) and stops sending to it
+    if proxy is not None:
+        await proxy.close()  # no new requests may change the slots during the final snapshots
+    if parts.slots_reader is not None:
+        await parts.slots_reader.close()
+
+
+def _stop_on_signals(settings: config.Settings, launcher: supervisor.Supervisor | None) -> asyncio.Event:
+    """The event SIGTERM and SIGINT set (see :func:`_on_signal`)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    budget = settings.snapshots.final_timeout + EXIT_MARGIN + (launcher.stop_timeout if launcher else 0.0)
+    at_once = functools.partial(_exit_at_once, launcher) if launcher is not None else None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal, stop, budget, at_once)
+    return stop
 
 
 async def _load(settings: config.Settings, snapshots: store.SnapshotStore, stats: metrics.Metrics) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Iterator
 from typing import NamedTuple
 
 
@@ -265,16 +266,20 @@ def detect(
             # it slept and woke between two polls.
             events.append(Event(Transition.WOKE, cur.at))
             return events
-    base = last_up if last_up is not None else None
-    for view in cur.slots:
+    events.extend(_slot_changes(last_up, cur))
+    return events
+
+
+def _slot_changes(base: Observation | None, cur: Observation) -> Iterator[Event]:
+    """Each slot of ``cur`` that became busy, or idle (or changed while idle), since ``base``."""
+    for view in cur.slots or ():
         old = base.slot(view.id) if base is not None else None
         if view.processing and (old is None or not old.processing):
-            events.append(Event(Transition.BECAME_BUSY, cur.at, slot=view.id))
+            yield Event(Transition.BECAME_BUSY, cur.at, slot=view.id)
         elif not view.processing and old is not None:
             changed = view.signature != old.signature
             if old.processing or changed:
-                events.append(Event(Transition.BECAME_IDLE, cur.at, slot=view.id, changed=changed))
-    return events
+                yield Event(Transition.BECAME_IDLE, cur.at, slot=view.id, changed=changed)
 
 
 class ModelStatus(enum.StrEnum):

@@ -17,6 +17,7 @@ body from a fixed list of fields and drops it (see :mod:`.prompt`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -62,14 +63,7 @@ def anthropic(body: dict[str, Any]) -> dict[str, Any]:
     messages: list[Any] = []
     system = body.get("system")
     if system is not None:
-        text = ""
-        if isinstance(system, str):
-            text = _normalize_billing(system)
-        elif isinstance(system, list):
-            for block in system:
-                if isinstance(block, dict) and block.get("type") == "text":
-                    text += _normalize_billing(_str(block.get("text")))
-        messages.append({"role": "system", "content": text})
+        messages.append({"role": "system", "content": _anthropic_system(system)})
     if "messages" not in body:
         raise Refused("'messages' is required")
     given = body["messages"]
@@ -78,24 +72,10 @@ def anthropic(body: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"messages": messages}
     tools = body.get("tools")
     if isinstance(tools, list):
-        out["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": _str(tool.get("name")),
-                    "description": _str(tool.get("description")),
-                    "parameters": tool.get("input_schema", {}),
-                },
-            }
-            for tool in tools
-            if isinstance(tool, dict)
-        ]
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict):
-        if choice.get("type") == "auto":
-            out["tool_choice"] = "auto"
-        elif choice.get("type") in ("any", "tool"):
-            out["tool_choice"] = "required"
+        out["tools"] = [_anthropic_tool(tool) for tool in tools if isinstance(tool, dict)]
+    choice = _tool_choice(body.get("tool_choice"))
+    if choice is not None:
+        out["tool_choice"] = choice
     if "stop_sequences" in body:
         out["stop"] = body["stop_sequences"]
     out["max_tokens"] = body.get("max_tokens", 4096)
@@ -108,6 +88,36 @@ def anthropic(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _anthropic_system(system: Any) -> str:
+    if isinstance(system, str):
+        return _normalize_billing(system)
+    text = ""
+    for block in system if isinstance(system, list) else ():
+        if isinstance(block, dict) and block.get("type") == "text":
+            text += _normalize_billing(_str(block.get("text")))
+    return text
+
+
+def _anthropic_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": _str(tool.get("name")),
+            "description": _str(tool.get("description")),
+            "parameters": tool.get("input_schema", {}),
+        },
+    }
+
+
+def _tool_choice(choice: Any) -> str | None:
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "auto":
+        return "auto"
+    if kind in ("any", "tool"):
+        return "required"
+    return None
+
+
 def _anthropic_message(msg: Any) -> list[Any]:
     if not isinstance(msg, dict):
         return [msg]
@@ -117,26 +127,36 @@ def _anthropic_message(msg: Any) -> list[Any]:
     content = msg["content"]
     if not isinstance(content, list):
         return [msg]
-    converted: list[Any] = []
-    calls: list[Any] = []
-    results: list[Any] = []
-    reasoning = ""
+    blocks = _Blocks()
     for block in content:
-        if not isinstance(block, dict):
-            continue
+        if isinstance(block, dict):
+            blocks.add(block)
+    return blocks.messages(role)
+
+
+@dataclasses.dataclass
+class _Blocks:
+    """An Anthropic message's content blocks, sorted into what its Chat Completions messages carry."""
+
+    converted: list[Any] = dataclasses.field(default_factory=list)
+    calls: list[Any] = dataclasses.field(default_factory=list)
+    results: list[Any] = dataclasses.field(default_factory=list)
+    reasoning: str = ""
+
+    def add(self, block: dict[str, Any]) -> None:
         kind = _str(block.get("type"))
         if kind == "text":
-            converted.append(block)
+            self.converted.append(block)
         elif kind == "thinking":
-            reasoning += _str(block.get("thinking"))
+            self.reasoning += _str(block.get("thinking"))
         elif kind == "image":
             source = block.get("source")
             part = _image_url(source if isinstance(source, dict) else {})
             if part is not None:
-                converted.append(part)
+                self.converted.append(part)
         elif kind == "tool_use":
             arguments = block.get("input", {})
-            calls.append(
+            self.calls.append(
                 {
                     "id": _str(block.get("id")),
                     "type": "function",
@@ -144,20 +164,18 @@ def _anthropic_message(msg: Any) -> list[Any]:
                 }
             )
         elif kind == "tool_result":
-            results.append(_tool_result(block))
-    out: list[Any] = []
-    if converted or calls or reasoning:
-        new: dict[str, Any] = {"role": role}
-        if converted:
-            new["content"] = converted
-        else:
-            new["content"] = ""
-        if calls:
-            new["tool_calls"] = calls
-        if reasoning:
-            new["reasoning_content"] = reasoning
-        out.append(new)
-    return out + results
+            self.results.append(_tool_result(block))
+
+    def messages(self, role: str) -> list[Any]:
+        """The message of the text, reasoning and tool calls (if any), then one per tool result."""
+        if not (self.converted or self.calls or self.reasoning):
+            return list(self.results)
+        new: dict[str, Any] = {"role": role, "content": self.converted if self.converted else ""}
+        if self.calls:
+            new["tool_calls"] = self.calls
+        if self.reasoning:
+            new["reasoning_content"] = self.reasoning
+        return [new, *self.results]
 
 
 def _tool_result(block: dict[str, Any]) -> dict[str, Any]:
@@ -216,15 +234,7 @@ def responses(body: dict[str, Any]) -> dict[str, Any]:
         raise Refused("'input' must be a string or array of objects")
     out["messages"] = messages
     if "tools" in body:
-        if not isinstance(body["tools"], list):
-            raise Refused("'tools' must be an array of objects")
-        tools = []
-        for tool in body["tools"]:
-            if not isinstance(tool, dict) or tool.get("type") != "function":
-                continue
-            function = {k: v for k, v in tool.items() if k != "type"}
-            function.setdefault("strict", True)
-            tools.append({"type": "function", "function": function})
+        tools = _responses_tools(body["tools"])
         del out["tools"]
         if tools:
             out["tools"] = tools
@@ -239,6 +249,19 @@ def responses(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _responses_tools(given: Any) -> list[dict[str, Any]]:
+    if not isinstance(given, list):
+        raise Refused("'tools' must be an array of objects")
+    tools = []
+    for tool in given:
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            continue
+        function = {k: v for k, v in tool.items() if k != "type"}
+        function.setdefault("strict", True)
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
 def _responses_item(item: dict[str, Any], messages: list[dict[str, Any]]) -> None:
     merge = bool(messages) and messages[-1].get("role") == "assistant"
     role, kind = item.get("role"), item.get("type")
@@ -251,27 +274,9 @@ def _responses_item(item: dict[str, Any], messages: list[dict[str, Any]]) -> Non
         item.pop("status", None)
         messages.append(item)
     elif role == "assistant" and kind == "message":
-        parts = [_output_part(part) for part in content] if isinstance(content, list) else []
-        if merge:
-            previous = messages[-1]
-            held = previous.get("content")
-            previous["content"] = [*(held if isinstance(held, list) else ()), *parts]
-        else:
-            item.pop("status", None)
-            item.pop("type", None)
-            item["content"] = parts
-            messages.append(item)
+        _assistant_message(item, content, messages, merge=merge)
     elif kind == "function_call" and all(isinstance(item.get(k), str) for k in ("arguments", "call_id", "name")):
-        call = {
-            "function": {"arguments": item["arguments"], "name": item["name"]},
-            "id": item["call_id"],
-            "type": "function",
-        }
-        if merge:
-            calls = messages[-1].get("tool_calls")
-            messages[-1]["tool_calls"] = [*(calls if isinstance(calls, list) else ()), call]
-        else:
-            messages.append({"role": "assistant", "tool_calls": [call]})
+        _function_call(item, messages, merge=merge)
     elif (
         kind == "function_call_output"
         and isinstance(item.get("call_id"), str)
@@ -291,6 +296,32 @@ def _responses_item(item: dict[str, Any], messages: list[dict[str, Any]]) -> Non
             messages.append({"role": "assistant", "content": [], "reasoning_content": content[0]["text"]})
     else:
         raise Refused("Cannot determine type of 'item'")
+
+
+def _assistant_message(item: dict[str, Any], content: Any, messages: list[dict[str, Any]], *, merge: bool) -> None:
+    parts = [_output_part(part) for part in content] if isinstance(content, list) else []
+    if merge:
+        previous = messages[-1]
+        held = previous.get("content")
+        previous["content"] = [*(held if isinstance(held, list) else ()), *parts]
+    else:
+        item.pop("status", None)
+        item.pop("type", None)
+        item["content"] = parts
+        messages.append(item)
+
+
+def _function_call(item: dict[str, Any], messages: list[dict[str, Any]], *, merge: bool) -> None:
+    call = {
+        "function": {"arguments": item["arguments"], "name": item["name"]},
+        "id": item["call_id"],
+        "type": "function",
+    }
+    if merge:
+        calls = messages[-1].get("tool_calls")
+        messages[-1]["tool_calls"] = [*(calls if isinstance(calls, list) else ()), call]
+    else:
+        messages.append({"role": "assistant", "tool_calls": [call]})
 
 
 def _get(value: Any, key: str) -> Any:

@@ -76,6 +76,22 @@ class _Plan:
     """Not pinned (``prompt.Pin.PLACED``): the server chose the slot, which is read back after the answer."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Route:
+    """Where a request goes (:meth:`Placer._route`), and what its slot is filled from."""
+
+    decision: routing.Decision
+    views: dict[int, events.SlotView]
+    """The slots as last read, by id."""
+    counters: events.Counters | None
+    library: dict[str, tuple[manifest.Manifest, tuple[str, ...]]]
+    """The snapshots the request may be swapped from, by file."""
+    shared: records.SharedRecord | None
+    """The shared store's snapshot fetched for it, if any."""
+    in_ram: ramtier.Held | None
+    """The conversation llama-server's RAM prompt cache holds for it, if any."""
+
+
 @dataclasses.dataclass(slots=True)
 class Placed:
     """One request's placement (``relay.Placement``): the body to forward, and its answer's verdict."""
@@ -490,6 +506,56 @@ class Placer:
         ticket: tickets.Ticket,
     ) -> _Plan | outcomes.Unrouted | None:
         """Place a request by its ids; ``timing``: when its placement started, and the seconds its tokens took."""
+        route = await self._route(request, chain, packed, turn, within, owner)
+        if not isinstance(route, _Route):
+            return route
+        decision = route.decision
+        if decision.slot is None:  # every slot busy: llama-server queues it as it would without the sidecar
+            return _Plan(verdict.Planned(decision.source, None), chain, turn, b"", owner)  # b"": forwarded as it came
+        state = self._slot(decision.slot)
+        ticket.reserve(decision.slot)
+        state.used = self._clock.monotonic()
+        source = decision.source
+        restored: int | None = None
+        try:
+            restored, source = await self._fill(request, route, state, owner)
+        finally:
+            if restored is None:
+                ticket.unreserve()
+                if decision.source is not outcomes.Source.COLD:
+                    state.holds(())  # unknown now: the restore may or may not have run
+        if restored is None:
+            self._unrouted(
+                outcomes.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
+            )
+            return outcomes.Unrouted.SWAP
+        log.debug(
+            "request_routed",
+            source=source.value,
+            slot=decision.slot,
+            blocks=decision.blocks,
+            by="tokens",
+            seconds=round(time.perf_counter() - timing[0], 4),
+            tokenize_seconds=round(timing[1], 4),
+        )
+        planned = verdict.Planned(source, decision.slot, decision.blocks * slotfile.BLOCK_TOKENS, restored)
+        if source is outcomes.Source.COLD:
+            planned = dataclasses.replace(planned, prefix_tokens=0)
+        placed = request.pin is prompt.Pin.PLACED
+        if placed:
+            await self._clear_for(owner, route.views, slot=decision.slot, keep=source is not outcomes.Source.COLD)
+        return _Plan(planned, chain, turn, prompt.pinned(request, decision.slot) or b"", owner, placed)
+
+    async def _route(
+        self,
+        request: prompt.Prompt,
+        chain: tuple[str, ...],
+        packed: bytes,
+        turn: turns.Key | None,
+        within: frozenset[int] | None,
+        owner: str,
+    ) -> _Route | outcomes.Unrouted | None:
+        """Where a request goes, by its ids, from fresh slots, the library, the RAM cache and the shared store."""
         polled, identity = self._core.seen()
         if polled is None or polled.slots is None or identity is None:
             self._unrouted(outcomes.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
@@ -519,67 +585,48 @@ class Placer:
             held = [self._held(v, packed if exact else None, owner=owner, going_on=going_on) for v in obs.slots or ()]
             decision = routing.route(chain, held, entries, shared=found[0], ram=ram)
         views = {v.id: v for v in obs.slots or ()}
-        if decision.slot is None:  # every slot busy: llama-server queues it as it would without the sidecar
-            return _Plan(verdict.Planned(decision.source, None), chain, turn, b"", owner)  # b"": forwarded as it came
-        state = self._slot(decision.slot)
-        ticket.reserve(decision.slot)
-        state.used = self._clock.monotonic()
+        return _Route(decision, views, obs.counters, library, found[1] if found is not None else None, in_ram)
+
+    async def _fill(
+        self, request: prompt.Prompt, route: _Route, state: slotstate.SlotState, owner: str
+    ) -> tuple[int | None, outcomes.Source]:
+        """Put the request's prefix into its slot, saving what the slot held first if it changed.
+
+        Returns the tokens restored (0: none needed) and where the prefix came from; None: the slot could
+        not be saved or restored.
+        """
+        decision, views, counters = route.decision, route.views, route.counters
+        assert decision.slot is not None
         source = decision.source
-        restored: int | None = None
-        try:
-            if source is outcomes.Source.SHARED:
-                assert decision.entry is not None
-                assert found is not None
-                state.holds(decision.entry.prefix, owner=owner)  # its requests wait at the lock below
-                async with state.lock:
-                    restored, source = await self._fetch_in(decision, found[1], views[decision.slot], obs.counters)
-                if source is outcomes.Source.COLD:
-                    state.holds(())
-            elif source is outcomes.Source.LIBRARY:
-                assert decision.entry is not None
-                record = library[decision.entry.file][0]
-                state.holds(decision.entry.prefix, owner=owner)  # its requests wait at the lock below
-                async with state.lock:
-                    restored = await self._swap(decision, record, views[decision.slot], obs.counters)
-                state.restored = record.index if restored is not None else None
-            else:
-                async with state.lock:  # a swap into this slot in flight ends first
-                    restored = 0 if await self._save_for(request, decision, views, obs.counters) else None
-                if restored is not None and source is not outcomes.Source.SLOT:
-                    # A task of another conversation starts there: the server copies what the slot held into
-                    # its RAM prompt cache first.
-                    self._left(state, views[decision.slot].tokens)
-                    state.holds(())
-                    if source is outcomes.Source.RAM and in_ram is not None:
-                        self._ram.loaded(in_ram)  # and takes this one out of it, into the slot
-                        state.holds(in_ram.chain, owner=owner)
-                        self._stats.ram_conversations.set(len(self._ram))
-        finally:
-            if restored is None:
-                ticket.unreserve()
-                if decision.source is not outcomes.Source.COLD:
-                    state.holds(())  # unknown now: the restore may or may not have run
-        if restored is None:
-            self._unrouted(
-                outcomes.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
-            )
-            return outcomes.Unrouted.SWAP
-        log.debug(
-            "request_routed",
-            source=source.value,
-            slot=decision.slot,
-            blocks=decision.blocks,
-            by="tokens",
-            seconds=round(time.perf_counter() - timing[0], 4),
-            tokenize_seconds=round(timing[1], 4),
-        )
-        planned = verdict.Planned(source, decision.slot, decision.blocks * slotfile.BLOCK_TOKENS, restored)
-        if source is outcomes.Source.COLD:
-            planned = dataclasses.replace(planned, prefix_tokens=0)
-        placed = request.pin is prompt.Pin.PLACED
-        if placed:
-            await self._clear_for(owner, views, slot=decision.slot, keep=source is not outcomes.Source.COLD)
-        return _Plan(planned, chain, turn, prompt.pinned(request, decision.slot) or b"", owner, placed)
+        if source is outcomes.Source.SHARED:
+            assert decision.entry is not None
+            assert route.shared is not None
+            state.holds(decision.entry.prefix, owner=owner)  # its requests wait at the lock below
+            async with state.lock:
+                restored, source = await self._fetch_in(decision, route.shared, views[decision.slot], counters)
+            if source is outcomes.Source.COLD:
+                state.holds(())
+            return restored, source
+        if source is outcomes.Source.LIBRARY:
+            assert decision.entry is not None
+            record = route.library[decision.entry.file][0]
+            state.holds(decision.entry.prefix, owner=owner)  # its requests wait at the lock below
+            async with state.lock:
+                restored = await self._swap(decision, record, views[decision.slot], counters)
+            state.restored = record.index if restored is not None else None
+            return restored, source
+        async with state.lock:  # a swap into this slot in flight ends first
+            restored = 0 if await self._save_for(request, decision, views, counters) else None
+        if restored is not None and source is not outcomes.Source.SLOT:
+            # A task of another conversation starts there: the server copies what the slot held into
+            # its RAM prompt cache first.
+            self._left(state, views[decision.slot].tokens)
+            state.holds(())
+            if source is outcomes.Source.RAM and route.in_ram is not None:
+                self._ram.loaded(route.in_ram)  # and takes this one out of it, into the slot
+                state.holds(route.in_ram.chain, owner=owner)
+                self._stats.ram_conversations.set(len(self._ram))
+        return restored, source
 
     async def _save_for(
         self,

@@ -346,17 +346,8 @@ class Relay:
         """Send until an answer's first event arrives, then relay it; ``Resume.REPLACE``: a placement to redo."""
         gated = ticket.gated
         while True:
-            if gated and not self._gate.lets(hold):
-                if ticket.closed() is tickets.Resume.REPLACE:
-                    return tickets.Resume.REPLACE  # placed again once the gate opens: the round changed the slots
-                if not await self._wait(ticket, hold):
-                    return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
-                if self._admit is not None and (refused := await self._admit(route, body)) is not None:
-                    # Router mode: the router is back, but the model it ran may not be (a kill -9 takes
-                    # its child servers). A request let through now would have the router load the
-                    # model for it and take the slot before the restore: it goes through the load
-                    # and the model's gate, as a new request does.
-                    return refused
+            if gated and (stopped := await self._through_gate(route, body, ticket, hold)) is not None:
+                return stopped
             ticket.send()
             try:
                 up = await self._client.request(request.method, target, headers, body)
@@ -393,6 +384,24 @@ class Relay:
                 raise
             ticket.first_event()
             return await self._relay(request, up, first, placement, keep)
+
+    async def _through_gate(
+        self, route: outcomes.Route, body: bytes, ticket: tickets.Ticket, hold: gate.Hold
+    ) -> Refusal | Literal[tickets.Resume.REPLACE] | None:
+        """Wait while the gate is closed to this request; None: send it now."""
+        if self._gate.lets(hold):
+            return None
+        if ticket.closed() is tickets.Resume.REPLACE:
+            return tickets.Resume.REPLACE  # placed again once the gate opens: the round changed the slots
+        if not await self._wait(ticket, hold):
+            return self._held_too_long(), outcomes.ProxyOutcome.HELD_TIMEOUT
+        if self._admit is not None and (refused := await self._admit(route, body)) is not None:
+            # Router mode: the router is back, but the model it ran may not be (a kill -9 takes
+            # its child servers). A request let through now would have the router load the
+            # model for it and take the slot before the restore: it goes through the load
+            # and the model's gate, as a new request does.
+            return refused
+        return None
 
     def _lost(self, exc: BaseException, ticket: tickets.Ticket) -> Refusal | None:
         """The connection closed before the answer's first event: None to send again, else the answer to give.

@@ -96,43 +96,70 @@ def plan(
     """What to unpublish and delete; ``max_age`` 0 and ``max_bytes`` 0 mean no limit."""
     named = recipes or {}
     block_grace = max(grace, fence.MIN_GRACE)
-    manifests: dict[tuple[str, str], objstore.ObjectInfo] = {}
-    blobs: dict[tuple[str, str], objstore.ObjectInfo] = {}
-    stones: dict[tuple[str, str], list[objstore.ObjectInfo]] = {}
-    attempts: dict[tuple[str, str], list[objstore.ObjectInfo]] = {}
-    blocks: dict[tuple[str, str], objstore.ObjectInfo] = {}
-    for info in objects:
-        found = _parts(info.key)
-        if found is None:
-            continue
-        base, kind, cid = found
-        if kind == GONE:
-            stones.setdefault((base, cid), []).append(info)
-        elif kind == keys.RECIPES:
-            attempts.setdefault((base, cid), []).append(info)
-        elif kind == keys.BLOCKS:
-            blocks[(base, cid)] = info
-        else:
-            (manifests if kind == keys.MANIFESTS else blobs)[(base, cid)] = info
+    listing = _Listing.of(objects)
+    manifests = listing.manifests
     live = sorted(manifests, key=lambda k: manifests[k].modified, reverse=True)  # newest first
     drop = [k for k in live if max_age > 0 and now - manifests[k].modified > max_age]
     kept = [k for k in live if k not in drop]
-    sizes = _Sizes(blobs, blocks, attempts, named)
+    sizes = _Sizes(listing.blobs, listing.blocks, listing.attempts, named)
     for k in kept:
         sizes.add(k)
     while max_bytes > 0 and kept and sizes.total > max_bytes:
         oldest = kept.pop()
         sizes.remove(oldest)
         drop.append(oldest)
+    delete = _expired(listing, drop, now=now, grace=grace, block_grace=block_grace)
+    delete += _unreferenced_blocks(
+        listing.blocks, listing.attempts, named, gone=set(delete), now=now, grace=block_grace
+    )
+    return Plan(tuple(sorted(manifests[k].key for k in drop)), tuple(sorted(delete)), sizes.total)
+
+
+Key = tuple[str, str]
+"""(namespace path, content id)."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Listing:
+    """The store's objects of the layout in ``keys``, by kind and :data:`Key`."""
+
+    manifests: dict[Key, objstore.ObjectInfo] = dataclasses.field(default_factory=dict)
+    blobs: dict[Key, objstore.ObjectInfo] = dataclasses.field(default_factory=dict)
+    stones: dict[Key, list[objstore.ObjectInfo]] = dataclasses.field(default_factory=dict)
+    attempts: dict[Key, list[objstore.ObjectInfo]] = dataclasses.field(default_factory=dict)
+    """The recipes of every upload attempt."""
+    blocks: dict[Key, objstore.ObjectInfo] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, objects: Iterable[objstore.ObjectInfo]) -> _Listing:
+        listing = cls()
+        for info in objects:
+            found = _parts(info.key)
+            if found is None:
+                continue
+            base, kind, cid = found
+            if kind == GONE:
+                listing.stones.setdefault((base, cid), []).append(info)
+            elif kind == keys.RECIPES:
+                listing.attempts.setdefault((base, cid), []).append(info)
+            elif kind == keys.BLOCKS:
+                listing.blocks[(base, cid)] = info
+            else:
+                (listing.manifests if kind == keys.MANIFESTS else listing.blobs)[(base, cid)] = info
+        return listing
+
+
+def _expired(listing: _Listing, drop: list[Key], *, now: float, grace: float, block_grace: float) -> list[str]:
+    """The blobs, recipes and tombstones past their grace period, of snapshots no manifest publishes."""
     delete: list[str] = []
-    for k in set(blobs) | set(stones) | set(attempts):
-        dated = stones.get(k, [])
-        if k in manifests:
+    for k in set(listing.blobs) | set(listing.stones) | set(listing.attempts):
+        dated = listing.stones.get(k, [])
+        if k in listing.manifests:
             if k not in drop:
                 delete += [s.key for s in dated]  # left from an earlier unpublish; the snapshot is back
             continue  # unpublished by this run: the blob waits for the grace period
-        blob = blobs.get(k)
-        tried = attempts.get(k, [])
+        blob = listing.blobs.get(k)
+        tried = listing.attempts.get(k, [])
         old = [r.key for r in tried if now - r.modified > block_grace]  # a younger one: an upload in progress
         if dated:
             if now - max(s.modified for s in dated) > grace:
@@ -141,8 +168,7 @@ def plan(
             if blob is not None and now - blob.modified > grace:
                 delete.append(blob.key)  # an upload that never published its manifest
             delete += old  # likewise, as blocks
-    delete += _unreferenced_blocks(blocks, attempts, named, gone=set(delete), now=now, grace=block_grace)
-    return Plan(tuple(sorted(manifests[k].key for k in drop)), tuple(sorted(delete)), sizes.total)
+    return delete
 
 
 class _Sizes:

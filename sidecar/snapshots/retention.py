@@ -17,7 +17,7 @@ being uploaded) is never selected.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
 from sidecar.core import outcomes
 
@@ -66,19 +66,7 @@ def select(
     ``covers(newer, older)``: whether ``newer`` holds every token of ``older``, the partial last
     block included (for ``exact`` snapshots; without it they are never superseded).
     """
-    doomed: dict[str, tuple[Kept, outcomes.GcReason]] = {}
-    newest_first = sorted(kept, key=lambda k: k.generation, reverse=True)
-    for i, old in enumerate(newest_first):
-        if old.file in in_use or not old.prefix:
-            continue
-        if old.exact:
-            if covers is None:
-                continue
-            extenders = sum(_extends(newer.prefix, old.prefix) and covers(newer, old) for newer in newest_first[:i])
-            if extenders >= max(1, keep) + 1:
-                doomed[old.file] = (old, outcomes.GcReason.SUPERSEDED)
-        elif sum(_extends(newer.prefix, old.prefix) for newer in newest_first[:i]) >= max(1, keep):
-            doomed[old.file] = (old, outcomes.GcReason.SUPERSEDED)
+    doomed = {k.file: (k, outcomes.GcReason.SUPERSEDED) for k in _superseded(kept, in_use, keep, covers)}
     if max_age > 0:
         for k in kept:
             if k.file not in doomed and k.file not in in_use and now - k.last_used > max_age:
@@ -93,6 +81,24 @@ def select(
             doomed[k.file] = (k, outcomes.GcReason.BYTES)
             total = held_bytes(k for k in kept if k.file not in doomed) if k.blocks else total - k.bytes
     return list(doomed.values())
+
+
+def _superseded(
+    kept: Sequence[Kept], in_use: Collection[str], keep: int, covers: Callable[[Kept, Kept], bool] | None
+) -> Iterator[Kept]:
+    """The snapshots whose tokens ``keep`` newer ones hold (``keep + 1`` for ``exact`` ones), newest first."""
+    newest_first = sorted(kept, key=lambda k: k.generation, reverse=True)
+    for i, old in enumerate(newest_first):
+        if old.file in in_use or not old.prefix:
+            continue
+        if old.exact:
+            if covers is None:
+                continue
+            extenders = sum(_extends(newer.prefix, old.prefix) and covers(newer, old) for newer in newest_first[:i])
+            if extenders >= max(1, keep) + 1:
+                yield old
+        elif sum(_extends(newer.prefix, old.prefix) for newer in newest_first[:i]) >= max(1, keep):
+            yield old
 
 
 def _extends(longer: tuple[str, ...], shorter: tuple[str, ...]) -> bool:
