@@ -340,6 +340,17 @@ def _plain(
     clock = protocols.SystemClock()
     own = snapshots.for_model(None)  # a plain server's snapshots, never a router model's
     shared = _shared_store(settings, own, stats)
+    tokenizer = None
+    slots_reader = None
+    if settings.proxy.host is not None:
+
+        def vocabulary() -> events.Identity | None:
+            # Read once the engine, made just below, runs; it tells the tokenizer when the slots empty.
+            latest = watched.engine.slots.seen()[0]  # the newest poll's own reading, never an earlier one's
+            return latest.identity if latest is not None else None
+
+        tokenizer = tokens.Cached(client, stats=stats, vocabulary=vocabulary)
+        slots_reader = reads.SlotsReader(settings.upstream, stats=stats)
     watched = spawn.watch(
         client=client,
         snapshots=own,
@@ -351,22 +362,14 @@ def _plain(
         detect_router=settings.upstream.router is None,
         prompts=client,
         starting=starting,
+        read_fresh=slots_reader.slots if slots_reader is not None else None,
+        # A restart forgets the tokenizer's remembered ids, unless the model and build are the same.
+        told=(tokenizer,) if tokenizer is not None else (),
     )
     library = None
-    slots_reader = None
-    if settings.proxy.host is not None:
-        core = watched.engine
-
-        def vocabulary() -> events.Identity | None:
-            latest = core.seen()[0]  # the newest poll's own reading, never one carried over from an earlier one
-            return latest.identity if latest is not None else None
-
-        tokenizer = tokens.Cached(client, stats=stats, vocabulary=vocabulary)
-        core.follow(tokenizer)  # a restart forgets the remembered ids, unless the model and build are the same
-        slots_reader = reads.SlotsReader(settings.upstream, stats=stats)
-        core.read_fresh_by(slots_reader.slots)
+    if tokenizer is not None:
         library = placer.Placer(
-            core=watched.engine,
+            core=watched.engine.slots,  # the placer follows the engine's slot changes from its construction on
             tokenizer=tokenizer,
             snapshots=own,
             stats=stats,

@@ -12,7 +12,7 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import engine, policy, probe, snapshotter
+from sidecar.act import engine, policy, probe, saves, slotservice, snapshotter
 from sidecar.core import config, errors, events, hashing, metrics, outcomes
 from sidecar.observe import poller
 from sidecar.snapshots import manifest, store
@@ -53,7 +53,7 @@ class Bed:
         return [args for name, args in self.server.calls if name == kind]  # type: ignore[misc]
 
 
-def make_bed(slot_dir: Path, **snapshot_settings: float) -> Bed:
+def make_bed(slot_dir: Path, *, read_fresh: slotservice.ReadSlots | None = None, **snapshot_settings: float) -> Bed:
     server = memllama.MemLlama(slot_dir)
     stamps = itertools.count(1_764_000_000)
     snapshots = store.SnapshotStore(slot_dir, clock=clocks.Wall(lambda: float(next(stamps))))
@@ -70,7 +70,12 @@ def make_bed(slot_dir: Path, **snapshot_settings: float) -> Bed:
         server=config.ServerSettings(),
     )
     core = engine.Engine(
-        client=server, snapshots=snapshots, stats=metrics.Metrics(registry, version="t"), settings=settings, clock=clock
+        client=server,
+        snapshots=snapshots,
+        stats=metrics.Metrics(registry, version="t"),
+        settings=settings,
+        clock=clock,
+        read_fresh=read_fresh,
     )
     return Bed(server, snapshots, registry, clock, poller.Poller(server, settings.poll, clock=clock), core)
 
@@ -124,7 +129,7 @@ async def test_polling_goes_on_while_the_server_holds_a_save(bed: Bed) -> None:
             await bed.poll(after=3.0)
             while not bed.saves():
                 await asyncio.sleep(0)
-        assert bed.core.acting()
+        assert bed.core.status().acting
         for n in range(5):  # each poll goes through at once, and the engine sees each one
             async with asyncio.timeout(1):
                 obs = await bed.poll(after=1.0)
@@ -246,7 +251,7 @@ async def test_a_restart_restores_each_slot_into_the_new_process(bed: Bed) -> No
     assert bed.value("llama_sidecar_server_restarts_total") == 1
     assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1
     assert bed.value("llama_sidecar_restores_total", slot="1", result="no_snapshot") == 1
-    assert not bed.core.restore_owed()
+    assert not bed.core.slots.restore_owed()
 
 
 async def test_an_admin_restore_is_judged_only_by_a_task_after_it(bed: Bed) -> None:
@@ -425,7 +430,7 @@ async def test_a_restore_round_that_cannot_read_the_slots_is_tried_again(bed: Be
     await bed.poll(after=1.0)
     bed.server.fail["slots"] = errors.UpstreamUnavailable("/slots: no answer within 5 s", endpoint="/slots")
     await bed.core.work()
-    assert bed.core.restore_owed()
+    assert bed.core.slots.restore_owed()
     del bed.server.fail["slots"]
     await bed.cycle(after=1.0)
     assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1
@@ -519,7 +524,7 @@ async def test_a_waiting_commit_that_fails_makes_the_slot_due_again(tmp_path: Pa
     await bed.cycle(after=1.0)
     assert bed.snapshots.snapshots() == []
     assert bed.value("llama_sidecar_snapshots_total", slot="0", result="failed") == 1
-    await bed.cycle(after=engine.RETRY_AFTER)
+    await bed.cycle(after=saves.RETRY_AFTER)
     assert [slot for slot, _ in bed.saves()] == [0, 0]
     assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
 
@@ -531,7 +536,7 @@ async def test_a_swap_of_a_slot_whose_commit_waits_commits_it_and_saves_again_if
     with (tmp_path / temp).open("ab") as f:
         f.write(b"x")  # the waiting commit will fail its size check
     swap = policy.Save(0, events.SlotContent(1, 500), 500, policy.SaveReason.SWAP)
-    assert await bed.core.save(swap)
+    assert await bed.core.slots.save(swap)
     assert [slot for slot, _ in bed.saves()] == [0, 0]  # saved again, not taken as saved already
     assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
     assert bed.value("llama_sidecar_snapshots_total", slot="0", result="failed") == 1
@@ -571,16 +576,16 @@ async def test_steady_traffic_on_two_slots_saves_within_the_default_hold_and_exp
     assert bed.value(unsaved, slot="0") == 0  # the save covers every change so far
 
 
-async def test_a_fresh_read_listing_slots_props_did_not_announce_is_refused(bed: Bed) -> None:
-    await bed.cycle()  # the identity is known: total_slots as /props says
-    total = bed.server.identity.total_slots
+async def test_a_fresh_read_listing_slots_props_did_not_announce_is_refused(tmp_path: Path) -> None:
     many = tuple(events.SlotView(id=i, n_ctx=4096, processing=False, task=None, tokens=0) for i in range(20_000))
 
     async def lying() -> tuple[events.SlotView, ...]:  # the request path's reader knows nothing of /props
         return many
 
-    bed.core.read_fresh_by(lying)
+    bed = make_bed(tmp_path, read_fresh=lying)
+    await bed.cycle()  # the identity is known: total_slots as /props says
+    total = bed.server.identity.total_slots
     with pytest.raises(errors.UpstreamProtocolError, match=f"below the {total} slots /props announced"):
-        await bed.core.fresh_slots()
+        await bed.core.slots.fresh_slots()
     assert bed.value("llama_sidecar_slot_unsaved_since_timestamp_seconds", slot="1") == 0
     assert bed.registry.get_sample_value("llama_sidecar_slot_unsaved_since_timestamp_seconds", {"slot": "2"}) is None

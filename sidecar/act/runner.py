@@ -1,0 +1,182 @@
+"""The engine's action runner: a task of its own that acts whenever an observation asks for it.
+
+It checks snapshot files while the server loads, then runs the restore round,
+the slot-dir probe and the saves that are due (:mod:`.saves`), one action at
+a time, each right after reading its slot (see :mod:`sidecar.act.actions`).
+A save the server holds behind a busy slot then delays other actions, never
+the polls. It is also the restore round's :class:`restorer.Order`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from sidecar.act import actions, gate, listeners, memory, policy, probe, restoreplan, restorer, saves, sight
+from sidecar.core import errors, events, protocols
+from sidecar.snapshots import manifest, store
+
+BeforeRestore = Callable[[events.Identity, tuple[events.SlotView, ...]], Awaitable[object]]
+"""Awaited with the server's identity and slots at the start of each restore round."""
+
+
+class Runner:
+    def __init__(
+        self,
+        *,
+        wake: asyncio.Event,
+        slot_actions: actions.SlotActions,
+        snapshots: store.SnapshotStore,
+        clock: protocols.Clock,
+        decider: policy.Policy,
+        seen: sight.Sight,
+        told: listeners.Listeners,
+        restore_gate: gate.Gate,
+        restoring: restorer.Restorer,
+        saving: saves.Saves,
+        before_restore: BeforeRestore | None = None,
+    ) -> None:
+        """``wake`` is set by the consumer when an observation makes something due; ``before_restore`` is
+        awaited at the start of each restore round (the shared store fetches snapshots for the empty slots then)."""
+        self._wake = wake
+        self._actions = slot_actions
+        self._snapshots = snapshots
+        self._clock = clock
+        self._policy = decider
+        self._sight = seen
+        self._listeners = told
+        self._gate = restore_gate
+        self._restorer = restoring
+        self._saves = saving
+        self._before_restore = before_restore
+        self._working_since: float | None = None
+        """When the action runner's current pass began; None between passes."""
+
+    async def run(self) -> None:
+        """The action runner: check files first, then act whenever an observation asks for it."""
+        self._working_since = self._clock.monotonic()
+        try:
+            await self._precheck()
+        finally:
+            self._working_since = None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            self._working_since = self._clock.monotonic()
+            try:
+                await self.work()
+            finally:
+                self._working_since = None
+
+    async def work(self) -> None:
+        """Run what the newest observation makes due: file checks, the restore round, the probe, saves."""
+        obs = self._sight.latest
+        if obs is None or obs.health is not events.Health.OK:
+            await self._saves.commit_written(quiet=True)  # nothing generates: the restore round will want them
+            if obs is not None and obs.health is events.Health.UNLOADED and self._restorer.ahead:
+                await self._restorer.drop_ahead()  # router mode: no server runs the model, none loads it (yet)
+            if not self._sight.server.prechecked:
+                await self._precheck()
+            return
+        if not self._sight.ready(obs):
+            await self._saves.commit_written(quiet=obs.sleeping or not saves.processing(obs.slots or (), obs.counters))
+            return
+        if self._sight.server.restore is memory.Restore.OWED:
+            await self._saves.commit_written(quiet=True)  # the newest snapshots are restored, not those before
+            server = self._sight.server
+            server.restore = memory.Restore.RUNNING
+            try:
+                await self._restore(obs)
+            finally:
+                if server.restore is memory.Restore.RUNNING:  # not owed again meanwhile (nor renewed)
+                    server.restore = memory.Restore.DONE
+            if not self._sight.server.restore_owed:
+                self._gate.open(seen_at=obs.at)
+        if self._restorer.ahead and not self._sight.server.restore_owed:
+            await self._restorer.drop_ahead()  # the server came back without a restore round, or it had none
+        if self._sight.server.link.ok is None:
+            await self._probe()
+        await self._saves.expire()
+        for action in self._policy.due(self._clock.monotonic()):
+            latest = self._sight.latest
+            if self._sight.server.restore_owed or latest is None or not self._sight.ready(latest):
+                return  # the server restarted, slept or went away meanwhile
+            if isinstance(action, policy.Skip):
+                self._saves.saver.skip(action)
+                self._policy.settle(action.slot, action.signature)
+            elif not self._saves.hold(action, latest.slots or (), latest.counters):
+                await self._saves.save(action)
+        latest = self._sight.latest
+        if latest is not None:
+            await self._saves.commit_written(quiet=not saves.processing(latest.slots or (), latest.counters))
+
+    async def _precheck(self) -> None:
+        self._sight.server.prechecked = True
+        health = None if self._sight.latest is None else self._sight.latest.health
+        down = health is not None and health is not events.Health.OK
+        if self._sight.server.restore_owed or self._sight.latest is None or down:
+            # Rebuilt ahead only while the server is seen down or loading: a round follows its return. Not for
+            # a model the router runs no server for (unloaded): it may not load for hours, and RAM holds them.
+            await self._restorer.precheck(rebuild=health in (events.Health.DOWN, events.Health.LOADING))
+
+    async def _restore(self, obs: events.Observation) -> None:
+        assert self._sight.identity is not None
+        if self._before_restore is not None and obs.slots:
+            await self._before_restore(self._sight.identity, obs.slots)
+        if not self._snapshots.snapshots():
+            return
+        done = await self._restorer.restore_all(
+            self._sight.identity, healthy_at=self._sight.server.healthy_at, counters=obs.counters, order=self
+        )
+        if done is None:
+            # The server did not answer /slots: the next poll tries again.
+            self._sight.server.restore = memory.Restore.OWED
+        elif done:
+            self._sight.set_link(probe.Link(True))
+
+    # ---- the restore round's order: restorer.Order ------------------------------------------
+
+    async def next_step(self, pending: tuple[int, ...]) -> restoreplan.Step:
+        """What a request held at the gate waits for first, and where (see :mod:`sidecar.act.early`)."""
+        return await self._gate.next_step(pending, self._snapshots.snapshots)
+
+    def restored(self, slot: int, record: manifest.Manifest) -> None:
+        """Tell the listeners what ``slot`` holds now, then let the requests waiting for it go on."""
+        self._listeners.restored(slot, record)
+        self._gate.restored(slot, record.file)
+
+    async def restore_now(self) -> list[restorer.RestoreRecord]:
+        """An admin's restore round into the slots that are empty now."""
+        obs = self._sight.latest
+        if obs is None or not self._sight.ready(obs) or self._sight.identity is None:
+            return []
+        await self._restorer.restore_all(self._sight.identity, healthy_at=None, counters=obs.counters)
+        return self._restorer.last
+
+    async def _probe(self) -> None:
+        """Prove once per server process that the server writes into our slot dir."""
+        obs = self._sight.latest
+        slots = obs.slots if obs is not None else None
+        target = next(
+            (v for v in slots or () if v.virgin and not v.processing and v.id not in self._restorer.unverified), None
+        )
+        if target is None:
+            return  # the first real save will prove or disprove the link
+        async with self._actions.lock:
+            try:
+                view = await self._actions.view(target.id)
+            except errors.UpstreamError:
+                return
+            if view is None or not view.virgin or view.processing:
+                return
+            self._sight.set_link(await probe.probe(self._actions, self._snapshots, target.id))
+
+    def acting(self) -> bool:
+        """Whether a slot action (save, restore, probe) is in flight or about to be sent."""
+        return self._actions.lock.locked()
+
+    def progress(self) -> float | None:
+        """When the current pass began, or its newest file check ended; None between passes."""
+        if self._working_since is None:
+            return None
+        return max(self._working_since, self._restorer.checked_at)
