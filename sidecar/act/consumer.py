@@ -51,7 +51,7 @@ class Consumer:
         self._saves = saving
         self._said: events.Health | None = None
         self.handled_at = clock.monotonic()
-        """When the last observation was handled (its start before the first): see ``status.Liveness``."""
+        """When the last observation was handled (its start before the first): see ``report.Liveness``."""
 
     async def handle(self, obs: events.Observation, evts: list[events.Event]) -> None:
         try:

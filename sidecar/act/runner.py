@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from sidecar.act import actions, gate, listeners, memory, policy, probe, restoreplan, restorer, saves, sight
+from sidecar.act import actions, gate, listeners, policy, probe, process, restoreplan, restorer, saves, sight
 from sidecar.core import errors, events, protocols
 from sidecar.snapshots import manifest, store
 
@@ -81,15 +81,15 @@ class Runner:
         if not self._sight.ready(obs):
             await self._saves.commit_written(quiet=obs.sleeping or not saves.processing(obs.slots or (), obs.counters))
             return
-        if self._sight.server.restore is memory.Restore.OWED:
+        if self._sight.server.restore is process.Restore.OWED:
             await self._saves.commit_written(quiet=True)  # the newest snapshots are restored, not those before
             server = self._sight.server
-            server.restore = memory.Restore.RUNNING
+            server.restore = process.Restore.RUNNING
             try:
                 await self._restore(obs)
             finally:
-                if server.restore is memory.Restore.RUNNING:  # not owed again meanwhile (nor renewed)
-                    server.restore = memory.Restore.DONE
+                if server.restore is process.Restore.RUNNING:  # not owed again meanwhile (nor renewed)
+                    server.restore = process.Restore.DONE
             if not self._sight.server.restore_owed:
                 self._gate.open(seen_at=obs.at)
         if self._restorer.ahead and not self._sight.server.restore_owed:
@@ -130,7 +130,7 @@ class Runner:
         )
         if done is None:
             # The server did not answer /slots: the next poll tries again.
-            self._sight.server.restore = memory.Restore.OWED
+            self._sight.server.restore = process.Restore.OWED
         elif done:
             self._sight.set_link(probe.Link(True))
 

@@ -3,7 +3,7 @@
 The engine is split by job (:mod:`.consumer`, :mod:`.runner`, :mod:`.saves`,
 :mod:`.slotservice`, :mod:`.statusview`); each reads the server through one
 :class:`Sight`: the newest observation handled, the server's identity, and
-what is known of the server process (:class:`memory.ServerMemory`, renewed
+what is known of the server process (:class:`process.ServerProcess`, renewed
 only by the consumer when the server loses its slots).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from sidecar.act import memory, probe
+from sidecar.act import probe, process
 from sidecar.core import events
 
 log = structlog.get_logger("sidecar.engine")
@@ -28,7 +28,7 @@ class Sight:
     """The newest observation handled; None before the first."""
     identity: events.Identity | None = None
     """The newest identity the server gave (its /props); None before the first."""
-    server: memory.ServerMemory = dataclasses.field(default_factory=memory.ServerMemory)
+    server: process.ServerProcess = dataclasses.field(default_factory=process.ServerProcess)
     """What the engine knows of the server process it watches now (renewed in ``Consumer._slots_emptied``)."""
     slot_count: int = 0
 

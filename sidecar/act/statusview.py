@@ -1,7 +1,7 @@
 """The engine's admin view: one frozen ``report.Status`` on demand, and the admin's save and restore.
 
 The HTTP layer reads the engine only through this view (the seam is
-``report.StatusSource``); it reads the other parts of the engine and keeps
+``report.Engines``); it reads the other parts of the engine and keeps
 no state of its own.
 """
 

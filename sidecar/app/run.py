@@ -44,8 +44,8 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 import sidecar
-from sidecar.act import engine, gate, report, spawn
-from sidecar.app import agentcheck, figures, history, reports, server
+from sidecar.act import gate, report, spawn
+from sidecar.app import agentcheck, figures, history, server, storelog
 from sidecar.core import config, errors, events, logfold, metrics, mounts, protocols
 from sidecar.launch import argv, supervisor
 from sidecar.library import placer, ramtier, reads, tokens
@@ -88,7 +88,7 @@ async def main(
     snapshots = store.SnapshotStore(
         settings.snapshots.slot_dir,
         clock=protocols.SystemClock(),
-        events=reports.StoreLog(stats),
+        events=storelog.StoreLog(stats),
         store_dir=settings.snapshots.store_dir,
     )
     if snapshots.blocks is not None:  # measured at each scrape: what is staged now, never a stale count
@@ -171,8 +171,9 @@ def _as_router(settings: config.Settings, why: str) -> config.Settings:
 class _Parts:
     """What the wiring made for one mode: a plain llama-server, or a router's models."""
 
-    core: engine.Engine | fleet.Fleet
-    """What the HTTP layer reads and what takes the final snapshots."""
+    engines: report.Engines
+    """The engine, or the fleet's engines in router mode: what the HTTP layer reads and what takes the final
+    snapshots."""
     loops: dict[str, Coroutine[Any, Any, None]]
     """The tasks that watch the server(s), by name."""
     restore_gate: gate.Gate
@@ -213,7 +214,7 @@ async def _run(
         watch = watcher.Watcher(snapshots, stats, lock)
         samples = history.History()
         app = server.make_app(
-            source=parts.core,
+            engines=parts.engines,
             snapshots=snapshots,
             registry=registry,
             settings=settings.server,
@@ -226,7 +227,7 @@ async def _run(
         handle = await server.start(app, settings.server)
         log.info("listening", host=handle.host, port=handle.port)
         try:
-            agent = await _start_agent(settings.server, parts.core)
+            agent = await _start_agent(settings.server, parts.engines)
         except BaseException:
             await handle.close()
             raise
@@ -242,7 +243,7 @@ async def _run(
             ready.set()
         launching = {"launcher": launcher.run(parts.restore_gate.suspect)} if launcher is not None else {}
         try:
-            await _tasks(parts, watch, stop, _sample(samples, registry, parts.core), folding, launching)
+            await _tasks(parts, watch, stop, _sample(samples, registry, parts.engines), folding, launching)
         except* Terminate:
             log.info("stopping", reason="signal")
         finally:
@@ -252,7 +253,7 @@ async def _run(
                 await proxy.close()  # no new requests may change the slots during the final snapshots
             if parts.slots_reader is not None:
                 await parts.slots_reader.close()
-            await _shutdown(parts.core, settings, watch, handle, launcher)
+            await _shutdown(parts.engines, settings, watch, handle, launcher)
             if parts.shared is not None:
                 await parts.shared.close()
 
@@ -268,7 +269,7 @@ async def _load(settings: config.Settings, snapshots: store.SnapshotStore, stats
             "only the blocks the store lacks are written, shared prefixes are kept once",
         )
     else:
-        told = reports.StoreLog(stats)
+        told = storelog.StoreLog(stats)
         moved = await asyncio.to_thread(
             upgrade.convert,
             slotdir.SlotDir(snapshots.staging, told.io_error),
@@ -454,10 +455,10 @@ def _exit_at_once(launcher: supervisor.Supervisor) -> None:
     os._exit(EXIT_STATUS_FORCED)
 
 
-async def _sample(samples: history.History, registry: CollectorRegistry, core: report.StatusSource) -> None:
+async def _sample(samples: history.History, registry: CollectorRegistry, engines: report.Engines) -> None:
     """The ``history`` task: a sample of the page's figures every ``history.SAMPLE_SECONDS``, in memory only."""
     while True:
-        samples.add(figures.sample(registry, core.status(), at=time.time()))
+        samples.add(figures.sample(registry, engines.status(), at=time.time()))
         await asyncio.sleep(history.SAMPLE_SECONDS)
 
 
@@ -473,12 +474,12 @@ def _shared_store(
     return shared
 
 
-async def _start_agent(settings: config.ServerSettings, core: agentcheck.Known) -> agentcheck.Handle | None:
+async def _start_agent(settings: config.ServerSettings, engines: agentcheck.Known) -> agentcheck.Handle | None:
     """The agent-check port (--agent-check-listen), if asked for."""
     if settings.agent_host is None:
         return None
     try:
-        agent = await agentcheck.start(core, host=settings.agent_host, port=settings.agent_port)
+        agent = await agentcheck.start(engines, host=settings.agent_host, port=settings.agent_port)
     except OSError as exc:
         raise errors.ConfigError(
             f"--agent-check-listen {settings.agent_host}:{settings.agent_port}: cannot listen there "
@@ -532,7 +533,7 @@ async def _start_proxy(settings: config.Settings, parts: _Parts, stats: metrics.
 
 
 async def _shutdown(
-    core: engine.Engine | fleet.Fleet,
+    engines: report.Engines,
     settings: config.Settings,
     watch: watcher.Watcher,
     handle: server.Handle,
@@ -541,7 +542,7 @@ async def _shutdown(
     """The final snapshots within --final-timeout; then llama-server is stopped (launcher mode), then the rest."""
     try:
         async with asyncio.timeout(settings.snapshots.final_timeout):
-            await core.final_snapshots()
+            await engines.final_snapshots()
     except TimeoutError:
         log.error(
             "final_snapshot_timeout",

@@ -136,7 +136,7 @@ class SlotsReader:
             except upclient.Lost as exc:
                 if attempt == 2:
                     raise errors.UpstreamUnavailable(f"{_ENDPOINT}: {exc}", endpoint=_ENDPOINT) from exc
-            except upclient.UpstreamError as exc:
+            except upclient.ForwardError as exc:
                 raise errors.UpstreamUnavailable(f"{_ENDPOINT}: {exc}", endpoint=_ENDPOINT) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
