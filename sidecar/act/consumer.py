@@ -12,45 +12,28 @@ import asyncio
 
 import structlog
 
-from sidecar.act import gate, listeners, policy, restorer, saves, sight
-from sidecar.core import events, metrics, protocols
-from sidecar.snapshots import store
+from sidecar.act import part, saves
+from sidecar.core import events
 
 log = structlog.get_logger("sidecar.engine")
 
 
-class Consumer:
+class Consumer(part.Part):
     def __init__(
         self,
+        wiring: part.Wiring,
         *,
-        client: protocols.Upstream,
-        snapshots: store.SnapshotStore,
-        stats: metrics.Metrics,
-        clock: protocols.Clock,
         down_interval: float,
         wake: asyncio.Event,
-        decider: policy.Policy,
-        seen: sight.Sight,
-        told: listeners.Listeners,
-        restore_gate: gate.Gate,
-        restoring: restorer.Restorer,
         saving: saves.Saves,
     ) -> None:
         """``wake`` is set whenever an observation makes the action runner's work due."""
-        self._client = client
-        self._snapshots = snapshots
-        self._stats = stats
-        self._clock = clock
+        super().__init__(wiring)
         self._down_interval = down_interval
         self._wake = wake
-        self._policy = decider
-        self._sight = seen
-        self._listeners = told
-        self._gate = restore_gate
-        self._restorer = restoring
         self._saves = saving
         self._said: events.Health | None = None
-        self.handled_at = clock.monotonic()
+        self.handled_at = wiring.clock.monotonic()
         """When the last observation was handled (its start before the first): see ``report.Liveness``."""
 
     async def handle(self, obs: events.Observation, evts: list[events.Event]) -> None:

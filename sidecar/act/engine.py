@@ -28,6 +28,7 @@ from sidecar.act import (
     consumer,
     gate,
     listeners,
+    part,
     policy,
     report,
     restorer,
@@ -62,80 +63,37 @@ class Engine:
         back to its prompt's boundary (None: slots are saved as they are); ``read_fresh``: how the proxy's
         fresh reads of the slots are made (see ``SlotService``); ``told``: who is told when the engine changes
         what the slots hold."""
-        s = settings.snapshots
         clock = clock or protocols.SystemClock()
         slot_actions = actions.SlotActions(client=client, snapshots=snapshots)
-        decider = policy.Policy(s)
         seen = sight.Sight(snapshots.staging)
-        fanout = listeners.Listeners(told)
-        wake = asyncio.Event()
-        restore_gate = restore_gate or gate.Gate(clock=clock)
-        """Closed while the server is down or loading and while a restore round is owed or running."""
-        restoring = restorer.Restorer(
-            slot_actions=slot_actions, snapshots=snapshots, stats=stats, clock=clock, identity=lambda: seen.identity
-        )
-        saving = saves.Saves(
+        wiring = part.Wiring(
             client=client,
             slot_actions=slot_actions,
             snapshots=snapshots,
             stats=stats,
-            settings=s,
             clock=clock,
-            decider=decider,
+            decider=policy.Policy(settings.snapshots),
             seen=seen,
-            told=fanout,
+            told=listeners.Listeners(told),
+            restore_gate=restore_gate or gate.Gate(clock=clock),
+            restoring=restorer.Restorer(
+                slot_actions=slot_actions, snapshots=snapshots, stats=stats, clock=clock, identity=lambda: seen.identity
+            ),
+        )
+        wake = asyncio.Event()
+        """Set by the consumer when an observation makes the action runner's work due."""
+        self._saves = saves.Saves(
+            wiring,
+            settings=settings.snapshots,
             rewinder=rewind.Rewinder(prompts=prompts, slot_actions=slot_actions, snapshots=snapshots),
         )
-        self._runner = runner.Runner(
-            wake=wake,
-            slot_actions=slot_actions,
-            snapshots=snapshots,
-            clock=clock,
-            decider=decider,
-            seen=seen,
-            told=fanout,
-            restore_gate=restore_gate,
-            restoring=restoring,
-            saving=saving,
-            before_restore=before_restore,
-        )
+        self._runner = runner.Runner(wiring, wake=wake, saving=self._saves, before_restore=before_restore)
         self._consumer = consumer.Consumer(
-            client=client,
-            snapshots=snapshots,
-            stats=stats,
-            clock=clock,
-            down_interval=settings.poll.down_interval,
-            wake=wake,
-            decider=decider,
-            seen=seen,
-            told=fanout,
-            restore_gate=restore_gate,
-            restoring=restoring,
-            saving=saving,
+            wiring, down_interval=settings.poll.down_interval, wake=wake, saving=self._saves
         )
-        self._saves = saving
-        self.slots = slotservice.SlotService(
-            slot_actions=slot_actions,
-            clock=clock,
-            decider=decider,
-            seen=seen,
-            told=fanout,
-            restoring=restoring,
-            saving=saving,
-            read_fresh=read_fresh,
-        )
+        self.slots = slotservice.SlotService(wiring, saving=self._saves, read_fresh=read_fresh)
         """The proxy's slot questions (the library's ``seams.Slots``)."""
-        self._view = statusview.StatusView(
-            client=client,
-            clock=clock,
-            decider=decider,
-            seen=seen,
-            restore_gate=restore_gate,
-            restoring=restoring,
-            saving=saving,
-            consuming=self._consumer,
-            running=self._runner,
-        )
+        self._view = statusview.StatusView(wiring, saving=self._saves, consuming=self._consumer, running=self._runner)
 
     async def handle(self, obs: events.Observation, evts: list[events.Event]) -> None:
         """The poller's sink: what one observation means (see ``Consumer.handle``)."""

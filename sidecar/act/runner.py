@@ -12,41 +12,27 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from sidecar.act import actions, gate, listeners, policy, probe, process, restoreplan, restorer, saves, sight
-from sidecar.core import errors, events, protocols
-from sidecar.snapshots import manifest, store
+from sidecar.act import part, policy, probe, process, restoreplan, restorer, saves
+from sidecar.core import errors, events
+from sidecar.snapshots import manifest
 
 BeforeRestore = Callable[[events.Identity, tuple[events.SlotView, ...]], Awaitable[object]]
 """Awaited with the server's identity and slots at the start of each restore round."""
 
 
-class Runner:
+class Runner(part.Part):
     def __init__(
         self,
+        wiring: part.Wiring,
         *,
         wake: asyncio.Event,
-        slot_actions: actions.SlotActions,
-        snapshots: store.SnapshotStore,
-        clock: protocols.Clock,
-        decider: policy.Policy,
-        seen: sight.Sight,
-        told: listeners.Listeners,
-        restore_gate: gate.Gate,
-        restoring: restorer.Restorer,
         saving: saves.Saves,
         before_restore: BeforeRestore | None = None,
     ) -> None:
         """``wake`` is set by the consumer when an observation makes something due; ``before_restore`` is
         awaited at the start of each restore round (the shared store fetches snapshots for the empty slots then)."""
+        super().__init__(wiring)
         self._wake = wake
-        self._actions = slot_actions
-        self._snapshots = snapshots
-        self._clock = clock
-        self._policy = decider
-        self._sight = seen
-        self._listeners = told
-        self._gate = restore_gate
-        self._restorer = restoring
         self._saves = saving
         self._before_restore = before_restore
         self._working_since: float | None = None

@@ -13,9 +13,8 @@ import dataclasses
 
 import structlog
 
-from sidecar.act import actions, listeners, policy, probe, rewind, savings, sight, snapshotter
-from sidecar.core import config, errors, events, hashing, metrics, outcomes, protocols
-from sidecar.snapshots import store
+from sidecar.act import part, policy, probe, rewind, savings, snapshotter
+from sidecar.core import config, errors, events, hashing, outcomes
 
 log = structlog.get_logger("sidecar.engine")
 AGE_CHECK_EVERY = 30.0
@@ -33,40 +32,26 @@ def processing(
     return any(v.processing for v in slots if v.id != besides) or (counters is not None and counters.processing > 0)
 
 
-class Saves:
+class Saves(part.Part):
     def __init__(
         self,
+        wiring: part.Wiring,
         *,
-        client: protocols.Upstream,
-        slot_actions: actions.SlotActions,
-        snapshots: store.SnapshotStore,
-        stats: metrics.Metrics,
         settings: config.SnapshotSettings,
-        clock: protocols.Clock,
-        decider: policy.Policy,
-        seen: sight.Sight,
-        told: listeners.Listeners,
         rewinder: rewind.Rewinder,
     ) -> None:
-        self._client = client
-        self._actions = slot_actions
-        self._snapshots = snapshots
-        self._stats = stats
-        self._clock = clock
-        self._policy = decider
-        self._sight = seen
-        self._listeners = told
+        super().__init__(wiring)
         self._rewinder = rewinder
         self._max_age = settings.max_age
         self._next_age_check = 0.0
         self._held: dict[int, events.SlotContent] = {}
         """The content of each slot whose save was last held (logged once per content)."""
         self.saver = snapshotter.Snapshotter(
-            slot_actions=slot_actions,
-            snapshots=snapshots,
-            stats=stats,
+            slot_actions=wiring.slot_actions,
+            snapshots=wiring.snapshots,
+            stats=wiring.stats,
             settings=settings,
-            clock=clock,
+            clock=wiring.clock,
             committed_later=self._committed_later,
         )
         """The snapshotter that carries the saves out (its last record and disk state are read for /status)."""

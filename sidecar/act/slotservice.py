@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from sidecar.act import actions, listeners, policy, restorer, saves, sight
-from sidecar.core import errors, events, protocols
+from sidecar.act import listeners, part, policy, restorer, saves
+from sidecar.core import errors, events
 from sidecar.observe import upstream
 from sidecar.snapshots import manifest
 
@@ -23,29 +23,19 @@ ReadSlots = Callable[[], Awaitable[tuple[events.SlotView, ...]]]
 """A read of every slot as the server shows it now; raises ``errors.UpstreamError``."""
 
 
-class SlotService:
+class SlotService(part.Part):
     def __init__(
         self,
+        wiring: part.Wiring,
         *,
-        slot_actions: actions.SlotActions,
-        clock: protocols.Clock,
-        decider: policy.Policy,
-        seen: sight.Sight,
-        told: listeners.Listeners,
-        restoring: restorer.Restorer,
         saving: saves.Saves,
         read_fresh: ReadSlots | None = None,
     ) -> None:
         """``read_fresh``: how :meth:`fresh_slots` reads the slots (the request path's own client, so a read
         never waits behind the poller's); None: with the slot actions' client."""
-        self._actions = slot_actions
-        self._clock = clock
-        self._policy = decider
-        self._sight = seen
-        self._listeners = told
-        self._restorer = restoring
+        super().__init__(wiring)
         self._saves = saving
-        self._read_fresh: ReadSlots = read_fresh or slot_actions.slots
+        self._read_fresh: ReadSlots = read_fresh or wiring.slot_actions.slots
 
     def seen(self) -> tuple[events.Observation | None, events.Identity | None]:
         """The newest observation handled, and the newest identity the server gave (None before the first)."""

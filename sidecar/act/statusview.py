@@ -7,30 +7,20 @@ no state of its own.
 
 from __future__ import annotations
 
-from sidecar.act import consumer, gate, policy, report, restorer, runner, saves, sight
-from sidecar.core import protocols, redact
+from sidecar.act import consumer, part, policy, report, restorer, runner, saves
+from sidecar.core import redact
 
 
-class StatusView:
+class StatusView(part.Part):
     def __init__(
         self,
+        wiring: part.Wiring,
         *,
-        client: protocols.Upstream,
-        clock: protocols.Clock,
-        decider: policy.Policy,
-        seen: sight.Sight,
-        restore_gate: gate.Gate,
-        restoring: restorer.Restorer,
         saving: saves.Saves,
         consuming: consumer.Consumer,
         running: runner.Runner,
     ) -> None:
-        self._client = client
-        self._clock = clock
-        self._policy = decider
-        self._sight = seen
-        self._gate = restore_gate
-        self._restorer = restoring
+        super().__init__(wiring)
         self._saves = saving
         self._consumer = consuming
         self._runner = running
