@@ -4,7 +4,7 @@ The :class:`Engine` is the consumer of the poller and the only holder of
 the state of the current server process (:class:`sight.Sight`: its
 identity, the slots restored into it, whether its slot dir link has been
 proven). It wires its parts, split by job, each given its collaborators at
-construction:
+construction (one :class:`part.Wiring`, and what the part alone needs):
 
 * :class:`consumer.Consumer` runs in the poll loop for every observation
   (:meth:`Engine.handle`); it never waits for the server.
