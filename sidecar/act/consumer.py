@@ -3,7 +3,8 @@
 :meth:`Consumer.handle` runs for every observation the poller hands over: it
 logs and counts transitions, closes and opens the restore gate, feeds the
 pure policy, judges restores, and wakes the action runner (:mod:`.runner`).
-It is the one place the server's memory is renewed (a restart, a wake-up).
+It is the one place what the engine knows of the server process
+(``process.ServerProcess``) is renewed (a restart, a wake-up).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class Consumer(part.Part):
         """The server lost every slot's KV (a new process, or a wake-up): start over and restore.
 
         ``at`` is the poll that first saw the server healthy again, where the
-        restart-to-restore latency starts. The one place the server's memory is renewed.
+        restart-to-restore latency starts. The one place the server process's record is renewed.
         """
         self._policy.reset()
         self._sight.server = self._sight.server.renewed(at=at, new_process=new_process)

@@ -211,7 +211,7 @@ async def _run(
             parts = _router(settings, client, snapshots, stats)
         else:
             parts = _plain(settings, client, snapshots, stats, starting=launcher.hurried if launcher else None)
-        watch = watcher.Watcher(snapshots, stats, lock)
+        dir_watcher = watcher.Watcher(snapshots, stats, lock)
         samples = history.History()
         app = server.make_app(
             engines=parts.engines,
@@ -238,12 +238,12 @@ async def _run(
                 await agent.close()
             await handle.close()
             raise
-        watch.start()
+        dir_watcher.start()
         if ready is not None:
             ready.set()
         launching = {"launcher": launcher.run(parts.restore_gate.suspect)} if launcher is not None else {}
         try:
-            await _tasks(parts, watch, stop, _sample(samples, registry, parts.engines), folding, launching)
+            await _tasks(parts, dir_watcher, stop, _sample(samples, registry, parts.engines), folding, launching)
         except* Terminate:
             log.info("stopping", reason="signal")
         finally:
@@ -253,7 +253,7 @@ async def _run(
                 await proxy.close()  # no new requests may change the slots during the final snapshots
             if parts.slots_reader is not None:
                 await parts.slots_reader.close()
-            await _shutdown(parts.engines, settings, watch, handle, launcher)
+            await _shutdown(parts.engines, settings, dir_watcher, handle, launcher)
             if parts.shared is not None:
                 await parts.shared.close()
 
@@ -307,7 +307,7 @@ async def _load(settings: config.Settings, snapshots: store.SnapshotStore, stats
 
 async def _tasks(
     parts: _Parts,
-    watch: watcher.Watcher,
+    dir_watcher: watcher.Watcher,
     stop: asyncio.Event,
     sampler: Coroutine[Any, Any, None],
     folding: logfold.Folding | None,
@@ -318,7 +318,7 @@ async def _tasks(
         group.create_task(sampler, name="history")
         for name, loop_ in (launching | parts.loops).items():
             group.create_task(loop_, name=name)
-        group.create_task(watch.run(), name="watcher")
+        group.create_task(dir_watcher.run(), name="watcher")
         group.create_task(_stopper(stop), name="stopper")
         if parts.shared is not None:
             group.create_task(parts.shared.run(), name="uploader")
@@ -535,7 +535,7 @@ async def _start_proxy(settings: config.Settings, parts: _Parts, stats: metrics.
 async def _shutdown(
     engines: report.Engines,
     settings: config.Settings,
-    watch: watcher.Watcher,
+    dir_watcher: watcher.Watcher,
     handle: server.Handle,
     launcher: supervisor.Supervisor | None = None,
 ) -> None:
@@ -555,6 +555,6 @@ async def _shutdown(
         if launcher is not None:
             await launcher.stop()
         with contextlib.suppress(Exception):
-            await watch.stop()
+            await dir_watcher.stop()
         await handle.close()
         log.info("stopped")
