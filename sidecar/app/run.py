@@ -370,7 +370,7 @@ def _plain(
     library = None
     if tokenizer is not None:
         library = placer.Placer(
-            core=watched.engine.slots,  # the placer follows the engine's slot changes from its construction on
+            engine=watched.engine.slots,  # the placer follows the engine's slot changes from its construction on
             tokenizer=tokenizer,
             snapshots=own,
             stats=stats,

@@ -146,7 +146,7 @@ async def bed(tmp_path: Path) -> Bed:
     stats = metrics.Metrics(registry, version="t")
     eng = engine.Engine(client=server, snapshots=snapshots, stats=stats, settings=settings, clock=clock)
     tokenizer = Tokenizer()
-    library = placer.Placer(core=eng.slots, tokenizer=tokenizer, snapshots=snapshots, stats=stats, clock=clock)
+    library = placer.Placer(engine=eng.slots, tokenizer=tokenizer, snapshots=snapshots, stats=stats, clock=clock)
     watcher = poller.Poller(server, settings.poll, clock=clock)
     made = Bed(server, snapshots, registry, watcher, eng, library, clock, tokenizer)
     await made.poll()
@@ -290,7 +290,7 @@ class FakeShared:
 
 def with_shared(bed: Bed, shared: FakeShared) -> None:
     bed.library = placer.Placer(
-        core=bed.engine.slots,
+        engine=bed.engine.slots,
         tokenizer=Tokenizer(),
         snapshots=bed.snapshots,
         stats=bed.library._stats,
