@@ -1,8 +1,8 @@
 """What the sidecar knows right now, as one frozen value, and the seam the HTTP layer reads it through.
 
 The engine builds a :class:`Status` on demand from its own state; the HTTP
-layer depends on the small :class:`StatusSource` protocol only (the status,
-and the two admin actions), never on the engine's attributes.
+layer depends on the small :class:`Engines` protocol only (the status, and
+the two admin actions), never on the engine's attributes.
 
 :class:`Liveness` is the pure rule behind ``/healthz``: the poll loop is
 alive while the engine keeps finishing polls. Every call the loop makes to
@@ -72,8 +72,10 @@ class SaveReply:
     record: snapshotter.SaveRecord | None
 
 
-class StatusSource(Protocol):
-    """What the HTTP layer needs from the engine."""
+class Engines(Protocol):
+    """The seam to a node's engines: one ``engine.Engine`` beside a plain llama-server, the ``fleet.Fleet`` of one
+    engine per model in router mode. The HTTP layer reads the status and asks the admin's actions through it;
+    the wiring takes the final snapshots."""
 
     def status(self) -> Status: ...
 
@@ -83,6 +85,10 @@ class StatusSource(Protocol):
 
     async def restore_now(self) -> Sequence[restorer.RestoreRecord]:
         """A restore round into the slots that are empty now."""
+        ...
+
+    async def final_snapshots(self) -> None:
+        """Save every changed, idle slot once more before the process exits."""
         ...
 
 

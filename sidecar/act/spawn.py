@@ -10,10 +10,10 @@ proxy suspects a crash (see :mod:`sidecar.act.gate`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-from sidecar.act import boundary, engine, gate
+from sidecar.act import boundary, engine, gate, listeners, runner, slotservice
 from sidecar.core import config, metrics, protocols
 from sidecar.observe import poller
 from sidecar.snapshots import store
@@ -40,10 +40,12 @@ def watch(
     settings: config.Settings,
     clock: protocols.Clock,
     weights: poller.Weights | None = None,
-    before_restore: engine.BeforeRestore | None = None,
+    before_restore: runner.BeforeRestore | None = None,
     detect_router: bool = False,
     prompts: boundary.Prompts | None = None,
     starting: Callable[[], bool] | None = None,
+    read_fresh: slotservice.ReadSlots | None = None,
+    told: Iterable[listeners.SlotListener] = (),
 ) -> Watch:
     """Wire a poller, a gate and an engine for the server ``client`` talks to.
 
@@ -52,11 +54,16 @@ def watch(
     engine brings a slot of a recurrent or hybrid model back to its prompt's boundary (see ``boundary``).
     ``starting``: True while the sidecar's launcher brings the server up (launcher mode): a server down or
     loading is then polled as often as for a request waiting at the gate, so its restore round starts at once.
+    ``read_fresh`` and ``told``: see ``engine.Engine``.
     """
-    poll = poller.Poller(client, settings.poll, clock=clock, weights=weights, detect_router=detect_router)
+
+    def hurry() -> bool:
+        # The poller and the gate know each other: the gate, made just below, asks the poller to poll now.
+        return restore_gate.waiting > 0 or (starting is not None and starting())
+
+    poll = poller.Poller(client, settings.poll, clock=clock, weights=weights, detect_router=detect_router, hurry=hurry)
     restore_gate = gate.Gate(clock=clock, on_suspect=poll.poll_soon, on_wait=poll.poll_soon)
-    poll.hurry = lambda: restore_gate.waiting > 0 or (starting is not None and starting())
-    core = engine.Engine(
+    watched = engine.Engine(
         client=client,
         snapshots=snapshots,
         stats=stats,
@@ -65,5 +72,7 @@ def watch(
         restore_gate=restore_gate,
         before_restore=before_restore,
         prompts=prompts,
+        read_fresh=read_fresh,
+        told=told,
     )
-    return Watch(core, poll, restore_gate)
+    return Watch(watched, poll, restore_gate)

@@ -44,8 +44,8 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 import sidecar
-from sidecar.act import engine, gate, report, spawn
-from sidecar.app import agentcheck, figures, history, reports, server
+from sidecar.act import gate, report, spawn
+from sidecar.app import agentcheck, figures, history, server, storelog
 from sidecar.core import config, errors, events, logfold, metrics, mounts, protocols
 from sidecar.launch import argv, supervisor
 from sidecar.library import placer, ramtier, reads, tokens
@@ -88,7 +88,7 @@ async def main(
     snapshots = store.SnapshotStore(
         settings.snapshots.slot_dir,
         clock=protocols.SystemClock(),
-        events=reports.StoreLog(stats),
+        events=storelog.StoreLog(stats),
         store_dir=settings.snapshots.store_dir,
     )
     if snapshots.blocks is not None:  # measured at each scrape: what is staged now, never a stale count
@@ -171,8 +171,9 @@ def _as_router(settings: config.Settings, why: str) -> config.Settings:
 class _Parts:
     """What the wiring made for one mode: a plain llama-server, or a router's models."""
 
-    core: engine.Engine | fleet.Fleet
-    """What the HTTP layer reads and what takes the final snapshots."""
+    engines: report.Engines
+    """The engine, or the fleet's engines in router mode: what the HTTP layer reads and what takes the final
+    snapshots."""
     loops: dict[str, Coroutine[Any, Any, None]]
     """The tasks that watch the server(s), by name."""
     restore_gate: gate.Gate
@@ -205,10 +206,10 @@ async def _run(
             parts = _router(settings, client, snapshots, stats)
         else:
             parts = _plain(settings, client, snapshots, stats, starting=launcher.hurried if launcher else None)
-        watch = watcher.Watcher(snapshots, stats, lock)
+        dir_watcher = watcher.Watcher(snapshots, stats, lock)
         samples = history.History()
         app = server.make_app(
-            source=parts.core,
+            engines=parts.engines,
             snapshots=snapshots,
             registry=registry,
             settings=settings.server,
@@ -221,7 +222,7 @@ async def _run(
         handle = await server.start(app, settings.server)
         log.info("listening", host=handle.host, port=handle.port)
         try:
-            agent = await _start_agent(settings.server, parts.core)
+            agent = await _start_agent(settings.server, parts.engines)
         except BaseException:
             await handle.close()
             raise
@@ -232,17 +233,17 @@ async def _run(
                 await agent.close()
             await handle.close()
             raise
-        watch.start()
+        dir_watcher.start()
         if ready is not None:
             ready.set()
         launching = {"launcher": launcher.run(parts.restore_gate.suspect)} if launcher is not None else {}
         try:
-            await _tasks(parts, watch, stop, _sample(samples, registry, parts.core), folding, launching)
+            await _tasks(parts, dir_watcher, stop, _sample(samples, registry, parts.engines), folding, launching)
         except* Terminate:
             log.info("stopping", reason="signal")
         finally:
             await _close_doors(parts, agent, proxy)
-            await _shutdown(parts.core, settings, watch, handle, launcher)
+            await _shutdown(parts.engines, settings, dir_watcher, handle, launcher)
             if parts.shared is not None:
                 await parts.shared.close()
 
@@ -279,7 +280,7 @@ async def _load(settings: config.Settings, snapshots: store.SnapshotStore, stats
             "only the blocks the store lacks are written, shared prefixes are kept once",
         )
     else:
-        told = reports.StoreLog(stats)
+        told = storelog.StoreLog(stats)
         moved = await asyncio.to_thread(
             upgrade.convert,
             slotdir.SlotDir(snapshots.staging, told.io_error),
@@ -317,7 +318,7 @@ async def _load(settings: config.Settings, snapshots: store.SnapshotStore, stats
 
 async def _tasks(
     parts: _Parts,
-    watch: watcher.Watcher,
+    dir_watcher: watcher.Watcher,
     stop: asyncio.Event,
     sampler: Coroutine[Any, Any, None],
     folding: logfold.Folding | None,
@@ -328,7 +329,7 @@ async def _tasks(
         group.create_task(sampler, name="history")
         for name, loop_ in (launching | parts.loops).items():
             group.create_task(loop_, name=name)
-        group.create_task(watch.run(), name="watcher")
+        group.create_task(dir_watcher.run(), name="watcher")
         group.create_task(_stopper(stop), name="stopper")
         if parts.shared is not None:
             group.create_task(parts.shared.run(), name="uploader")
@@ -351,6 +352,17 @@ def _plain(
     clock = protocols.SystemClock()
     own = snapshots.for_model(None)  # a plain server's snapshots, never a router model's
     shared = _shared_store(settings, own, stats)
+    tokenizer = None
+    slots_reader = None
+    if settings.proxy.host is not None:
+
+        def vocabulary() -> events.Identity | None:
+            # Read once the engine, made just below, runs; it tells the tokenizer when the slots empty.
+            latest = watched.engine.slots.seen()[0]  # the newest poll's own reading, never an earlier one's
+            return latest.identity if latest is not None else None
+
+        tokenizer = tokens.Cached(client, stats=stats, vocabulary=vocabulary)
+        slots_reader = reads.SlotsReader(settings.upstream, stats=stats)
     watched = spawn.watch(
         client=client,
         snapshots=own,
@@ -362,22 +374,14 @@ def _plain(
         detect_router=settings.upstream.router is None,
         prompts=client,
         starting=starting,
+        read_fresh=slots_reader.slots if slots_reader is not None else None,
+        # A restart forgets the tokenizer's remembered ids, unless the model and build are the same.
+        told=(tokenizer,) if tokenizer is not None else (),
     )
     library = None
-    slots_reader = None
-    if settings.proxy.host is not None:
-        core = watched.engine
-
-        def vocabulary() -> events.Identity | None:
-            latest = core.seen()[0]  # the newest poll's own reading, never one carried over from an earlier one
-            return latest.identity if latest is not None else None
-
-        tokenizer = tokens.Cached(client, stats=stats, vocabulary=vocabulary)
-        core.follow(tokenizer)  # a restart forgets the remembered ids, unless the model and build are the same
-        slots_reader = reads.SlotsReader(settings.upstream, stats=stats)
-        core.read_fresh_by(slots_reader.slots)
+    if tokenizer is not None:
         library = placer.Placer(
-            core=watched.engine,
+            engine=watched.engine.slots,  # the placer follows the engine's slot changes from its construction on
             tokenizer=tokenizer,
             snapshots=own,
             stats=stats,
@@ -462,10 +466,10 @@ def _exit_at_once(launcher: supervisor.Supervisor) -> None:
     os._exit(EXIT_STATUS_FORCED)
 
 
-async def _sample(samples: history.History, registry: CollectorRegistry, core: report.StatusSource) -> None:
+async def _sample(samples: history.History, registry: CollectorRegistry, engines: report.Engines) -> None:
     """The ``history`` task: a sample of the page's figures every ``history.SAMPLE_SECONDS``, in memory only."""
     while True:
-        samples.add(figures.sample(registry, core.status(), at=time.time()))
+        samples.add(figures.sample(registry, engines.status(), at=time.time()))
         await asyncio.sleep(history.SAMPLE_SECONDS)
 
 
@@ -481,12 +485,12 @@ def _shared_store(
     return shared
 
 
-async def _start_agent(settings: config.ServerSettings, core: agentcheck.Known) -> agentcheck.Handle | None:
+async def _start_agent(settings: config.ServerSettings, engines: agentcheck.Known) -> agentcheck.Handle | None:
     """The agent-check port (--agent-check-listen), if asked for."""
     if settings.agent_host is None:
         return None
     try:
-        agent = await agentcheck.start(core, host=settings.agent_host, port=settings.agent_port)
+        agent = await agentcheck.start(engines, host=settings.agent_host, port=settings.agent_port)
     except OSError as exc:
         raise errors.ConfigError(
             f"--agent-check-listen {settings.agent_host}:{settings.agent_port}: cannot listen there "
@@ -540,16 +544,16 @@ async def _start_proxy(settings: config.Settings, parts: _Parts, stats: metrics.
 
 
 async def _shutdown(
-    core: engine.Engine | fleet.Fleet,
+    engines: report.Engines,
     settings: config.Settings,
-    watch: watcher.Watcher,
+    dir_watcher: watcher.Watcher,
     handle: server.Handle,
     launcher: supervisor.Supervisor | None = None,
 ) -> None:
     """The final snapshots within --final-timeout; then llama-server is stopped (launcher mode), then the rest."""
     try:
         async with asyncio.timeout(settings.snapshots.final_timeout):
-            await core.final_snapshots()
+            await engines.final_snapshots()
     except TimeoutError:
         log.error(
             "final_snapshot_timeout",
@@ -562,6 +566,6 @@ async def _shutdown(
         if launcher is not None:
             await launcher.stop()
         with contextlib.suppress(Exception):
-            await watch.stop()
+            await dir_watcher.stop()
         await handle.close()
         log.info("stopped")

@@ -9,7 +9,7 @@ the admin token), ``/`` (the status page for people: HTML, the same
 access as ``/status``). ``POST /snapshot`` and ``POST /restore`` exist
 only with an admin token and answer 401 without it.
 
-Handlers read the engine through ``report.StatusSource`` only: one frozen
+Handlers read the engine through ``report.Engines`` only: one frozen
 ``report.Status`` per request, and the two admin actions.
 """
 
@@ -48,7 +48,7 @@ class SharedView(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Context:
-    source: report.StatusSource
+    engines: report.Engines
     snapshots: store.SnapshotStore
     registry: CollectorRegistry
     settings: config.ServerSettings
@@ -69,7 +69,7 @@ CONTEXT_KEY: web.AppKey[_Context] = web.AppKey("context")
 
 def make_app(
     *,
-    source: report.StatusSource,
+    engines: report.Engines,
     snapshots: store.SnapshotStore,
     registry: CollectorRegistry,
     settings: config.ServerSettings,
@@ -82,7 +82,7 @@ def make_app(
 ) -> web.Application:
     app = web.Application(client_max_size=64 << 10)
     app[CONTEXT_KEY] = _Context(
-        source,
+        engines,
         snapshots,
         registry,
         settings,
@@ -111,7 +111,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _healthz(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT_KEY]
-    stuck = ctx.liveness.stall(ctx.source.status(), ctx.clock.monotonic())
+    stuck = ctx.liveness.stall(ctx.engines.status(), ctx.clock.monotonic())
     if stuck:
         return web.json_response({"status": "stuck", "problem": stuck}, status=503)
     return web.json_response({"status": "ok"})
@@ -146,7 +146,7 @@ def _readiness(ctx: _Context, st: report.Status) -> list[str]:
 
 async def _readyz(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT_KEY]
-    problems = _readiness(ctx, ctx.source.status())
+    problems = _readiness(ctx, ctx.engines.status())
     return web.json_response({"ready": not problems, "problems": problems}, status=503 if problems else 200)
 
 
@@ -154,7 +154,7 @@ async def _status(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT_KEY]
     if ctx.settings.status_requires_token and (denied := _authorized(request)) is not None:
         return denied
-    st = ctx.source.status()
+    st = ctx.engines.status()
     latest = st.observation
     usage = await asyncio.to_thread(ctx.snapshots.usage)
     by_slot: dict[str, list[dict[str, Any]]] = {}
@@ -199,7 +199,7 @@ async def _page(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT_KEY]
     if ctx.settings.status_requires_token and (denied := _authorized(request)) is not None:
         return denied
-    st = ctx.source.status()
+    st = ctx.engines.status()
     usage = await asyncio.to_thread(ctx.snapshots.usage)
     inputs = view.Inputs(
         status=st,
@@ -278,7 +278,7 @@ async def _snapshot(request: web.Request) -> web.Response:
     if (denied := _authorized(request)) is not None:
         return denied
     slot = _slot_param(request)
-    reply = await request.app[CONTEXT_KEY].source.save_now(slot) if slot is not None else None
+    reply = await request.app[CONTEXT_KEY].engines.save_now(slot) if slot is not None else None
     if reply is None:
         return web.json_response({"error": "give ?slot=N of a slot that holds tokens"}, status=400)
     record = dataclasses.asdict(reply.record) if reply.record else None
@@ -288,7 +288,7 @@ async def _snapshot(request: web.Request) -> web.Response:
 async def _restore(request: web.Request) -> web.Response:
     if (denied := _authorized(request)) is not None:
         return denied
-    records = await request.app[CONTEXT_KEY].source.restore_now()
+    records = await request.app[CONTEXT_KEY].engines.restore_now()
     return web.json_response({"results": [dataclasses.asdict(r) for r in records]})
 
 

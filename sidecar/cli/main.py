@@ -28,7 +28,7 @@ from sidecar.cli import options
 from sidecar.core import config, errors, logs, outcomes, parse, protocols
 from sidecar.launch import argv as launch_argv
 from sidecar.shared import connect, gc
-from sidecar.snapshots import dirlock, reporting, store
+from sidecar.snapshots import dirlock, store, storeevents
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,14 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
 settings_from = options.settings_from
 
 
-class _Listed(reporting.Silent):
+class _Listed(storeevents.Silent):
     """What ``ls`` tells of the store's findings: a bad file, on stderr."""
 
     def quarantined(self, file: str, reason: outcomes.SnapshotProblem, detail: str) -> None:
         print(f"bad: {file}: {reason}: {detail}", file=sys.stderr)
 
 
-class _Verified(reporting.Silent):
+class _Verified(storeevents.Silent):
     """What ``verify`` tells of the store's findings, one line each; it keeps the bad files' names."""
 
     def __init__(self, *, dry_run: bool) -> None:
@@ -121,7 +121,7 @@ class _Verified(reporting.Silent):
         print(f"SKIP {name}: manifest format {found} is newer (kept)")
 
 
-def _open_store(ns: argparse.Namespace, *, read_only: bool, events: reporting.StoreEvents) -> store.SnapshotStore:
+def _open_store(ns: argparse.Namespace, *, read_only: bool, events: storeevents.StoreEvents) -> store.SnapshotStore:
     slot_dir = options.checked_value(ns, options.SLOT_DIR)
     if slot_dir is None:
         raise errors.ConfigError(f"{options.SLOT_DIR.flag} (or {options.SLOT_DIR.env}) is required")

@@ -117,7 +117,7 @@ class Placer:
     def __init__(
         self,
         *,
-        core: seams.Slots,
+        engine: seams.Slots,
         tokenizer: seams.Tokenizer,
         snapshots: store.SnapshotStore,
         stats: metrics.Metrics,
@@ -137,7 +137,7 @@ class Placer:
         self._ram = ram if ram is not None else ramtier.RamTier(0)
         self._max_unsaved = max_unsaved_seconds
         self._ram_said: set[ramtier.State] = set()
-        self._core = core
+        self._engine = engine
         self._fetcher = (
             fetching.Fetcher(shared, snapshots=snapshots, stats=stats, hold_seconds=hold_seconds)
             if shared is not None
@@ -158,10 +158,10 @@ class Placer:
         self._live: set[tickets.Ticket] = set()
         """The requests inside :meth:`pin`: a slot is pinned while one of them reserves it (:meth:`_pinned`)."""
         self._loop = asyncio.get_running_loop()
-        core.follow(self)
+        engine.follow(self)  # the engine tells the placer, which asks it: one of the two exists first
         snapshots.subscribe(self._committed)
 
-    # ---- what the engine tells: engine.SlotContent ----------------------------------------
+    # ---- what the engine tells: listeners.SlotListener -----------------------------------
 
     def emptied(self) -> None:
         for state in self._slots.values():
@@ -227,7 +227,7 @@ class Placer:
     def _awaited(self, packed: bytes, owner: str) -> str | None:
         """The snapshot of ``owner``'s that shares the most blocks with the ids ``packed`` (an exact prefix of
         them on a model that cannot cut a state back); the newest among equals."""
-        _, identity = self._core.seen()
+        _, identity = self._engine.seen()
         exact = identity is not None and not memory.cuts_back(identity.memory)
         chain = slotfile.prefix_hashes(packed)
         best: tuple[str, int] | None = None
@@ -313,7 +313,7 @@ class Placer:
         cannot read: a new conversation may land beside the slot it was placed in.
         """
         try:
-            views = await self._core.fresh_slots()
+            views = await self._engine.fresh_slots()
         except errors.UpstreamError:
             return planned
         done = [v for v in views if v.task is not None and not v.processing]
@@ -326,7 +326,7 @@ class Placer:
         placement's read looks like the routed request's own change, and
         the slot would count as still holding the routed conversation.
         """
-        polled, _ = self._core.seen()
+        polled, _ = self._engine.seen()
         if polled is None or polled.slots is None:
             return
         task = tasks.watch(
@@ -353,7 +353,7 @@ class Placer:
             if found.library_tokens:
                 self._stats.library_tokens.inc(found.library_tokens)
             if slot is not None and found.reused is not None:
-                self._core.answered(slot, found.reused)
+                self._engine.answered(slot, found.reused)
         if slot is None:
             return
         state = self._slot(slot)
@@ -431,7 +431,7 @@ class Placer:
             for slot, state in self._slots.items()
         ):
             return None
-        read = self._loop.create_task(self._core.fresh_slots(), name="placer-early-read")
+        read = self._loop.create_task(self._engine.fresh_slots(), name="placer-early-read")
         self._reads.add(read)  # the loop keeps no strong reference: a read no request awaits would be collected
         read.add_done_callback(self._reads.discard)
         read.add_done_callback(_retrieved)
@@ -456,7 +456,7 @@ class Placer:
         text = request.text.encode() if request.kind is prompt.Kind.TEXT else b""
         if self._continued(turn, text, owner) is None:
             return None
-        polled, _ = self._core.seen()
+        polled, _ = self._engine.seen()
         if polled is None or polled.slots is None:
             return None
         obs = await self._fresh(polled, early=early)
@@ -556,7 +556,7 @@ class Placer:
         owner: str,
     ) -> _Route | outcomes.Unrouted | None:
         """Where a request goes, by its ids, from fresh slots, the library, the RAM cache and the shared store."""
-        polled, identity = self._core.seen()
+        polled, identity = self._engine.seen()
         if polled is None or polled.slots is None or identity is None:
             self._unrouted(outcomes.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet")
             return outcomes.Unrouted.ERROR
@@ -674,7 +674,7 @@ class Placer:
             if view.signature is None or view.tokens == 0 or state.owner == owner:
                 continue
             async with state.lock:
-                if await self._save(view) and await self._core.erase(view.id):
+                if await self._save(view) and await self._engine.erase(view.id):
                     state.holds(())
                     state.seen = None
                     continue
@@ -740,7 +740,7 @@ class Placer:
         ``early``: the read already sent for the request (:meth:`_read_early`).
         """
         try:
-            slots = await (early if early is not None else self._core.fresh_slots())
+            slots = await (early if early is not None else self._engine.fresh_slots())
         except errors.UpstreamError as exc:
             if not quiet:
                 self._unrouted(outcomes.Unrouted.ERROR, f"cannot read /slots before placing the request: {exc}")
@@ -804,7 +804,7 @@ class Placer:
         with self._snapshots.using(record.file):
             if decision.save_first and not await self._save(view):
                 return None
-            result = await self._core.swap_in(decision.slot, record, counters=counters, checked=checked)
+            result = await self._engine.swap_in(decision.slot, record, counters=counters, checked=checked)
         if not result.restored:
             return None
         seconds = time.perf_counter() - started
@@ -826,12 +826,12 @@ class Placer:
         """Save what ``view``'s slot holds before it is given another conversation; True if nothing is lost."""
         if (view.signature is None or view.tokens == 0) and not self._ended_unsaved(view.id, self._slot(view.id)):
             return True
-        if view.tokens > 0 and not self._core.worth_saving(view.tokens):
+        if view.tokens > 0 and not self._engine.worth_saving(view.tokens):
             return True  # not worth a file (--min-tokens): the policy would not save it either
         # The poll's view may be older than a routed request that ended there: the engine reads the slot
         # afresh before it saves, and saves what it holds then.
         signature = view.signature if view.signature is not None else events.UNREAD
-        return await self._core.save(policy.Save(view.id, signature, view.tokens, policy.SaveReason.SWAP))
+        return await self._engine.save(policy.Save(view.id, signature, view.tokens, policy.SaveReason.SWAP))
 
     def _held(
         self,
@@ -877,7 +877,7 @@ class Placer:
             return True  # whatever the poll's view says: it may predate that request
         if view.signature is None or view.tokens == 0:
             return False  # empty, or holds only what a restore round put there
-        return self._core.unsaved(view.id)
+        return self._engine.unsaved(view.id)
 
     def _library(
         self, identity: events.Identity, slots: Sequence[events.SlotView], owner: str

@@ -1,7 +1,7 @@
 """The placer's read of ``GET /slots`` on a routed request's path, on the relay's own client. I/O.
 
 Before it places a routed turn, the placer reads which slot holds what, as
-the server shows it now (``Engine.fresh_slots``). That read waits on the
+the server shows it now (``SlotService.fresh_slots``). That read waits on the
 request's path, so it goes on :mod:`sidecar.proxy.upclient` (kept-alive
 connections, answers parsed by ``httptools``) in place of the poller's
 ``aiohttp.ClientSession``: 600 reads each way, interleaved, of a 2-slot
@@ -136,7 +136,7 @@ class SlotsReader:
             except upclient.Lost as exc:
                 if attempt == 2:
                     raise errors.UpstreamUnavailable(f"{_ENDPOINT}: {exc}", endpoint=_ENDPOINT) from exc
-            except upclient.UpstreamError as exc:
+            except upclient.ForwardError as exc:
                 raise errors.UpstreamUnavailable(f"{_ENDPOINT}: {exc}", endpoint=_ENDPOINT) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from sidecar.act import engine, policy, restorer
+from sidecar.act import listeners, policy, restorer
 from sidecar.core import events
 from sidecar.shared import catalog, decide, records
 from sidecar.snapshots import manifest
@@ -23,7 +23,7 @@ class Shared(Protocol):
 
 
 class Slots(Protocol):
-    """What the library asks of the engine that owns the slots (``engine.Engine``); the engine decides."""
+    """What the library asks of the engine that owns the slots (``slotservice.SlotService``); the engine decides."""
 
     def seen(self) -> tuple[events.Observation | None, events.Identity | None]:
         """The newest observation and identity of the server."""
@@ -59,7 +59,7 @@ class Slots(Protocol):
     def answered(self, slot: int, reused: int) -> None:
         """A routed request's own answer says the server reused ``reused`` prompt tokens in ``slot``."""
 
-    def follow(self, listener: engine.SlotContent) -> None:
+    def follow(self, listener: listeners.SlotListener) -> None:
         """Tell ``listener`` when the engine changes what the slots hold."""
         ...
 

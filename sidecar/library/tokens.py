@@ -107,7 +107,7 @@ class Cached:
         self.refused = 0
         """Cuts the server's ids showed wrong (the text then asked whole)."""
 
-    # ---- what the engine tells: engine.SlotContent ----------------------------------------
+    # ---- what the engine tells: listeners.SlotListener -----------------------------------
 
     def emptied(self) -> None:
         """The server lost its slots (a restart may bring another model): forget every id, unless the server's

@@ -54,7 +54,10 @@ class Poller:
         clock: protocols.Clock | None = None,
         weights: Weights | None = None,
         detect_router: bool = False,
+        hurry: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``hurry``: True while a request waits for the server to come back (the proxy's held completions):
+        while it is down or loading, polls are then :data:`HURRIED` apart rather than ``down_interval``."""
         self._client = client
         self._detect_router = detect_router
         """Raise ``errors.RouterDetected`` when /props says the server is a router (``--router`` unset)."""
@@ -81,9 +84,7 @@ class Poller:
         self._was_denied = False
         self._soon = asyncio.Event()
         self._quiet_until = 0.0
-        self.hurry: Callable[[], bool] = lambda: False
-        """True while a request waits for the server to come back (the proxy's held completions): while it
-        is down or loading, polls are :data:`HURRIED` apart rather than ``down_interval``."""
+        self._hurry = hurry
 
     def quiet(self, seconds: float) -> None:
         """No poll for ``seconds`` from now, unless one is asked for (:meth:`poll_soon`).
@@ -106,7 +107,7 @@ class Poller:
             await sink(obs, evts)
             up = obs.health is events.Health.OK
             pause = self._settings.interval if up else self._settings.down_interval
-            if not up and self.hurry():
+            if not up and self._hurry():
                 pause = min(pause, HURRIED)
             try:
                 async with asyncio.timeout(pause):

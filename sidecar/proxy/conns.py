@@ -72,16 +72,18 @@ class Server(web.Server):
     def __init__(self, handler: Any, *, max_connections: int, opened: Gauge, refused: Counter, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
         self.max_connections = max_connections
-        self.open: set[Protocol] = set()
+        self.open: set[Connection] = set()
         self.opened = opened
         self.refused = refused
         self.refusal = _refusal(max_connections)
 
-    def __call__(self) -> Protocol:
-        return Protocol(self, loop=self._loop, **self._kwargs)
+    def __call__(self) -> Connection:
+        return Connection(self, loop=self._loop, **self._kwargs)
 
 
-class Protocol(web_protocol.RequestHandler):
+class Connection(web_protocol.RequestHandler):
+    """One client connection to the proxy: refused over the cap, watched for a client that half-closed."""
+
     __slots__ = ("_owner", "_probe")
 
     def __init__(self, manager: Server, **kwargs: Any) -> None:

@@ -23,7 +23,7 @@ its place in the background.
 
 Errors: :class:`ConnectFailed` (nothing listens, or the connect timed out)
 and :class:`Lost` (the connection closed or broke before the answer's end,
-or llama-server sent what is not HTTP), both :class:`UpstreamError`.
+or llama-server sent what is not HTTP), both :class:`ForwardError`.
 """
 
 from __future__ import annotations
@@ -45,15 +45,15 @@ PAUSE_BYTES = 1 << 18
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 
 
-class UpstreamError(Exception):
-    """A request to llama-server failed."""
+class ForwardError(Exception):
+    """A request the proxy forwards to llama-server failed (the sidecar's own calls raise ``errors.UpstreamError``)."""
 
 
-class ConnectFailed(UpstreamError):
+class ConnectFailed(ForwardError):
     """No connection could be opened to llama-server."""
 
 
-class Lost(UpstreamError):
+class Lost(ForwardError):
     """The connection to llama-server closed or broke before the answer's end."""
 
 
@@ -296,7 +296,7 @@ class Client:
     async def request(
         self, method: str, target: str, headers: list[tuple[str, str]], body: bytes, *, fresh: bool = False
     ) -> Answer:
-        """Send one request (``target``: path and query, as the client sent them); raises ``UpstreamError``.
+        """Send one request (``target``: path and query, as the client sent them); raises ``ForwardError``.
 
         ``fresh``: on a connection opened for it, never a kept-alive one.
         """

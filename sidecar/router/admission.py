@@ -160,7 +160,7 @@ class Admission:
             )
             try:
                 async with asyncio.timeout(self._settings.snapshots.final_timeout):
-                    await member.core.final_snapshots()
+                    await member.engine.final_snapshots()
             except TimeoutError:
                 log.warning(
                     "model_save_before_swap_timeout", model=name, seconds=self._settings.snapshots.final_timeout

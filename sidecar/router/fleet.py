@@ -10,7 +10,7 @@ the model's last snapshots, as after a restart. Every
 :data:`LIST_EVERY` seconds the fleet reads ``GET /models`` and
 :func:`plan.decide` says which engines to start and stop.
 
-The fleet is also the HTTP layer's :class:`report.StatusSource`: its
+The fleet is also the HTTP layer's :class:`report.Engines`: its
 status is the router's (its /health) merged with every engine's progress,
 so /healthz notices any stuck engine.
 """
@@ -41,7 +41,7 @@ class Member:
     """One model's engine and the tasks that run it."""
 
     model: str
-    core: engine.Engine
+    engine: engine.Engine
     gate: gate.Gate
     """The model's restore gate, driven by its engine: requests for the model wait at it (see admission)."""
     tasks: tuple[asyncio.Task[None], ...] = ()
@@ -147,29 +147,29 @@ class Fleet:
     async def final_snapshots(self) -> None:
         """Each model's final snapshots, one model after the other (they share the disk)."""
         for member in list(self.members.values()):
-            await member.core.final_snapshots()
+            await member.engine.final_snapshots()
 
     # ---- what the HTTP layer reads ---------------------------------------------------------
 
     def status(self) -> report.Status:
         """The router's health, with the slowest engine's progress and every engine's last actions."""
-        models = tuple((name, m.core.status()) for name, m in self.members.items())
-        cores = [status for _, status in models]
-        saves = [s.last_snapshot for s in cores if s.last_snapshot is not None]
-        links = [s.link_ok for s in cores if s.link_ok is not None]
+        models = tuple((name, m.engine.status()) for name, m in self.members.items())
+        statuses = [status for _, status in models]
+        saves = [s.last_snapshot for s in statuses if s.last_snapshot is not None]
+        links = [s.link_ok for s in statuses if s.link_ok is not None]
         return report.Status(
             server_url=redact.url(self._client.url),
             observation=self._router,
             identity=None,
             link_ok=None if not links else all(links),
-            link_problem="; ".join(s.link_problem for s in cores if s.link_ok is False),
+            link_problem="; ".join(s.link_problem for s in statuses if s.link_ok is False),
             last_snapshot=max(saves, key=lambda r: r.at, default=None),
-            last_restore=tuple(r for s in cores for r in s.last_restore),
-            progress_at=min([self._listed_at, *(s.progress_at for s in cores)]),
-            acting=any(s.acting for s in cores),
-            saved=savings.merge([s.saved for s in cores]),
-            recent=tuple(sorted((d for s in cores for d in s.recent), key=lambda d: d.at)),
-            low_disk=any(s.low_disk for s in cores),
+            last_restore=tuple(r for s in statuses for r in s.last_restore),
+            progress_at=min([self._listed_at, *(s.progress_at for s in statuses)]),
+            acting=any(s.acting for s in statuses),
+            saved=savings.merge([s.saved for s in statuses]),
+            recent=tuple(sorted((d for s in statuses for d in s.recent), key=lambda d: d.at)),
+            low_disk=any(s.low_disk for s in statuses),
             models=models,
         )
 
@@ -182,5 +182,5 @@ class Fleet:
         """A restore round into the empty slots of every loaded model."""
         done: list[restorer.RestoreRecord] = []
         for member in list(self.members.values()):
-            done.extend(await member.core.restore_now())
+            done.extend(await member.engine.restore_now())
         return done

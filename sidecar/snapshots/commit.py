@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sidecar.core import errors, hashing, outcomes, safeio
-from sidecar.snapshots import backing, manifest, reporting, slotdir, slotfile
+from sidecar.snapshots import backing, manifest, slotdir, slotfile, storeevents
 
 
 @contextlib.contextmanager
@@ -78,7 +78,7 @@ def still_same(fs: slotdir.SlotDir, temp: str, checked: os.stat_result) -> None:
         raise safeio.Refused(f"{temp} was replaced after it was checked", reason=safeio.NOT_REGULAR)
 
 
-def read_index(path: Path, events: reporting.StoreEvents) -> manifest.Index | None:
+def read_index(path: Path, events: storeevents.StoreEvents) -> manifest.Index | None:
     """The content index of a checked file; None (reported) when its token header cannot be read."""
     try:
         held = slotfile.read_tokens(path)
@@ -120,7 +120,7 @@ def commit_to_blocks(
     tokens: int,
     written: int,
     blocked: str,
-    events: reporting.StoreEvents,
+    events: storeevents.StoreEvents,
     make: Make,
     prefix: str,
     now: float,

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sidecar.core import apikeys, errors, hashing, outcomes, protocols, safeio
-from sidecar.snapshots import backing, index, manifest, recency, reporting, slotdir, slotfile, spill
+from sidecar.snapshots import backing, index, manifest, recency, slotdir, slotfile, spill, storeevents
 from sidecar.snapshots import commit as checks
 
 TEMP_PREFIX = slotdir.TEMP_PREFIX
@@ -102,7 +102,7 @@ class _Directory:
     """Where llama-server writes and reads: the slot dir (``fs`` itself without a block store)."""
     clock: protocols.Clock
     """Its ``wall`` dates commits (``created``) and uses; the order is the generation's, never the clock's."""
-    events: reporting.StoreEvents
+    events: storeevents.StoreEvents
     read_only: bool
     """Report bad files through ``events.quarantined`` but rename nothing (``verify --dry-run``)."""
     recency: recency.Recency
@@ -121,7 +121,7 @@ class SnapshotStore:
     """The index of committed snapshots and every write to the slot dir; lists every model's snapshots.
 
     ``events`` is told of bad files, I/O errors, newer formats and files
-    that cannot be indexed (see :class:`reporting.StoreEvents`).
+    that cannot be indexed (see :class:`storeevents.StoreEvents`).
     """
 
     def __init__(
@@ -129,12 +129,12 @@ class SnapshotStore:
         slot_dir: Path,
         *,
         clock: protocols.Clock,
-        events: reporting.StoreEvents | None = None,
+        events: storeevents.StoreEvents | None = None,
         read_only: bool = False,
         store_dir: Path | None = None,
     ) -> None:
         """``store_dir``: keep the snapshots there, in a block store (see :mod:`~sidecar.snapshots.backing`)."""
-        told = events or reporting.Silent()
+        told = events or storeevents.Silent()
         home = slot_dir if store_dir is None else store_dir / backing.SNAPSHOTS
         blocks = None
         if store_dir is not None:

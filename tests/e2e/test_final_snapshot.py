@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar.act import engine
+from sidecar.act import saves
 from support.llamabed import MakeServer, complete, http_json, make_prompt
 from support.sidecarbed import MakeSidecar
 
@@ -24,7 +24,7 @@ def test_sigterm_leaves_a_sleeping_server_asleep_and_saves_nothing(
     assert side.terminate() == 0
     skipped = side.log_events("final_snapshot_skipped")
     print(f"final snapshot: {skipped}")
-    assert [e["reason"] for e in skipped] == [engine.ASLEEP]
+    assert [e["reason"] for e in skipped] == [saves.ASLEEP]
     assert _sleeping(server.url)
     assert side.log_events("snapshot_committed") == []
     assert [p.name for p in slot_dir.iterdir() if not p.name.startswith(".llama-kv-sidecar")] == []

@@ -1,4 +1,4 @@
-"""A recorder of what the snapshot store reports (``reporting.StoreEvents``), for the unit tests."""
+"""A recorder of what the snapshot store reports (``storeevents.StoreEvents``), for the unit tests."""
 
 from __future__ import annotations
 

@@ -223,7 +223,7 @@ def test_metrics_page_lists_every_alert_rule() -> None:
 def routes() -> set[str]:
     """``METHOD /path`` of every route of the sidecar's HTTP app (HEAD comes with GET)."""
     app = server.make_app(
-        source=cast(Any, None),
+        engines=cast(Any, None),
         snapshots=cast(Any, None),
         registry=CollectorRegistry(),
         settings=config.ServerSettings(),

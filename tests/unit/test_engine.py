@@ -12,7 +12,7 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import engine, policy, probe, snapshotter
+from sidecar.act import engine, policy, probe, saves, slotservice, snapshotter
 from sidecar.core import config, errors, events, hashing, metrics, outcomes
 from sidecar.observe import poller
 from sidecar.snapshots import manifest, store
@@ -26,19 +26,19 @@ class Bed:
     registry: CollectorRegistry
     clock: memllama.ManualClock
     watcher: poller.Poller
-    core: engine.Engine
+    engine: engine.Engine
 
     async def poll(self, *, after: float = 0.0) -> events.Observation:
         """Move the clock on by ``after`` seconds, poll once and hand the observation to the engine."""
         self.clock.now += after
         obs, evts = await self.watcher.step()
-        await self.core.handle(obs, evts)
+        await self.engine.handle(obs, evts)
         return obs
 
     async def cycle(self, *, after: float = 0.0) -> events.Observation:
         """A poll, then whatever it made due."""
         obs = await self.poll(after=after)
-        await self.core.work()
+        await self.engine.work()
         return obs
 
     def value(self, name: str, **labels: str) -> float:
@@ -53,7 +53,7 @@ class Bed:
         return [args for name, args in self.server.calls if name == kind]  # type: ignore[misc]
 
 
-def make_bed(slot_dir: Path, **snapshot_settings: float) -> Bed:
+def make_bed(slot_dir: Path, *, read_fresh: slotservice.ReadSlots | None = None, **snapshot_settings: float) -> Bed:
     server = memllama.MemLlama(slot_dir)
     stamps = itertools.count(1_764_000_000)
     snapshots = store.SnapshotStore(slot_dir, clock=clocks.Wall(lambda: float(next(stamps))))
@@ -69,10 +69,15 @@ def make_bed(slot_dir: Path, **snapshot_settings: float) -> Bed:
         ),
         server=config.ServerSettings(),
     )
-    core = engine.Engine(
-        client=server, snapshots=snapshots, stats=metrics.Metrics(registry, version="t"), settings=settings, clock=clock
+    eng = engine.Engine(
+        client=server,
+        snapshots=snapshots,
+        stats=metrics.Metrics(registry, version="t"),
+        settings=settings,
+        clock=clock,
+        read_fresh=read_fresh,
     )
-    return Bed(server, snapshots, registry, clock, poller.Poller(server, settings.poll, clock=clock), core)
+    return Bed(server, snapshots, registry, clock, poller.Poller(server, settings.poll, clock=clock), eng)
 
 
 @pytest.fixture
@@ -90,7 +95,7 @@ async def test_an_idle_changed_slot_is_saved_once(bed: Bed) -> None:
     assert [slot for slot, _ in bed.saves()] == [0]
     assert [(m.slot, m.task, m.tokens) for m in bed.snapshots.snapshots()] == [(0, 1, 500)]
     assert bed.value("llama_sidecar_snapshots_total", slot="0", result="ok") == 1
-    last = bed.core.status().last_snapshot
+    last = bed.engine.status().last_snapshot
     assert last is not None
     assert (last.result, last.cause) == (outcomes.SaveResult.OK, None)
 
@@ -101,9 +106,9 @@ async def test_no_save_is_sent_to_a_slot_that_started_processing_after_the_poll(
     await bed.poll()
     await bed.poll(after=3.0)  # due now, as far as the last poll knows
     bed.server.set_slot(0, processing=True)  # a request takes the slot before the save is sent
-    await bed.core.work()
+    await bed.engine.work()
     assert bed.saves() == []
-    last = bed.core.status().last_snapshot
+    last = bed.engine.status().last_snapshot
     assert last is not None
     assert (last.result, last.cause) == (outcomes.SaveResult.SKIPPED, outcomes.SaveCause.SLOT_BUSY)
     assert bed.value("llama_sidecar_snapshots_total", slot="0", result="skipped") == 1
@@ -118,17 +123,17 @@ async def test_polling_goes_on_while_the_server_holds_a_save(bed: Bed) -> None:
     bed.server.run_turn(0, task=1, tokens=500)
     await bed.poll()
     bed.server.hooks["save"] = memllama.forever  # the server defers the save (a busy slot it shares a loop with)
-    runner = asyncio.create_task(bed.core.run(), name="actions")
+    runner = asyncio.create_task(bed.engine.run(), name="actions")
     try:
         async with asyncio.timeout(5):
             await bed.poll(after=3.0)
             while not bed.saves():
                 await asyncio.sleep(0)
-        assert bed.core.acting()
+        assert bed.engine.status().acting
         for n in range(5):  # each poll goes through at once, and the engine sees each one
             async with asyncio.timeout(1):
                 obs = await bed.poll(after=1.0)
-            assert bed.core.status().observation is obs, n
+            assert bed.engine.status().observation is obs, n
     finally:
         runner.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -143,12 +148,12 @@ async def test_a_save_cut_short_leaves_no_file_even_when_the_server_writes_it_la
     bed.server.fail["save"] = errors.UpstreamUnavailable("/slots: no answer within 300 s", endpoint="/slots")
     await bed.cycle(after=3.0)
     ((_, temp),) = bed.saves()
-    last = bed.core.status().last_snapshot
+    last = bed.engine.status().last_snapshot
     assert last is not None
     assert last.cause is outcomes.SaveCause.SERVER
     (bed.snapshots.dir / temp).write_bytes(b"x" * 5044)  # the deferred save runs after the call gave up
     with structlog.testing.capture_logs() as logs:
-        await bed.core.final_snapshots()
+        await bed.engine.final_snapshots()
     assert not (bed.snapshots.dir / temp).exists()
     assert [e["file"] for e in logs if e["event"] == "abandoned_file_removed"] == [temp]
 
@@ -157,14 +162,14 @@ async def test_a_probe_cut_short_leaves_no_file(bed: Bed) -> None:
     bed.server.fail["save"] = errors.UpstreamUnavailable("/slots: no answer within 300 s", endpoint="/slots")
     await bed.cycle()  # every slot unused: the engine probes the slot dir link with slot 0
     ((_, probe_name),) = bed.actions("save")
-    assert bed.core.status().link_ok is None
+    assert bed.engine.status().link_ok is None
     (bed.snapshots.dir / probe_name).write_bytes(b"x" * 44)
     del bed.server.fail["save"]
     bed.server.run_turn(0, task=1, tokens=500)
     await bed.cycle()
     await bed.cycle(after=3.0)  # the next action sweeps first
     assert not (bed.snapshots.dir / probe_name).exists()
-    assert bed.core.status().link_ok is True
+    assert bed.engine.status().link_ok is True
 
 
 async def test_a_probe_the_server_holds_gives_up_and_saves_go_on(bed: Bed, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,12 +184,12 @@ async def test_a_probe_the_server_holds_gives_up_and_saves_go_on(bed: Bed, monke
     async with asyncio.timeout(5):
         await bed.cycle()  # every slot unused: the engine probes the slot dir link with slot 0
     ((_, probe_name),) = bed.actions("save")
-    assert bed.core.status().link_ok is None
+    assert bed.engine.status().link_ok is None
     bed.server.run_turn(1, task=1, tokens=500)
     await bed.cycle()
     await bed.cycle(after=3.0)
     assert [slot for slot, _ in bed.saves()] == [1], "the slot action road is free again"
-    assert bed.core.status().link_ok is True
+    assert bed.engine.status().link_ok is True
     (bed.snapshots.dir / probe_name).write_bytes(b"x" * 44)  # the held save, written once the request ended
     bed.server.run_turn(1, task=2, tokens=600)
     await bed.cycle()
@@ -194,7 +199,7 @@ async def test_a_probe_the_server_holds_gives_up_and_saves_go_on(bed: Bed, monke
 
 async def test_the_probe_proves_the_link_and_leaves_nothing(bed: Bed) -> None:
     await bed.cycle()
-    assert bed.core.status().link_ok is True
+    assert bed.engine.status().link_ok is True
     assert [p.name for p in bed.snapshots.dir.iterdir()] == []
 
 
@@ -206,8 +211,8 @@ async def test_a_probe_file_not_seen_means_another_directory(tmp_path: Path) -> 
     bed = make_bed(mine)
     bed.server.dir = other
     await bed.cycle()
-    assert bed.core.status().link_ok is False
-    assert "--slot-dir must be the directory" in bed.core.status().link_problem
+    assert bed.engine.status().link_ok is False
+    assert "--slot-dir must be the directory" in bed.engine.status().link_problem
 
 
 async def test_final_snapshot_leaves_a_sleeping_server_asleep(bed: Bed) -> None:
@@ -216,7 +221,7 @@ async def test_final_snapshot_leaves_a_sleeping_server_asleep(bed: Bed) -> None:
     await bed.poll()
     bed.server.sleeping = True  # it fell asleep after the last poll
     before = len(bed.server.calls)
-    await bed.core.final_snapshots()
+    await bed.engine.final_snapshots()
     assert [name for name, _ in bed.server.calls[before:]] == ["props"]
 
 
@@ -226,7 +231,7 @@ async def test_final_snapshot_reads_the_slots_first(bed: Bed) -> None:
     await bed.poll()
     bed.server.set_slot(0, processing=True)  # since the last poll: slot 0 runs a request ...
     bed.server.run_turn(1, task=2, tokens=700)  # ... and slot 1 ran one
-    await bed.core.final_snapshots()
+    await bed.engine.final_snapshots()
     assert [slot for slot, _ in bed.saves()] == [1]
     assert [(m.slot, m.task, m.tokens) for m in bed.snapshots.snapshots()] == [(1, 2, 700)]
 
@@ -246,7 +251,7 @@ async def test_a_restart_restores_each_slot_into_the_new_process(bed: Bed) -> No
     assert bed.value("llama_sidecar_server_restarts_total") == 1
     assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1
     assert bed.value("llama_sidecar_restores_total", slot="1", result="no_snapshot") == 1
-    assert not bed.core.restore_owed()
+    assert not bed.engine.slots.restore_owed()
 
 
 async def test_an_admin_restore_is_judged_only_by_a_task_after_it(bed: Bed) -> None:
@@ -257,7 +262,7 @@ async def test_an_admin_restore_is_judged_only_by_a_task_after_it(bed: Bed) -> N
     assert len(bed.snapshots.snapshots(0)) == 1
     bed.server.set_slot(0, tokens=0)  # cleared (an erase, or --cache-idle-slots): task 5 stays
     await bed.cycle(after=1.0)
-    records = await bed.core.restore_now()
+    records = await bed.engine.restore_now()
     assert [(r.slot, r.result) for r in records] == [(0, "ok"), (1, "no_snapshot")]
     await bed.cycle(after=1.0)  # the slot still shows task 5: that task ran before the restore
     await bed.cycle(after=1.0)
@@ -277,7 +282,7 @@ async def test_an_effective_restore_counts_the_prefill_seconds_it_saved(bed: Bed
     await bed.cycle(after=3.0)
     bed.server.set_slot(0, tokens=0)
     await bed.cycle(after=1.0)
-    await bed.core.restore_now()
+    await bed.engine.restore_now()
     bed.server.run_turn(0, task=6, tokens=2010, cached=2000)
     await bed.cycle(after=1.0)
     assert bed.value("llama_sidecar_restore_verifications_total", outcome="effective") == 1
@@ -285,7 +290,7 @@ async def test_an_effective_restore_counts_the_prefill_seconds_it_saved(bed: Bed
     rate = 2010 / 4.0  # the server's lifetime rate as read with the judging task: 2,010 tokens prefilled in 4 s
     assert bed.value("llama_sidecar_prefill_saved_seconds_total", by="restore") == pytest.approx(2000 / rate)
     assert bed.value("llama_sidecar_prefill_saved_seconds_total", by="swap") == 0
-    saved = bed.core.status().saved
+    saved = bed.engine.status().saved
     assert saved.seconds == pytest.approx(2000 / rate)
     assert (saved.tokens, saved.rate) == (2000, rate)
 
@@ -298,12 +303,12 @@ async def test_an_ineffective_restore_saves_no_time(bed: Bed) -> None:
     await bed.cycle(after=3.0)
     bed.server.set_slot(0, tokens=0)
     await bed.cycle(after=1.0)
-    await bed.core.restore_now()
+    await bed.engine.restore_now()
     bed.server.run_turn(0, task=6, tokens=2010, cached=10)
     await bed.cycle(after=1.0)
     assert bed.value("llama_sidecar_restore_verifications_total", outcome="ineffective") == 1
     assert bed.value("llama_sidecar_prefill_saved_seconds_total", by="restore") == 0
-    assert bed.core.status().saved.seconds == 0
+    assert bed.engine.status().saved.seconds == 0
 
 
 async def test_a_restore_whose_next_task_re_prefills_is_ineffective(bed: Bed) -> None:
@@ -313,7 +318,7 @@ async def test_a_restore_whose_next_task_re_prefills_is_ineffective(bed: Bed) ->
     await bed.cycle(after=3.0)
     bed.server.set_slot(0, tokens=0)
     await bed.cycle(after=1.0)
-    await bed.core.restore_now()
+    await bed.engine.restore_now()
     bed.server.run_turn(0, task=6, tokens=520, cached=0)
     await bed.cycle(after=1.0)
     assert bed.value("llama_sidecar_restore_verifications_total", outcome="ineffective") == 1
@@ -366,7 +371,7 @@ async def test_a_due_save_waits_while_another_slot_generates(bed: Bed) -> None:
     assert bed.saves() == []
     assert [e["slot"] for e in logs if e["event"] == "snapshot_held"] == [0]  # said once
     slot_reads = bed.server.names().count("slots")
-    await bed.core.work()
+    await bed.engine.work()
     assert bed.server.names().count("slots") == slot_reads  # holding costs no /slots read
     bed.server.run_turn(1, task=2, tokens=900)  # slot 1 is done
     await bed.cycle(after=1.0)
@@ -407,7 +412,7 @@ async def test_a_save_held_when_the_slots_are_read_before_it(bed: Bed) -> None:
     await bed.poll()
     await bed.poll(after=3.0)
     bed.server.set_slot(1, task=2, tokens=50, processing=True)  # starts after the poll
-    await bed.core.work()
+    await bed.engine.work()
     assert bed.saves() == []
     assert bed.value("llama_sidecar_snapshots_total", slot="0", result="skipped") == 0  # held, not skipped
 
@@ -424,8 +429,8 @@ async def test_a_restore_round_that_cannot_read_the_slots_is_tried_again(bed: Be
     bed.server.slot_views = [memllama.slot(0), memllama.slot(1)]
     await bed.poll(after=1.0)
     bed.server.fail["slots"] = errors.UpstreamUnavailable("/slots: no answer within 5 s", endpoint="/slots")
-    await bed.core.work()
-    assert bed.core.restore_owed()
+    await bed.engine.work()
+    assert bed.engine.slots.restore_owed()
     del bed.server.fail["slots"]
     await bed.cycle(after=1.0)
     assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1
@@ -519,7 +524,7 @@ async def test_a_waiting_commit_that_fails_makes_the_slot_due_again(tmp_path: Pa
     await bed.cycle(after=1.0)
     assert bed.snapshots.snapshots() == []
     assert bed.value("llama_sidecar_snapshots_total", slot="0", result="failed") == 1
-    await bed.cycle(after=engine.RETRY_AFTER)
+    await bed.cycle(after=saves.RETRY_AFTER)
     assert [slot for slot, _ in bed.saves()] == [0, 0]
     assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
 
@@ -531,7 +536,7 @@ async def test_a_swap_of_a_slot_whose_commit_waits_commits_it_and_saves_again_if
     with (tmp_path / temp).open("ab") as f:
         f.write(b"x")  # the waiting commit will fail its size check
     swap = policy.Save(0, events.SlotContent(1, 500), 500, policy.SaveReason.SWAP)
-    assert await bed.core.save(swap)
+    assert await bed.engine.slots.save(swap)
     assert [slot for slot, _ in bed.saves()] == [0, 0]  # saved again, not taken as saved already
     assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
     assert bed.value("llama_sidecar_snapshots_total", slot="0", result="failed") == 1
@@ -540,7 +545,7 @@ async def test_a_swap_of_a_slot_whose_commit_waits_commits_it_and_saves_again_if
 async def test_shutdown_commits_the_waiting_saves(tmp_path: Path) -> None:
     bed = await saved_while_slot_1_generates(tmp_path)
     assert bed.snapshots.snapshots() == []
-    await bed.core.final_snapshots()
+    await bed.engine.final_snapshots()
     assert [m.tokens for m in bed.snapshots.snapshots(0)] == [500]
     assert [slot for slot, _ in bed.saves()] == [0]  # slot 1 is busy: not saved
 
@@ -571,16 +576,16 @@ async def test_steady_traffic_on_two_slots_saves_within_the_default_hold_and_exp
     assert bed.value(unsaved, slot="0") == 0  # the save covers every change so far
 
 
-async def test_a_fresh_read_listing_slots_props_did_not_announce_is_refused(bed: Bed) -> None:
-    await bed.cycle()  # the identity is known: total_slots as /props says
-    total = bed.server.identity.total_slots
+async def test_a_fresh_read_listing_slots_props_did_not_announce_is_refused(tmp_path: Path) -> None:
     many = tuple(events.SlotView(id=i, n_ctx=4096, processing=False, task=None, tokens=0) for i in range(20_000))
 
     async def lying() -> tuple[events.SlotView, ...]:  # the request path's reader knows nothing of /props
         return many
 
-    bed.core.read_fresh_by(lying)
+    bed = make_bed(tmp_path, read_fresh=lying)
+    await bed.cycle()  # the identity is known: total_slots as /props says
+    total = bed.server.identity.total_slots
     with pytest.raises(errors.UpstreamProtocolError, match=f"below the {total} slots /props announced"):
-        await bed.core.fresh_slots()
+        await bed.engine.slots.fresh_slots()
     assert bed.value("llama_sidecar_slot_unsaved_since_timestamp_seconds", slot="1") == 0
     assert bed.registry.get_sample_value("llama_sidecar_slot_unsaved_since_timestamp_seconds", {"slot": "2"}) is None

@@ -97,14 +97,14 @@ class Bed:
     snapshots: store.SnapshotStore
     registry: CollectorRegistry
     watcher: poller.Poller
-    core: engine.Engine
+    engine: engine.Engine
     library: placer.Placer
     clock: memllama.ManualClock
     tokenizer: Tokenizer
 
     async def poll(self) -> None:
         obs, evts = await self.watcher.step()
-        await self.core.handle(obs, evts)
+        await self.engine.handle(obs, evts)
 
     @contextlib.asynccontextmanager
     async def request(
@@ -144,11 +144,11 @@ async def bed(tmp_path: Path) -> Bed:
         server=config.ServerSettings(),
     )
     stats = metrics.Metrics(registry, version="t")
-    core = engine.Engine(client=server, snapshots=snapshots, stats=stats, settings=settings, clock=clock)
+    eng = engine.Engine(client=server, snapshots=snapshots, stats=stats, settings=settings, clock=clock)
     tokenizer = Tokenizer()
-    library = placer.Placer(core=core, tokenizer=tokenizer, snapshots=snapshots, stats=stats, clock=clock)
+    library = placer.Placer(engine=eng.slots, tokenizer=tokenizer, snapshots=snapshots, stats=stats, clock=clock)
     watcher = poller.Poller(server, settings.poll, clock=clock)
-    made = Bed(server, snapshots, registry, watcher, core, library, clock, tokenizer)
+    made = Bed(server, snapshots, registry, watcher, eng, library, clock, tokenizer)
     await made.poll()
     return made
 
@@ -237,7 +237,7 @@ class FakeShared:
         temp = other.temp_name(0)
         data = slot_bytes(ids)
         (other.dir / temp).write_bytes(data)
-        _, identity = bed.core.seen()
+        _, identity = bed.engine.slots.seen()
         assert identity is not None
         fingerprint = manifest.Fingerprint.of(identity, n_ctx=self._n_ctx())
         made = other.commit(temp, slot=0, tokens=len(ids), written=len(data), task=None, fingerprint=fingerprint)
@@ -246,7 +246,7 @@ class FakeShared:
         self.data = data
 
     def _n_ctx(self) -> int:
-        obs, _ = self.bed.core.seen()
+        obs, _ = self.bed.engine.slots.seen()
         assert obs is not None
         assert obs.slots is not None
         return obs.slots[0].n_ctx
@@ -290,7 +290,7 @@ class FakeShared:
 
 def with_shared(bed: Bed, shared: FakeShared) -> None:
     bed.library = placer.Placer(
-        core=bed.core,
+        engine=bed.engine.slots,
         tokenizer=Tokenizer(),
         snapshots=bed.snapshots,
         stats=bed.library._stats,
@@ -447,7 +447,7 @@ async def saved_both(bed: Bed) -> None:
     """Both slots idle long enough: the engine saves them (their content is then settled)."""
     bed.clock.now += 10.0
     await bed.poll()
-    await bed.core.work()
+    await bed.engine.work()
     assert sorted(bed.actions()) == [("save", 0), ("save", 1)]
     bed.server.calls.clear()
 
@@ -578,7 +578,7 @@ async def test_a_next_turns_slots_read_goes_out_before_its_body_is_parsed_and_is
     async with bed.request("A") as first:
         assert first is not None
     seen: list[str] = []
-    read, of = bed.core.fresh_slots, turns.of
+    read, of = bed.engine.slots.fresh_slots, turns.of
 
     async def fresh_slots() -> tuple[events.SlotView, ...]:
         seen.append("read")
@@ -588,7 +588,7 @@ async def test_a_next_turns_slots_read_goes_out_before_its_body_is_parsed_and_is
         seen.append("parsed")
         return of(request)
 
-    monkeypatch.setattr(bed.core, "fresh_slots", fresh_slots)
+    monkeypatch.setattr(bed.engine.slots, "fresh_slots", fresh_slots)
     monkeypatch.setattr(turns, "of", parsed)
     async with bed.request("A", then=("ok", LONG)) as slot:
         assert slot == first

@@ -141,9 +141,13 @@ async def test_a_server_down_is_polled_fast_while_requests_wait_for_it() -> None
         return events.Health.LOADING, "loading"
 
     client.health = down  # type: ignore[method-assign]
-    poll = poller.Poller(client, config.PollSettings(down_interval=30.0), weights=Weights())  # type: ignore[arg-type]
     waiting = False
-    poll.hurry = lambda: waiting
+    poll = poller.Poller(
+        client,  # type: ignore[arg-type]
+        config.PollSettings(down_interval=30.0),
+        weights=Weights(),
+        hurry=lambda: waiting,
+    )
 
     async def sink(obs: events.Observation, evts: list[events.Event]) -> None:
         return None

@@ -16,7 +16,7 @@ import xxhash
 from sidecar.act import policy
 from sidecar.core import errors, events, hashing, outcomes, safeio
 from sidecar.snapshots import commit as checks
-from sidecar.snapshots import manifest, reporting, store
+from sidecar.snapshots import manifest, store, storeevents
 from support.told import Told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
@@ -708,7 +708,7 @@ def test_a_link_planted_at_the_temp_name_after_the_hash_gets_no_chmod_and_is_not
     temp = server_writes(snaps, 0, b"kv" * 500)
     read_index = checks.read_index
 
-    def planted(path: Path, events: reporting.StoreEvents) -> manifest.Index | None:
+    def planted(path: Path, events: storeevents.StoreEvents) -> manifest.Index | None:
         found = read_index(path, events)
         path.unlink()
         path.symlink_to(outside)  # between the write and the chmod, as an attacker in the slot dir would

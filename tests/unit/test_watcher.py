@@ -13,7 +13,7 @@ import xxhash
 from prometheus_client import CollectorRegistry
 from watchdog.observers import Observer
 
-from sidecar.app import reports
+from sidecar.app import storelog
 from sidecar.core import events, hashing, metrics, outcomes, protocols
 from sidecar.snapshots import dirlock, manifest, store, watcher
 from support.wait import until
@@ -25,7 +25,7 @@ FP = manifest.Fingerprint("b1", "/m.gguf", 10, 20, 4096, 1)
 async def watched(tmp_path: Path) -> AsyncIterator[tuple[store.SnapshotStore, CollectorRegistry]]:
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version="test")
-    snaps = store.SnapshotStore(tmp_path, clock=protocols.SystemClock(), events=reports.StoreLog(stats))
+    snaps = store.SnapshotStore(tmp_path, clock=protocols.SystemClock(), events=storelog.StoreLog(stats))
     watch = watcher.Watcher(snaps, stats)
     watch.start()
     task = asyncio.create_task(watch.run(), name="watcher")

@@ -1,7 +1,7 @@
 """What the running sidecar does with the store's reports: count each in its metric and log it.
 
 The store calls these on the thread that found the problem (see
-:class:`sidecar.snapshots.reporting.StoreEvents`); counting and logging are
+:class:`sidecar.snapshots.storeevents.StoreEvents`); counting and logging are
 thread-safe.
 """
 
@@ -25,7 +25,7 @@ QUARANTINE_HINTS = {
 
 
 class StoreLog:
-    """:class:`~sidecar.snapshots.reporting.StoreEvents` that counts and logs, for ``llama-kv-sidecar run``."""
+    """:class:`~sidecar.snapshots.storeevents.StoreEvents` that counts and logs, for ``llama-kv-sidecar run``."""
 
     def __init__(self, stats: metrics.Metrics) -> None:
         self._stats = stats
