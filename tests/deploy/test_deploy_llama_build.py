@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import re
 
-from deploytools import DEPLOY, REPO
-
-from support import llamabed
+from tests.deploy.deploytools import DEPLOY, REPO
+from tests.support import llamabed
 
 IMAGE = re.compile(r"ghcr\.io/ggml-org/llama\.cpp:([\w.-]+)")
 EXPECTED_FILES = {"Dockerfile", "compose.beside.yaml", "k8s/deployment.yaml", "k8s/shared-store/statefulset.yaml"}

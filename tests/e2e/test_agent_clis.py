@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.snapshots import slotfile
-from support.agentclis import ClaudeCode, Codex, Launched, Tripwire, Turn, saved, turn
+from tests.support.agentclis import ClaudeCode, Codex, Launched, Tripwire, Turn, saved, turn
 
 WARM = 0.99
 

@@ -13,9 +13,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from support import mounts, streams
-from support.llamabed import LlamaServer, MakeServer, complete, make_prompt
-from support.sidecarbed import MakeSidecar, SidecarProcess, proxied
+from tests.support import mounts, streams
+from tests.support.llamabed import LlamaServer, MakeServer, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, proxied
 
 TOKENS = 1024
 

@@ -23,7 +23,7 @@ import structlog
 
 from sidecar.app import run as app
 from sidecar.core import config
-from support.readers import Samples, parse_metrics, sample
+from tests.support.readers import Samples, parse_metrics, sample
 
 METRIC_PREFIX = "llama_sidecar_"
 

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping
 
-from support.sidecarbed import SidecarProcess
+from tests.support.sidecarbed import SidecarProcess
 
 AGENTS = ("You are agent one: answer in one short sentence.", "You are agent two: answer in a few words.")
 """Two agents' system prompts: conversation ``n`` is agent ``n % 2``'s."""

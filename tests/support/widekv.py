@@ -21,7 +21,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from support import tinymodels
+from tests.support import tinymodels
 
 N_EMBD = 256
 N_LAYER = 32

@@ -10,8 +10,8 @@ import textwrap
 from pathlib import Path
 
 from sidecar.blocks import blockdir, collect, store
-from support import clocks, slotfiles
-from support.wait import wait_until
+from tests.support import clocks, slotfiles
+from tests.support.wait import wait_until
 
 INGEST = textwrap.dedent(
     """

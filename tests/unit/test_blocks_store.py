@@ -11,7 +11,7 @@ import pytest
 
 from sidecar.blocks import blockdir, collect, locking, parts, recipe, store
 from sidecar.core import errors, outcomes
-from support import clocks, slotfiles
+from tests.support import clocks, slotfiles
 
 TOKENS = 16
 

@@ -15,7 +15,7 @@ from sidecar.cli import main as cli
 from sidecar.cli import options
 from sidecar.core import config, errors, events, parse
 from sidecar.snapshots import manifest, store
-from support import clocks
+from tests.support import clocks
 
 
 def settings(*args: str) -> config.Settings:

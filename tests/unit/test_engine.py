@@ -7,7 +7,6 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-import memllama
 import pytest
 import structlog
 from prometheus_client import CollectorRegistry
@@ -16,7 +15,8 @@ from sidecar.act import engine, policy, probe, snapshotter
 from sidecar.core import config, errors, events, hashing, metrics, outcomes
 from sidecar.observe import poller
 from sidecar.snapshots import manifest, store
-from support import clocks
+from tests.support import clocks
+from tests.unit import memllama
 
 
 @dataclasses.dataclass

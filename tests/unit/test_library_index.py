@@ -13,7 +13,7 @@ from sidecar.act import policy
 from sidecar.core import events, outcomes
 from sidecar.library import prompt, routing
 from sidecar.snapshots import manifest, slotfile, store
-from support.told import Told
+from tests.support.told import Told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 2, 8192, 1000, 10), n_ctx=4096)
 BLOCK = slotfile.BLOCK_TOKENS

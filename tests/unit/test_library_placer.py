@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -23,7 +22,8 @@ from sidecar.observe import poller
 from sidecar.proxy import answer
 from sidecar.shared import catalog, decide, records
 from sidecar.snapshots import manifest, slotfile, store
-from support import clocks
+from tests.support import clocks
+from tests.unit import memllama
 
 BLOCK = slotfile.BLOCK_TOKENS
 LONG = "and then, " * 20

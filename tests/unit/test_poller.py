@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import structlog
-from memllama import ManualClock, MemLlama
 
 from sidecar.core import config, errors, events
 from sidecar.observe import poller
+from tests.unit.memllama import ManualClock, MemLlama
 
 
 @pytest.fixture

@@ -8,14 +8,14 @@ import itertools
 import os
 from pathlib import Path
 
-import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import actions, ahead, restorer
 from sidecar.core import hashing, metrics
 from sidecar.snapshots import manifest, store
-from support import clocks
+from tests.support import clocks
+from tests.unit import memllama
 
 FP = manifest.Fingerprint.of(memllama.IDENTITY, n_ctx=memllama.N_CTX)
 MB = 1 << 20

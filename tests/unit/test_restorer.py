@@ -6,7 +6,6 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-import memllama
 import pytest
 import structlog.testing
 from prometheus_client import CollectorRegistry
@@ -14,7 +13,8 @@ from prometheus_client import CollectorRegistry
 from sidecar.act import actions, restorer
 from sidecar.core import events, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, store
-from support import clocks
+from tests.support import clocks
+from tests.unit import memllama
 
 FP = manifest.Fingerprint.of(memllama.IDENTITY, n_ctx=memllama.N_CTX)
 

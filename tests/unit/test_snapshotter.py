@@ -8,14 +8,14 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
-import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import actions, policy, snapshotter
 from sidecar.core import config, errors, events, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, store
-from support import clocks
+from tests.support import clocks
+from tests.unit import memllama
 
 R, C = outcomes.SaveResult, outcomes.SaveCause
 SAVE = policy.Save(0, events.SlotContent(4, 500), 500, policy.SaveReason.IDLE)

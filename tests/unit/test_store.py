@@ -17,7 +17,7 @@ from sidecar.act import policy
 from sidecar.core import errors, events, hashing, outcomes, safeio
 from sidecar.snapshots import commit as checks
 from sidecar.snapshots import manifest, reporting, store
-from support.told import Told
+from tests.support.told import Told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
 

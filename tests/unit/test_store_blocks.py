@@ -10,7 +10,7 @@ import pytest
 
 from sidecar.core import errors, events, outcomes
 from sidecar.snapshots import manifest, retention, slotdir, store, upgrade
-from support.told import Told
+from tests.support.told import Told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
 SIZE = 1 << 20
