@@ -17,7 +17,7 @@ TOKENS = 16
 
 
 def make_store(tmp_path: Path) -> store.BlockStore:
-    return store.BlockStore(tmp_path / "store", clock=clocks.Wall(lambda: 1000.0), tokens=TOKENS)
+    return store.BlockStore(tmp_path / "store", clock=clocks.reading(lambda: 1000.0), tokens=TOKENS)
 
 
 def put(tmp_path: Path, name: str, data: bytes) -> Path:

@@ -24,7 +24,7 @@ class Bed:
     server: memllama.MemLlama
     snapshots: store.SnapshotStore
     registry: CollectorRegistry
-    clock: memllama.ManualClock
+    clock: clocks.FakeClock
     watcher: poller.Poller
     core: engine.Engine
 
@@ -56,9 +56,9 @@ class Bed:
 def make_bed(slot_dir: Path, **snapshot_settings: float) -> Bed:
     server = memllama.MemLlama(slot_dir)
     stamps = itertools.count(1_764_000_000)
-    snapshots = store.SnapshotStore(slot_dir, clock=clocks.Wall(lambda: float(next(stamps))))
+    snapshots = store.SnapshotStore(slot_dir, clock=clocks.reading(lambda: float(next(stamps))))
     registry = CollectorRegistry()
-    clock = memllama.ManualClock()
+    clock = clocks.FakeClock()
     settings = config.Settings(
         upstream=config.UpstreamSettings(),
         poll=config.PollSettings(),
