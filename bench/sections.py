@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from bench import (
     agents,
@@ -173,6 +173,16 @@ def _hashing(bed: rig.Rig, p: Plan) -> tuple[hashing_mod.Checksums, str]:
     return found, head + hashing_mod.report(found)
 
 
+class _Measures(Protocol):
+    """A section module whose own ``measure`` runs it."""
+
+    def measure(self, bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[Any, str]: ...
+
+
+def _own(module: _Measures) -> Callable[[Run], tuple[Any, str]]:
+    return lambda r: module.measure(r.bed, quick=r.quick, say=say)
+
+
 TABLE: tuple[Section, ...] = (
     Section("ttft", "1. TTFT after kill -9: cold re-prefill vs restored", lambda r: _ttft(r.bed, r.plan), "points"),
     Section(
@@ -197,7 +207,7 @@ TABLE: tuple[Section, ...] = (
     Section(
         "proxy",
         "6. Proxy (--proxy-listen): added latency and streamed token gaps",
-        lambda r: proxy_mod.measure(r.bed, quick=r.quick, say=say),
+        _own(proxy_mod),
         "proxy",
     ),
     Section(
@@ -212,7 +222,7 @@ TABLE: tuple[Section, ...] = (
     Section(
         "library",
         "9. Conversation library: TTFT per turn, N conversations on 2 slots, vs llama-server alone",
-        lambda r: library.measure(r.bed, quick=r.quick, say=say),
+        _own(library),
         verdicts=library.verdicts,
     ),
     Section(
@@ -223,43 +233,43 @@ TABLE: tuple[Section, ...] = (
     Section(
         "agents",
         "11. Agents: time to the first streamed byte through the proxy, per API, vs direct",
-        lambda r: agents.measure(r.bed, quick=r.quick, say=say),
+        _own(agents),
         "agents",
     ),
     Section(
         "hybrid",
         "12. Hybrid models: reuse and time to first token per chat turn, alone vs beside vs proxy, and kill -9",
-        lambda r: hybrid.measure(r.bed, quick=r.quick, say=say),
+        _own(hybrid),
         "hybrid",
     ),
     Section(
         "price",
         "13. The proxy's price per turn: warm turns, first streamed byte, CPU, and the turn after a kill -9",
-        lambda r: price.measure(r.bed, quick=r.quick, say=say),
+        _own(price),
         "price",
     ),
     Section(
         "scale",
         "14. Scale: agents at an 8B-class KV, slot files whole vs the block store, and kill -9",
-        lambda r: scale.measure(r.bed, quick=r.quick, say=say),
+        _own(scale),
         verdicts=scale.verdicts,
     ),
     Section(
         "nodes",
         "15. Nodes: two nodes behind HAProxy, the shipped config vs round robin, and a node's kill -9",
-        lambda r: nodes.measure(r.bed, quick=r.quick, say=say),
+        _own(nodes),
         verdicts=nodes.verdicts,
     ),
     Section(
         "launcher",
         "16. Launcher mode after a kill -9: from the death vs beside with a restart loop, and who waits",
-        lambda r: launcher.measure(r.bed, quick=r.quick, say=say),
+        _own(launcher),
         verdicts=launcher.verdicts,
     ),
     Section(
         "blocks",
         "17. Shared store: bytes moved per turn, blocks vs whole files, two nodes (python -m bench.shared_blocks)",
-        lambda r: shared_blocks.measure(r.bed, quick=r.quick, say=say),
+        _own(shared_blocks),
         verdicts=shared_blocks.verdicts,
     ),
 )
