@@ -2,7 +2,7 @@
 
 On a model whose state cannot be cut back (a tiny random-weight ``qwen35``,
 Gated DeltaNet + attention, and ``lfm2``, short convolutions + attention:
-``support.tinymodels``; both with ``--quick`` too) and, next to it, the
+``tests.support.tinymodels``; both with ``--quick`` too) and, next to it, the
 dense test model (gemma3-270m, ``--swa-full``): two chat conversations (a first message of ``tokens``
 tokens, then one-line follow-ups; each 8-token reply sent back as the
 server wrote it, so the chat template re-renders it) take turns on one slot

@@ -52,7 +52,7 @@ DIRECT, PROXY = "llama-server alone", "with the library"
 DEFAULTS_PRICE = 1.03
 """Most a turn through the proxy may take, over llama-server alone, both at their defaults (RAM cache on)."""
 TINY, WIDE = "gemma3-270m", "8B-class KV"
-"""The bed's model, and the random-weight one whose KV is 128 KiB per token (``support.widekv``)."""
+"""The bed's model, and the random-weight one whose KV is 128 KiB per token (``tests.support.widekv``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

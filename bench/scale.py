@@ -4,7 +4,7 @@ Three agent conversations share a system prompt (about 2,000 tokens, 1,500
 words, with ``--quick``; about 10,000 in the full run) and take turns of
 about 60 words on a llama-server with 2 slots, at its defaults (RAM prompt
 cache on), through the sidecar's proxy, on the random-weight model whose KV
-is 128 KiB per token (``support.widekv``). Then, once the sidecar has saved
+is 128 KiB per token (``tests.support.widekv``). Then, once the sidecar has saved
 what the slots hold (a crash between turns, as hosts see them), llama-server
 is ``kill -9``ed and each conversation sends its next turn. The same turns
 run two ways on fresh servers, one after the other:

@@ -5,7 +5,7 @@
 Three agent conversations share a system prompt (about 2,000 tokens with
 ``--quick``, 6,000 in the full run) and take turns of about 60 words, one
 slot each, on a llama-server running the random-weight model whose KV is
-128 KiB per token (``support.widekv``). After every turn the slot is saved
+128 KiB per token (``tests.support.widekv``). After every turn the slot is saved
 (llama-server's own save) and that one file goes, side by side, through two
 pairs of nodes of the sidecar's shared-store code (in this process, each
 node with its own slot dir, and for blocks its own block store) sharing one

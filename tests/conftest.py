@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from support.report import SUMMARY
-from support.s3bed import S3Server
+from tests.support.report import SUMMARY
+from tests.support.s3bed import S3Server
 
 S3_BUCKET = "sidecar-tests"
 

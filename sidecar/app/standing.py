@@ -1,39 +1,6 @@
 """What this node tells a load balancer about itself: pure, from one :class:`report.Status`.
 
-HAProxy's agent check (``agent-check`` on a ``server`` line) connects to the
-sidecar's ``--agent-check-listen`` port every ``agent-inter`` and reads one
-line; :func:`answer` decides that line:
-
-- ``down`` while llama-server is down or loading, or refuses the
-  sidecar: the balancer sends the node's conversations to the others (with
-  ``hash-type consistent`` only this node's share of keys moves);
-- ``drain`` while llama-server answers but the node should take no new
-  conversation: a restore round is owed or running (the restore gate is
-  closed), or the newest save found the slot dir below ``--min-free-bytes``
-  (what it served could not be kept). The line also says ``up``, so a node
-  that was down comes back as draining, not as serving;
-- else ``ready up N%``: ``ready`` ends a drain (HAProxy keeps a server
-  draining until an agent says ``ready``), ``N`` is the weight.
-
-The weight moves as little as it can, on purpose. Under ``balance hash`` with
-``hash-type consistent`` a server's weight is its number of points on the
-ring: lowering it moves part of *its* conversations to other nodes, away from
-their KV. So the weight stays at :data:`FULL` while a slot is free (not
-processing a request), and drops to :data:`SATURATED` only while every slot
-runs one; how many conversations the slots hold does not move it (the node
-holding them is where they are warm), it is said in the line's description.
-Load is better bounded per request by ``hash-balance-factor``, which sends a
-request past an overloaded server without moving the ring.
-
-In router mode (several models behind one llama-server) the balancer still
-sees one server line per node, so every state stands for the whole node:
-``down`` while the router is down, ``drain`` while the slot dir (one for
-every model) is below the free-space floor; the slots are every loaded
-model's. A model whose restore round is owed or running does not drain the
-node: its requests wait for it at its own gate on this node, where its KV is
-coming back, and the other models' conversations stay where they are warm
-(a drain would send them all to other nodes). The line's description names
-such models.
+Invariants and trade-offs: docs/modules.md, `sidecar/app/standing.py`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """Reassembly: a recipe's blocks back into the exact file, checked before anyone sees it. Blocking I/O.
 
-The file is written to a ``.tmp-`` name beside the destination and renamed
-over it only once its size and its whole-file checksum (xxh3-128, at memory
-speed) match the recipe: the destination either holds the original bytes or
-is untouched, and a failure leaves no partial file. It is not ``fsync``ed:
-it is a staging copy for llama-server to read now, and the blocks stay the
-durable copy.
-
-Speed is the point (a restore waits for it): blocks are read with
-``readv`` into one reused buffer (an anonymous mapping, given back after)
-and written with one ``write`` each, so each byte is copied twice by the
-kernel and hashed once from a cache-hot buffer. A grid (a transposed V
-layer) is rebuilt in a second buffer, row piece by row piece, then written
-in one go.
-
-A block that is missing, of the wrong size, or whose bytes fail the
-checksum raises :class:`errors.BlockStoreError` naming it. The checksum
-covers the file, not each block (hashing every block with sha256 would
-double a restore), so on a mismatch the blocks are hashed one by one to
-find the one at fault.
+Invariants and trade-offs: docs/modules.md, `sidecar/blocks/assemble.py`.
 """
 
 from __future__ import annotations

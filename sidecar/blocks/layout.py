@@ -1,39 +1,6 @@
 """Where a llama-server slot file is cut into blocks. Pure code: bytes in, a ``parts.Plan`` out.
 
-The cut is chosen so that two files holding the same tokens at the same
-positions give byte-identical blocks: two conversations sharing a prefix,
-or successive saves of one conversation. llama.cpp (pinned build 11434,
-``llama_context::state_seq_save_file`` and ``llama_kv_cache::state_write``)
-writes a slot file as
-
-* ``u32 magic`` ("ggsq"), ``u32 version`` (4), ``u32 n_words``: the header;
-* ``n_words`` words of llama-server's token payload;
-* per memory module (one KV cache; two for sliding-window models, the base
-  cache then the SWA one; a KV cache then recurrent state for hybrids): the
-  KV cache as ``u32 n_stream``, then per stream ``u32 cell_count`` and, when
-  it is not 0, the cell metadata (per cell ``i32 pos``, ``u32 n_seq_id``,
-  12 bytes of M-RoPE/PLE extension on some models, the seq ids), then
-  ``u32 v_trans``, ``u32 n_layer``, ``u32 n_rot_k``, ``u32 n_rot_v``, each
-  layer's K (``i32 type``, ``u64 row_size``, ``cell_count`` rows), then each
-  layer's V: rows as K when flash attention is on (``v_trans`` 0); else
-  (``i32 type``, ``u32 el_size``, ``u32 n_embd_v``) and ``n_embd_v`` rows of
-  ``cell_count`` elements: V transposed.
-
-The blocks: the header, the token payload and each stream's cell metadata
-on their own (small: they differ between conversations and slots); each
-layer's K and non-transposed V rows cut per ``tokens``-aligned range of
-positions (see ``kvcache.groups``); a transposed V layer is a
-:class:`~sidecar.blocks.parts.Grid` of ``n_embd_v`` rows whose column
-ranges of the same cells are the blocks (a block gathers one piece of each
-row), so equal prefixes still give equal blocks. The last, partial range of
-each layer is a block of its own; the next save of a longer conversation
-replaces only it.
-
-What the parser does not recognise (another version, recurrent state, a
-layout of a later build) is cut by content-defined chunking
-(:mod:`~sidecar.blocks.chunking`). The plan only says where the cuts are: a
-wrong guess costs deduplication, never correctness, since every byte is in
-exactly one block and reassembly puts each back where it was.
+Invariants and trade-offs: docs/modules.md, `sidecar/blocks/layout.py`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """Ingests and reassemblies against garbage collection: one ``flock`` on the store. Blocking I/O.
 
-An ingest may rely on a block the store already holds (it does not write
-it again) while a concurrent collection finds no committed recipe naming
-that block and deletes it: the ingest would then commit a recipe naming a
-missing block. Two ways out were weighed:
-
-* a grace period (collect only blocks older than N seconds, ingests touch
-  the blocks they reuse): no waiting, but a collection that read a block's
-  time just before an ingest touched it still deletes it, so it is safe
-  only with an ingest that never lasts N seconds, and a clock that never jumps;
-* a lock: every ingest and reassembly holds ``.lock`` shared (``LOCK_SH``,
-  any number at once), a collection holds it exclusive (``LOCK_EX``). No
-  collection runs while a recipe is being written or read, whatever the
-  timings. A collection waits for the ingests in progress (or, with
-  ``wait=False``, gives up at once and says so), and an ingest waits for a
-  collection in progress: a listing and some unlinks, rare and short.
-
-The lock is taken: the kernel releases it when its holder dies, ``kill -9``
-included, so a crash never leaves the store locked. ``flock`` locks belong
-to an open file, so two threads of one process exclude each other as two
-processes do.
+Invariants and trade-offs: docs/modules.md, `sidecar/blocks/locking.py`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """The block manifest: which blocks, in which order, rebuild one file. Pure code.
 
-A recipe is the commit marker of a file in the block store: it is written
-last, after every block it names is durable, so a committed recipe never
-names a block that is not there (garbage collection keeps that true, see
-:mod:`~sidecar.blocks.collect`). It records the file's size and checksum,
-so a reassembly is proven byte-identical before anyone uses it, and each
-part of the file as the block store cut it (:mod:`~sidecar.blocks.layout`):
-a run of blocks laid end to end, or a grid whose blocks are column ranges
-of ``rows`` rows (a transposed V layer).
-
-Blocks are named by the sha256 of their content (hex). sha256, not the
-snapshots' xxh3-128: a name is an identity shared by every file that holds
-the block (and later by nodes sharing a store), so two different blocks
-must never get one name, even when someone chose their bytes; with the
-CPU's SHA extensions it hashes at about 1.8 GB/s here, off the restore
-path. The whole-file checksum is the snapshots' (``hashing.CURRENT``,
-xxh3-128), checked on every reassembly at memory speed.
+Invariants and trade-offs: docs/modules.md, `sidecar/blocks/recipe.py`.
 """
 
 from __future__ import annotations

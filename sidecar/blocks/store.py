@@ -1,21 +1,6 @@
 """The content-addressed block store: files in, exact files out, shared blocks kept once. Blocking I/O.
 
-Not yet used by the snapshot path (:mod:`sidecar.snapshots.store` keeps
-whole files); this is its foundation (docs/blocks.md). A store is a
-directory::
-
-    STORE/
-      .lock                 shared by ingests and reassemblies, exclusive for a collection
-      blocks/3f/3fa2…       one file per block, named by the sha256 of its bytes
-      recipes/NAME.json     the commit marker of one file: its blocks in order, its size and checksum
-
-:meth:`BlockStore.ingest` cuts a slot file (:mod:`~sidecar.blocks.layout`)
-and writes only the blocks the store lacks, then the recipe;
-:meth:`BlockStore.reassemble` writes the exact file back into a staging
-path, checked; :meth:`BlockStore.drop` uncommits a recipe and
-:meth:`BlockStore.collect` deletes what no recipe names. The invariant, kept
-through ``kill -9`` at any point: every committed recipe's blocks are all
-in the store. The methods block; async callers use ``asyncio.to_thread``.
+Invariants and trade-offs: docs/modules.md, `sidecar/blocks/store.py`.
 """
 
 from __future__ import annotations

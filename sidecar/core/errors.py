@@ -1,24 +1,6 @@
 """The sidecar's own error tree.
 
-Transport errors (aiohttp, OSError) never leak past the module that caught
-them: they are wrapped and chained with ``raise ... from exc`` so callers
-handle a closed set of types::
-
-    SidecarError
-    ├── UpstreamError              llama-server did not give a usable answer
-    │   ├── UpstreamUnavailable    connection refused/reset, timeout, 5xx
-    │   ├── UpstreamNotSupported   501: the feature is switched off on the server
-    │   ├── UpstreamRejected       4xx: the server refused the request
-    │   │   └── UpstreamDenied     401/403: it wants (another of) its API keys
-    │   └── UpstreamProtocolError  an answer we cannot parse or that lacks fields
-    ├── SnapshotError              a snapshot file failed a check or an I/O step
-    │   └── BlockStoreError        the block store cannot rebuild a file: a block or recipe is bad
-    ├── SharedStoreError           the shared store (S3, shared filesystem) did not do what was asked
-    │   └── SharedObjectRefused    an object it holds is refused (corrupt, oversized, unreadable)
-    └── ConfigError                a flag or environment variable is unusable
-
-The poller turns ``UpstreamError`` into an observation ("server down");
-anything else is a bug and crashes the process loudly.
+Invariants and trade-offs: docs/modules.md, `sidecar/core/errors.py`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """What the poller saw, and what changed between two sightings: pure code.
 
-An :class:`Observation` is one poll of llama-server. :func:`detect` compares
-the newest observation with the ones before it and names the transitions.
-Nothing here does I/O or reads a clock, so every rule can be tested with
-hand-made observations.
-
-Restart detection combines signals because none alone is proof:
-
-* the ``Process-Start-Time-Unix`` header of /metrics changed (definitive
-  both ways: an unchanged start time means the same process);
-* the server identity from /props changed (build, model, context, slots);
-* /metrics counters went backwards;
-* a slot that had run a task shows no task any more (``id_task`` is only
-  ever absent in a process that has not served that slot yet);
-* the server was unreachable and came back with every slot empty.
-
-A slot whose tokens drop to 0 while it keeps its ``id_task`` was cleared by
-``--cache-idle-slots`` (or an erase) and is *not* a restart.
+Invariants and trade-offs: docs/modules.md, `sidecar/core/events.py`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Secrets kept out of log lines: the last structlog processor before the renderer. Pure.
 
-Two nets, because a secret reaches a log line by paths nobody wrote on
-purpose: an exception's message (aiohttp's ``BadHttpMessage`` quotes the
-header line it could not parse, ``Authorization`` included), a repr in a
-traceback, a URL with credentials. :class:`Redactor` replaces
-
-* every known secret value (the admin token, llama-server's API keys, the
-  shared store's secret key: what ``logs.configure`` is given) wherever it
-  appears in a string, and
-* the value of an ``Authorization``, ``Proxy-Authorization`` or
-  ``X-Api-Key`` header written out as ``name: value`` or ``'name': 'value'``,
-  whatever the value (a token the sidecar does not know, or one a bad
-  byte cut in two),
-
-in every string of the event, nested lists and dicts (a dict traceback)
-included. Tracebacks carry no local variables (see :mod:`sidecar.core.logs`),
-so the values of a handler's variables never reach this far.
+Invariants and trade-offs: docs/modules.md, `sidecar/core/redact.py`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Opening files in a directory others can write: no symlinks, regular files only, bounded reads. Blocking I/O.
 
-The slot dir is shared with llama-server, and in a container with whoever
-mounts the volume. A name in it is not a promise about what it is: a
-``.bin`` can be a symbolic link to ``/dev/zero`` (a hash that never ends)
-or to a file outside the directory (handed to the server to restore), a
-manifest can be a FIFO (an ``open`` that never returns) or a gigabyte
-(read whole into memory). So every read of it goes through here:
-
-* ``O_NOFOLLOW``: a symbolic link is refused, whatever it points to;
-* ``O_NONBLOCK`` on open: a FIFO without a writer does not block the open,
-  and ``fstat`` of the open descriptor refuses anything but a regular file
-  (the descriptor, not the name: nothing can be swapped in between);
-* a size bound checked on the descriptor before reading, and reads that
-  never go past it.
-
-What is refused raises :class:`Refused` (not an ``OSError``: it is proof of
-what the name is, not an I/O error to retry).
+Invariants and trade-offs: docs/modules.md, `sidecar/core/safeio.py`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """The command line the launcher gives llama-server: the user's arguments and what the sidecar needs. Pure code.
 
-``llama-kv-sidecar run [options] -- llama-server ARGS...`` runs ``ARGS`` with:
-
-* ``--slot-save-path`` set to ``--slot-dir`` (a user's own ``--slot-save-path``
-  must name the same directory: the sidecar saves and restores through it);
-* ``--metrics`` (restart detection and restore verification read ``/metrics``);
-* with ``--proxy-listen``: ``--host 127.0.0.1 --port PORT``, a free local port
-  the caller picked, since clients reach the server through the proxy's public
-  address; a user's ``--host`` or ``--port`` is then refused. Without the proxy
-  the user's ``--host`` and ``--port`` stay (llama-server's defaults otherwise)
-  and the sidecar talks to them.
-
-Refused, each with a message naming the flag (the command exits 2):
-``--slot-save-path`` of another directory, ``--no-slots`` (the sidecar reads
-``/slots``), ``--host``/``--port`` beside the proxy, a ``--host`` that is a
-unix socket (the sidecar speaks TCP), ``--api-key``/``--api-key-file`` while
-the sidecar has no key (it could read nothing), and the sidecar's own
-``--server`` (the launcher points it at its child).
-
-Arguments are read as llama-server reads them: ``--flag value`` or
-``--flag=value``; what is not named here passes through untouched.
+Invariants and trade-offs: docs/modules.md, `sidecar/launch/argv.py`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Whether, and when, the launcher starts llama-server again after it ended on its own. Pure code.
 
-Every end the launcher did not ask for is followed by a restart. The first
-end in the window restarts at once: a server that crashed once (a kill -9,
-the OOM killer) is what the launcher is for, and every moment before its
-restart is a moment its clients wait at the gate. Each further end in the
-window waits a delay that doubles (:data:`FIRST_DELAY`, then twice that,
-... capped at :data:`MAX_DELAY`), scaled by a jitter
-factor between 0.5 and 1 so that several launchers on one host do not
-start their servers in step. Once :data:`CRASH_LOOP_EXITS` ends fall within
-:data:`CRASH_LOOP_SECONDS`, the server is in a crash loop (a bad argument,
-a model that does not load, a port taken): restarting it again would only
-repeat the failure and fill the log, so the launcher stops and says why.
-
-A server that ran for a while before it ended starts again at once: only the
-ends inside the window count.
+Invariants and trade-offs: docs/modules.md, `sidecar/launch/restarts.py`.
 """
 
 from __future__ import annotations

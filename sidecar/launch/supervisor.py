@@ -1,22 +1,6 @@
 """Launcher mode: the sidecar starts llama-server as its child, restarts it when it ends, and stops it last.
 
-:meth:`Supervisor.run` (the task ``launcher``) starts the child and waits
-for its end. An end the sidecar did not ask for is known for certain, from
-the exit status or the signal, at once: it is logged (``server_exited``),
-counted (``server_exits_total{cause}``), and handed to the restore gate as
-a suspicion, the same road the proxy takes when a request finds the server
-gone (:meth:`sidecar.act.gate.Gate.suspect`): the gate closes, the poller
-polls at once and sees the server down, and while the launcher brings the
-next process up the poller polls it every few milliseconds
-(:meth:`hurried`), so the restore round starts as soon as it answers.
-
-The child is restarted after the backoff of :mod:`sidecar.launch.restarts`,
-until a crash loop: then the launcher stops restarting it and says why
-(``server_crash_loop``); the sidecar keeps serving its endpoints, not ready.
-
-At shutdown :meth:`stop` runs after the final snapshots (the server must be
-up for them): SIGTERM, then SIGKILL after ``stop_timeout`` seconds. A
-second signal calls :meth:`kill_now`.
+Invariants and trade-offs: docs/modules.md, `sidecar/launch/supervisor.py`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """The token ids of prompt texts already tokenized, by their leading bytes. Pure code.
 
-A conversation's prompt text grows turn by turn: each turn's text starts
-with the previous turn's up to the marker where the template opens the
-reply. :class:`Prefixes` remembers, for a text the server tokenized, the ids
-of its leading part up to a *cut* where tokenizing the two sides apart gives
-the same ids as tokenizing the whole: the start of a special token (the
-server splits special tokens out before it tokenizes the text between them,
-so nothing on one side changes the ids of the other), or the text's end for
-that very text. A cut holds for a new text only where that text goes on
-with the same special token: each cut keeps the token's id and bytes, and
-:meth:`Prefixes.longest` offers a cut only to a text whose bytes there are
-that token's (the caller still checks that the server's first id of the
-rest is that token). :meth:`Prefixes.longest` finds the longest such cut a
-new text starts with, so only the rest needs the server.
-
-Keys are BLAKE2b digests of the leading bytes; ids are kept packed (4 bytes
-each) in a least-recently-used map bounded by a total count of ids. Nothing
-here is logged or exported: neither text nor ids leave the process.
+Invariants and trade-offs: docs/modules.md, `sidecar/library/prefixes.py`.
 """
 
 from __future__ import annotations

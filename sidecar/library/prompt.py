@@ -1,23 +1,6 @@
 """What a completion request's prompt is, for the library's routing. Pure code.
 
-The proxy routes a request by the token ids its prompt becomes, made the way
-llama-server will make them (``tools/server/server-context.cpp``, build 11434):
-
-* Chat Completions (``/v1/chat/completions``, ``/chat/completions``): the
-  server's chat template over the body (``/apply-template`` takes it as is);
-* Anthropic Messages (``/v1/messages``) and OpenAI Responses
-  (``/v1/responses``, ``/responses``): the server converts the body into a
-  Chat Completions one first (:mod:`.convert` does the same), then renders it;
-* ``/completion``, ``/completions``, ``/v1/completions``: the prompt text
-  through ``/tokenize``, or token ids given as they are.
-
-:func:`of` says how to get those ids, and how the route takes a slot pin
-(:class:`Pin`): every route but the Anthropic one passes ``id_slot`` from the
-body to the task; the Anthropic converter drops it, so an Anthropic request
-is *placed*: its KV is put in an idle slot and the server's own choice (the
-idle slot with the longest common prefix, ``--slot-prompt-similarity``)
-runs it there. Requests the library cannot route give an
-``outcomes.Unrouted`` reason and are forwarded as they came.
+Invariants and trade-offs: docs/modules.md, `sidecar/library/prompt.py`.
 """
 
 from __future__ import annotations

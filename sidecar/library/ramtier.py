@@ -1,24 +1,6 @@
 """What llama-server's own RAM prompt cache holds, as far as the sidecar can tell. Pure code.
 
-llama-server (build 11434, ``server-context.cpp``, ``server-task.cpp``) keeps
-a RAM prompt cache (``--cache-ram``, 8192 MiB by default): when a task
-starts in a slot whose content it would mostly lose, it copies that content
-into the cache first, then loads into the slot the cached prompt that shares
-most with the task (and takes it out of the cache); with
-``--cache-idle-slots`` (the default) every idle slot is copied in at each
-task's start. Copies are dropped oldest first past the size limit. Nothing
-of this is readable over HTTP, so the library keeps a model of it here: each
-conversation that left a slot to a task of another (a new conversation or
-one the cache served) is held, newest last, until its bytes no longer fit.
-
-A returning conversation the model says is there is pinned to an idle slot
-with no swap from disk: the server loads it from RAM, as it would have
-without the sidecar, which is faster than a file. The model is taken on
-trust only once the server has shown it (:attr:`RamTier.confirmed`: an
-answer reused what the model said was in RAM); an answer that shows it was
-not there turns the tier off until the server restarts (the server runs
-with a smaller cache, or none), and the library swaps from disk as before.
-A restart empties it (:meth:`RamTier.clear`).
+Invariants and trade-offs: docs/modules.md, `sidecar/library/ramtier.py`.
 """
 
 from __future__ import annotations

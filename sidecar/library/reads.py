@@ -1,28 +1,6 @@
 """The placer's read of ``GET /slots`` on a routed request's path, on the relay's own client. I/O.
 
-Before it places a routed turn, the placer reads which slot holds what, as
-the server shows it now (``SlotService.fresh_slots``). That read waits on the
-request's path, so it goes on :mod:`sidecar.proxy.upclient` (kept-alive
-connections, answers parsed by ``httptools``) in place of the poller's
-``aiohttp.ClientSession``: 600 reads each way, interleaved, of a 2-slot
-llama-server on the same machine took 0.60-0.67 ms at the median here
-against 0.74-0.84 ms on aiohttp (three runs). Its connections are its own (the relay's pool serves client
-requests only), and the reply is parsed by the same
-:func:`sidecar.observe.upstream.slot_views` as the poller's.
-
-A read with no answer after ``HEDGE_SECONDS`` is asked once more, on a
-connection opened for it, and the first answer is taken (the other read is
-dropped with its connection); each such read is counted, by which one
-answered, in ``library_slots_read_retries_total``. llama-server answers
-``/slots`` within a millisecond here, even during a decode (its worker thread serves it while
-the model computes), yet a read on the request's path was once seen to get
-no answer at all until ``--request-timeout`` ran out, right after a
-restart: the turn waited 5 s and went unrouted. A second ``GET /slots``
-costs the server nothing it does not do four times a second for the poller.
-
-Errors are the poller's: ``errors.UpstreamUnavailable`` when nothing answers
-(or not within ``--request-timeout``), ``errors.UpstreamDenied`` for a wrong
-API key, ``errors.UpstreamProtocolError`` for a reply that is not slots.
+Invariants and trade-offs: docs/modules.md, `sidecar/library/reads.py`.
 """
 
 from __future__ import annotations

@@ -1,28 +1,6 @@
 """Which slot a completion request should run in, and what to put there first. Pure code.
 
-The proxy knows the request's prefix hash chain (``slotfile.prefix_hashes``
-over the ids ``/tokenize`` gave), what each slot holds, and which
-conversations the library keeps on disk. :func:`route` picks:
-
-* the slot that already holds the longest prefix of the request
-  (``Source.SLOT``): pin the request there with ``id_slot``, saving what
-  the slot holds past that prefix first when it is unsaved and the request
-  is not the slot's own conversation (it would cut another's off);
-* else, when llama-server's RAM prompt cache holds a clearly longer prefix
-  (as :mod:`.ramtier` models it), at least as long as the library's, an idle
-  slot to pin it to with nothing restored: the server loads it from RAM,
-  faster than a file (``Source.RAM``);
-* else, when the library holds a clearly longer prefix, an idle slot to swap
-  it into (``Source.LIBRARY``), saving the slot's own content first if it
-  changed since its last snapshot, so nothing is lost to a swap;
-* else, when the shared store holds a clearly longer prefix still (and the
-  caller found fetching it beats prefilling), an idle slot to fetch it into
-  and swap it in the same way (``Source.SHARED``);
-* else the least recently used idle slot, empty ones first (``Source.COLD``),
-  saving its content first if it changed since its last snapshot.
-
-When every slot is busy and none holds the prefix, no slot is pinned and the
-server queues the request as it would without the sidecar.
+Invariants and trade-offs: docs/modules.md, `sidecar/library/routing.py`.
 """
 
 from __future__ import annotations

@@ -1,38 +1,6 @@
 """A prompt's token ids with as little of llama-server as exactness allows. I/O.
 
-:class:`Cached` stands in front of the server's ``/tokenize`` for the
-placer, for every route it tokenizes (Chat Completions, Anthropic Messages
-and Responses once rendered, ``/completion`` prompt texts). For a text it has
-seen whole, it answers from memory with no round trip; for a text that
-starts with a remembered cut (:mod:`.prefixes`), it asks the server for the
-ids of the rest only and joins them to the ids it holds; otherwise it asks
-for the whole text, as before.
-
-A cut is trusted only where the join is exact: just before a special token
-(the server tokenizes the text between special tokens apart, so the ids on
-either side do not depend on the other), found from the pieces the server
-returns with the ids. A piece is taken for a special token only once the
-server has shown it is one: the same text tokenized with special tokens
-parsed gives that one id and without gives something else (asked once per
-piece, remembered). A cut serves a new text only if that text goes on with
-the same special token there: its bytes are checked before asking, and the
-server's first id of the rest must be that token's, else the text is asked
-whole (``refused``). When the pieces do not spell the text exactly (a BOS the
-text does not hold, an EOS the server appends, a space prefix, bytes the
-pieces do not show), nothing is remembered and every request of that text
-asks the server whole. A text whose marker-looking parts are all known to be
-no special token of this model (ChatML markers on a vocabulary without them)
-has no cut to learn: it is asked for its ids alone, without the pieces (a
-third of the answer), as the placer did before.
-
-Not caught: a special token whose text holds another's and starts before the
-cut (``x<s>y`` beside ``<s>``), which the whole text would match and the rest
-alone would not; no vocabulary seen has one. When the server loses its slots
-(a restart, a wake-up: the engine tells :meth:`Cached.emptied`), what is
-remembered is kept only if the server then runs the same model file (by its
-checksum) under the same build as when it was learned (the server's identity,
-read by the poller): a restart may bring another vocabulary. Otherwise, or
-when either is unknown, everything is forgotten before the next text.
+Invariants and trade-offs: docs/modules.md, `sidecar/library/tokens.py`.
 """
 
 from __future__ import annotations

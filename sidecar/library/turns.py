@@ -1,25 +1,6 @@
 """Whether a request continues the conversation a slot ran last, from the request alone. Pure code.
 
-The library routes a request by the token ids its prompt becomes, which
-only llama-server can say for sure (its template, its tokenizer): two round
-trips before the request is sent. Most requests need neither: an agent's
-next turn is the conversation it sent last plus the answer and a new
-message, and the slot that ran the last turn holds every token of it. A
-:class:`Key` says that from the body alone, as a hash chain over the
-messages (the way llama-server renders them, after ``convert`` for the
-Anthropic and Responses APIs) under a digest of everything else that shapes
-the prompt; for a text prompt, the digest of the text and its length.
-
-A request *continues* a key when the same head holds it and the key's
-messages are the request's first messages (for a text, the key's text is
-the start of the request's). The placer then pins it to that slot with no
-call to the server but a read of ``/slots``; any other request (a new
-conversation, an edited history, other tools, another slot's conversation)
-takes the route by token ids. Only digests are kept, never a prompt.
-
-Fields in :data:`SAMPLING` never reach the template, so a turn that changes
-them (streamed or not, another ``max_tokens``) still continues; any other
-field is part of the head.
+Invariants and trade-offs: docs/modules.md, `sidecar/library/turns.py`.
 """
 
 from __future__ import annotations

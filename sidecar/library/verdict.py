@@ -1,21 +1,6 @@
 """What a routed request's answer says about its routing: the per-request verdict. Pure code.
 
-The library decides where a request's prefix should come from before it is
-forwarded; what the server then did is in the request's own answer (the
-reuse figure ``answer.Ended.cached``: ``timings.cache_n``, the ``usage``
-cached tokens of the Anthropic and Responses APIs). A request is counted by
-that, never by a server-wide counter (which mixes every slot's requests):
-
-* an error status (400: a bad request, a prompt over the context) is no
-  serve: ``Unserved.REJECTED``, not a cold one;
-* an answer cut by a crash, or left by its client, is ``CUT``/``CANCELLED``;
-* a request placed on a prefix (a slot's, the library's, the shared store's)
-  whose answer shows the server re-prefilled it (reused less than
-  :data:`EFFECTIVE_SHARE` of that prefix) counts ``cold``, and none of its
-  tokens count as served from the library.
-
-:func:`header` is the value of the response header that tells the client the
-same (``X-Llama-Sidecar-Prefix``).
+Invariants and trade-offs: docs/modules.md, `sidecar/library/verdict.py`.
 """
 
 from __future__ import annotations

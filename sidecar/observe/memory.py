@@ -1,24 +1,6 @@
 """What kind of memory the served model keeps, read from its GGUF header.
 
-Whether a snapshot can serve a request depends on the model's memory:
-
-* ``attention``: the KV of every layer can be cut back to any shorter
-  prefix, so a snapshot serves any request that shares a prefix with it.
-* ``swa``: sliding-window attention (Gemma 2/3, gpt-oss, ...). With
-  ``--swa-full`` it behaves like ``attention``; without it the window cannot
-  be cut back. llama-server does not say over HTTP whether ``--swa-full`` is
-  on, so the sidecar treats the cache as full, as before, and a restore the
-  server does not reuse is reported with the ``--swa-full`` hint.
-* ``recurrent`` (Mamba, RWKV) and ``hybrid`` (Qwen3.5/3.6, LFM2, Granite 4
-  hybrid, Nemotron-H, Falcon-H1, Jamba, ...): a recurrent state can be
-  extended but not cut back. A snapshot serves a request only when all of
-  its tokens are a prefix of it, so snapshots are taken at the prompt's
-  boundary and matched to the token.
-
-The kind comes from ``general.architecture`` (the lists are those of the
-pinned llama.cpp's ``llm_arch_is_recurrent`` and ``llm_arch_is_hybrid`` in
-``src/llama-arch.cpp``) and ``<arch>.attention.sliding_window``. The header
-is read once per model file (:func:`read`, blocking: call it in a thread).
+Invariants and trade-offs: docs/modules.md, `sidecar/observe/memory.py`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Polls llama-server and turns what it sees into observations and events.
 
-/health every poll (every ``down_interval`` while the server is down or
-loading, so a restart is seen within a quarter second, and every
-``HURRIED`` while the proxy holds a request for it); /props and /metrics
-whenever the server is up (/props says whether ``--sleep-idle-seconds`` put
-the server to sleep); /v1/models when the server comes up or its model
-changes, /props and /metrics side by side; /slots when the server comes up,
-whenever /metrics shows activity since the last read or a slot last seen
-busy, and every poll when the server has no /metrics or its counters are too
-large to show every change. While slots generate, /slots is read only when
-the number of busy slots changes, and every ``BUSY_REFRESH`` seconds: each
-read costs the generating server time (see ``_slots_stale``).
-
-While the server sleeps /slots is not read (the read would wake it); the
-last awake observation stays the baseline for restart detection, so a
-sleeping server that is restarted is still seen as restarted.
+Invariants and trade-offs: docs/modules.md, `sidecar/observe/poller.py`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """The identity of the model's weights: a checksum of the model file.
 
-Path, size and parameter count describe the model's shape: a fine-tune
-copied over the same file keeps all three, and its KV cache restores
-without an error yet changes every answer. The checksum of the file tells
-the weights apart. The sidecar reads the file at the path llama-server
-reports in /props, so it must see the model at that same path (mounted
-read-only beside the slot dir in a container). When it cannot, it says so
-once and falls back to path, size and parameter count.
-
-Hashing GBs takes seconds even at xxh3 speed from a cold disk, so results
-are cached by path, size, mtime, ctime, device and inode, in memory and in
-``.llama-kv-sidecar.weights.json`` in the slot dir, which survives a restart
-of the sidecar. Any write to the model file changes its mtime or ctime and
-forces a new hash.
-
-What the server names is not trusted to be a file: a ``model_path`` of
-``/dev/zero`` (reads that never end) or of a FIFO (an open that never
-returns) once hung the poll loop. Only a regular file is read (links are
-followed, since model caches are made of them, but what they point to must
-be a regular file), opened without blocking, its size taken from ``fstat``
-of the open descriptor and never read past, within the deadline of
-:func:`hashing.deadline_for` for that size. The hash runs in a worker thread;
-the poll waits for it only until that deadline (plus ``SLACK``): a thread stuck
-in one read (a hung network mount) is left behind, no other is started beside
-it, and the poll goes on without the checksum. Each refusal is said once.
+Invariants and trade-offs: docs/modules.md, `sidecar/observe/weights.py`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Relaying llama-server's answer to the client, once its first event has arrived.
 
-The relay reads an answer's first part before the client's response is
-prepared (:func:`first_part`): for a stream that is its first event, not the
-status and headers llama-server sends when prompt processing starts, so a
-crash during the prefill leaves the client with nothing sent, and the relay
-can send the request again. From then on every chunk llama-server writes is
-written to the client as soon as it is read (:func:`relay`).
-
-If llama-server goes away after the client got bytes, a stream (SSE) ends
-with an error event in its API's format and a proper end of the chunked
-body, so SDKs raise an API error with a message rather than a broken
-connection; any other answer is cut (its connection closed before the end).
-
-Every answer's own prompt-reuse figure is read as it passes
-(``sse.cached_tokens``), for the library's per-request counts.
+Invariants and trade-offs: docs/modules.md, `sidecar/proxy/answer.py`.
 """
 
 from __future__ import annotations

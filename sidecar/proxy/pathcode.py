@@ -1,20 +1,6 @@
 """A request path decoded exactly as llama-server decodes it, and encoded back so it decodes the same (pure).
 
-:func:`decode` is ``httplib::decode_path_component`` of cpp-httplib 0.59
-(``vendor/cpp-httplib/httplib.cpp`` in llama.cpp 11434), byte for byte:
-
-* ``%XX`` (two hex digits, either case) becomes that byte, whatever it is:
-  ``%2F`` a slash, ``%00`` a NUL, ``%C0%AF`` two bytes of overlong UTF-8;
-* ``%uXXXX`` (lower-case ``u``, four hex digits) becomes the code point's
-  UTF-8 bytes, and a surrogate (``%uD800``..``%uDFFF``) becomes nothing at
-  all: ``/sl%uD800ots`` is ``/slots``;
-* a ``%`` not followed by such digits (``%U0073``, ``%zz``, a ``%`` at the
-  end) stays as it is;
-* everything else is kept; the result is decoded once, never twice.
-
-:func:`encode` escapes every byte but those of :data:`PLAIN` (letters,
-digits, ``-._~/`` and RFC 3986's sub-delimiters, ``:`` and ``@``), so
-``decode(encode(p)) == p`` for every byte string ``p``.
+Invariants and trade-offs: docs/modules.md, `sidecar/proxy/pathcode.py`.
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
 """What a request through the proxy is, decided from its method and request target alone (pure).
 
-The proxy forwards only what it understood. llama-server's HTTP library
-(cpp-httplib 0.59) cuts the target at ``#`` then at the first ``?``,
-decodes the path once (:mod:`sidecar.proxy.pathcode`: ``%XX`` to any byte,
-``%2F`` and ``%00`` included, and ``%uXXXX`` to UTF-8) and matches routes
-byte for byte: no case folding, no ``//`` or dot-segment clean-up, and
-``/slots/:id_slot`` also matches ``/slots/0/``. The proxy decodes the path
-the same way, classifies the decoded path, and sends llama-server that
-path re-encoded (:attr:`Request.target`), so what was classified is what
-the server routes. A decoded path outside the characters a route can hold
-(``%``, backslash, NUL, spaces, non-ASCII, ``?``/``#``), with ``.``/``..``
-segments or starting with ``//``, is refused (400): nothing llama-server
-serves needs them.
-
-Default-deny: a write (any method but GET, HEAD and OPTIONS) goes through
-only to a route of llama-server's table below. ``POST /slots/...`` (save,
-restore, erase) and writes to any other path need the admin token. Reads
-cannot reach a slot action (llama-server registers it for POST only) and
-go through on any path (the web UI's assets have build-dependent names).
-``POST /predict`` (Vertex AI, ``AIP_MODE=PREDICTION``) dispatches each
-instance to the route its ``@requestFormat`` names: :mod:`sidecar.proxy.predict`
-checks the body.
-
-Completion routes are those that run a task in a slot (and so could take
-the slot a restore is about to fill): they wait at the restore gate; every
-other route is forwarded at once. Paths are those of llama-server without
-its ``--api-prefix``: the proxy adds the path of ``--server``'s URL.
+Invariants and trade-offs: docs/modules.md, `sidecar/proxy/routes.py`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """The sentinel: a connection held open to llama-server, so that a restart between two polls is seen at once.
 
-The kernel closes every connection a process holds when it exits (a crash,
-``kill -9``, a restart). The proxy keeps one connection open to
-llama-server and sends ``GET /health`` on it every ``PING`` seconds, since
-llama-server closes a connection idle for 5 s. When that connection ends
-without llama-server having announced it (``Connection: close``), or is
-refused right after such an announcement, the process has gone: the gate
-is closed at once (:meth:`gate.Gate.suspect`, which also makes the poller
-poll), so a completion that arrives after a fast restart, before the next
-poll, waits for the restore round like any other.
-
-It costs llama-server one idle connection and a ``/health`` every few
-seconds, and proxied requests nothing: they never wait for it.
-
-One sentinel runs per upstream (:meth:`Sentinel.run` refuses a second run),
-and every new connection waits a delay of :mod:`backoff` first: ``reconnect``
-after a steady connection (one that answered 200 and stayed open through a
-quiet ``PING``), doubled after each one that did not, up to ``PING``, with
-jitter. A restarting server accepts and drops connections for as long as it
-closes and loads; reconnecting at once made a storm of them (6,899
-connections during a 1 s restart). Each restart is still seen at the drop
-that announces it: the delays only pace the attempts after it.
+Invariants and trade-offs: docs/modules.md, `sidecar/proxy/sentinel.py`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """What a completion route's answer looks like, for the relay. Pure code.
 
-Each completion route answers in its API's format: an error event that ends
-a cut stream must be one its clients parse (llama-server's own stream errors
-are the model, ``server-context.cpp``), and the prompt tokens the server
-reused are read from the answer itself, whatever the API:
-
-* OpenAI Chat Completions, ``/completion(s)``, ``/infill``: ``timings.cache_n``
-  (and ``usage.prompt_tokens_details.cached_tokens``); a stream error is
-  ``data: {"error": {...}}``;
-* Anthropic Messages: ``usage.cache_read_input_tokens`` (in ``message_start``
-  when streamed); a stream error is ``event: error`` with
-  ``{"type": "error", "error": {"type": "api_error", ...}}``;
-* OpenAI Responses: ``usage.input_tokens_details.cached_tokens`` (in
-  ``response.completed`` when streamed); a stream error is ``event: error``
-  with ``{"type": "error", "code", "message", ...}``, plus the ``error``
-  object the OpenAI SDKs raise on.
-
-All three carry llama-server's ``n_prompt_tokens_cache`` for the task, so the
-last figure found in an answer is that request's own reuse.
+Invariants and trade-offs: docs/modules.md, `sidecar/proxy/sse.py`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """The relay's HTTP/1.1 client to llama-server: kept-alive connections, answers parsed by ``httptools``.
 
-It replaces ``aiohttp.ClientSession`` on the relay's path only (the poller,
-the engine and the library keep theirs). Measured side by side on one
-machine (four runs of 300-500 requests), a bare relay on aiohttp's server
-and client added 0.85-1.44 ms to a non-streamed ``/completion``, the same
-relay with a minimal client on ``httptools`` 0.24-0.93 ms (less in three
-runs of four, as much in one): aiohttp's request and response objects,
-payloads, timers and stream reader cost more than the request itself. This
-client does what the relay needs and no more: one request at a time per
-connection, the body sent whole, the answer's status and headers awaited,
-then its body read whole or chunk by chunk as llama-server writes it, with
-reading paused while a slow client has not taken what was read. An answer
-with neither a length nor chunks (a server in between that speaks
-HTTP/1.0) ends where its connection does.
-
-Connections are pooled for reuse while they are idle for less than
-``keepalive`` seconds (llama-server closes its own after 5 s). llama-server
-closes a connection after every chunked (streamed) answer without saying so
-(cpp-httplib ends the stream when its content provider returns false), so
-such a connection is never reused; :meth:`Client.open_spare` opens one in
-its place in the background.
-
-Errors: :class:`ConnectFailed` (nothing listens, or the connect timed out)
-and :class:`Lost` (the connection closed or broke before the answer's end,
-or llama-server sent what is not HTTP), both :class:`ForwardError`.
+Invariants and trade-offs: docs/modules.md, `sidecar/proxy/upclient.py`.
 """
 
 from __future__ import annotations

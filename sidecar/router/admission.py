@@ -1,23 +1,6 @@
 """The proxy's door in router mode: a completion reaches a model only once that model's KV is back.
 
-A completion names its model (``"model"`` in the JSON body). If that
-model's restore gate is open, the request goes on at once. Otherwise:
-
-1. if the router runs no server for the model, the other models' changed
-   slots are saved first: loading this model may make the router unload
-   another one (``--models-max``), and its KV would be lost with it; then
-   the model is loaded with ``POST /models/load`` (not by the request
-   itself, which the router would hand to the new server before any
-   restore);
-2. the request waits at the model's gate, which its engine opens once the
-   model is loaded and its snapshots are restored, for at most
-   ``--proxy-hold-seconds`` (then 503 with Retry-After).
-
-Requests that are not completions, that name no model, or a model the
-router does not list, go on as they are. A request held at the router's own
-gate (the router was down: a ``kill -9`` takes every child server with it)
-is admitted again once that gate opens, so it too waits for its model's load
-and restore instead of making the router load the model for it.
+Invariants and trade-offs: docs/modules.md, `sidecar/router/admission.py`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Fetching a snapshot the shared store holds as blocks: only the blocks this node lacks. Blocking I/O in threads.
 
-The recipe object (read with a bound) must describe the file the shared
-manifest names (size, checksum). Each block this node's block store does
-not hold is downloaded (a ranged read bounded by its size), its sha256
-checked against its name, and written into the block store
-(``--store-dir``); a node without one gets a temporary block directory in
-the slot dir, removed after. The file is then rebuilt from the blocks into
-the slot dir under a temporary name and its whole-file checksum checked
-(:func:`sidecar.blocks.assemble.reassemble`), and the caller commits it
-like a save (the block store ingests it: every block is there already).
-
-A block whose bytes are not its name, or of another size, or a recipe that
-does not rebuild its file refuses that snapshot as ``corrupt``, naming the
-object: every other shared snapshot that does not name it still fetches.
-The local store's lock is held shared from the first block written to the
-end of the rebuild, so a local collection never deletes a block fetched
-for it meanwhile.
+Invariants and trade-offs: docs/modules.md, `sidecar/shared/blockdown.py`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Uploading a snapshot of the block store as blocks: only those the shared store lacks.
 
-With ``--store-dir`` a committed snapshot is a recipe naming blocks by the
-sha256 of their bytes (:mod:`sidecar.blocks`). Its upload, all writes
-create-only (a key that exists is left as it is: same name, same bytes):
-
-1. the recipe, under a key of this attempt's own
-   (``<ns>/recipes/<checksum>/<time>-<random>.json``), before any block:
-   from then on a shared-store collection keeps every block it names;
-2. each block the store does not hold (one ``HEAD`` each, a few at once),
-   read from the local block store and its sha256 checked first, so a block
-   damaged on this disk is never published under its good name;
-3. the fence (:mod:`~sidecar.shared.fence`): wait out any collection that
-   may still be deleting, then check the recipe and the blocks again;
-4. the caller writes the shared manifest last, naming the recipe: a listed
-   manifest always names a recipe whose blocks are all there.
-
-A crash anywhere leaves a recipe no manifest names and blocks no manifest
-needs: a collection deletes them once they are older than its ``--grace``.
+Invariants and trade-offs: docs/modules.md, `sidecar/shared/blockup.py`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """What the shared store holds for this server, and the best match for a request's tokens.
 
-Why a listing and not an index object: every object in the store is
-written once and never changed, so any number of nodes publish without
-coordination. A single index object would need read-modify-write with
-``If-Match``, a hot key every node contends for (and Ceph RGW answers such
-races with 500s). Listing one namespace is a few requests per thousand
-snapshots, and since manifests are immutable each is read once and cached
-by key; only keys that appeared since the last listing are fetched. The
-listing is refreshed at most every ``refresh_every`` seconds.
-
-A manifest object is read only if the listing gives it a size a manifest
-can have (``manifest.MAX_BYTES``), and then with a read bounded by that
-size, so an object of any size under the manifests prefix costs a node at
-most that much memory; a larger one, or one that does not parse, is
-refused (``on_refused``) and never read again.
-
-:func:`best_match` is pure: the manifest sharing the longest prefix of
-blocks with the request, among those that fit the slot's context.
+Invariants and trade-offs: docs/modules.md, `sidecar/shared/catalog.py`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Whether fetching a snapshot from the shared store beats computing its tokens again. Pure code.
 
-A download saves the prefill of the tokens it holds and costs the transfer
-(bytes over the measured bandwidth), a fixed overhead per fetch (requests,
-the checksum, the commit, the restore call) and nothing else. It is worth
-it only when that is clearly less than the prefill it replaces.
-
-Bandwidth is measured from this node's own transfers (:class:`Rate`, an
-exponentially weighted mean); until one has happened a conservative
-default stands in. The prefill rate is llama-server's own over its
-lifetime (``llamacpp:prompt_tokens_total`` over
-``llamacpp:prompt_seconds_total``, which count only tokens it computed, not
-those found in cache). A node that just started or restarted has not
-prefilled enough to say: then the rate the snapshot's own manifest records
-(its origin's, on the same model) stands in, else the newest this node
-recorded in its own snapshots before it restarted (:func:`pick_prefill_rate`).
-Only with none of these does a fixed default stand in.
+Invariants and trade-offs: docs/modules.md, `sidecar/shared/decide.py`.
 """
 
 from __future__ import annotations

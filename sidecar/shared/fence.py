@@ -1,25 +1,6 @@
 """The fence between block uploads and shared-store collections. Pure decision, one listing.
 
-A shared-store collection (``gc``) deletes blocks no recipe names. An
-upload that finds a block already in the store does not send it again, and
-relies on it: if a collection that listed the store before the upload's
-recipe existed deleted that block afterwards, the upload would publish a
-manifest naming a missing block. No lock spans nodes, so the two meet
-through a marker:
-
-* a collection writes ``gc-running/<start>-<random>`` before it lists the
-  store, deletes only while less than :data:`DEADLINE` seconds have passed
-  since its start, and removes the marker when done;
-* an upload, once its recipe and every block are in the store, lists the
-  markers: if a collection may still be deleting (a marker younger than
-  :data:`STALE`, twice the deadline, so a clock a little off or a collection
-  that died without removing its marker is covered), it waits until none
-  is, then checks its recipe and blocks again (sending what went), and only
-  then writes its manifest.
-
-A collection that starts after that listing sees the upload's recipe and
-keeps every block it names; one that started before is waited for. So a
-published manifest never names a block a collection in progress deletes.
+Invariants and trade-offs: docs/modules.md, `sidecar/shared/fence.py`.
 """
 
 from __future__ import annotations

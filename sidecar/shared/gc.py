@@ -1,32 +1,6 @@
 """Retention in the shared store: ``llama-kv-sidecar gc --shared-store URL``.
 
-Snapshots are dropped by age (``--max-age``) and then oldest first until
-the blobs kept fit ``--max-bytes``. Deletion never takes an object a
-manifest still names, and never one a node may be downloading:
-
-1. a dropped snapshot loses its manifest, after a tombstone
-   (``<ns>/gone/<checksum>@<time>``) recorded when: from then on no node finds it;
-2. its blob is deleted by a later run, once the tombstone is older than
-   ``--grace`` (longer than any download takes), together with the tombstone;
-3. a blob no manifest names and no tombstone dates (an upload that died
-   before its manifest) is deleted once it is older than ``--grace``: an
-   upload in progress writes its manifest seconds after its blob.
-
-Snapshots uploaded as blocks (``--store-dir``) follow the same steps with
-their recipes in place of the blob (every upload attempt's recipe under the
-snapshot's checksum goes with it), and then:
-
-4. a block is deleted only when no recipe left in the store names it (a
-   published one or one an upload in progress wrote before its blocks) and
-   it is older than ``--grace``; a recipe that cannot be read keeps every
-   block of its namespace; recipes and blocks younger than
-   :data:`fence.MIN_GRACE` are never deleted, whatever ``--grace`` says;
-5. a run marks itself (``gc-running/<start>-<random>``) before it lists and
-   deletes nothing once :data:`fence.DEADLINE` seconds have passed since: an
-   upload that reused blocks waits for such a run before it publishes, then
-   checks its blocks again (:mod:`~sidecar.shared.fence`).
-
-:func:`plan` is pure; :func:`collect` lists, reads the recipes, plans and deletes.
+Invariants and trade-offs: docs/modules.md, `sidecar/shared/gc.py`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """Object keys in the shared store. Pure code.
 
-Layout under the URL's prefix::
-
-    <namespace>/blobs/<algorithm>-<digest>.bin       a snapshot file, byte for byte
-    <namespace>/manifests/<algorithm>-<digest>.json  its shared manifest (written last)
-
-and, for snapshots a node with a block store (``--store-dir``) uploads::
-
-    <namespace>/blocks/<sha256>.blk                  one block, named by the sha256 of its bytes
-    <namespace>/recipes/<algorithm>-<digest>/<stamp>-<random>.json
-                                                     the blocks of one snapshot file, in order
-                                                     (one per upload attempt, written before its blocks)
-    gc-running/<unix start>-<random>                 a shared-store collection in progress
-
-Keys are content-addressed by the snapshot's checksum, so an object never
-changes once written: two nodes uploading the same snapshot write the same
-bytes to the same key, and a reader may cache what it read by key forever.
-
-The namespace says what a snapshot can be restored into: the model
-(file name, path, size, parameter count and the checksum of its weights),
-the LoRA adapters, llama-server's build (the slot file and KV layout it
-writes) and its slot count (llama-server refuses KV saved with another).
-A node lists only its own namespace, so it never fetches what it cannot
-restore. The context size is not part of it: a snapshot that fits the
-slot's context restores whatever the total.
+Invariants and trade-offs: docs/modules.md, `sidecar/shared/keys.py`.
 """
 
 from __future__ import annotations

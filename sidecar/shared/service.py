@@ -1,27 +1,6 @@
 """The shared store as the rest of the sidecar sees it: offer, warm, lookup, fetch, worth.
 
-* :meth:`SharedStore.offer` is the snapshot store's commit listener: it only
-  queues the snapshot for the background ``uploader`` task (:meth:`run`).
-* :meth:`SharedStore.warm` runs before a restore round: each empty slot with
-  no local snapshot gets the newest shared snapshot of this server's
-  namespace that is not in the slot dir yet, so a new replica starts warm.
-* :meth:`lookup`, :meth:`worth` and :meth:`fetch` are for the request path
-  (the proxy's routing): the shared snapshot with the longest common prefix,
-  whether fetching it beats prefilling, and the fetch into a slot's name.
-
-None of them raises when the store is down or slow: errors are counted in
-``shared_store_errors_total``, logged, and the caller goes on locally.
-
-The namespace a manifest is listed under is not a proof of what it holds:
-anyone who can write the bucket can put any snapshot under any key. So
-:meth:`lookup` and :meth:`warm` match every shared manifest against the
-running server with the restore round's own check
-(``manifest.incompatibilities``) and skip those that do not fit; a blob that
-does not match its manifest's size or checksum is refused as corrupt. Either
-is said once per object (``shared_snapshot_refused``), counted in
-``shared_store_refused_total{reason}``, and never fetched again by this
-process. The restorer checks the fetched snapshot once more before the
-server sees it (``Restorer.swap_in``).
+Invariants and trade-offs: docs/modules.md, `sidecar/shared/service.py`.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """Uploading committed snapshots to the shared store, in the background.
 
-:meth:`Uploader.offer` is called by the snapshot store right after a local
-commit (from the worker thread that committed), and only queues: nothing
-here sits on the path of a save, a restore or a request. The ``uploader``
-task publishes each snapshot in two steps, both create-only:
-
-1. the snapshot file as ``<ns>/blobs/<checksum>.bin``, after checking it
-   still has its manifest's size and checksum (a file damaged since its
-   commit is never published under its good checksum);
-2. the shared manifest ``<ns>/manifests/<checksum>.json``, last, so a
-   listed manifest always names a complete object.
-
-With a block store (``--store-dir``) step 1 sends only the blocks the store
-lacks, after a recipe naming them (:mod:`~sidecar.shared.blockup`), and the
-shared manifest names the recipe instead of a blob.
-
-A key that exists already (another node, or an earlier attempt) is left as
-it is. When the store fails, the snapshot stays at the head of the queue
-and is retried after a backoff that doubles up to :data:`MAX_BACKOFF`;
-snapshots committed meanwhile wait behind it, up to :data:`QUEUE_LIMIT`
-(the oldest are dropped first, said in the log: the local copy is kept). At
-start-up every local snapshot is offered once, so uploads missed while the
-sidecar or the store was down catch up.
+Invariants and trade-offs: docs/modules.md, `sidecar/shared/uploader.py`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Where a snapshot's bytes live with ``--store-dir``: a recipe in the block store. Blocking I/O.
 
-Without ``--store-dir`` a snapshot is a whole ``.bin`` file beside its
-manifest in the slot dir. With it, the slot dir is only where llama-server
-writes and reads (staging, normally a tmpfs), and a committed snapshot is a
-manifest under ``STORE/snapshots/`` naming a recipe of the block store
-(:mod:`sidecar.blocks`) under ``STORE``: the recipe is committed before the
-manifest, so a manifest never names a recipe that is not there, and a
-recipe without a manifest (an ingest that died before it) is dropped at
-start-up. The recipe's name is the snapshot's stem (``slot0-…Z``).
-
-:class:`Blocks` maps the block store's errors onto the snapshot store's
-(``BlockStoreError`` is a ``SnapshotError``; its ``outcomes.BlockProblem``
-reason becomes the ``outcomes.SnapshotProblem`` that decides quarantine),
-reads the token head of a snapshot without rebuilding it, and keeps the
-figures the metrics report: bytes written by kind, bytes the store already
-held, and bytes staged in the slot dir now.
+Invariants and trade-offs: docs/modules.md, `sidecar/snapshots/backing.py`.
 """
 
 from __future__ import annotations

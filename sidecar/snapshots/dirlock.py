@@ -1,19 +1,6 @@
 """One sidecar per slot dir, and per store dir: an exclusive ``flock`` held for the process lifetime.
 
-Two sidecars on one directory would delete each other's temp files at
-start-up and restore each other's conversations. On one store dir
-(``--store-dir``, each with a slot dir of its own) the second's start-up
-would drop the recipe of an ingest the first has in flight (a recipe no
-manifest names yet looks like a commit that died), and the first's
-manifest would then name a missing recipe; both would also restore the
-same snapshots. So ``run`` holds the store dir's lock too, and a second
-sidecar is refused at start. ``run`` and ``verify``
-(which quarantines) take the lock on ``.llama-kv-sidecar.lock`` in the slot
-dir; ``ls`` and ``verify --dry-run`` only read and take none. The file
-holds the holder's pid, host and start time, so the refusal can name it.
-The kernel releases the lock when the process dies, however it dies, so a
-stale lock file is harmless: only a live holder blocks. On NFS, Linux maps
-``flock`` to a POSIX lock the server arbitrates between clients.
+Invariants and trade-offs: docs/modules.md, `sidecar/snapshots/dirlock.py`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """The manifest: what a snapshot file holds and which server it fits. Pure code.
 
-A manifest is the commit marker of a snapshot: the ``.bin`` file is only a
-snapshot once its ``.json`` manifest exists (see ``store``). It records the
-slot, the token count, the byte size, the checksum of the file, a
-generation number that orders the snapshots of a directory, and the
-fingerprint of the server that wrote it (including a checksum of the model
-file and the LoRA adapters), so the restorer can refuse files that would
-not fit the running server and say which field differs.
-
-Formats: 1 (sha256 in ``sha256``, no generation, no weights) is still read
-and restorable, as generation 0, older than every format-2 snapshot; it is
-never rewritten, so the files of an older sidecar stay as they were. 2 adds
-``checksum`` (algorithm and digest), ``generation`` and the fingerprint's
-``weights`` and ``adapters``; a format-2 manifest may also carry ``index``
-(the snapshot's token count and block-hash chain, read from the slot file at
-commit; absent when the file could not be parsed). A manifest of a newer format raises
-:class:`NewerFormatError`: it was written by a newer sidecar and is left alone.
+Invariants and trade-offs: docs/modules.md, `sidecar/snapshots/manifest.py`.
 """
 
 from __future__ import annotations

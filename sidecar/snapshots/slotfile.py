@@ -1,24 +1,6 @@
 """The token ids at the head of a llama-server slot file, and prefix hashes over them. Pure code.
 
-A slot file (``POST /slots/{id}?action=save``) is llama.cpp's sequence state
-file: ``u32 magic`` ("ggsq"), ``u32 version`` (4), ``u32 n_words``, then
-``n_words`` 32-bit words, then the KV data. llama-server fills the words
-with its packed token state: ``-1`` (a marker no token id can take), ``u32``
-state version (1), ``u32 n_tokens`` and the token ids, then media
-(``u32 n_media``, start indices, chunks). Servers before the packed format
-wrote the plain token list instead; its first word is a token id, never -1.
-All integers are little-endian (the server writes host order; every platform
-llama.cpp runs on is little-endian).
-
-The ids let the sidecar index a snapshot by its content without a server:
-:func:`prefix_hashes` chains a hash over fixed-size blocks of ids, each
-covering the one before (as vLLM and LMCache key their prefix caches), so
-two token sequences share their first ``k`` hashes exactly when they share
-their first ``k`` blocks. Only hashes leave this module: the ids themselves
-are prompt content and are never logged or stored elsewhere.
-
-Anything unexpected fails closed with :class:`SlotFileError`: a file this
-module cannot read is still restorable by slot, it is just not indexed.
+Invariants and trade-offs: docs/modules.md, `sidecar/snapshots/slotfile.py`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """Staging on disk when the slot dir lacks room: RAM stays bounded, no save fails for want of it. Blocking I/O.
 
-With ``--store-dir`` the slot dir (llama-server's ``--slot-save-path``) is
-only staging, normally a tmpfs: the server writes a save there, the sidecar
-ingests it into the store and deletes it; a restore's rebuild is staged
-there for the server to read. A tmpfs is RAM, and a slot file of a long
-conversation is gigabytes: when the slot dir's free space is below the
-file about to be staged (:func:`fits`), the file is staged on the store's
-disk instead, under ``STORE/staging/``, and the slot dir holds a symbolic
-link of the same name to it. llama-server opens the name it is given and
-follows the link, so its save or restore works as before, only from disk.
-The sidecar itself never follows the link: it made it, and reads the
-file where it put it (``STORE/staging/NAME``, a regular file, refused
-otherwise like any file it reads). A link and its file go together
-(:meth:`Spill.release`); leftovers of a crash go at the next start-up
-(:meth:`Spill.clean`).
-
-llama-server must see the store dir at the same path as the sidecar (one
-host, or the same mount paths in both containers): otherwise a save staged
-on disk fails like any save the server cannot write, and says so.
+Invariants and trade-offs: docs/modules.md, `sidecar/snapshots/spill.py`.
 """
 
 from __future__ import annotations

@@ -1,42 +1,6 @@
 """The snapshot directory: commit, verify, quarantine, delete. Blocking I/O.
 
-The directory is llama-server's ``--slot-save-path``, shared with the server.
-The server writes where it is told, non-atomically, so a save goes through
-four steps before anyone can see it:
-
-1. the server writes ``.tmp-slot<id>-<random>.bin`` (a name nobody restores);
-2. :meth:`SnapshotStore.commit` checks the file's size against the server's
-   ``n_written`` and that it holds tokens, hashes it while its pages are
-   still cached and ``fdatasync``s it;
-3. it renames the file to its final ``slot<id>-<stamp>.bin``;
-4. it writes ``slot<id>-<stamp>.json`` (temp file, fsync, ``os.replace``,
-   directory fsync). The manifest is the commit marker: a ``.bin`` without
-   one is an interrupted commit and is removed at start-up.
-
-Each manifest carries a generation, one more than the highest in the
-directory, and snapshots are ordered by it, never by the wall clock: a
-clock stepped back cannot make a new snapshot look older than the last.
-
-Only proof of bad content (a checksum or size that does not match, a
-manifest that does not parse, a name that is not a regular file or a
-manifest larger than any manifest) takes a snapshot out of use: its files
-are renamed with a ``.quarantined`` suffix. Every file of the directory is
-read through :mod:`sidecar.core.safeio` (no symbolic links, regular files
-only, sizes bounded before anything is read, hashes bounded by the
-manifest's size and a deadline), so no file put there can hang the sidecar
-or be handed to the server from outside the directory. An I/O error (EIO, EACCES, a file
-vanishing between two calls) proves nothing about the content: the read is
-retried, then reported through ``StoreEvents.io_error`` and left for the
-next scan. A manifest of a newer format is left alone and reported once
-through ``StoreEvents.newer_format``. The methods here block; the async code
-calls them with ``asyncio.to_thread``.
-
-The index (:mod:`~sidecar.snapshots.index`), the last-use times and in-use
-holds (:mod:`~sidecar.snapshots.recency`) and the commit's checks
-(:mod:`~sidecar.snapshots.commit`) live in modules of their own; this one
-reads and writes the directory through them. A :class:`SnapshotStore` is a
-view of one directory: :meth:`SnapshotStore.for_model` gives another view
-(:class:`ModelStore`) over the same shared state, never a copy.
+Invariants and trade-offs: docs/modules.md, `sidecar/snapshots/store.py`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Whole-file snapshots of the slot dir moved into the block store, at start-up. Blocking I/O.
 
-A sidecar that ran without ``--store-dir`` left each snapshot as a ``.bin``
-file and its ``.json`` manifest in the slot dir. Once ``--store-dir`` is
-set, the slot dir is only staging (normally a tmpfs), so at start-up each
-such snapshot is checked (size and checksum against its manifest), ingested
-into the block store, given a manifest under ``STORE/snapshots`` (same
-name, generation, fingerprint and index, plus its recipe), and only then
-removed from the slot dir: the user does nothing, and a ``kill -9`` at any
-point leaves the snapshot in one of the two places or both (a manifest
-already in the store means the slot dir's copy is a leftover to remove; a
-recipe without a manifest is dropped by the store's start-up scan).
-
-A file that fails its check is set aside with the ``.quarantined`` suffix,
-as the store does with a bad snapshot; one whose manifest cannot be read is
-left where it is and reported.
+Invariants and trade-offs: docs/modules.md, `sidecar/snapshots/upgrade.py`.
 """
 
 from __future__ import annotations

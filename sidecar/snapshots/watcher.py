@@ -1,21 +1,6 @@
 """Keeps the snapshot index and the disk gauges true as files come and go.
 
-watchdog observes the slot dir on its own thread; its callbacks only hand
-the file name to asyncio with ``loop.call_soon_threadsafe``. The consumer
-drains the queue in batches, re-reads the touched manifests and updates
-``disk_used_bytes``, ``disk_free_bytes`` and ``snapshot_files``, so files
-created, deleted, truncated or renamed by anyone show up within a second
-without rescanning on each poll. A full rescan every ``RESCAN_EVERY``
-seconds is the safety net for missed events.
-
-Every ``CHECK_EVERY`` seconds it also checks that the slot dir is still the
-directory it watches. When the dir is removed, moved away or unmounted, the
-sidecar keeps running: it says so once, /readyz turns 503 with the cause
-(``store.check_writable``), and saves fail with that reason. When a
-directory is back at the path (the same one or a new one), it takes the
-directory lock again, watches it again and rescans. If another sidecar
-took the lock meanwhile, this one stays off the directory and says who
-holds it until that one lets go.
+Invariants and trade-offs: docs/modules.md, `sidecar/snapshots/watcher.py`.
 """
 
 from __future__ import annotations

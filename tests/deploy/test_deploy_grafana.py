@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from deploytools import GRAFANA, REPO, require_tool, run
+
+from tests.deploy.deploytools import GRAFANA, REPO, require_tool, run
 
 CHECKER = REPO / "tests" / "deploy" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "llama-kv-sidecar.json"

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploytools import DEPLOY, require_tool, run
 
-from support.haproxybed import INSTALL, HAProxy
-from support.net import free_port
-from support.wait import wait_until
+from tests.deploy.deploytools import DEPLOY, require_tool, run
+from tests.support.haproxybed import INSTALL, HAProxy
+from tests.support.net import free_port
+from tests.support.wait import wait_until
 
 
 def test_haproxy_accepts_the_shipped_config() -> None:

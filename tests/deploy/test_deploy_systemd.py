@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from deploytools import DEPLOY, require_tool, run
-
 from sidecar.cli import main, options
 from sidecar.core import config
 from sidecar.launch import argv
 from sidecar.proxy import conns
+from tests.deploy.deploytools import DEPLOY, require_tool, run
 
 UNIT = DEPLOY / "systemd" / "llama-kv-sidecar.service"
 ENV_EXAMPLE = DEPLOY / "systemd" / "llama-kv-sidecar.env.example"

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from support import agents, tinymodels
-from support.llamabed import LlamaServer, MakeServer, llama_server_binary, model_path
-from support.report import SUMMARY
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support import agents, tinymodels
+from tests.support.llamabed import LlamaServer, MakeServer, llama_server_binary, model_path
+from tests.support.report import SUMMARY
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

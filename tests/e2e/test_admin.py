@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from support.llamabed import MakeServer, complete, make_prompt
-from support.sidecarbed import MakeSidecar, SidecarProcess, bin_of, manifests
+from tests.support.llamabed import MakeServer, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, bin_of, manifests
 
 TOKENS = 1024
 ADMIN = "admin-token-for-the-e2e-tests"

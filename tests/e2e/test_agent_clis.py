@@ -1,7 +1,7 @@
 """Claude Code and Codex themselves, through the proxy of a launcher, with ``kill -9`` of llama-server between turns.
 
 The sidecar runs in launcher mode (``run ... -- llama-server ...``) with the
-test model on 2 slots; the CLIs (see :mod:`support.agentclis`) talk to its
+test model on 2 slots; the CLIs (see :mod:`tests.support.agentclis`) talk to its
 proxy as users run them: ``claude -p`` and ``claude -p --resume``, ``codex
 exec`` and ``codex exec resume``. Between turns the test kills llama-server
 with SIGKILL and the launcher starts it again; the next turn waits at the
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.snapshots import slotfile
-from support.agentclis import ClaudeCode, Codex, Launched, Tripwire, Turn, saved, turn
+from tests.support.agentclis import ClaudeCode, Codex, Launched, Tripwire, Turn, saved, turn
 
 WARM = 0.99
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from support import agents
-from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt, slots
-from support.sidecarbed import MakeSidecar, manifest_records, proxied
+from tests.support import agents
+from tests.support.llamabed import LlamaServer, MakeServer, http_json, make_prompt, slots
+from tests.support.sidecarbed import MakeSidecar, manifest_records, proxied
 
 PER_API = 4
 PROMPT_TOKENS = 400

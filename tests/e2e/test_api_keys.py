@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from support.llamabed import MakeServer, complete, make_prompt
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support.llamabed import MakeServer, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 TOKENS = 512
 NEW_KEY = "sk-rotated-in-7a1c"

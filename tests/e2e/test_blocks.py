@@ -16,9 +16,9 @@ import pytest
 from sidecar.blocks import layout, parts, store
 from sidecar.core import protocols
 from sidecar.snapshots import slotfile
-from support import tinymodels, widekv
-from support.llamabed import LlamaServer, MakeServer, complete, make_prompt, slot_action
-from support.report import SUMMARY
+from tests.support import tinymodels, widekv
+from tests.support.llamabed import LlamaServer, MakeServer, complete, make_prompt, slot_action
+from tests.support.report import SUMMARY
 
 
 def common_prefix(a: Path, b: Path) -> tuple[int, int]:

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from support import streams
-from support.llamabed import LlamaHTTPError, MakeServer, call, complete, make_prompt, slots
-from support.sidecarbed import MakeSidecar, SidecarProcess, log_time
+from tests.support import streams
+from tests.support.llamabed import LlamaHTTPError, MakeServer, call, complete, make_prompt, slots
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, log_time
 
 TOKEN = "admin-secret-for-the-tests"
 LONG_GENERATION = streams.LONG_GENERATION

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from support import agents, tinymodels
-from support.llamabed import MakeServer, make_prompt
-from support.sidecarbed import MakeSidecar, SidecarProcess, proxied
+from tests.support import agents, tinymodels
+from tests.support.llamabed import MakeServer, make_prompt
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, proxied
 
 WARM = 0.9
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sidecar.act import saves
-from support.llamabed import MakeServer, complete, http_json, make_prompt
-from support.sidecarbed import MakeSidecar
+from tests.support.llamabed import MakeServer, complete, http_json, make_prompt
+from tests.support.sidecarbed import MakeSidecar
 
 
 def _sleeping(url: str) -> bool:

@@ -21,8 +21,8 @@ import pytest
 import xxhash
 
 from sidecar.app import run
-from support.llamabed import MakeServer, complete, make_prompt
-from support.sidecarbed import MakeSidecar, bin_of, manifests
+from tests.support.llamabed import MakeServer, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar, bin_of, manifests
 
 TOKENS = 512
 FINAL_TIMEOUT = 5.0

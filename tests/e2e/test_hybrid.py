@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from sidecar.snapshots import slotfile
-from support import tinymodels
-from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt
-from support.net import free_port
-from support.sidecarbed import MakeSidecar, SidecarProcess, manifests
+from tests.support import tinymodels
+from tests.support.llamabed import LlamaServer, MakeServer, http_json, make_prompt
+from tests.support.net import free_port
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, manifests
 
 PROMPT_TOKENS = 900
 WARM = 0.9

@@ -22,12 +22,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from support.environ import child_env
-from support.llamabed import call, cpu_has_amx, make_prompt
-from support.net import free_port
-from support.readers import json_lines, parse_metrics, sample
-from support.sidecarbed import FAST, manifests
-from support.wait import wait_until
+from tests.support.environ import child_env
+from tests.support.llamabed import call, cpu_has_amx, make_prompt
+from tests.support.net import free_port
+from tests.support.readers import json_lines, parse_metrics, sample
+from tests.support.sidecarbed import FAST, manifests
+from tests.support.wait import wait_until
 
 TOKENS = 1500
 CMD = (

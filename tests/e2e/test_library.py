@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from sidecar.snapshots import slotfile
-from support.llamabed import LlamaServer, MakeServer, complete, http_json, make_prompt
-from support.net import free_port
-from support.sidecarbed import MakeSidecar, SidecarProcess, manifest_records
+from tests.support.llamabed import LlamaServer, MakeServer, complete, http_json, make_prompt
+from tests.support.net import free_port
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, manifest_records
 
 CONVERSATIONS = 6
 PROMPT_TOKENS = 600

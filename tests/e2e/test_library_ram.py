@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt
-from support.net import free_port
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support.llamabed import LlamaServer, MakeServer, http_json, make_prompt
+from tests.support.net import free_port
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 600
 WARM = 0.9

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.core import config, errors, metrics
 from sidecar.library import reads
 from sidecar.observe import upstream
-from support.llamabed import MakeServer, complete, make_prompt
+from tests.support.llamabed import MakeServer, complete, make_prompt
 
 KEY = "sk-slots-reads-41c2"
 

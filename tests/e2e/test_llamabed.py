@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from support.llamabed import MakeServer, build_of, call, complete, http_json, make_prompt, slot_action, tokenize
+from tests.support.llamabed import MakeServer, build_of, call, complete, http_json, make_prompt, slot_action, tokenize
 
 TAIL = " and then the caravan went home"
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from support import agents, tinymodels
-from support.llamabed import MakeServer, http_json, make_prompt, slots
-from support.sidecarbed import MakeSidecar, SidecarProcess, manifest_records, proxied
+from tests.support import agents, tinymodels
+from tests.support.llamabed import MakeServer, http_json, make_prompt, slots
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, manifest_records, proxied
 
 TURNS = 3
 WARM = 0.9

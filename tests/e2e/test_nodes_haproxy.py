@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from sidecar.shared import catalog
-from support import nodechats
-from support.haproxybed import HAProxy
-from support.llamabed import LlamaServer, MakeServer, make_prompt
-from support.net import free_port
-from support.nodechats import Chat
-from support.s3bed import S3Server
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support import nodechats
+from tests.support.haproxybed import HAProxy
+from tests.support.llamabed import LlamaServer, MakeServer, make_prompt
+from tests.support.net import free_port
+from tests.support.nodechats import Chat
+from tests.support.s3bed import S3Server
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 FIRST_TOKENS = 1500
 """A first message long enough that fetching its snapshot beats prefilling it (see test_shared_nodes)."""

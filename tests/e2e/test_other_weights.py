@@ -14,9 +14,9 @@ from pathlib import Path
 
 import xxhash
 
-from support import weights
-from support.llamabed import MakeServer, complete, make_prompt
-from support.sidecarbed import MakeSidecar
+from tests.support import weights
+from tests.support.llamabed import MakeServer, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar
 
 
 def test_other_weights_of_the_same_size_are_refused_naming_weights(

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from support import promql
-from support.llamabed import MakeServer, complete, make_prompt
-from support.prombed import Prometheus
-from support.readers import has_sample, sample, scrape
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support import promql
+from tests.support.llamabed import MakeServer, complete, make_prompt
+from tests.support.prombed import Prometheus
+from tests.support.readers import has_sample, sample, scrape
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 

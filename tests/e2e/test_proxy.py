@@ -11,9 +11,9 @@ from typing import Any
 
 import aiohttp
 
-from support.llamabed import LlamaServer, MakeServer, http_json, make_prompt, slots
-from support.net import free_port
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support.llamabed import LlamaServer, MakeServer, http_json, make_prompt, slots
+from tests.support.net import free_port
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 2000
 ADMIN = "admin-7c1d0e5b-e2e"

@@ -7,9 +7,9 @@ import socket
 import time
 from pathlib import Path
 
-from support.llamabed import MakeServer, complete, http_json, slots
-from support.net import free_port
-from support.sidecarbed import MakeSidecar
+from tests.support.llamabed import MakeServer, complete, http_json, slots
+from tests.support.net import free_port
+from tests.support.sidecarbed import MakeSidecar
 
 
 def _send(port: int, body: dict[str, object]) -> socket.socket:

@@ -16,9 +16,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from support.llamabed import LlamaServer, MakeServer, make_prompt, slots
-from support.net import free_port
-from support.sidecarbed import MakeSidecar, SidecarProcess, manifest_records
+from tests.support.llamabed import LlamaServer, MakeServer, make_prompt, slots
+from tests.support.net import free_port
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, manifest_records
 
 TEAM_ONE = "sk-team-one-5d8e1f0a93c2"
 TEAM_TWO = "sk-team-two-71b4c6e2d0f8"

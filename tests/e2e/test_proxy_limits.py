@@ -22,10 +22,10 @@ import pytest
 
 from sidecar.core import config
 from sidecar.proxy import conns
-from support.llamabed import MakeServer, complete, http_json, make_prompt
-from support.net import free_port
-from support.report import SUMMARY
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support.llamabed import MakeServer, complete, http_json, make_prompt
+from tests.support.net import free_port
+from tests.support.report import SUMMARY
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 MiB = 1 << 20
 BODY_TIMEOUT = 8.0

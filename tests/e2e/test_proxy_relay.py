@@ -11,11 +11,11 @@ from pathlib import Path
 import aiohttp
 
 from sidecar.proxy import answer, tickets
-from support.llamabed import MakeServer, http_json
-from support.net import free_port
-from support.proxybed import Proxy, run_proxy
-from support.sidecarbed import MakeSidecar
-from support.wait import until
+from tests.support.llamabed import MakeServer, http_json
+from tests.support.net import free_port
+from tests.support.proxybed import Proxy, run_proxy
+from tests.support.sidecarbed import MakeSidecar
+from tests.support.wait import until
 
 
 @dataclasses.dataclass(slots=True)

@@ -17,9 +17,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from support.llamabed import MakeServer, complete, http_json, make_prompt, slots
-from support.net import free_port
-from support.sidecarbed import MakeSidecar, manifests
+from tests.support.llamabed import MakeServer, complete, http_json, make_prompt, slots
+from tests.support.net import free_port
+from tests.support.sidecarbed import MakeSidecar, manifests
 
 ADMIN = "admin-5be0c2f9-e2e"
 

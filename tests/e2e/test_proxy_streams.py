@@ -26,8 +26,8 @@ import anthropic
 import httpx2
 import openai
 
-from support.llamabed import LlamaServer, MakeServer, make_prompt, slots
-from support.sidecarbed import MakeSidecar, SidecarProcess, manifests, proxied
+from tests.support.llamabed import LlamaServer, MakeServer, make_prompt, slots
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, manifests, proxied
 
 READ_TIMEOUT = 3.0
 """The SDKs' read timeout: shorter than every wait below. Each answer is one token: the gap between two

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from support import mounts
-from support.llamabed import MakeServer, complete, make_prompt, tokenize
-from support.sidecarbed import MakeSidecar, SidecarProcess, bin_of, manifests
-from support.wait import wait_until
+from tests.support import mounts
+from tests.support.llamabed import MakeServer, complete, make_prompt, tokenize
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, bin_of, manifests
+from tests.support.wait import wait_until
 
 TOKENS = 1024
 

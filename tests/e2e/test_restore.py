@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from support.llamabed import MakeServer, complete, make_prompt
-from support.sidecarbed import MakeSidecar, manifests
+from tests.support.llamabed import MakeServer, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar, manifests
 
 PROMPT_TOKENS = 2048
 

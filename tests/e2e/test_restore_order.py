@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from support import agents
-from support.llamabed import MakeServer, make_prompt
-from support.sidecarbed import MakeSidecar, SidecarProcess, proxied
+from tests.support import agents
+from tests.support.llamabed import MakeServer, make_prompt
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, proxied
 
 WARM = 0.99
 """Share of the earlier prompt (what the restored snapshot holds, answer aside) the turn must reuse."""

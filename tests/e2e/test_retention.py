@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from support.llamabed import MakeServer, complete, make_prompt
-from support.sidecarbed import MakeSidecar, SidecarProcess, bin_of, manifests
-from support.wait import wait_until
+from tests.support.llamabed import MakeServer, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, bin_of, manifests
+from tests.support.wait import wait_until
 
 TOKENS = 512
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.snapshots.manifest import model_tag
-from support.llamabed import (
+from tests.support.llamabed import (
     LlamaHTTPError,
     LlamaServer,
     MakeServer,
@@ -33,8 +33,8 @@ from support.llamabed import (
     model_states,
     models_dir,
 )
-from support.net import free_port
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support.net import free_port
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 1024
 MODELS = ("alpha", "beta")

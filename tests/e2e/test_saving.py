@@ -8,8 +8,8 @@ import threading
 import time
 from pathlib import Path
 
-from support.llamabed import MakeServer, build_of, call, complete, make_prompt
-from support.sidecarbed import MakeSidecar, SidecarProcess, manifests
+from tests.support.llamabed import MakeServer, build_of, call, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, manifests
 
 TOKENS = 512
 FINAL = 20

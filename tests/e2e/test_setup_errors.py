@@ -9,10 +9,10 @@ import sys
 import threading
 from pathlib import Path
 
-from support.llamabed import MakeServer
-from support.net import free_port
-from support.sidecarbed import MakeSidecar
-from support.wait import wait_until
+from tests.support.llamabed import MakeServer
+from tests.support.net import free_port
+from tests.support.sidecarbed import MakeSidecar
+from tests.support.wait import wait_until
 
 
 class _Refuser:

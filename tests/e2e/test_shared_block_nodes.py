@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from support.llamabed import MakeServer, chat, make_prompt
-from support.net import free_port
-from support.s3bed import S3Server
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support.llamabed import MakeServer, chat, make_prompt
+from tests.support.net import free_port
+from tests.support.s3bed import S3Server
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 SYSTEM_TOKENS = 2048
 USER_TOKENS = 400

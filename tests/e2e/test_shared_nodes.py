@@ -15,11 +15,11 @@ from pathlib import Path
 
 from sidecar.core import location
 from sidecar.shared import catalog, connect
-from support import weights
-from support.llamabed import MakeServer, chat, complete, http_json, make_prompt
-from support.net import free_port
-from support.s3bed import S3Server
-from support.sidecarbed import MakeSidecar, SidecarProcess, manifests
+from tests.support import weights
+from tests.support.llamabed import MakeServer, chat, complete, http_json, make_prompt
+from tests.support.net import free_port
+from tests.support.s3bed import S3Server
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, manifests
 
 PROMPT_TOKENS = 1024
 CHAT_TOKENS = 3072

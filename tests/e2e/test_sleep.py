@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from support.llamabed import MakeServer, complete, http_json, make_prompt
-from support.sidecarbed import MakeSidecar
+from tests.support.llamabed import MakeServer, complete, http_json, make_prompt
+from tests.support.sidecarbed import MakeSidecar
 
 TOKENS = 1024
 

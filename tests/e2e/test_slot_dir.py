@@ -8,8 +8,8 @@ import socket
 import time
 from pathlib import Path
 
-from support.llamabed import MakeServer, complete, make_prompt
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support.llamabed import MakeServer, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 TOKENS = 512
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sidecar.snapshots import slotfile
-from support.llamabed import MakeServer, call, complete, make_prompt, slot_action
+from tests.support.llamabed import MakeServer, call, complete, make_prompt, slot_action
 
 
 def test_token_ids_of_a_real_slot_file_are_the_prompt_and_the_answer(llama: MakeServer, slot_dir: Path) -> None:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from support import browser
-from support.llamabed import MakeServer, complete, make_prompt
-from support.readers import parse_metrics, sample
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support import browser
+from tests.support.llamabed import MakeServer, complete, make_prompt
+from tests.support.readers import parse_metrics, sample
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 1500
 SHOTS = "STATUS_PAGE_SCREENSHOTS"

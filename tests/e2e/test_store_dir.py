@@ -10,9 +10,9 @@ import pytest
 
 from sidecar.core import protocols
 from sidecar.snapshots import store
-from support import widekv
-from support.llamabed import LlamaServer, MakeServer, complete, make_prompt
-from support.sidecarbed import MakeSidecar, proxied
+from tests.support import widekv
+from tests.support.llamabed import LlamaServer, MakeServer, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar, proxied
 
 PROMPT_TOKENS = 2048
 

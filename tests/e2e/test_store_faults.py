@@ -1,7 +1,7 @@
 """``--store-dir`` under faults, against the real llama-server: a full or read-only store disk, a slot dir
 (tmpfs) too small for a slot file, and a second sidecar on the same store dir.
 
-The disks are real: a small tmpfs mounted for the test (``support.mounts``, needs root, which CI has),
+The disks are real: a small tmpfs mounted for the test (``tests.support.mounts``, needs root, which CI has),
 filled with a file for "full" and remounted ``ro`` for "read-only". Root ignores file modes, so a
 ``chmod`` would prove nothing here; a remount makes the kernel refuse every write with ``EROFS``.
 """
@@ -13,9 +13,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from support import mounts, streams
-from support.llamabed import LlamaServer, MakeServer, complete, make_prompt
-from support.sidecarbed import MakeSidecar, SidecarProcess, proxied
+from tests.support import mounts, streams
+from tests.support.llamabed import LlamaServer, MakeServer, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, proxied
 
 TOKENS = 1024
 

@@ -42,9 +42,9 @@ import pytest
 from sidecar.core import config
 from sidecar.library import tokens
 from sidecar.observe import upstream
-from support import tinymodels
-from support.llamabed import LlamaServer, MakeServer, gemma3_template, http_json, make_prompt
-from support.sidecarbed import MakeSidecar, proxied
+from tests.support import tinymodels
+from tests.support.llamabed import LlamaServer, MakeServer, gemma3_template, http_json, make_prompt
+from tests.support.sidecarbed import MakeSidecar, proxied
 
 TURNS = 5
 FOLLOW_UPS = [

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from support.llamabed import MakeServer, complete, make_prompt
-from support.sidecarbed import MakeSidecar, SidecarProcess
+from tests.support.llamabed import MakeServer, complete, make_prompt
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 1024
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from support.fakellama import FakeLlama, MakeFake
+from tests.support.fakellama import FakeLlama, MakeFake
 
 
 @pytest.fixture

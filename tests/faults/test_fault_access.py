@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from support.fakellama import MakeFake
-from support.faultbed import Sidecar, make_settings, run_sidecar
-from support.wait import eventually, until
+from tests.support.fakellama import MakeFake
+from tests.support.faultbed import Sidecar, make_settings, run_sidecar
+from tests.support.wait import eventually, until
 
 RIGHT = "sk-right-5e1dcar"
 WRONG = "sk-wrong-5e1dcar"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from support.fakellama import FakeLlama, MakeFake, SaveFault, SaveKind
-from support.faultbed import make_settings, run_sidecar
-from support.wait import eventually, until
+from tests.support.fakellama import FakeLlama, MakeFake, SaveFault, SaveKind
+from tests.support.faultbed import make_settings, run_sidecar
+from tests.support.wait import eventually, until
 
 ADMIN = "admin-token-for-tests"
 

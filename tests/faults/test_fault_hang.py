@@ -17,9 +17,9 @@ import pytest
 
 from sidecar.core import config, errors
 from sidecar.observe import upstream
-from support.fakellama import FakeLlama, Reply
-from support.faultbed import Sidecar, make_settings, open_sockets, run_sidecar
-from support.wait import eventually, until
+from tests.support.fakellama import FakeLlama, Reply
+from tests.support.faultbed import Sidecar, make_settings, open_sockets, run_sidecar
+from tests.support.wait import eventually, until
 
 TIMEOUT = 0.5
 SLACK = 0.6

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from support.environ import child_env
-from support.readers import json_lines
-from support.wait import wait_until
+from tests.support.environ import child_env
+from tests.support.readers import json_lines
+from tests.support.wait import wait_until
 
 STUBBORN = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('deaf', flush=True); time.sleep(600)"

@@ -7,9 +7,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from support.fakellama import FakeLlama, Reply
-from support.faultbed import Sidecar, make_settings, run_sidecar, with_proxy
-from support.wait import eventually
+from tests.support.fakellama import FakeLlama, Reply
+from tests.support.faultbed import Sidecar, make_settings, run_sidecar, with_proxy
+from tests.support.wait import eventually
 
 
 async def _ready(car: Sidecar) -> bool:

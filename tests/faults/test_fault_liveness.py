@@ -21,9 +21,9 @@ import pytest
 from sidecar.act import report
 from sidecar.core import config
 from sidecar.snapshots import store
-from support.fakellama import FakeLlama, SaveFault, SaveKind
-from support.faultbed import Sidecar, make_settings, run_sidecar
-from support.wait import eventually, until
+from tests.support.fakellama import FakeLlama, SaveFault, SaveKind
+from tests.support.faultbed import Sidecar, make_settings, run_sidecar
+from tests.support.wait import eventually, until
 
 REQUEST_TIMEOUT = 0.2
 INTERVAL = 0.05

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.core import logfold
-from support.fakellama import FakeLlama
-from support.proxybed import raw_exchange
-from support.sidecarbed import SidecarProcess
+from tests.support.fakellama import FakeLlama
+from tests.support.proxybed import raw_exchange
+from tests.support.sidecarbed import SidecarProcess
 
 MALFORMED = b"GET /healthz HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\n"
 SENT = 300

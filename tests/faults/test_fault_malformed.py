@@ -20,9 +20,9 @@ import pytest
 
 from sidecar.core import protocols
 from sidecar.snapshots import manifest, store
-from support.fakellama import FakeLlama, Reply
-from support.faultbed import Sidecar, make_settings, run_sidecar
-from support.wait import eventually, until
+from tests.support.fakellama import FakeLlama, Reply
+from tests.support.faultbed import Sidecar, make_settings, run_sidecar
+from tests.support.wait import eventually, until
 
 MakeReply = Callable[[FakeLlama], Reply]
 

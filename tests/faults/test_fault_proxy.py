@@ -24,9 +24,9 @@ from aiohttp.test_utils import RawTestServer
 from sidecar.act import gate
 from sidecar.core import tries
 from sidecar.proxy import held, tickets
-from support.proxybed import Upstream, json_body, raw_exchange, run_proxy, status_of
-from support.sidecarbed import SidecarProcess
-from support.wait import eventually, until
+from tests.support.proxybed import Upstream, json_body, raw_exchange, run_proxy, status_of
+from tests.support.sidecarbed import SidecarProcess
+from tests.support.wait import eventually, until
 
 ADMIN = "admin-Zq8w3Xv1-a7Rk"
 API_KEY = "sk-llama-7f3c9b1d2e4a"

@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 
 from sidecar.core import config
-from support.fakellama import FakeLlama, Reply
-from support.faultbed import Sidecar, make_settings, run_sidecar
-from support.wait import eventually
+from tests.support.fakellama import FakeLlama, Reply
+from tests.support.faultbed import Sidecar, make_settings, run_sidecar
+from tests.support.wait import eventually
 
 
 def _settings(fake: FakeLlama, slot_dir: Path) -> config.Settings:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from support.fakellama import Action, FakeLlama, Reply, SaveFault, SaveKind
-from support.faultbed import make_settings, run_sidecar
-from support.wait import eventually, until
+from tests.support.fakellama import Action, FakeLlama, Reply, SaveFault, SaveKind
+from tests.support.faultbed import make_settings, run_sidecar
+from tests.support.wait import eventually, until
 
 CASES = [
     pytest.param(SaveKind.TRUNCATE, "bytes but the server reported writing", id="truncated-file"),

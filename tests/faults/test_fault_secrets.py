@@ -10,12 +10,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from support.fakellama import FakeLlama, MakeFake
-from support.faultbed import Sidecar, make_settings, run_sidecar
-from support.net import free_port
-from support.proxybed import raw_exchange, status_of
-from support.sidecarbed import SidecarProcess
-from support.wait import eventually, until
+from tests.support.fakellama import FakeLlama, MakeFake
+from tests.support.faultbed import Sidecar, make_settings, run_sidecar
+from tests.support.net import free_port
+from tests.support.proxybed import raw_exchange, status_of
+from tests.support.sidecarbed import SidecarProcess
+from tests.support.wait import eventually, until
 
 ADMIN = "admin-8Jd2kQ0v-c3Xm"
 API_KEY = "sk-llama-file-31c7e0"

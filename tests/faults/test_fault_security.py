@@ -10,10 +10,10 @@ import aiohttp
 import pytest
 
 from sidecar.cli import main as cli
-from support.fakellama import FakeLlama, MakeFake, Reply
-from support.faultbed import Sidecar, make_settings, run_sidecar
-from support.sidecarbed import SidecarProcess
-from support.wait import eventually, until
+from tests.support.fakellama import FakeLlama, MakeFake, Reply
+from tests.support.faultbed import Sidecar, make_settings, run_sidecar
+from tests.support.sidecarbed import SidecarProcess
+from tests.support.wait import eventually, until
 
 ADMIN = "admin-Zq8w3Xv1-a7Rk"
 API_KEY = "sk-llama-7f3c9b1d2e4a"

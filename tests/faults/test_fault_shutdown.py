@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from support.fakellama import MakeFake, SaveFault, SaveKind
-from support.sidecarbed import SidecarProcess
+from tests.support.fakellama import MakeFake, SaveFault, SaveKind
+from tests.support.sidecarbed import SidecarProcess
 
 FINAL = 1.5
 SLOW_SAVE = 8.0

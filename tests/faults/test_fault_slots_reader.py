@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry
 from sidecar.core import config, errors, metrics
 from sidecar.library import reads
 from sidecar.observe import upstream
-from support import net
-from support.fakellama import FakeLlama, MakeFake, Reply
-from support.wait import until
+from tests.support import net
+from tests.support.fakellama import FakeLlama, MakeFake, Reply
+from tests.support.wait import until
 
 KEY = "reads-secret-key"
 

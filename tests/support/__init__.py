@@ -1,5 +1,4 @@
-"""What the tests and benchmarks share: process beds, a fake llama-server, waits and readers.
+"""What the tests and benchmarks share: process beds, a fake llama-server, waits, readers and the fake clock.
 
-`pyproject.toml` puts `tests/` on pytest's path, so every test imports these
-as `from support import ...`; `bench/` puts the same folder on `sys.path`.
+Imported as `tests.support` from the repository's root, by the tests and by `bench/` alike.
 """

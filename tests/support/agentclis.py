@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from support.llamabed import cpu_has_amx
-from support.net import free_port
-from support.sidecarbed import FAST, SidecarProcess
+from tests.support.llamabed import cpu_has_amx
+from tests.support.net import free_port
+from tests.support.sidecarbed import FAST, SidecarProcess
 
 CLIENTS = Path(__file__).resolve().parent.parent / "e2e" / "clients"
 """The npm project of the CLIs (``package.json``, ``package-lock.json``) and the chat template."""

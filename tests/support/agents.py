@@ -21,7 +21,7 @@ import anthropic
 import httpx2
 import openai
 
-from support import llamabed
+from tests.support import llamabed
 
 SYSTEM = "You answer in one short sentence."
 TOOL_NAME = "read_file"

@@ -1,10 +1,10 @@
-"""The real sidecar run in-process against a :class:`support.fakellama.FakeLlama`.
+"""The real sidecar run in-process against a :class:`tests.support.fakellama.FakeLlama`.
 
 :func:`run_sidecar`: ``app.main(settings, ready=...)`` runs as a task of the
 test's event loop, its structlog events are captured with
 ``structlog.testing.capture_logs``, and its listen port (``port=0``) is read
 from its own ``listening`` log line. As a subprocess, the sidecar is
-:class:`support.sidecarbed.SidecarProcess`.
+:class:`tests.support.sidecarbed.SidecarProcess`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import structlog
 
 from sidecar.app import run as app
 from sidecar.core import config
-from support.readers import Samples, parse_metrics, sample
+from tests.support.readers import Samples, parse_metrics, sample
 
 METRIC_PREFIX = "llama_sidecar_"
 

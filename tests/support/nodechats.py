@@ -1,6 +1,6 @@
 """Conversations sent through a balancer in front of nodes, and what each turn reused: for the tests and the bench.
 
-Each turn's node is read from the ``x-node`` header :mod:`support.haproxybed`
+Each turn's node is read from the ``x-node`` header :mod:`tests.support.haproxybed`
 adds, its reuse from the answer's ``timings.cache_n``; with ``fetches``
 given, whether the serving node fetched a snapshot from the shared store for
 it (``conversation_requests_total{source="shared"}`` rose).
@@ -13,7 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping
 
-from support.sidecarbed import SidecarProcess
+from tests.support.sidecarbed import SidecarProcess
 
 AGENTS = ("You are agent one: answer in one short sentence.", "You are agent two: answer in a few words.")
 """Two agents' system prompts: conversation ``n`` is agent ``n % 2``'s."""

@@ -11,9 +11,9 @@ from typing import Any, Self
 
 import yaml
 
-from support import promql
-from support.net import free_port
-from support.wait import wait_until
+from tests.support import promql
+from tests.support.net import free_port
+from tests.support.wait import wait_until
 
 ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
 

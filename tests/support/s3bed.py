@@ -32,8 +32,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from support.net import free_port
-from support.wait import wait_until
+from tests.support.net import free_port
+from tests.support.wait import wait_until
 
 START_TIMEOUT = 60.0
 STOP_GRACE = 3.0

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from support.environ import child_env
-from support.net import free_port
-from support.readers import json_lines, parse_metrics, sample
-from support.wait import wait_until
+from tests.support.environ import child_env
+from tests.support.net import free_port
+from tests.support.readers import json_lines, parse_metrics, sample
+from tests.support.wait import wait_until
 
 T = TypeVar("T")
 MakeSidecar = Callable[..., "SidecarProcess"]

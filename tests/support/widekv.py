@@ -7,7 +7,7 @@ this writes a ``qwen3`` GGUF with exactly that attention and little else
 233 MB file whose slot files are 128 KiB per token (recipe in the shared
 MODELS.md, "A model with an 8B-class KV"). Its text is gibberish; its KV
 is real. Kept in the user cache dir under a name that changes with this
-module's source, as :mod:`support.tinymodels` keeps its models.
+module's source, as :mod:`tests.support.tinymodels` keeps its models.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from support import tinymodels
+from tests.support import tinymodels
 
 N_EMBD = 256
 N_LAYER = 32

@@ -28,19 +28,6 @@ def slot(slot_id: int, *, task: int | None = None, tokens: int = 0, busy: bool =
     return events.SlotView(id=slot_id, n_ctx=N_CTX, processing=busy, task=task, tokens=tokens)
 
 
-@dataclasses.dataclass
-class ManualClock:
-    """One clock for every component under test, moved by hand."""
-
-    now: float = 100.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return 1_764_000_000.0 + self.now
-
-
 Hook = Callable[[int, str], Awaitable[None]]
 
 

@@ -18,7 +18,7 @@ from sidecar.act import gate, report
 from sidecar.app import agentcheck, standing
 from sidecar.core import errors, events, metrics, outcomes, protocols
 from sidecar.router import fleet as router_fleet
-from support.wait import until
+from tests.support.wait import until
 
 
 def _slot(slot: int, *, processing: bool = False, tokens: int = 0) -> events.SlotView:

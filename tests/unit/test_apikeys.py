@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-import test_manifest
 
 from sidecar.cli import main as cli
 from sidecar.cli import options
 from sidecar.core import apikeys, errors, parse
 from sidecar.library import prompt
 from sidecar.snapshots import manifest
+from tests.unit import test_manifest
 
 KEYS = apikeys.Keys(("sk-first", "sk-second"))
 

@@ -10,8 +10,8 @@ import textwrap
 from pathlib import Path
 
 from sidecar.blocks import blockdir, collect, store
-from support import clocks, slotfiles
-from support.wait import wait_until
+from tests.support import clocks, slotfiles
+from tests.support.wait import wait_until
 
 INGEST = textwrap.dedent(
     """
@@ -27,7 +27,7 @@ INGEST = textwrap.dedent(
 
 def test_kill_9_mid_ingest_then_collection_keeps_every_committed_recipe_whole(tmp_path: Path) -> None:
     root = tmp_path / "store"
-    s = store.BlockStore(root, clock=clocks.Wall(lambda: 1.0), tokens=16)
+    s = store.BlockStore(root, clock=clocks.reading(lambda: 1.0), tokens=16)
     small = slotfiles.slot_file(list(range(40)), slotfiles.Shape())
     (tmp_path / "small.bin").write_bytes(small)
     s.ingest("small", tmp_path / "small.bin")

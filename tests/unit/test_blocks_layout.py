@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.blocks import chunking, kvcache, layout, parts
-from support import slotfiles
+from tests.support import slotfiles
 
 SHAPES = {
     "flash attention": slotfiles.Shape(),

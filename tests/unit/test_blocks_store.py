@@ -11,13 +11,13 @@ import pytest
 
 from sidecar.blocks import blockdir, collect, locking, parts, recipe, store
 from sidecar.core import errors, outcomes
-from support import clocks, slotfiles
+from tests.support import clocks, slotfiles
 
 TOKENS = 16
 
 
 def make_store(tmp_path: Path) -> store.BlockStore:
-    return store.BlockStore(tmp_path / "store", clock=clocks.Wall(lambda: 1000.0), tokens=TOKENS)
+    return store.BlockStore(tmp_path / "store", clock=clocks.reading(lambda: 1000.0), tokens=TOKENS)
 
 
 def put(tmp_path: Path, name: str, data: bytes) -> Path:

@@ -15,7 +15,7 @@ from sidecar.cli import main as cli
 from sidecar.cli import options
 from sidecar.core import config, errors, events, parse
 from sidecar.snapshots import manifest, store
-from support import clocks
+from tests.support import clocks
 
 
 def settings(*args: str) -> config.Settings:
@@ -236,7 +236,7 @@ def test_empty_api_key_means_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def _snapshot(slot_dir: Path) -> manifest.Manifest:
-    snaps = store.SnapshotStore(slot_dir, clock=clocks.Wall(lambda: 1_764_414_733.0))
+    snaps = store.SnapshotStore(slot_dir, clock=clocks.reading(lambda: 1_764_414_733.0))
     temp = snaps.temp_name(0)
     (slot_dir / temp).write_bytes(b"kv" * 1000)
     fp = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 1, 4096), n_ctx=4096)

@@ -7,7 +7,6 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-import memllama
 import pytest
 import structlog
 from prometheus_client import CollectorRegistry
@@ -16,7 +15,8 @@ from sidecar.act import engine, policy, probe, saves, slotservice, snapshotter
 from sidecar.core import config, errors, events, hashing, metrics, outcomes
 from sidecar.observe import poller
 from sidecar.snapshots import manifest, store
-from support import clocks
+from tests.support import clocks
+from tests.unit import memllama
 
 
 @dataclasses.dataclass
@@ -24,7 +24,7 @@ class Bed:
     server: memllama.MemLlama
     snapshots: store.SnapshotStore
     registry: CollectorRegistry
-    clock: memllama.ManualClock
+    clock: clocks.FakeClock
     watcher: poller.Poller
     engine: engine.Engine
 
@@ -56,9 +56,9 @@ class Bed:
 def make_bed(slot_dir: Path, *, read_fresh: slotservice.ReadSlots | None = None, **snapshot_settings: float) -> Bed:
     server = memllama.MemLlama(slot_dir)
     stamps = itertools.count(1_764_000_000)
-    snapshots = store.SnapshotStore(slot_dir, clock=clocks.Wall(lambda: float(next(stamps))))
+    snapshots = store.SnapshotStore(slot_dir, clock=clocks.reading(lambda: float(next(stamps))))
     registry = CollectorRegistry()
-    clock = memllama.ManualClock()
+    clock = clocks.FakeClock()
     settings = config.Settings(
         upstream=config.UpstreamSettings(),
         poll=config.PollSettings(),

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sidecar.core import events
-from support.views import slot
+from tests.support.views import slot
 
 T = events.Transition
 IDENTITY = events.Identity(

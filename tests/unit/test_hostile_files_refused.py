@@ -16,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-import memllama
 import pytest
 import xxhash
 from prometheus_client import CollectorRegistry
@@ -24,7 +23,8 @@ from prometheus_client import CollectorRegistry
 from sidecar.act import actions, report, restorer
 from sidecar.core import errors, events, hashing, metrics, protocols, safeio
 from sidecar.snapshots import manifest, store
-from support import told
+from tests.support import clocks, told
+from tests.unit import memllama
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
 STAMP = "20261201T100000000000Z"
@@ -179,7 +179,7 @@ async def test_a_check_that_hangs_is_seen_by_liveness_once_past_its_deadline(
     server = memllama.MemLlama(tmp_path)
     snaps = store.SnapshotStore(tmp_path, clock=protocols.SystemClock())
     record = good(snaps)
-    clock = memllama.ManualClock()
+    clock = clocks.FakeClock()
     worker = restorer.Restorer(
         slot_actions=actions.SlotActions(client=server, snapshots=snaps),
         snapshots=snaps,

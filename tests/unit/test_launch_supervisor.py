@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.core import metrics, outcomes
 from sidecar.launch import argv, restarts, supervisor
-from support.wait import until
+from tests.support.wait import until
 
 
 def launch(script: str) -> argv.Launch:

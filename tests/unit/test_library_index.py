@@ -13,24 +13,22 @@ from sidecar.act import policy
 from sidecar.core import events, outcomes
 from sidecar.library import prompt, routing
 from sidecar.snapshots import manifest, slotfile, store
-from support.told import Told
+from tests.support import clocks
+from tests.support.told import Told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 2, 8192, 1000, 10), n_ctx=4096)
 BLOCK = slotfile.BLOCK_TOKENS
 
 
-class StepClock:
+def after_real_time() -> clocks.FakeClock:
     """The wall clock, moved on a millisecond per reading: last use is kept as the manifest's real mtime."""
+    last = [time.time()]
 
-    def __init__(self) -> None:
-        self.now = time.time()
+    def read() -> float:
+        last[0] = max(last[0] + 0.001, time.time())
+        return last[0]
 
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def wall(self) -> float:
-        self.now = max(self.now + 0.001, time.time())
-        return self.now
+    return clocks.reading(read)
 
 
 def slot_file(ids: list[int]) -> bytes:
@@ -45,7 +43,7 @@ def conversation(seed: int, blocks: int) -> list[int]:
 
 @pytest.fixture
 def snaps(tmp_path: Path) -> store.SnapshotStore:
-    return store.SnapshotStore(tmp_path, clock=StepClock())
+    return store.SnapshotStore(tmp_path, clock=after_real_time())
 
 
 def commit(snaps: store.SnapshotStore, data: bytes, slot: int = 0) -> manifest.Manifest:
@@ -68,7 +66,7 @@ def test_commit_records_token_count_and_chain_and_nothing_of_the_ids(snaps: stor
 
 def test_a_file_that_cannot_be_parsed_is_committed_unindexed_and_reported(tmp_path: Path) -> None:
     reports = Told()
-    snaps = store.SnapshotStore(tmp_path, clock=StepClock(), events=reports)
+    snaps = store.SnapshotStore(tmp_path, clock=after_real_time(), events=reports)
     told = reports.not_indexed
     record = commit(snaps, b"not a slot file at all" * 10)
     assert record.index is None
@@ -280,7 +278,7 @@ def test_last_use_survives_a_restart_of_the_sidecar(snaps: store.SnapshotStore, 
     commit(snaps, slot_file(conversation(2, 2)))
     snaps.touch(a.file)
     touched = snaps.last_used(a.file)
-    again = store.SnapshotStore(tmp_path, clock=StepClock())
+    again = store.SnapshotStore(tmp_path, clock=after_real_time())
     again.scan(clean=False)
     assert again.last_used(a.file) == pytest.approx(touched, abs=0.01)
     assert again.last_used(a.file) > a.created

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -23,7 +22,8 @@ from sidecar.observe import poller
 from sidecar.proxy import answer, tickets
 from sidecar.shared import catalog, decide, records
 from sidecar.snapshots import manifest, slotfile, store
-from support import clocks
+from tests.support import clocks
+from tests.unit import memllama
 
 BLOCK = slotfile.BLOCK_TOKENS
 LONG = "and then, " * 20
@@ -99,7 +99,7 @@ class Bed:
     watcher: poller.Poller
     engine: engine.Engine
     library: placer.Placer
-    clock: memllama.ManualClock
+    clock: clocks.FakeClock
     tokenizer: Tokenizer
 
     async def poll(self) -> None:
@@ -134,9 +134,9 @@ class Bed:
 async def bed(tmp_path: Path) -> Bed:
     server = TokenLlama(tmp_path)
     stamps = itertools.count(1_764_000_000)
-    snapshots = store.SnapshotStore(tmp_path, clock=clocks.Wall(lambda: float(next(stamps))))
+    snapshots = store.SnapshotStore(tmp_path, clock=clocks.reading(lambda: float(next(stamps))))
     registry = CollectorRegistry()
-    clock = memllama.ManualClock()
+    clock = clocks.FakeClock()
     settings = config.Settings(
         upstream=config.UpstreamSettings(),
         poll=config.PollSettings(),
@@ -232,7 +232,7 @@ class FakeShared:
         self.fetching = asyncio.Event()
         """Set once a fetch has started."""
         ids = ids_of(conversation)
-        other = store.SnapshotStore(tmp_path / "node-a", clock=clocks.Wall(lambda: 1_700_000_000.0))
+        other = store.SnapshotStore(tmp_path / "node-a", clock=clocks.reading(lambda: 1_700_000_000.0))
         other.dir.mkdir()
         temp = other.temp_name(0)
         data = slot_bytes(ids)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from test_library_decisions import chain, held
 
 from sidecar.core import outcomes
 from sidecar.library import ramtier, routing
+from tests.unit.test_library_decisions import chain, held
 
 MIB = 1 << 20
 

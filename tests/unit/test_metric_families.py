@@ -3,14 +3,14 @@ tests' synthetic page (tests/deploy/exposition.py) hold exactly its names, types
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from sidecar.core import families, metrics
+from tests.deploy import exposition
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,16 +43,6 @@ def from_registry(registry: CollectorRegistry) -> set[Row]:
     return rows
 
 
-def exposition() -> Any:
-    path = ROOT / "tests" / "deploy" / "exposition.py"
-    spec = importlib.util.spec_from_file_location("exposition", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_registry_holds_the_table_and_nothing_else() -> None:
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version="t")
@@ -79,7 +69,7 @@ def test_the_metrics_page_lists_the_table() -> None:
 
 
 def test_the_synthetic_page_has_the_tables_families_and_only_values_the_sidecar_exports() -> None:
-    page = cast(CollectorRegistry, exposition().sidecar_registry())
+    page = exposition.sidecar_registry()
     assert from_registry(page) == table()
     bounded = {
         (f"{metrics.NAMESPACE}_{family.name}", each.name): set(each.values)

@@ -12,7 +12,7 @@ import pytest
 from sidecar.act import policy
 from sidecar.core import config, events, hashing, outcomes
 from sidecar.snapshots import manifest
-from support.views import slot
+from tests.support.views import slot
 
 TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)
 IDENTITY = events.Identity(

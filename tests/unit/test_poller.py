@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 import structlog
-from memllama import ManualClock, MemLlama
 
 from sidecar.core import config, errors, events
 from sidecar.observe import poller
+from tests.support import clocks
+from tests.unit.memllama import MemLlama
 
 
 @pytest.fixture
@@ -18,7 +19,7 @@ def server(tmp_path: Path) -> MemLlama:
 
 
 def make_poller(server: MemLlama) -> poller.Poller:
-    return poller.Poller(server, config.PollSettings(), clock=ManualClock())
+    return poller.Poller(server, config.PollSettings(), clock=clocks.FakeClock())
 
 
 async def slot_reads(watcher: poller.Poller, server: MemLlama) -> tuple[events.Observation, int]:
@@ -91,7 +92,7 @@ async def test_small_counters_are_evidence_enough(server: MemLlama) -> None:
 
 
 async def test_slots_are_not_read_on_every_poll_of_a_generation(server: MemLlama) -> None:
-    clock = ManualClock()
+    clock = clocks.FakeClock()
     watcher = poller.Poller(server, config.PollSettings(), clock=clock)
     await watcher.step()
     server.set_slot(1, task=3, tokens=900, processing=True)
@@ -111,7 +112,7 @@ async def test_slots_are_not_read_on_every_poll_of_a_generation(server: MemLlama
 
 async def test_a_router_is_reported_to_the_caller_before_its_metrics_are_read(server: MemLlama) -> None:
     server.router = True
-    watcher = poller.Poller(server, config.PollSettings(), clock=ManualClock(), detect_router=True)
+    watcher = poller.Poller(server, config.PollSettings(), clock=clocks.FakeClock(), detect_router=True)
     with structlog.testing.capture_logs() as logs, pytest.raises(errors.RouterDetected):
         await watcher.step()
     assert "counters" not in server.names()

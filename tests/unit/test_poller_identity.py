@@ -9,7 +9,7 @@ import pytest
 
 from sidecar.core import config, events
 from sidecar.observe import poller, upstream
-from support import wait
+from tests.support import wait
 
 
 class Client:

@@ -26,6 +26,7 @@ from sidecar.act import policy
 from sidecar.core import config, errors, events, hashing, outcomes, protocols
 from sidecar.observe import poller
 from sidecar.snapshots import manifest
+from tests.support import clocks
 
 TIMING = config.SnapshotSettings(slot_dir=Path("slots"), idle_seconds=2.0, interval=10.0, min_tokens=100)
 RETRY_AFTER = 30.0
@@ -397,22 +398,11 @@ def test_random_histories(n_slots: int, metrics: bool, start_header: bool, steps
     run_history(Server(n_slots=n_slots, metrics=metrics, start_header=start_header), steps)
 
 
-@dataclasses.dataclass
-class ModelClock:
-    """The model server's time, as the one clock of the poller."""
-
-    server: Server
-
-    def monotonic(self) -> float:
-        return self.server.at
-
-    def wall(self) -> float:
-        return self.server.at
-
-
 def run_history(server: Server, steps: list[tuple[Op, bool]]) -> Checker:
     client = cast(protocols.Upstream, ModelClient(server))
-    watcher = poller.Poller(client, config.PollSettings(interval=0.0, down_interval=0.0), clock=ModelClock(server))
+    watcher = poller.Poller(
+        client, config.PollSettings(interval=0.0, down_interval=0.0), clock=clocks.reading(lambda: server.at)
+    )
     checker = Checker(server, watcher, steps)
     with structlog.testing.capture_logs(), contextlib.suppress(Done):
         asyncio.run(watcher.run(checker.sink))

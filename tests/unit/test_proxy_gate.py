@@ -9,21 +9,11 @@ from prometheus_client import CollectorRegistry
 from sidecar.act import gate
 from sidecar.core import metrics
 from sidecar.proxy import routes
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return 1_764_000_000.0 + self.now
+from tests.support import clocks
 
 
 async def test_gate_starts_closed_and_opens_on_a_poll() -> None:
-    g = gate.Gate(clock=Clock())
+    g = gate.Gate(clock=clocks.FakeClock())
     assert not g.is_open
     assert g.reason == gate.NOT_POLLED
     assert not await g.wait(0.01)
@@ -34,7 +24,7 @@ async def test_gate_starts_closed_and_opens_on_a_poll() -> None:
 
 
 async def test_suspicion_is_cleared_only_by_a_poll_started_after_it() -> None:
-    clock = Clock()
+    clock = clocks.FakeClock()
     g = gate.Gate(clock=clock)
     g.open(seen_at=clock.now)
     clock.now = 105.0
@@ -50,7 +40,7 @@ async def test_suspicion_is_cleared_only_by_a_poll_started_after_it() -> None:
 
 async def test_engine_closing_then_opening_within_one_poll_opens() -> None:
     """A restore round closes the gate after its poll started; the same poll opens it once done."""
-    clock = Clock()
+    clock = clocks.FakeClock()
     g = gate.Gate(clock=clock)
     poll_started = clock.now
     clock.now += 0.5
@@ -60,7 +50,7 @@ async def test_engine_closing_then_opening_within_one_poll_opens() -> None:
 
 
 async def test_waiters_are_released_together_and_counted() -> None:
-    g = gate.Gate(clock=Clock())
+    g = gate.Gate(clock=clocks.FakeClock())
     waiters = [asyncio.create_task(g.wait(5.0)) for _ in range(3)]
     await asyncio.sleep(0)
     assert g.waiting == 3
@@ -71,7 +61,7 @@ async def test_waiters_are_released_together_and_counted() -> None:
 
 async def test_a_request_held_twice_is_counted_while_it_waits_and_its_hold_observed_once() -> None:
     """Gate.hold: the one count of a held request (relay, twice, and router admission use it)."""
-    clock = Clock()
+    clock = clocks.FakeClock()
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version="t")
     g = gate.Gate(clock=clock)
@@ -112,7 +102,7 @@ def test_hop_by_hop_headers_and_those_named_by_connection_are_dropped() -> None:
 
 
 async def test_work_meanwhile_starts_only_once_the_server_answers_and_is_done_before_the_wait_returns() -> None:
-    clock = Clock()
+    clock = clocks.FakeClock()
     g = gate.Gate(clock=clock)
     g.close("llama-server is loading")
     done: list[str] = []
@@ -139,7 +129,7 @@ async def test_work_meanwhile_starts_only_once_the_server_answers_and_is_done_be
 
 
 async def test_work_meanwhile_is_not_started_when_the_gate_opens_first_and_the_open_says_how_many_did() -> None:
-    clock = Clock()
+    clock = clocks.FakeClock()
     g = gate.Gate(clock=clock)
     g.close("llama-server is down")
     started: list[int] = []

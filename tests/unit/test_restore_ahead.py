@@ -8,14 +8,14 @@ import itertools
 import os
 from pathlib import Path
 
-import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import actions, ahead, restorer
 from sidecar.core import hashing, metrics
 from sidecar.snapshots import manifest, store
-from support import clocks
+from tests.support import clocks
+from tests.unit import memllama
 
 FP = manifest.Fingerprint.of(memllama.IDENTITY, n_ctx=memllama.N_CTX)
 MB = 1 << 20
@@ -72,7 +72,7 @@ def bed(tmp_path: Path) -> Bed:
     slot_dir.mkdir()
     server = memllama.MemLlama(slot_dir)
     stamps = itertools.count(1_764_000_000)
-    snapshots = store.SnapshotStore(slot_dir, clock=clocks.Wall(lambda: float(next(stamps))), store_dir=store_dir)
+    snapshots = store.SnapshotStore(slot_dir, clock=clocks.reading(lambda: float(next(stamps))), store_dir=store_dir)
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version="t")
     stats.init_slots(range(2))
@@ -80,7 +80,7 @@ def bed(tmp_path: Path) -> Bed:
         slot_actions=actions.SlotActions(client=server, snapshots=snapshots),
         snapshots=snapshots,
         stats=stats,
-        clock=memllama.ManualClock(),
+        clock=clocks.FakeClock(),
         identity=lambda: memllama.IDENTITY,
     )
     made = Bed(server, snapshots, registry, worker)

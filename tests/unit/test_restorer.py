@@ -6,7 +6,6 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-import memllama
 import pytest
 import structlog.testing
 from prometheus_client import CollectorRegistry
@@ -14,7 +13,8 @@ from prometheus_client import CollectorRegistry
 from sidecar.act import actions, restorer
 from sidecar.core import events, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, store
-from support import clocks
+from tests.support import clocks
+from tests.unit import memllama
 
 FP = manifest.Fingerprint.of(memllama.IDENTITY, n_ctx=memllama.N_CTX)
 
@@ -48,7 +48,7 @@ class Bed:
 def bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bed:
     server = memllama.MemLlama(tmp_path)
     stamps = itertools.count(1_764_000_000)
-    snapshots = store.SnapshotStore(tmp_path, clock=clocks.Wall(lambda: float(next(stamps))))
+    snapshots = store.SnapshotStore(tmp_path, clock=clocks.reading(lambda: float(next(stamps))))
     check = snapshots.check
 
     def recorded_verify(record: manifest.Manifest) -> None:
@@ -64,7 +64,7 @@ def bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bed:
         slot_actions=slot_actions,
         snapshots=snapshots,
         stats=stats,
-        clock=memllama.ManualClock(),
+        clock=clocks.FakeClock(),
         identity=lambda: memllama.IDENTITY,
     )
     return Bed(server, snapshots, registry, worker)
@@ -216,7 +216,7 @@ async def test_a_swap_of_a_snapshot_that_does_not_fit_the_server_is_refused_befo
         slot_actions=actions.SlotActions(client=bed.server, snapshots=bed.snapshots),
         snapshots=bed.snapshots,
         stats=bed.restorer._stats,
-        clock=memllama.ManualClock(),
+        clock=clocks.FakeClock(),
         identity=lambda: fits,
     )
     fingerprint = manifest.Fingerprint.of(dataclasses.replace(fits, **foreign), n_ctx=memllama.N_CTX)  # type: ignore[arg-type]
@@ -250,7 +250,7 @@ def _sliding_bed(bed: Bed) -> None:
         slot_actions=actions.SlotActions(client=bed.server, snapshots=bed.snapshots),
         snapshots=bed.snapshots,
         stats=bed.restorer._stats,
-        clock=memllama.ManualClock(),
+        clock=clocks.FakeClock(),
         identity=lambda: SLIDING,
     )
 

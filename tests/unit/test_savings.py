@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import memllama
 import pytest
 
 from sidecar.act import savings
 from sidecar.core import events, outcomes
+from tests.unit import memllama
 
 By = outcomes.SavedBy
 

@@ -12,7 +12,7 @@ import structlog.testing
 
 from sidecar.core import events, location
 from sidecar.shared import fence, gc, keys, objstore
-from support.sharednodes import IDENTITY, committed, node, slot_file, url_of
+from tests.support.sharednodes import IDENTITY, committed, node, slot_file, url_of
 
 KV = 3 << 20
 

@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry
 from sidecar.core import apikeys, errors, events, location, metrics, protocols
 from sidecar.shared import connect, gc, keys, objstore, service
 from sidecar.snapshots import manifest, slotfile, store
-from support.s3bed import S3Server
-from support.sharednodes import FP, IDENTITY, Samples, committed, node, slot_file, url_of
-from support.wait import eventually
+from tests.support.s3bed import S3Server
+from tests.support.sharednodes import FP, IDENTITY, Samples, committed, node, slot_file, url_of
+from tests.support.wait import eventually
 
 
 async def test_create_only_writes_stream_back_byte_for_byte(objects: objstore.ObjectStore, tmp_path: Path) -> None:

@@ -8,14 +8,14 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
-import memllama
 import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.act import actions, policy, snapshotter
 from sidecar.core import config, errors, events, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, store
-from support import clocks
+from tests.support import clocks
+from tests.unit import memllama
 
 R, C = outcomes.SaveResult, outcomes.SaveCause
 SAVE = policy.Save(0, events.SlotContent(4, 500), 500, policy.SaveReason.IDLE)
@@ -26,21 +26,21 @@ def make(
     *,
     min_free_bytes: int = 0,
     server_dir: Path | None = None,
-    clock: memllama.ManualClock | None = None,
+    clock: clocks.FakeClock | None = None,
     ended: list[tuple[snapshotter.Written, snapshotter.SaveRecord]] | None = None,
 ) -> tuple[memllama.MemLlama, snapshotter.Snapshotter, CollectorRegistry]:
     """``ended``: where the saves whose commit waited are told, once committed."""
     server = memllama.MemLlama(server_dir or tmp_path)
     server.set_slot(0, task=4, tokens=500)
     stamps = itertools.count(1_764_000_000)
-    snapshots = store.SnapshotStore(tmp_path, clock=clocks.Wall(lambda: float(next(stamps))))
+    snapshots = store.SnapshotStore(tmp_path, clock=clocks.reading(lambda: float(next(stamps))))
     registry = CollectorRegistry()
     saver = snapshotter.Snapshotter(
         slot_actions=actions.SlotActions(client=server, snapshots=snapshots),
         snapshots=snapshots,
         stats=metrics.Metrics(registry, version="t"),
         settings=config.SnapshotSettings(slot_dir=tmp_path, min_free_bytes=min_free_bytes),
-        clock=clock or memllama.ManualClock(),
+        clock=clock or clocks.FakeClock(),
         committed_later=lambda written, record: (ended if ended is not None else []).append((written, record)),
     )
     return server, saver, registry
@@ -48,7 +48,7 @@ def make(
 
 def committed(tmp_path: Path, slot: int) -> list[manifest.Manifest]:
     """The slot's snapshots as a fresh scan of the directory finds them, newest first."""
-    found = store.SnapshotStore(tmp_path, clock=clocks.Wall(lambda: 0.0))
+    found = store.SnapshotStore(tmp_path, clock=clocks.reading(lambda: 0.0))
     found.scan(clean=False)
     return found.snapshots(slot)
 
@@ -183,7 +183,7 @@ async def wait_commit(saver: snapshotter.Snapshotter, action: policy.Save = SAVE
 
 async def test_commits_keep_the_order_of_the_saves_and_date_each_snapshot_by_its_save(tmp_path: Path) -> None:
     """A save committed at once commits the waiting ones first: the older content never ranks newer."""
-    clock = memllama.ManualClock()
+    clock = clocks.FakeClock()
     ended: list[tuple[snapshotter.Written, snapshotter.SaveRecord]] = []
     server, saver, registry = make(tmp_path, clock=clock, ended=ended)
     older = await wait_commit(saver)
@@ -204,7 +204,7 @@ async def test_commits_keep_the_order_of_the_saves_and_date_each_snapshot_by_its
 
 
 async def test_a_commit_waits_for_quiet_or_for_commit_wait_then_only_the_overdue_ones(tmp_path: Path) -> None:
-    clock = memllama.ManualClock()
+    clock = clocks.FakeClock()
     server, saver, _ = make(tmp_path, clock=clock)
     assert saver.commit_due(quiet=True) is None  # nothing waits
     first = await wait_commit(saver)

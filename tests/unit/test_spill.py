@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sidecar.core import outcomes, protocols
 from sidecar.snapshots import spill, store
-from support import told
+from tests.support import told
 
 
 def test_a_file_fits_with_a_sixteenth_and_a_mebibyte_to_spare() -> None:

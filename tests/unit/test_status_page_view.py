@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import memllama
-
 from sidecar.act import report, restorer, savings
 from sidecar.app import history, page, view
 from sidecar.core import events, outcomes
 from sidecar.snapshots import store
+from tests.unit import memllama
 
 NOW = 1_764_600_000.0
 HOSTILE = '<script>alert("x")</script>&"\''

@@ -7,7 +7,6 @@ import errno
 import json
 import os
 import stat
-import time
 from pathlib import Path
 
 import pytest
@@ -17,23 +16,10 @@ from sidecar.act import policy
 from sidecar.core import errors, events, hashing, outcomes, safeio
 from sidecar.snapshots import commit as checks
 from sidecar.snapshots import manifest, store, storeevents
-from support.told import Told
+from tests.support import clocks
+from tests.support.told import Told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
-
-
-class StepClock:
-    """Wall clock that moves one second per reading, so every commit gets its own name."""
-
-    def __init__(self, start: float = 1_764_400_000.0) -> None:
-        self.now = start
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def wall(self) -> float:
-        self.now += 1.0
-        return self.now
 
 
 @pytest.fixture
@@ -43,7 +29,7 @@ def told() -> Told:
 
 @pytest.fixture
 def snaps(tmp_path: Path, told: Told) -> store.SnapshotStore:
-    return store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
+    return store.SnapshotStore(tmp_path, clock=clocks.stepping(), events=told)
 
 
 def server_writes(snaps: store.SnapshotStore, slot: int, data: bytes) -> str:
@@ -131,7 +117,7 @@ def test_commits_get_distinct_names_and_newest_first(snaps: store.SnapshotStore)
 
 
 def test_scan_clean_removes_leftovers_and_keeps_good_snapshots(tmp_path: Path) -> None:
-    good = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
+    good = commit(store.SnapshotStore(tmp_path, clock=clocks.stepping()))
     leftovers = {
         ".tmp-slot0-0123456789ab.bin",  # a save the sidecar never committed
         ".tmp-0123456789ab.json",  # a manifest write cut short
@@ -141,7 +127,7 @@ def test_scan_clean_removes_leftovers_and_keeps_good_snapshots(tmp_path: Path) -
     for name in leftovers:
         (tmp_path / name).write_bytes(b"junk")
     (tmp_path / "README.txt").write_text("not ours")
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
+    fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping())
     findings = fresh.scan(clean=True)
     assert names(tmp_path) == {good.file, good.file.removesuffix(".bin") + ".json", "README.txt"}
     assert fresh.snapshots() == [good]
@@ -151,10 +137,10 @@ def test_scan_clean_removes_leftovers_and_keeps_good_snapshots(tmp_path: Path) -
 
 
 def test_scan_without_clean_keeps_leftovers(tmp_path: Path) -> None:
-    good = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
+    good = commit(store.SnapshotStore(tmp_path, clock=clocks.stepping()))
     (tmp_path / ".tmp-slot0-0123456789ab.bin").write_bytes(b"in flight")
     (tmp_path / "slot3-20250101T000000000000Z.bin").write_bytes(b"being committed")
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
+    fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping())
     assert fresh.scan(clean=False) == []
     assert fresh.snapshots() == [good]
     assert ".tmp-slot0-0123456789ab.bin" in names(tmp_path)
@@ -162,12 +148,12 @@ def test_scan_without_clean_keeps_leftovers(tmp_path: Path) -> None:
 
 
 def test_scan_quarantines_a_truncated_snapshot(tmp_path: Path) -> None:
-    keep = commit(store.SnapshotStore(tmp_path, clock=StepClock()), slot=0)
-    bad = commit(store.SnapshotStore(tmp_path, clock=StepClock(2e9)), slot=1)
+    keep = commit(store.SnapshotStore(tmp_path, clock=clocks.stepping()), slot=0)
+    bad = commit(store.SnapshotStore(tmp_path, clock=clocks.stepping(2e9)), slot=1)
     with (tmp_path / bad.file).open("r+b") as fh:
         fh.truncate(10)
     told = Told()
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
+    fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping(), events=told)
     seen = told.bad
     fresh.scan(clean=True)
     assert fresh.snapshots() == [keep]
@@ -179,11 +165,11 @@ def test_scan_quarantines_a_truncated_snapshot(tmp_path: Path) -> None:
 
 
 def test_scan_quarantines_a_corrupt_manifest(tmp_path: Path) -> None:
-    bad = commit(store.SnapshotStore(tmp_path, clock=StepClock()), slot=0)
+    bad = commit(store.SnapshotStore(tmp_path, clock=clocks.stepping()), slot=0)
     stem = bad.file.removesuffix(".bin")
     (tmp_path / (stem + ".json")).write_text('{"format": 1, "slot": ')
     told = Told()
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
+    fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping(), events=told)
     seen = told.bad
     fresh.scan(clean=True)
     assert fresh.snapshots() == []
@@ -292,8 +278,8 @@ def test_usage_counts_bytes_and_files(snaps: store.SnapshotStore) -> None:
 
 
 def test_check_writable(tmp_path: Path) -> None:
-    assert store.SnapshotStore(tmp_path, clock=StepClock()).check_writable() is None
-    problem = store.SnapshotStore(tmp_path / "nope", clock=StepClock()).check_writable()
+    assert store.SnapshotStore(tmp_path, clock=clocks.stepping()).check_writable() is None
+    problem = store.SnapshotStore(tmp_path / "nope", clock=clocks.stepping()).check_writable()
     assert problem is not None
     assert "does not exist" in problem
 
@@ -320,12 +306,12 @@ def test_failed_manifest_write_is_a_snapshot_error_and_publishes_nothing(
 
 
 def test_read_only_store_reports_but_renames_nothing(tmp_path: Path) -> None:
-    record = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
+    record = commit(store.SnapshotStore(tmp_path, clock=clocks.stepping()))
     (tmp_path / record.file).write_bytes(b"short")
     before = names(tmp_path)
     told = Told()
     seen = told.bad
-    ro = store.SnapshotStore(tmp_path, clock=StepClock(), read_only=True, events=told)
+    ro = store.SnapshotStore(tmp_path, clock=clocks.stepping(), read_only=True, events=told)
     ro.scan(clean=False)
     assert [(name, reason) for name, reason, _ in seen.calls] == [(record.file, "size")]
     assert names(tmp_path) == before
@@ -334,21 +320,8 @@ def test_read_only_store_reports_but_renames_nothing(tmp_path: Path) -> None:
 # ---- ordering by generation, whatever the clock does -----------------------------------
 
 
-class SetClock:
-    """A wall clock the test sets; it steps back when told to, as NTP or an operator can make it."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def wall(self) -> float:
-        return self.now
-
-
 def test_a_clock_stepped_back_neither_deletes_nor_hides_the_new_snapshot(tmp_path: Path) -> None:
-    clock = SetClock(2_000_000_000.0)
+    clock = clocks.FakeClock(epoch=0.0, now=2_000_000_000.0)
     snaps = store.SnapshotStore(tmp_path, clock=clock)
     before = commit(snaps, 0)
     clock.now -= 3600.0  # the clock steps back an hour
@@ -374,7 +347,7 @@ def test_a_clock_stepped_back_neither_deletes_nor_hides_the_new_snapshot(tmp_pat
 
 
 def test_generations_continue_after_a_sidecar_restart(tmp_path: Path) -> None:
-    clock = SetClock(2_000_000_000.0)
+    clock = clocks.FakeClock(epoch=0.0, now=2_000_000_000.0)
     first = store.SnapshotStore(tmp_path, clock=clock)
     records = [commit(first, slot) for slot in (0, 1, 0)]
     assert [r.generation for r in records] == [1, 2, 3]
@@ -388,7 +361,7 @@ def test_generations_continue_after_a_sidecar_restart(tmp_path: Path) -> None:
 
 
 def test_the_same_instant_twice_gets_a_new_name_and_overwrites_nothing(tmp_path: Path) -> None:
-    clock = SetClock(2_000_000_000.0)
+    clock = clocks.FakeClock(epoch=0.0, now=2_000_000_000.0)
     snaps = store.SnapshotStore(tmp_path, clock=clock)
     first = commit(snaps, 0, data=b"a" * 100)
     second = commit(snaps, 0, data=b"b" * 100)  # the clock did not move (or came back to the same microsecond)
@@ -437,7 +410,7 @@ def test_format_1_snapshots_stay_restorable_and_untouched_and_new_ones_sort_abov
     data = os.urandom(2048)
     old = _format_1(tmp_path, 0, "20991231T235959000000Z", data, created=4_000_000_000.0)  # a future clock
     text_before = (tmp_path / old.replace(".bin", ".json")).read_text()
-    snaps = store.SnapshotStore(tmp_path, clock=SetClock(2_000_000_000.0))
+    snaps = store.SnapshotStore(tmp_path, clock=clocks.FakeClock(epoch=0.0, now=2_000_000_000.0))
     assert snaps.scan(clean=True) == []
     (loaded,) = snaps.snapshots()
     assert (loaded.generation, loaded.checksum.algorithm) == (0, hashing.Algorithm.SHA256)
@@ -480,12 +453,12 @@ class FlakyReads:
 def test_an_unreadable_manifest_is_reported_and_kept_not_quarantined(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
-    record = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
+    record = commit(store.SnapshotStore(tmp_path, clock=clocks.stepping()))
     json_name = record.file.replace(".bin", ".json")
     before = names(tmp_path)
     flaky = FlakyReads(monkeypatch, json_name, code, times=None)
     told = Told()
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
+    fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping(), events=told)
     bad, io = told.bad, told.io
     fresh.scan(clean=True)
     assert bad.calls == []
@@ -502,10 +475,10 @@ def test_an_unreadable_manifest_is_reported_and_kept_not_quarantined(
 def test_a_read_error_that_clears_on_retry_is_not_even_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    record = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
+    record = commit(store.SnapshotStore(tmp_path, clock=clocks.stepping()))
     FlakyReads(monkeypatch, record.file.replace(".bin", ".json"), errno.EIO, times=1)
     told = Told()
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
+    fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping(), events=told)
     io = told.io
     fresh.scan(clean=True)
     assert fresh.snapshots() == [record]
@@ -565,7 +538,7 @@ def test_files_vanishing_during_a_scan_are_a_race_not_damage(
 
 
 def test_a_manifest_of_a_newer_format_is_left_alone_with_one_warning(tmp_path: Path) -> None:
-    record = commit(store.SnapshotStore(tmp_path, clock=StepClock()))
+    record = commit(store.SnapshotStore(tmp_path, clock=clocks.stepping()))
     json_path = tmp_path / record.file.replace(".bin", ".json")
     body = json.loads(json_path.read_text())
     body["format"] = manifest.FORMAT + 1
@@ -573,7 +546,7 @@ def test_a_manifest_of_a_newer_format_is_left_alone_with_one_warning(tmp_path: P
     json_path.write_text(json.dumps(body))
     before = names(tmp_path)
     told = Told()
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock(), events=told)
+    fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping(), events=told)
     newer, bad = told.newer, told.bad
     for _ in range(3):
         fresh.scan(clean=True)
@@ -587,13 +560,13 @@ def test_a_manifest_of_a_newer_format_is_left_alone_with_one_warning(tmp_path: P
 def test_quarantine_trimming_never_touches_files_kept_for_io_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = store.SnapshotStore(tmp_path, clock=StepClock())
+    first = store.SnapshotStore(tmp_path, clock=clocks.stepping())
     keep = [commit(first, 0) for _ in range(store.QUARANTINE_KEEP + 2)]
     for record in keep:
         FlakyReads(monkeypatch, record.file.replace(".bin", ".json"), errno.EIO, times=None)
         monkeypatch.undo()
     FlakyReads(monkeypatch, keep[0].file.replace(".bin", ".json"), errno.EIO, times=None)
-    fresh = store.SnapshotStore(tmp_path, clock=StepClock())
+    fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping())
     fresh.scan(clean=True)
     for record in keep[1:]:
         fresh.quarantine(record.file, "checksum")
@@ -608,7 +581,7 @@ def test_a_removed_slot_dir_is_reported_not_raised_and_recovers(tmp_path: Path) 
     slot_dir = tmp_path / "slots"
     slot_dir.mkdir()
     told = Told()
-    snaps = store.SnapshotStore(slot_dir, clock=StepClock(), events=told)
+    snaps = store.SnapshotStore(slot_dir, clock=clocks.stepping(), events=told)
     record = commit(snaps)
     io = told.io
     slot_dir.rename(tmp_path / "moved")
@@ -674,9 +647,9 @@ def test_a_model_view_names_its_files_after_the_model_and_lists_only_them(snaps:
 
 
 def test_model_views_share_the_index_of_a_scan(tmp_path: Path) -> None:
-    first = store.SnapshotStore(tmp_path, clock=StepClock())
+    first = store.SnapshotStore(tmp_path, clock=clocks.stepping())
     a = commit(first.for_model("alpha"))
-    second = store.SnapshotStore(tmp_path, clock=StepClock())
+    second = store.SnapshotStore(tmp_path, clock=clocks.stepping())
     view = second.for_model("alpha")  # made before the scan, as the engines are
     assert second.scan(clean=True) == []
     assert view.snapshots() == [a]

@@ -10,24 +10,11 @@ import pytest
 
 from sidecar.core import errors, events, outcomes
 from sidecar.snapshots import manifest, retention, slotdir, store, upgrade
-from support.told import Told
+from tests.support import clocks
+from tests.support.told import Told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
 SIZE = 1 << 20
-
-
-class StepClock:
-    """Wall clock that moves one second per reading, so every commit gets its own name."""
-
-    def __init__(self) -> None:
-        self.now = 1_764_400_000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        self.now += 1.0
-        return self.now
 
 
 def _bytes(seed: int, size: int = SIZE) -> bytes:
@@ -43,7 +30,7 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _open(dirs: tuple[Path, Path], told: Told | None = None) -> store.SnapshotStore:
-    return store.SnapshotStore(dirs[0], clock=StepClock(), events=told or Told(), store_dir=dirs[1])
+    return store.SnapshotStore(dirs[0], clock=clocks.stepping(), events=told or Told(), store_dir=dirs[1])
 
 
 def _commit(snaps: store.SnapshotStore, data: bytes, slot: int = 0) -> manifest.Manifest:
@@ -154,7 +141,7 @@ def test_delete_drops_the_recipe_and_collection_frees_only_unshared_blocks(dirs:
 
 
 def test_whole_file_snapshots_are_converted_into_the_store(dirs: tuple[Path, Path]) -> None:
-    plain = store.SnapshotStore(dirs[0], clock=StepClock())
+    plain = store.SnapshotStore(dirs[0], clock=clocks.stepping())
     data = _bytes(10)
     temp = plain.temp_name(0)
     (dirs[0] / temp).write_bytes(data)

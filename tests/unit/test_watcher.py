@@ -16,7 +16,7 @@ from watchdog.observers import Observer
 from sidecar.app import storelog
 from sidecar.core import events, hashing, metrics, outcomes, protocols
 from sidecar.snapshots import dirlock, manifest, store, watcher
-from support.wait import until
+from tests.support.wait import until
 
 FP = manifest.Fingerprint("b1", "/m.gguf", 10, 20, 4096, 1)
 

@@ -1,0 +1,1 @@
+"""The deployment files checked by the tools that read them."""
