@@ -12,6 +12,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from tests.support.sidecarbed import SidecarProcess
 
@@ -34,10 +35,24 @@ def fetches(side: SidecarProcess) -> float:
 
 
 class Chat:
-    def __init__(self, n: int, first: str) -> None:
+    """A conversation of short turns: agent ``n % 2``'s one-line system prompt, answers of at most 4 tokens, and
+    a one-line question each returning turn. ``system``, ``answer_tokens`` and ``follow`` (the next user message,
+    given the number of turns sent) shape an agent's turns instead: a long system prompt shared by the agent's
+    conversations, answers of exactly ``answer_tokens`` (the end of turn ignored), a tool's output each turn."""
+
+    def __init__(
+        self,
+        n: int,
+        first: str,
+        *,
+        system: str | None = None,
+        answer_tokens: int | None = None,
+        follow: Callable[[int], str] | None = None,
+    ) -> None:
         self.n = n
+        self.answer_tokens, self.follow = answer_tokens, follow
         self.messages: list[dict[str, str]] = [
-            {"role": "system", "content": AGENTS[n % 2]},
+            {"role": "system", "content": AGENTS[n % 2] if system is None else system},
             {"role": "user", "content": first},
         ]
         self.nodes: list[str] = []
@@ -46,12 +61,19 @@ class Chat:
         self.seconds: list[float] = []
         self.server_seconds: list[float] = []
         """llama-server's own time for each turn: its answer's ``timings`` (prompt plus generation)."""
+        self.generation_seconds: list[float] = []
+        """llama-server's time generating each turn's answer (``timings.predicted_ms``)."""
         self.fetched: list[bool] = []
+        self.answered: list[int] = []
+        """Tokens of each turn's answer."""
 
     def turn(self, url: str, fetches: Mapping[str, Callable[[], float]] | None = None, timeout: float = 600) -> None:
         """Send the next turn through ``url``; ``fetches``: per node, its count of shared-store fetches."""
         before = {name: count() for name, count in (fetches or {}).items()}
-        body = json.dumps({"messages": self.messages, "max_tokens": 4, "temperature": 0}).encode()
+        request: dict[str, Any] = {"messages": self.messages, "max_tokens": 4, "temperature": 0}
+        if self.answer_tokens is not None:
+            request |= {"max_tokens": self.answer_tokens, "ignore_eos": True}
+        body = json.dumps(request).encode()
         req = urllib.request.Request(
             url + "/v1/chat/completions", data=body, headers={"content-type": "application/json"}
         )
@@ -64,9 +86,12 @@ class Chat:
         self.prompts.append(int(answer["usage"]["prompt_tokens"]))
         self.cached.append(int(answer["timings"]["cache_n"]))
         self.server_seconds.append((answer["timings"]["prompt_ms"] + answer["timings"]["predicted_ms"]) / 1000)
+        self.generation_seconds.append(answer["timings"]["predicted_ms"] / 1000)
+        self.answered.append(int(answer["usage"]["completion_tokens"]))
+        question = f"Turn {len(self.nodes) + 1}: and what comes next in record {self.n}?"
         self.messages += [
             {"role": "assistant", "content": answer["choices"][0]["message"]["content"] or "ok"},
-            {"role": "user", "content": f"Turn {len(self.nodes) + 1}: and what comes next in record {self.n}?"},
+            {"role": "user", "content": question if self.follow is None else self.follow(len(self.nodes))},
         ]
 
     def reused(self, turn: int) -> float:
