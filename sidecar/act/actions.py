@@ -1,18 +1,9 @@
 """The one road by which slot actions (save, restore, erase) reach llama-server.
 
-llama-server runs a slot action on its main loop, so every slot stalls while
-one runs, and it defers an action on a processing slot until that slot's
-request ends: the HTTP call then blocks for the whole generation, and a
-deferred restore overwrites the request's fresh KV. Hence the rules kept here:
+One action at a time, never sent to a slot that is processing, and a file left by an action that
+timed out is removed as soon as it appears.
 
-* one action at a time (:attr:`SlotActions.lock`, held by the caller around
-  the read of the slot and the action, so nothing runs in between);
-* the slot is read (:meth:`SlotActions.view`) right before the action, and
-  nothing is sent to a slot that is processing;
-* a file the server was told to write by an action that timed out or was
-  cancelled may still appear later (the server runs deferred actions after
-  the call gave up): its name is kept and the file removed as soon as it is
-  seen (:meth:`SlotActions.sweep`, before every action and at shutdown).
+Invariants and trade-offs: docs/modules.md, `sidecar/act/actions.py`.
 """
 
 from __future__ import annotations

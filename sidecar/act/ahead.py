@@ -1,28 +1,10 @@
 """Rebuilding ahead: a restart's restore round finds its files already rebuilt from the block store.
 
-With ``--store-dir`` a restore first rebuilds the snapshot's file into the
-slot dir from its blocks, and that rebuild costs about as much as
-llama-server's restore of the file. After a restart the sidecar knows which
-snapshots the round will restore (the newest good one of each slot) long
-before the server has loaded its model, so it rebuilds them then, while the
-server loads (:meth:`Ahead.build`, from the restorer's precheck), and the
-round's restore calls wait for no rebuild (:meth:`Ahead.take`).
+While a restarted llama-server loads its model, the snapshots its restore round will restore are
+rebuilt from the block store into the slot dir, as far as disk and RAM allow; a restore uses such a
+file only while it is still the very one rebuilt.
 
-A file rebuilt ahead passed the rebuild's checksum (xxh3-128 of the whole
-file, against the manifest's) before it got its name; a restore takes it
-only while its size, mtime and inode are those it had then, as a whole file
-checked ahead is trusted (see :mod:`sidecar.act.restorer`), and only for the
-very snapshot it was rebuilt from (file name, generation and checksum): a
-newer snapshot committed meanwhile is the one the round restores, rebuilt
-then, and the file rebuilt ahead is given back unused. Whatever no restore
-took is deleted at the end of the round, or when the server comes back
-without a round.
-
-RAM: the files are the ones the round is about to hand to llama-server, at
-most one per slot, and only as many as leave room, in the slot dir's
-filesystem and in the RAM available, for the largest of them beyond (what
-the server itself may save meanwhile): :func:`chosen`. A file that does not
-fit is rebuilt by its restore, as without rebuilding ahead.
+Invariants and trade-offs: docs/modules.md, `sidecar/act/ahead.py`.
 """
 
 from __future__ import annotations

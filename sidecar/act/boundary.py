@@ -1,25 +1,9 @@
 """Bringing a slot back to its prompt's boundary before it is saved, on models that cannot cut a state back.
 
-On a recurrent or hybrid model (``events.Memory.RECURRENT``/``HYBRID``) a
-restored state serves a request only if every token of it is a prefix of
-the request. A slot that has answered a turn holds the prompt plus the
-reply as generated; the next chat turn re-renders that reply through the
-chat template (other tokens, a reasoning template drops the thinking), so a
-snapshot taken then is useless to it. The next turn still agrees with the
-previous prompt, so that is where the snapshot must end.
+On recurrent and hybrid models a snapshot serves only requests it is a prefix of, so before a save
+the slot is brought back, from llama-server's context checkpoint, to where its last prompt ended.
 
-llama-server keeps context checkpoints of such a slot in RAM, one of them 4
-tokens before the end of each prompt. A completion on the slot of the
-prompt's first ``P - MARGIN`` token ids with ``n_predict: 1`` makes the
-server restore that checkpoint and process one token: the slot then holds
-exactly ``P - MARGIN`` prompt tokens, and a save writes that state.
-
-Where the prompt ends is found in the slot's own token ids (read from a
-scratch save): right after the last occurrence of the chat template's
-generation prompt (what the template adds after a user message, e.g.
-``<|im_end|>\\n<|im_start|>assistant\\n``). A slot whose ids hold no such
-marker (a raw ``/completion`` client) is saved as it is. The pure parts are
-:func:`marker_text`, :func:`prompt_end` and :func:`target`.
+Invariants and trade-offs: docs/modules.md, `sidecar/act/boundary.py`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """One restore round's order, and the requests it lets through before it ends.
 
-A completion held at the restore gate while the server answers and only its
-slots are being restored reads its token ids meanwhile (see
-:mod:`sidecar.act.gate`) and names the snapshot that holds the longest prefix
-of them, the newest of a slot or not: its *want*. The round restores wanted
-snapshots first, in the order the wants came, each into the slot it will be
-served from (:mod:`sidecar.act.restoreplan` decides, purely), and a request
-goes on as soon as its own snapshot is restored; the proxy then places it
-only among the slots this round has restored (any other may still be
-restored into, which would replace what the request left there).
+Requests held at the restore gate name the snapshot they want; the round restores those first, each
+into the slot its request will run in, and lets each request go on as soon as its snapshot is back.
+The rest of the round then waits, for a bounded time, while such a request runs: llama-server runs
+one task at a time, so a restore beside it would stall it.
 
-The rest of the round waits while such a request runs and nothing else waits
-at the gate (at most :data:`QUIET_SECONDS` after the first one went on), and
-from the moment its snapshot is restored until it goes on (its task wakes a few
-steps of the event loop after the restore; a restore picked meanwhile used to
-land right beside it):
-llama-server runs one task at a time, so a restore sent beside the request
-stalls it for the restore's length, and one that lands before the request's
-task starts makes that task first copy the restored idle slot into the
-server's RAM prompt cache (``--cache-idle-slots``, on by default).
+Invariants and trade-offs: docs/modules.md, `sidecar/act/early.py`.
 """
 
 from __future__ import annotations

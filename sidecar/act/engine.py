@@ -1,20 +1,10 @@
 """What the sidecar does with each observation: log, count, restore, save; one engine per watched server.
 
-The :class:`Engine` is the consumer of the poller and the only holder of
-the state of the current server process (:class:`sight.Sight`: its
-identity, the slots restored into it, whether its slot dir link has been
-proven). It wires its parts, split by job, each given its collaborators at
-construction (one :class:`part.Wiring`, and what the part alone needs):
+The ``Engine`` holds the state of the current server process and wires its parts, split by job: the
+consumer (every observation, in the poll loop), the runner (restores and saves, one at a time), the
+slot service (the proxy's questions) and the status view.
 
-* :class:`consumer.Consumer` runs in the poll loop for every observation
-  (:meth:`Engine.handle`); it never waits for the server.
-* :class:`runner.Runner` is the action runner, a task of its own
-  (:meth:`Engine.run`): file checks, the restore round, the slot-dir probe
-  and the saves that are due (:class:`saves.Saves`, with
-  :class:`rewind.Rewinder` for a hybrid's prompt boundary), one at a time.
-* :class:`slotservice.SlotService` (:attr:`Engine.slots`) answers the
-  proxy's slot questions.
-* :class:`statusview.StatusView` is what the HTTP layer reads.
+Invariants and trade-offs: docs/modules.md, `sidecar/act/engine.py`.
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """The restore gate: closed while llama-server cannot yet serve a request with its restored KV.
 
-It holds its server's :class:`sidecar.act.lifecycle.Life`, moved only by
-:meth:`Gate.see` (the table there decides): closed while the server is down
-or loading and while a restore round is owed (a restart, a wake-up, the
-sidecar's own start), open once a poll has seen it up and the round is done
-(or nothing can be restored). The engine feeds it its observations; the
-proxy waits at it with completion requests, and ``/readyz`` reports it.
+The engine moves it with its observations; the proxy closes it when it loses llama-server, holds
+completion requests at it (counted and timed), and ``/readyz`` reports it. During a restore round a
+held request may read its token ids and go on as soon as its own snapshot is back.
 
-The proxy also closes it, with :meth:`Gate.suspect`, as soon as a request
-fails to reach llama-server or its sentinel connection drops: the proxy sees a
-crash before the poller does, and the poller is asked to poll at once. Only a
-poll that *started after* the suspicion opens it again (see the lifecycle).
-
-A request waits with :meth:`Gate.hold`, the one place that counts it in
-``proxy_held_requests`` while it waits and observes its whole wait in
-``proxy_hold_seconds`` (once per request, however many times it waited).
-
-While the gate is closed for a restore round (the server answers, its slots
-are being restored: ``close(..., serving=True)``), a waiting request may do
-what touches no slot, so that it is done when the gate opens: the proxy has
-a routed request's token ids read then (``meanwhile`` of :meth:`Hold.wait`).
-The gate's ``restore_gate_open`` log line says how many did
-(``prepared``). Such a request names the snapshot that holds its prefix,
-and goes on as soon as the round has restored it, before the round ends
-(:mod:`sidecar.act.early`: the round restores wanted snapshots first, each
-into the slot the request will run in); the open's log line counts them too
-(``early``).
+Invariants and trade-offs: docs/modules.md, `sidecar/act/gate.py`.
 """
 
 from __future__ import annotations

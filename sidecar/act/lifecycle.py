@@ -1,23 +1,10 @@
 """Where one watched llama-server is in its life, as one state machine: pure, no I/O.
 
-A :class:`Life` is one frozen value, and :func:`step` is the only way to
-move it: ``step(life, observation)`` looks the next stage up in :data:`GATE`
-and the restore round's next state in :data:`ROUND` (data, not branches).
-The restore gate (:mod:`sidecar.act.gate`) holds the one ``Life`` of its
-server; the engine, ``/readyz``, ``/status``, the page and the agent check
-read their answers off it.
+``step(life, observation)`` is the only move, looked up in tables; the restore gate holds the one
+``Life`` of its server and the rest reads its answers off it. An opening is refused while a
+suspicion awaits a newer poll or a restore round is owed or running.
 
-Two guards may refuse an opening (a step into :attr:`Stage.SERVING`); the
-state is then left as it was:
-
-* a suspicion (the proxy lost a connection, the launcher's child exited) is
-  cleared only by a poll that *started after it*: a poll already in flight
-  saw the old process, and opening on its word would let a retrying client
-  reach the new process before its restore round;
-* a poll that found the slots ready (:attr:`Kind.READY`) opens only once no
-  restore round is owed or running. A server that answers but whose slots
-  the sidecar cannot act on (asleep, slots unread: :attr:`Kind.ANSWERS`)
-  opens at once: nothing can be restored into it now.
+Invariants and trade-offs: docs/modules.md, `sidecar/act/lifecycle.py`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """A restore round's plan: which snapshot goes into which slot, and in what order. Pure.
 
-Without requests waiting, each empty slot gets its own newest snapshot
-(older ones as fallbacks), in slot order: what the server held when it
-died.
+Without waiting requests each empty slot gets its own newest snapshot; snapshots wanted by requests
+held at the gate go first, in the order wanted, each into the slot its request will run in.
 
-A request held at the restore gate names the snapshot that holds the
-longest prefix of its conversation (its *want*, see :mod:`sidecar.act.early`),
-which need not be the newest of any slot: with 2 slots and 4 conversations,
-two of them live only in older snapshots. Restoring the slots' newest would
-make that request wait for the whole round and then for a swap. So wanted
-snapshots go first, in the order they were wanted, each into the slot it
-was saved from when that slot is still to be restored (else into the first
-such slot no later want is saved from): the slot the request then runs in.
-The other slots follow with their own newest; a slot's newest that a wanted
-snapshot displaced goes into a slot that has no snapshot of its own, if one
-is left. A snapshot is planned into one slot at most, and one already
-restored in this round (``done``) into none.
+Invariants and trade-offs: docs/modules.md, `sidecar/act/restoreplan.py`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Prefill seconds the sidecar saved: the tokens the server reused after a restore or a swap,
 priced at the server's own measured prefill rate. Pure code.
 
-The estimate, step by step:
+Only an effective restore or swap counts, for the tokens the server then reused; the rate is
+llama-server's own prefill tokens over prefill seconds, kept across its restarts. An estimate, on
+the small side.
 
-* **Tokens.** A restore (or a swap) is judged by the slot's next task
-  (:meth:`sidecar.act.restorer.Restorer.judge`); when it is effective, the
-  tokens the server reused then, at most the tokens restored, are tokens it
-  did not prefill. An ineffective restore saved nothing and adds nothing.
-* **Rate.** llama-server counts the tokens it computed and the seconds it
-  spent on them (``llamacpp:prompt_tokens_total`` and
-  ``llamacpp:prompt_seconds_total``, tokens found in cache excluded). Their
-  ratio over the process's lifetime is its prefill rate on this machine
-  and model. It is trusted once the process has prefilled at least
-  :data:`MIN_MEASURED_TOKENS`; the last trusted rate of a model is kept
-  across restarts (a restarted server counts from zero, and right after a
-  restore it has prefilled almost nothing).
-* **Seconds** = tokens / rate. Tokens reused before any rate of the model
-  was measured wait (``unpriced_tokens``) and are priced at the first one.
-
-It is an estimate, not a stopwatch: prefill per token grows with the
-context, so the lifetime mean of mostly short prompts prices a long
-conversation low (the figure errs on the small side).
+Invariants and trade-offs: docs/modules.md, `sidecar/act/savings.py`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Taking snapshots: disk floor, the server's save, the store's commit, retention.
 
-The caller holds ``SlotActions.lock`` and has just read the slot idle (see
-:mod:`sidecar.act.actions`); every attempt ends in one :class:`SaveRecord` whose
-``result`` is the ``snapshots_total`` label and whose ``cause`` says why a
-save did not end ``ok``.
+Every attempt ends in one ``SaveRecord``. A save nobody waits for, made while another slot
+generates, leaves its checksum and commit until no slot is processing; commits keep the order of the
+saves.
 
-A save nobody waits for (idle, periodic) made while another slot generates
-leaves its commit for later: the server's save cannot wait (it is what keeps
-the slot's KV), but the commit's checksum streams the whole file through
-memory, and generation on the CPU is bound by memory bandwidth. The file,
-checked for size at once, stays under its temp name (nobody restores it)
-in :attr:`Snapshotter.pending` until the engine sees no slot processing, or
-for ``COMMIT_WAIT`` at most (then paced, see ``hashing.PACE``). Commits keep
-the order of the saves, so a snapshot's generation never ranks an older
-content above a newer one: a save committed at once commits the pending
-ones first.
+Invariants and trade-offs: docs/modules.md, `sidecar/act/snapshotter.py`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """HAProxy's agent-check protocol on a TCP port of its own (``--agent-check-listen``).
 
-The balancer connects, may send a line (``agent-send``), and reads one
-line back; the sidecar writes :func:`standing.answer`'s line as soon as a
-connection opens and shuts down its sending side (the client sees the end
-of the answer), then waits for the client to close. Nothing the client
-sends is needed: it is read and dropped, so that closing the socket does not
-reset a connection with unread data in it (a reset can destroy the answer
-before the balancer has read it).
+Each connection gets ``standing.answer``'s line for the current status at once; connections are
+bounded in time, input and number, and none keeps a task.
 
-Bounded whatever connects: each connection is closed :data:`TIMEOUT`
-seconds after it opened, or once it has sent :data:`MAX_INPUT` bytes;
-past :data:`MAX_CONNECTIONS` open at once a new one is closed unanswered.
-It is an ``asyncio.Protocol``: no task per connection, so nothing a client
-does can leave one behind. The answer is computed from the status the
-engine gives at that moment (a frozen value), never from a cached one.
+Invariants and trade-offs: docs/modules.md, `sidecar/app/agentcheck.py`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """Wiring and lifecycle of ``llama-kv-sidecar run``.
 
-One ``aiohttp.ClientSession`` for the whole process; the HTTP server starts
-first so /healthz answers while llama-server is still down; then a
-``TaskGroup`` runs the named tasks ``poller`` (which hands every
-observation to the engine), ``actions`` (the engine's action runner: slot
-saves and restores, never in the poll loop), ``watcher`` and ``stopper``. SIGTERM/SIGINT set
-the stop flag; the stopper then raises :class:`Terminate` to cancel the
-group (Python 3.11 has no ``TaskGroup.cancel``). After the group, whether it
-ended by signal or by a crash, the final snapshots run under a time budget,
-then the watchdog observer, the HTTP server and the session are closed.
+Starts the HTTP server, then the poller, the engine's action runner, the slot dir's watcher (and, in
+launcher mode, llama-server) as tasks of one group; on a signal, takes the final snapshots under a
+time budget and shuts down, exiting at once if something hangs past the deadline.
 
-A signal also arms a last resort: if the process has not exited
-``EXIT_MARGIN`` seconds after ``--final-timeout``, it exits at once
-(``exit_forced``, status 1). A worker thread blocked in the kernel (a read
-of a hung disk or network mount) cannot be cancelled, and the interpreter
-would otherwise wait for it forever before exiting.
-
-Launcher mode (``run ... -- llama-server ARGS``): a ``launcher`` task
-starts llama-server and restarts it when it ends (:mod:`sidecar.launch.supervisor`);
-on a signal it is stopped after the final snapshots, and its stop timeout is
-added to the exit deadline. A second signal then stops everything at once:
-the child is killed and the process exits with status 1.
+Invariants and trade-offs: docs/modules.md, `sidecar/app/run.py`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """llama-server's API keys as the proxy checks them, and whom a conversation belongs to. Pure.
 
-llama-server (build 11434, ``tools/server/server-http.cpp``) takes a
-request's key from ``Authorization``, or from ``X-Api-Key`` when that header
-is empty, strips one ``Bearer `` prefix and accepts the key if it equals one
-of its keys. The proxy checks the same way, with the same keys, before the
-library reads the request (:meth:`Keys.check`).
+Keys are checked as llama-server checks them. With keys, a conversation's owner is a fingerprint of
+its key or its key's pool, written into manifests so the conversation follows on any node with the
+same keys; without keys everything is shared.
 
-With keys, every conversation has an *owner*: the key that sent it, or the
-pool that key is in (a ``# pool: NAME`` line of the key file puts the keys
-after it in pool NAME, so a team's keys share their common system prompt).
-The owner is a fingerprint (:func:`owner_of`), never the key: it is written
-into manifests and the shared store, so a conversation continues on any node
-that has the same keys. Without keys every request has the owner ``""``
-(:data:`NOBODY`), and everything is shared, as llama-server shares it.
+Invariants and trade-offs: docs/modules.md, `sidecar/core/apikeys.py`.
 """
 
 from __future__ import annotations

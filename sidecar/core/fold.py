@@ -1,18 +1,10 @@
 """Repeated log lines of one kind folded into one line with a count per interval. Pure.
 
-Malformed requests made 2.39 MB of log a second: each one a line of aiohttp's
-with its traceback. A line that repeats says nothing new after its first
-time, and a log that fills its disk, or buries the one line that matters,
-is an outage of its own. So, per kind of line (a logger and its message
-template, or an event name), the first one of an interval of ``every``
-seconds is logged at once and in full; the others until the interval ends
-are only counted, and :meth:`Fold.due` gives the count of each kind whose
-interval has ended, for one summary line each. The next one of the kind
-after that opens a new interval and is logged in full again.
+Per kind of line, the first of each interval is logged in full and the rest only counted, for one
+summary line when the interval ends: a flood of the same line cannot fill the disk or bury the line
+that matters.
 
-At most ``MAX_KINDS`` kinds are followed at once; a line of another kind is
-then logged unfolded (kinds are message templates and event names: a few
-dozen at most, unless something puts varying text in a template).
+Invariants and trade-offs: docs/modules.md, `sidecar/core/fold.py`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Checksums of snapshot and model files. Blocking I/O: call with ``asyncio.to_thread``.
 
-Snapshots are hashed with xxh3-128 (the ``xxhash`` package): about ten
-times sha256 and faster than the disks it reads from, so checking a
-multi-GB snapshot before a restore costs the disk read, not the CPU. It is
-a checksum against damage (flipped bits, truncation, a stray write), not a
-signature against an attacker who can write the slot dir: such a writer
-could rewrite the manifest as well. Manifests of format 1 carry sha256
-digests; they stay readable and are verified with sha256.
+Snapshots use xxh3-128 (a checksum against damage, not a signature), manifests of format 1 sha256;
+files are read in chunks into one reused buffer, in a worker thread.
 
-Files are read in 1 MiB chunks into one reused buffer (an anonymous
-mapping, given back to the system after each file), with
-``POSIX_FADV_SEQUENTIAL`` so the kernel reads ahead. ``hashlib`` and
-``xxhash`` release the GIL on large buffers, so hashing in a worker thread
-leaves the event loop free.
+Invariants and trade-offs: docs/modules.md, `sidecar/core/hashing.py`.
 """
 
 from __future__ import annotations

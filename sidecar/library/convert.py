@@ -1,18 +1,9 @@
 """The Anthropic Messages and OpenAI Responses requests as the Chat Completions body llama-server makes of them. Pure.
 
-llama-server serves ``/v1/messages`` and ``/v1/responses`` by converting
-the request into a Chat Completions body (``server-chat.cpp``:
-``server_chat_convert_anthropic_to_oai``, ``server_chat_convert_responses_to_chatcmpl``)
-and rendering that with its chat template. The library needs the token ids
-the server will prefill, so it makes the same conversion here and has the
-server render the result (``/apply-template`` takes a Chat Completions
-body). These are line-by-line ports of build 11434's converters; where the
-server would refuse the request they raise :class:`Refused` (the request is
-then forwarded as it came and the server answers the error itself).
+Ports of llama-server's own converters, so the library can have the server render the prompt it will
+prefill; a request the server would refuse raises ``Refused`` and is forwarded as it came.
 
-What carries the slot pin differs: the Responses converter keeps every field
-of the body, so ``id_slot`` reaches the task; the Anthropic one builds a new
-body from a fixed list of fields and drops it (see :mod:`.prompt`).
+Invariants and trade-offs: docs/modules.md, `sidecar/library/convert.py`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The only module that talks HTTP to llama-server.
 
-:class:`LlamaClient` wraps one injected ``aiohttp.ClientSession`` and turns
-every reply into typed values (``events.SlotView``, ``events.Identity``...)
-or into one of the ``errors.Upstream*`` exceptions. Replies are validated
-field by field: a malformed or hostile reply becomes
-``UpstreamProtocolError`` naming the endpoint and the field, never a
-``KeyError`` in the poll loop. Bodies are capped in size.
+``LlamaClient`` wraps one session and turns every reply, checked field by field, into typed values
+or an ``errors.Upstream*`` exception; in router mode it is bound to one model and never makes the
+router load it.
 
-Given a ``model``, the client is a view of one model of a router-mode
-llama-server: every call names the model (``?model=NAME`` on reads,
-``"model"`` in slot-action bodies) with ``autoload=false``, so no call of
-the sidecar ever makes the router load a model; and the model's health is
-its state in the router's ``GET /models`` (the router's own /health speaks
-only for the router).
+Invariants and trade-offs: docs/modules.md, `sidecar/observe/upstream.py`.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """The proxy's client connections: a cap on how many are open, and clients that half-close.
 
-aiohttp's server is used as it is, with its connection protocol changed in
-two ways:
+A connection over ``max_connections`` gets a 503 at once; a client that half-closes its socket still
+gets its answer, and the proxy probes such a client so that one that left cancels its request.
 
-* **A cap.** A connection over ``max_connections`` is answered a 503 JSON
-  error at once and closed, before anything is read: idle or slow clients
-  cannot take every file descriptor of the process (which would stop its
-  saves and its own ``/healthz``).
-* **Half-close.** A client may send its request and then shut down its
-  side of the socket (``shutdown(SHUT_WR)``); that is a valid TCP
-  exchange, and llama-server answers it. aiohttp takes the end of the
-  client's stream for a disconnect and cancels the request. Here the
-  connection stays open for the answer (and closes after it), and the
-  proxy checks at once, then every ``PROBE`` seconds, whether the client is
-  still there: until the answer starts it sends an interim ``100 Continue``
-  (which every HTTP/1.1 client skips), a stream the proxy started sends a
-  keep-alive (:mod:`keepalive`), and a client that closed its socket
-  answers that, or the answer's own bytes, with a reset, seen within a few
-  tens of milliseconds on a local network (:data:`CHECKS`); the request is
-  then cancelled as for any disconnect. A client that leaves mid-request
-  closes its socket, which is this path too: its request is cancelled (and
-  llama-server's task with it) within about 0.1 s. An idle connection's
-  end is a close, as before.
+Invariants and trade-offs: docs/modules.md, `sidecar/proxy/conns.py`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """A streamed request's headers at once, then keep-alive events until its first event.
 
-A streamed completion (``"stream": true`` on a route that answers with
-events) may wait long before its first event: at the restore gate, for a
-slot or a swap, in router mode for its model to load, and in llama-server's
-prefill, during which llama-server has sent its headers and then nothing.
-A client with a read timeout shorter than that wait gives up and often
-sends the request again, while the first one goes on. So if the stream's
-first event has not come :data:`HEADERS_AFTER` seconds after the request
-arrived, the proxy sends the client a ``200`` with SSE headers and a
-keep-alive at once, and another every :data:`EVERY` seconds until the first
-event (:func:`sse.keep_alive`: Anthropic's ``ping`` event for
-``/v1/messages``, an SSE comment for the OpenAI-style streams).
+When the first event is slow, the client gets a ``200`` with SSE headers and keep-alives, so it does
+not time out and send the request again; an answer that turns out to be no stream becomes the
+stream's error event.
 
-Nothing of llama-server's answer has reached the client then: a request
-whose connection llama-server drops before the first event is sent again
-as before (the client sees more keep-alives). An answer that ends the
-request without a stream (a 503 after ``--proxy-hold-seconds``, llama-server
-gone for good, a 400 for a prompt over the context) becomes the stream's
-error event in its API's format (:func:`sse.answer_as_event`), and the
-stream ends. A stream whose first event comes sooner is relayed as before,
-with llama-server's own status and headers.
-
-The routed request's ``X-Llama-Sidecar-Prefix`` header goes with the
-headers if the request was placed by then; else it comes as an SSE comment
-(``: X-Llama-Sidecar-Prefix: ...``) before the first event.
+Invariants and trade-offs: docs/modules.md, `sidecar/proxy/keepalive.py`.
 """
 
 from __future__ import annotations

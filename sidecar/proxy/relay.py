@@ -1,30 +1,10 @@
 """Forward one request to llama-server and relay its answer as it arrives.
 
-Bodies are read whole (capped) before forwarding, so that a completion that
-never got an answer byte can be sent once more after a restart. The client's
-response (status and headers) is held until llama-server's first body event
-(``answer.first_part``): llama-server sends a stream's headers when prompt
-processing starts, so a crash during a long prefill leaves the client with
-nothing sent, and the request is sent again like a non-streamed one. A
-routed completion (``Pinner``) is placed afresh for each such replay after
-the restore gate opens, so it lands on its own conversation's KV, not on the
-slot it was pinned to before the restart. Where a request is on that path
-(held, placed, sent, relayed, released) is its :class:`tickets.Ticket`.
-From the first event on, every chunk is written to the client as soon as
-it is read; nothing is retried, and a stream llama-server cuts ends with an
-error event of its API's format (see :mod:`sidecar.proxy.answer`).
+The body is read whole and the client's response held until llama-server's first event, so a
+completion cut before then (a restart) is sent again, a routed one placed afresh; from the first
+event on, the answer is relayed as it comes and never retried.
 
-A streamed completion whose first event is slow to come gets its headers
-and keep-alives from the proxy meanwhile (:mod:`sidecar.proxy.keepalive`);
-nothing of llama-server's answer has reached the client then, so it is
-replayed as above, and an answer that is no stream ends it as its error
-event.
-
-A client that goes away cancels this handler (the listener runs with
-``handler_cancellation``), which closes the upstream connection, in the
-prefill too; ``on_leave`` then holds the sidecar's polls, whose task
-results would keep llama-server from seeing its client gone (see
-``Poller.quiet``): llama-server stops the task and frees the slot.
+Invariants and trade-offs: docs/modules.md, `sidecar/proxy/relay.py`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """One proxied request's admission, from the restore gate to its release: its stage and the rules that move it. Pure.
 
-A :class:`Ticket` is made per request the relay sends to llama-server and
-moves through :class:`Stage`:
+A ``Ticket`` per request moves through ``Stage`` (held, placing, placed, forwarded, relaying,
+released) by the rules kept here; a move they do not allow raises ``IllegalMove``.
 
-``HELD`` (at the restore gate) -> ``PLACING`` (let through; the library
-chooses and reserves its slot, a swap may run) -> ``PLACED`` (pinned to that
-slot, or placed as it came) -> ``FORWARDED`` (sent; no answer byte yet, so it
-may be sent again) -> ``RELAYING`` (the answer's first event came: relayed as
-it arrives, never sent again) -> ``RELEASED``.
-
-A routed request (placed by the library) goes back to ``HELD`` when the gate
-closes before its answer began (``Resume.REPLACE``: the restore round may
-have put another conversation in its slot, so it is placed again), or when
-the library places it only after the whole restore round (``later``); any
-other request waits at the gate and is sent again (``Resume.WAIT``). A
-connection lost before the first event is sent again a bounded number of
-times (:meth:`Ticket.lost`). A move the rules do not allow is a bug in the
-caller: :class:`IllegalMove`.
-
-The library's count of routed requests on a slot is the number of its live
-tickets that reserve that slot (``Placer``): nothing counts by hand.
+Invariants and trade-offs: docs/modules.md, `sidecar/proxy/tickets.py`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """One engine per model of a router-mode llama-server, started and stopped as the router's list changes.
 
-Each model gets what a plain llama-server gets: a :class:`poller.Poller`
-and an :class:`engine.Engine`, over a client bound to that model (every
-call with ``?model=NAME&autoload=false``, so watching never loads a model)
-and a view of the snapshot store holding only that model's files. An
-unloaded model's engine sees its server down; when the router loads the
-model again, the engine sees a new process with empty slots and restores
-the model's last snapshots, as after a restart. Every
-:data:`LIST_EVERY` seconds the fleet reads ``GET /models`` and
-:func:`plan.decide` says which engines to start and stop.
+Each model gets its own poller and engine, over a client and a view of the snapshot store bound to
+that model; the fleet is also what the HTTP layer reads: the router's status merged with every
+engine's.
 
-The fleet is also the HTTP layer's :class:`report.Engines`: its
-status is the router's (its /health) merged with every engine's progress,
-so /healthz notices any stuck engine.
+Invariants and trade-offs: docs/modules.md, `sidecar/router/fleet.py`.
 """
 
 from __future__ import annotations
