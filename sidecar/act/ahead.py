@@ -11,7 +11,7 @@ round's restore calls wait for no rebuild (:meth:`Ahead.take`).
 A file rebuilt ahead passed the rebuild's checksum (xxh3-128 of the whole
 file, against the manifest's) before it got its name; a restore takes it
 only while its size, mtime and inode are those it had then, as a whole file
-checked ahead is trusted (see :mod:`sidecar.act.restorer`), and only for the
+checked ahead is trusted (see :mod:`sidecar.act.filechecks`), and only for the
 very snapshot it was rebuilt from (file name, generation and checksum): a
 newer snapshot committed meanwhile is the one the round restores, rebuilt
 then, and the file rebuilt ahead is given back unused. Whatever no restore
