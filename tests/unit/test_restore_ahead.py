@@ -155,10 +155,17 @@ async def test_files_no_round_took_are_deleted(bed: Bed) -> None:
 async def test_nothing_is_rebuilt_ahead_without_room_for_the_largest_beyond(bed: Bed, tmp_path: Path) -> None:
     bed.saved(0, 500)
     bed.saved(1, 300)
-    bed.restorer._ahead = ahead.Ahead(
-        bed.snapshots,
-        bed.restorer._stats,
-        room=lambda _: ahead.Room(staging=2 * (memllama.HEADER + 500 * memllama.BYTES_PER_TOKEN), memory=None),
+    bed.restorer = restorer.Restorer(
+        slot_actions=actions.SlotActions(client=bed.server, snapshots=bed.snapshots),
+        snapshots=bed.snapshots,
+        stats=bed.restorer._stats,
+        clock=clocks.FakeClock(),
+        identity=lambda: memllama.IDENTITY,
+        rebuilt_ahead=ahead.Ahead(
+            bed.snapshots,
+            bed.restorer._stats,
+            room=lambda _: ahead.Room(staging=2 * (memllama.HEADER + 500 * memllama.BYTES_PER_TOKEN), memory=None),
+        ),
     )
     await bed.restorer.precheck(rebuild=True)
     assert len(bed.staged()) == 1  # slot 0's fits with room for the largest beyond; slot 1's does not
