@@ -13,8 +13,6 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 
-import structlog
-
 from sidecar.core import apikeys, config, errors, metrics, outcomes, protocols
 from sidecar.library import (
     choosing,
@@ -32,8 +30,6 @@ from sidecar.library import (
 from sidecar.observe import memory
 from sidecar.proxy import answer, tickets
 from sidecar.snapshots import manifest, slotfile, store
-
-log = structlog.get_logger("sidecar.library")
 
 
 @dataclasses.dataclass(slots=True)
