@@ -78,6 +78,8 @@ class Chooser:
     async def plan(
         self, raw_path: str, body: bytes, ticket: tickets.Ticket, owner: str
     ) -> Plan | outcomes.Unrouted | None:
+        """Where a request goes, its slot filled and reserved on ``ticket``; the reason it is not routed (counted);
+        None: too short to route, forwarded as it came."""
         started = time.perf_counter()
         within = ticket.within
         try:
