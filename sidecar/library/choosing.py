@@ -79,7 +79,8 @@ class Chooser:
         self, raw_path: str, body: bytes, ticket: tickets.Ticket, owner: str
     ) -> Plan | outcomes.Unrouted | None:
         """Where a request goes, its slot filled and reserved on ``ticket``; the reason it is not routed (counted);
-        None: too short to route, forwarded as it came."""
+        None: not routed nor counted (too short to fill a block, or let through early with no restored slot
+        holding its prefix)."""
         started = time.perf_counter()
         within = ticket.within
         try:
