@@ -101,6 +101,7 @@ class Bed:
     library: placer.Placer
     clock: clocks.FakeClock
     tokenizer: Tokenizer
+    stats: metrics.Metrics
 
     async def poll(self) -> None:
         obs, evts = await self.watcher.step()
@@ -148,7 +149,7 @@ async def bed(tmp_path: Path) -> Bed:
     tokenizer = Tokenizer()
     library = placer.Placer(engine=eng.slots, tokenizer=tokenizer, snapshots=snapshots, stats=stats, clock=clock)
     watcher = poller.Poller(server, settings.poll, clock=clock)
-    made = Bed(server, snapshots, registry, watcher, eng, library, clock, tokenizer)
+    made = Bed(server, snapshots, registry, watcher, eng, library, clock, tokenizer, stats)
     await made.poll()
     return made
 
@@ -293,7 +294,7 @@ def with_shared(bed: Bed, shared: FakeShared) -> None:
         engine=bed.engine.slots,
         tokenizer=Tokenizer(),
         snapshots=bed.snapshots,
-        stats=bed.library._stats,
+        stats=bed.stats,
         clock=bed.clock,
         shared=shared,
         hold_seconds=5.0,

@@ -19,8 +19,8 @@ SIDECAR = Path(__file__).resolve().parents[2] / "sidecar"
 
 AWAITED = {
     ("library/reads.py", "slots-read-again"): "awaited by _drop, which retrieves its exception",
-    ("library/placer.py", "placer-early-read"): "its done-callback _retrieved retrieves it",
-    ("library/placer.py", "placer-fetch"): "awaited by _fetch_in (cancelled if the save fails); _retrieved too",
+    ("library/slotbook.py", "placer-early-read"): "its done-callback retrieved retrieves it",
+    ("library/filling.py", "placer-fetch"): "awaited by _fetch_in (cancelled if the save fails); retrieved too",
     ("act/gate.py", "event.wait()"): "cancelled after asyncio.wait; an Event's wait cannot fail",
     ("act/gate.py", "self._open.wait()"): "cancelled after asyncio.wait; an Event's wait cannot fail",
     ("act/gate.py", "after"): "the router's load task, made with tasks.watch in router/admission.py",

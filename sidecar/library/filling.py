@@ -1,0 +1,238 @@
+"""Fill the slot a request was routed to: save what it held first, then swap from the library or fetch. I/O.
+
+Nothing is lost to a swap: a slot's changed content is saved first, through the engine's one road for
+slot actions, unless it leaves for llama-server's RAM cache within ``--max-unsaved-seconds``
+(:mod:`.ramuse`). A shared store's snapshot downloads while the slot is saved (:mod:`.fetching`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import structlog
+
+from sidecar.act import policy
+from sidecar.core import events, metrics, outcomes
+from sidecar.library import fetching, prompt, ramtier, ramuse, routing, seams, slotbook, slotstate
+from sidecar.shared import records
+from sidecar.snapshots import manifest, store
+
+log = structlog.get_logger("sidecar.library")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Route:
+    """Where a request goes (``Chooser``'s route), and what its slot is filled from."""
+
+    decision: routing.Decision
+    views: dict[int, events.SlotView]
+    """The slots as last read, by id."""
+    counters: events.Counters | None
+    library: dict[str, tuple[manifest.Manifest, tuple[str, ...]]]
+    """The snapshots the request may be swapped from, by file."""
+    shared: records.SharedRecord | None
+    """The shared store's snapshot fetched for it, if any."""
+    in_ram: ramtier.Held | None
+    """The conversation llama-server's RAM prompt cache holds for it, if any."""
+
+
+class Filler:
+    def __init__(
+        self,
+        *,
+        engine: seams.Slots,
+        snapshots: store.SnapshotStore,
+        stats: metrics.Metrics,
+        book: slotbook.SlotBook,
+        ram: ramuse.RamUse,
+        fetcher: fetching.Fetcher | None,
+        isolated: bool,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._engine = engine
+        self._snapshots = snapshots
+        self._stats = stats
+        self._book = book
+        self._ram = ram
+        self._fetcher = fetcher
+        self._isolated = isolated
+        self._loop = loop
+
+    async def fill(
+        self, request: prompt.Prompt, route: Route, state: slotstate.SlotState, owner: str
+    ) -> tuple[int | None, outcomes.Source]:
+        """Put the request's prefix into its slot, saving what the slot held first if it changed.
+
+        Returns the tokens restored (0: none needed) and where the prefix came from; None: the slot could
+        not be saved or restored.
+        """
+        decision, views, counters = route.decision, route.views, route.counters
+        assert decision.slot is not None
+        source = decision.source
+        if source is outcomes.Source.SHARED:
+            assert decision.entry is not None
+            assert route.shared is not None
+            state.holds(decision.entry.prefix, owner=owner)  # its requests wait at the lock below
+            async with state.lock:
+                restored, source = await self._fetch_in(decision, route.shared, views[decision.slot], counters)
+            if source is outcomes.Source.COLD:
+                state.holds(())
+            return restored, source
+        if source is outcomes.Source.LIBRARY:
+            assert decision.entry is not None
+            record = route.library[decision.entry.file][0]
+            state.holds(decision.entry.prefix, owner=owner)  # its requests wait at the lock below
+            async with state.lock:
+                restored = await self._swap(decision, record, views[decision.slot], counters)
+            state.restored = record.index if restored is not None else None
+            return restored, source
+        async with state.lock:  # a swap into this slot in flight ends first
+            restored = 0 if await self._save_for(request, decision, views, counters) else None
+        if restored is not None and source is not outcomes.Source.SLOT:
+            # A task of another conversation starts there: the server copies what the slot held into
+            # its RAM prompt cache first.
+            self._ram.left(state, views[decision.slot].tokens)
+            state.holds(())
+            if source is outcomes.Source.RAM and route.in_ram is not None:
+                self._ram.loaded(route.in_ram)  # and takes this one out of it, into the slot
+                state.holds(route.in_ram.chain, owner=owner)
+        return restored, source
+
+    async def _fetch_in(
+        self,
+        decision: routing.Decision,
+        shared: records.SharedRecord,
+        view: events.SlotView,
+        counters: events.Counters | None,
+    ) -> tuple[int | None, outcomes.Source]:
+        """Fetch ``shared`` and swap it into the decision's slot: (tokens restored, None if something would be
+        lost; where the prefix came from).
+
+        The download runs while the slot's own content is saved (a call to llama-server, the download a
+        transfer from the store into a file of its own): the request waits for the longer of the two, not
+        for both. The restore waits for both.
+        """
+        assert decision.slot is not None
+        assert self._fetcher is not None
+        download = self._loop.create_task(self._fetcher.download(shared, slot=decision.slot), name="placer-fetch")
+        download.add_done_callback(slotbook.retrieved)  # cancelled unawaited when the save fails
+        try:
+            if decision.save_first and not await self._save(view):
+                return None, outcomes.Source.SHARED
+            record = await download
+        finally:
+            download.cancel()  # no-op once it is done: the request goes on without it only when the save failed
+        if record is None:
+            return 0, outcomes.Source.COLD  # the slot's own content is saved: it runs cold there
+        later = dataclasses.replace(decision, save_first=False)
+        restored = await self._swap(later, record, view, counters, checked=True)
+        return restored, outcomes.Source.SHARED
+
+    async def _swap(
+        self,
+        decision: routing.Decision,
+        record: manifest.Manifest,
+        view: events.SlotView,
+        counters: events.Counters | None,
+        *,
+        checked: bool = False,
+    ) -> int | None:
+        """Save the slot's own content if it changed, then restore ``record`` into it: the tokens restored, or None.
+
+        ``checked``: ``record`` was committed just now (fetched from the shared store), not hashed again."""
+        assert decision.slot is not None
+        started = time.perf_counter()
+        with self._snapshots.using(record.file):
+            if decision.save_first and not await self._save(view):
+                return None
+            result = await self._engine.swap_in(decision.slot, record, counters=counters, checked=checked)
+        if not result.restored:
+            return None
+        seconds = time.perf_counter() - started
+        self._book.slot(decision.slot).seen = None  # restored: its (task, tokens) are read afresh next time
+        self._snapshots.touch(record.file)
+        self._stats.swap_duration.observe(seconds)  # its tokens count as served once the answer shows them reused
+        log.info(
+            "conversation_swapped_in",
+            slot=decision.slot,
+            conversation=record.index.key if record.index is not None else "",
+            file=record.file,
+            tokens=result.tokens,
+            saved_first=decision.save_first,
+            seconds=round(seconds, 4),
+        )
+        return result.tokens
+
+    async def _save(self, view: events.SlotView) -> bool:
+        """Save what ``view``'s slot holds before it is given another conversation; True if nothing is lost."""
+        if (view.signature is None or view.tokens == 0) and not self._book.ended_unsaved(
+            view.id, self._book.slot(view.id)
+        ):
+            return True
+        if view.tokens > 0 and not self._engine.worth_saving(view.tokens):
+            return True  # not worth a file (--min-tokens): the policy would not save it either
+        # The poll's view may be older than a routed request that ended there: the engine reads the slot
+        # afresh before it saves, and saves what it holds then.
+        signature = view.signature if view.signature is not None else events.UNREAD
+        return await self._engine.save(policy.Save(view.id, signature, view.tokens, policy.SaveReason.SWAP))
+
+    async def _save_for(
+        self,
+        request: prompt.Prompt,
+        decision: routing.Decision,
+        views: dict[int, events.SlotView],
+        counters: events.Counters | None,
+    ) -> bool:
+        """Save what the slot a request goes to holds, if it changed; True if nothing is lost.
+
+        Not saved when it leaves for llama-server's RAM cache and what a crash would lose of it re-prefills
+        within ``--max-unsaved-seconds`` (:meth:`.ramuse.RamUse.leaves_unsaved`). A request the route cannot pin
+        (``Pin.PLACED``) that starts a new conversation may be given any idle slot by the server (its least
+        recently used), so every idle slot's changed content is saved first.
+        """
+        assert decision.slot is not None
+        view = views[decision.slot]
+        leaves = decision.source is not outcomes.Source.SLOT and self._ram.leaves_unsaved(
+            self._book.slot(view.id), view, counters
+        )
+        if decision.save_first and not leaves and not await self._save(view):
+            return False
+        if request.pin is not prompt.Pin.PLACED or decision.source is not outcomes.Source.COLD:
+            return True
+        others = [self._book.held(v) for v in views.values() if v.id != decision.slot]
+        for held in others:
+            if not held.busy and held.dirty and not await self._save(views[held.slot]):
+                return False
+        return True
+
+    async def clear_for(self, owner: str, views: dict[int, events.SlotView], *, slot: int, keep: bool) -> None:
+        """Empty every idle slot that holds another owner's KV, for a request the server places itself.
+
+        llama-server gives an unpinned request the idle slot with the longest common prefix and reuses
+        it: with owners kept apart, no slot it could pick may hold what is not ``owner``'s. Each slot's
+        content is saved first if it changed (nothing is lost), and comes back from the library for its
+        owner's next request. ``slot``: the one the request was placed in (``keep``: it holds ``owner``'s KV).
+        """
+        if not self._isolated:
+            return
+        for view in views.values():
+            state = self._book.slot(view.id)
+            if view.id == slot and keep:
+                continue
+            if view.processing or (self._book.pinned(view.id) and view.id != slot) or state.lock.locked():
+                continue
+            if view.signature is None or view.tokens == 0 or state.owner == owner:
+                continue
+            async with state.lock:
+                if await self._save(view) and await self._engine.erase(view.id):
+                    state.holds(())
+                    state.seen = None
+                    continue
+            log.warning(
+                "slot_not_cleared",
+                slot=view.id,
+                effect="another owner's conversation stays in a slot llama-server may give this request (it could "
+                "not be saved, or the slot was taken meanwhile)",
+            )
