@@ -1,0 +1,125 @@
+"""The files llama-server writes and reads in the slot dir: saves staged, rebuilds for restores. Blocking I/O."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+from sidecar.core import outcomes
+from sidecar.snapshots import backing, manifest, slotdir, slotfile
+from sidecar.snapshots.directory import PROBE_PREFIX, TEMP_PREFIX, Directory
+
+
+class Staging:
+    """The staged files of one view of the slot dir; ``prefix``: its model's tag (see ``SnapshotStore.for_model``)."""
+
+    def __init__(self, directory: Directory, prefix: str) -> None:
+        self._dir = directory
+        self._prefix = prefix
+
+    def staged_bytes(self) -> int:
+        """Bytes of the files staged in the slot dir now (RAM on a tmpfs): what is there, not what was counted."""
+        if self._dir.blocks is None:
+            return 0
+        total = 0
+        with contextlib.suppress(OSError):
+            for entry in self._dir.staging.files():  # regular files only: a link to a file staged on disk is not
+                if entry.name.startswith((TEMP_PREFIX, PROBE_PREFIX)):
+                    with contextlib.suppress(OSError):
+                        total += entry.stat(follow_symlinks=False).st_size
+        return total
+
+    def place_save(self, temp: str, estimated_bytes: int) -> outcomes.StagingFallback | None:
+        """Where llama-server writes (or reads) the staged ``temp``: None, the slot dir; else why on the store's disk.
+
+        With a block store, a slot dir whose free space is below ``estimated_bytes`` (and some headroom) gets
+        a link named ``temp`` to a file under ``STORE/staging`` (see :mod:`.spill`); if that cannot be made,
+        the save stays in the slot dir (reported as an I/O error).
+        """
+        if self._dir.spill is None:
+            return None
+        reason = self._dir.spill.room(estimated_bytes)
+        if reason is None:
+            return None
+        try:
+            self._dir.spill.place(temp)
+        except OSError as exc:
+            self._dir.events.io_error(outcomes.SlotDirOperation.WRITE, temp, slotdir.describe(exc))
+            return None
+        self._dir.events.staged_on_disk(temp, reason, estimated_bytes)
+        return reason
+
+    def staged_in(self, name: str) -> slotdir.SlotDir:
+        """The directory that holds the staged file ``name``: the slot dir, or the store's staging folder."""
+        if self._dir.spill is not None and self._dir.spill.holds(name):
+            return self._dir.spill.dir
+        return self._dir.staging
+
+    @contextlib.contextmanager
+    def released_if_failed(self, name: str) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            if self._dir.spill is not None:
+                self._dir.spill.release(name)
+            raise
+
+    @contextlib.contextmanager
+    def released(self, name: str) -> Iterator[None]:
+        """Remove the link and file of ``name`` staged on disk when the block ends, however it ends."""
+        try:
+            yield
+        finally:
+            if self._dir.spill is not None:
+                self._dir.spill.release(name)
+
+    def read_tokens(self, record: manifest.Manifest) -> slotfile.SlotTokens:
+        """The token ids at the head of ``record``'s file; raises SlotFileError or OSError."""
+        if self._dir.blocks is not None:
+            return self._dir.blocks.read_tokens(record)
+        return slotfile.read_tokens(self._dir.path / record.file)
+
+    def stage(self, record: manifest.Manifest) -> str:
+        """The name in the slot dir the server restores ``record`` from: its file, or a fresh staged rebuild
+        of it (checked against its checksum; give it back with :meth:`unstage`). Raises SnapshotError."""
+        if self._dir.blocks is None:
+            return record.file
+        name = f"{TEMP_PREFIX}restore-{self._prefix}{secrets.token_hex(6)}.bin"
+        with self.released_if_failed(name):
+            on_disk = self.place_save(name, record.bytes)
+            dest = self._dir.staging.path / name if on_disk is None else self.staged_in(name).path / name
+            self._dir.blocks.stage(record, dest)
+        return name
+
+    def unstage(self, name: str, record: manifest.Manifest) -> None:
+        """Delete what :meth:`stage` staged (nothing for a whole file)."""
+        if self._dir.blocks is not None and name != record.file:
+            self.remove(name)
+            self._dir.blocks.unstaged(record.bytes)
+
+    def whole_file(self, record: manifest.Manifest) -> Path:
+        """A path holding ``record``'s whole file to read (an upload): its own file, or a checked rebuild on
+        the store's disk (not the slot dir: RAM holds one staged file at most); give it back with
+        :meth:`release_whole`. Raises SnapshotError."""
+        if self._dir.blocks is None:
+            return self._dir.path / record.file
+        path = self._dir.path / f"{TEMP_PREFIX}upload-{secrets.token_hex(6)}.bin"
+        self._dir.blocks.stage(record, path)
+        self._dir.blocks.unstaged(record.bytes)  # on disk, not staged in the slot dir
+        return path
+
+    def release_whole(self, path: Path, record: manifest.Manifest) -> None:
+        if path != self._dir.path / record.file:
+            backing.remove_quietly(path)
+
+    def remove(self, name: str) -> None:
+        """Remove a file of the server's (a temp, probe or staged name) from the slot dir, or its disk stand-in."""
+        self._dir.staging.unlink(name)
+        if self._dir.spill is not None:
+            self._dir.spill.release(name)
+
+    def exists(self, name: str) -> bool:
+        """Whether the slot dir holds ``name`` (a temp, probe or staged name)."""
+        return self._dir.staging.exists(name)
