@@ -51,6 +51,8 @@ class Gate:
         """Requests waiting with work meanwhile that has not ended (they may name the snapshot they wait for)."""
         self.waiting = 0
         """Requests waiting at the gate now."""
+        self.openings = 0
+        """Times the gate has opened: a poll saw the server serve (a sentinel tells one outage from the next by it)."""
         self._on_suspect = on_suspect
         self._on_wait = on_wait
 
@@ -90,6 +92,7 @@ class Gate:
             )
             self.prepared = 0
             self._round.early = 0
+            self.openings += 1
             self._open.set()
         elif not life.open:
             self._open.clear()

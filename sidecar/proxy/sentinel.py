@@ -66,9 +66,10 @@ class Sentinel:
         self.connections = 0
         """Connections opened so far."""
         self._healthy = True
-        """Whether /health answered 200 on the sentinel since the last ``server_connection_dropped`` line.
-        With the gate open (a poll saw the server serve since), it makes one line per outage, not one per
-        connection a restarting server drops while it loads."""
+        """Whether /health answered 200 on the sentinel since the last ``server_connection_dropped`` line: with
+        :attr:`_openings`, one line per outage, not one per connection a restarting server drops while it loads."""
+        self._openings = restore_gate.openings
+        """The gate's openings at the last line: a poll that saw the server serve since also ends an outage."""
 
     async def run(self) -> None:
         if self._running:
@@ -127,10 +128,12 @@ class Sentinel:
             return End.CONFUSED
 
     def _gone(self, what: str) -> None:
-        # The gate open means a poll saw the server up since the last line, even if the sentinel's own
-        # pings have not (a kill within a ping of the restore round's end).
-        if self._healthy or self._gate.is_open:
+        # A poll may have seen the server serve since the last line though the sentinel's own pings have not (a
+        # kill within a ping of the restore round's end), and the relay may have closed the gate first (a kill
+        # in a request): the gate's openings count the polls' word.
+        if self._healthy or self._gate.openings != self._openings:
             self._healthy = False
+            self._openings = self._gate.openings
             log.info(
                 "server_connection_dropped",
                 reason=f"llama-server {what}",

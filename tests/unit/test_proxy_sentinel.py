@@ -160,6 +160,31 @@ async def test_a_drop_after_a_poll_reopened_the_gate_is_a_new_outage_though_the_
     assert len(dropped) == 2, dropped
 
 
+async def test_a_drop_the_relay_saw_first_after_the_gate_reopened_is_still_a_new_outage() -> None:
+    # as above, but a request's lost connection closed the gate before the sentinel saw its own drop (a kill in
+    # a request): the poll's opening in between still makes it a second outage
+    g = gate.Gate()
+    g.open(seen_at=0.0)
+
+    def answer(n: int) -> bytes | None:
+        if n == 1:
+            return OK
+        if n in (2, 4):
+            if n == 4:
+                g.suspect("llama-server closed the connection twice (Lost)")  # the relay, first
+            return None
+        if n == 3:
+            g.open(seen_at=time.monotonic())
+            return LOADING
+        return OK
+
+    server = Server(answer)
+    with structlog.testing.capture_logs() as logs:
+        await _run(server, g, lambda: server.requests >= 5)
+    dropped = [entry for entry in logs if entry["event"] == "server_connection_dropped"]
+    assert len(dropped) == 2, dropped
+
+
 def test_the_backoff_doubles_to_its_cap_with_jitter_and_starts_over_after_a_reset() -> None:
     draws = iter([0.0, 0.999, 0.5, 0.0, 0.999, 0.25, 0.0])
     pace = backoff.Backoff(0.1, 0.5, draw=lambda: next(draws))
