@@ -57,8 +57,15 @@ class Consumer(part.Part):
                 self._stats.memory_is(kind)
             self._sight.identity = obs.identity
         if not self._sight.ready(obs):
-            if (obs.health is not events.Health.OK and not self._sight.server.prechecked) or self._saves.saver.pending:
-                self._wake.set()  # check the files the restore round will need; commit the saves that wait
+            unloaded = obs.health is events.Health.UNLOADED
+            if (
+                (obs.health is not events.Health.OK and not self._sight.server.prechecked)
+                or self._saves.saver.pending
+                or (unloaded and self._restorer.ahead)
+            ):
+                # check the files the restore round will need; commit the saves that wait; give back what was
+                # rebuilt ahead for a model the router has unloaded
+                self._wake.set()
             elif obs.health is events.Health.OK:
                 self._gate.see(lifecycle.Up(obs.at, ready=False))  # up, but nothing the sidecar can restore now
             return
