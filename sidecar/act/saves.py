@@ -13,7 +13,7 @@ import dataclasses
 
 import structlog
 
-from sidecar.act import part, policy, probe, rewind, savings, snapshotter
+from sidecar.act import part, policy, probe, rewind, savings, snapshotter, stallweigh
 from sidecar.core import config, errors, events, hashing, outcomes
 
 log = structlog.get_logger("sidecar.engine")
@@ -44,8 +44,8 @@ class Saves(part.Part):
         self._rewinder = rewinder
         self._max_age = settings.max_age
         self._next_age_check = 0.0
-        self._held: dict[int, events.SlotContent] = {}
-        """The content of each slot whose save was last held (logged once per content)."""
+        self._held: dict[int, tuple[events.SlotContent, outcomes.SaveHold]] = {}
+        """The content of each slot whose save was last held, and why (logged once per content and reason)."""
         self.saver = snapshotter.Snapshotter(
             slot_actions=wiring.slot_actions,
             snapshots=wiring.snapshots,
@@ -92,14 +92,13 @@ class Saves(part.Part):
                 if rewound.signature is not None and rewound.signature != action.signature:
                     action = dataclasses.replace(action, signature=rewound.signature, tokens=rewound.tokens)
             others_busy = processing(fresh, None, besides=action.slot)
-            counters = self._sight.latest.counters if self._sight.latest is not None else None
             record = await self.saver.save(
                 action,
                 identity=self._sight.identity,
                 slot_n_ctx=view.n_ctx,
                 others_busy=others_busy,
                 epoch=self._sight.server.epoch,
-                prefill_rate=savings.measured_rate(counters) if counters is not None else None,
+                prefill_rate=self._rate(),
                 owner=self._listeners.owner(action.slot),
             )
         if isinstance(record, snapshotter.Written):
@@ -111,22 +110,55 @@ class Saves(part.Part):
         return record.result is outcomes.SaveResult.OK
 
     def hold(self, action: policy.Save, slots: tuple[events.SlotView, ...], counters: events.Counters | None) -> bool:
-        """Whether to hold a due save because another slot is processing (see ``Policy.may_hold``)."""
+        """Whether to hold a due save because another slot is processing (see ``Policy.may_hold``), and past
+        that hold, because what it protects re-prefills faster than it would stall every slot (``Policy.weigh``)."""
         if action.reason not in snapshotter.BACKGROUND:
             return False  # a swap, an admin's or the final save is taken now
         if not processing(slots, counters, besides=action.slot):
             return False
-        if not self._policy.may_hold(action.slot, self._clock.monotonic()):
+        if self._policy.may_hold(action.slot, self._clock.monotonic()):
+            self._held_once(action, outcomes.SaveHold.HOLD)
+            return True
+        weighing = self._policy.weigh(action.slot, rate=self._rate(), pace=self.saver.pace)
+        if weighing is None or weighing.save:
             return False
-        if self._held.get(action.slot) != action.signature:
-            self._held[action.slot] = action.signature
+        self._held_once(action, outcomes.SaveHold.CHEAP_TAIL, weighing)
+        return True
+
+    def _held_once(
+        self, action: policy.Save, why: outcomes.SaveHold, weighing: stallweigh.Weighing | None = None
+    ) -> None:
+        """Log and count a held save once per slot content and reason."""
+        if self._held.get(action.slot) == (action.signature, why):
+            return
+        self._held[action.slot] = (action.signature, why)
+        self._stats.snapshots_held.labels(why.value).inc()
+        if weighing is None:
             log.info(
                 "snapshot_held",
                 slot=action.slot,
                 reason="another slot is processing: a save would stall its generation",
-                effect="saved once no slot is processing, or when --snapshot-interval runs out",
+                effect="saved once no slot is processing, or when --save-hold-seconds runs out and the save is "
+                "worth its stall (--max-unsaved-seconds)",
             )
-        return True
+            return
+        log.info(
+            "snapshot_held",
+            slot=action.slot,
+            reason=f"past --save-hold-seconds, but what a crash would lose of the slot (its tokens past its "
+            f"last snapshot) re-prefills in {weighing.reprefill or 0:.3f} s, less than the {weighing.stall or 0:.3f} "
+            "s the save would stall every slot",
+            effect="saved once no slot is processing, or once that re-prefill outweighs the stall or exceeds "
+            "--max-unsaved-seconds",
+            reprefill_seconds=round(weighing.reprefill or 0, 4),
+            stall_seconds=round(weighing.stall or 0, 4),
+        )
+
+    def _rate(self) -> float | None:
+        """The server's measured prefill rate, tokens per second; None before it prefilled enough."""
+        latest = self._sight.latest
+        counters = latest.counters if latest is not None else None
+        return savings.measured_rate(counters) if counters is not None else None
 
     def _saved(self, action: policy.Save, record: snapshotter.SaveRecord) -> None:
         """What the outcome of a save means for the slot and the link."""
@@ -134,7 +166,7 @@ class Saves(part.Part):
             self._sight.set_link(probe.Link(True))
             self._policy.settle(action.slot, action.signature)
         elif record.cause in (Cause.EMPTY, Cause.BELOW_MIN_TOKENS):
-            self._policy.settle(action.slot, action.signature)
+            self._policy.settle(action.slot, action.signature, kept=False)
         elif record.cause is not Cause.SLOT_BUSY:  # busy: the policy proposes it again once idle
             self._policy.defer(action.slot, self._clock.monotonic() + RETRY_AFTER)
             if record.cause is Cause.NOT_LINKED:
@@ -209,8 +241,16 @@ class Saves(part.Part):
             await self.saver.collect_garbage()
 
     def export_unsaved(self) -> None:
-        """Each slot's oldest unsaved change as Unix time (0: none), from the policy's monotonic one."""
+        """Each slot's oldest unsaved change as Unix time (0: none), from the policy's monotonic one; the
+        re-prefill its unsaved tokens would cost and the stall a save of it would cause."""
         now_mono, now_wall = self._clock.monotonic(), self._clock.wall()
+        rate, pace = self._rate(), self.saver.pace
         for slot in range(self._sight.slot_count):
             since = self._policy.unsaved_since(slot)
-            self._stats.unsaved_since.labels(str(slot)).set(0 if since is None else now_wall - (now_mono - since))
+            label = str(slot)
+            self._stats.unsaved_since.labels(label).set(0 if since is None else now_wall - (now_mono - since))
+            reprefill = stallweigh.reprefill_seconds(self._policy.unsaved_tokens(slot), rate)
+            self._stats.unsaved_reprefill.labels(label).set(reprefill or 0.0)
+            track = self._policy.tracks.get(slot)
+            stall = stallweigh.stall_seconds(track.signature.tokens if track and track.signature else 0, pace)
+            self._stats.save_expected_stall.labels(label).set(stall or 0.0)
