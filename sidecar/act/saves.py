@@ -22,6 +22,15 @@ AGE_CHECK_EVERY = 30.0
 RETRY_AFTER = 30.0
 """Seconds before a slot whose save failed, or was skipped for lack of disk, is tried again."""
 Cause = outcomes.SaveCause
+WEIGHED_SAVES = {
+    stallweigh.Weight.UNMEASURED: "past --save-hold-seconds; no prefill rate or save time measured yet to weigh it",
+    stallweigh.Weight.OFF: "past --save-hold-seconds (--max-unsaved-seconds 0: not weighed)",
+    stallweigh.Weight.OVER_BOUND: "past --save-hold-seconds; what a crash would lose of the slot re-prefills slower "
+    "than --max-unsaved-seconds",
+    stallweigh.Weight.WORTH_ITS_STALL: "past --save-hold-seconds; what a crash would lose of the slot re-prefills "
+    "at least as slowly as the save stalls every slot",
+}
+"""Why a held save is made now (``snapshot_hold_ended``), by what its weighing found."""
 ASLEEP = "llama-server is asleep (--sleep-idle-seconds): a save would wake it"
 
 
@@ -46,6 +55,8 @@ class Saves(part.Part):
         self._next_age_check = 0.0
         self._held: dict[int, tuple[events.SlotContent, outcomes.SaveHold]] = {}
         """The content of each slot whose save was last held, and why (logged once per content and reason)."""
+        self._ended: dict[int, events.SlotContent] = {}
+        """The content of each slot whose save was last weighed worth its stall (logged once per content)."""
         self.saver = snapshotter.Snapshotter(
             slot_actions=wiring.slot_actions,
             snapshots=wiring.snapshots,
@@ -121,6 +132,15 @@ class Saves(part.Part):
             return True
         weighing = self._policy.weigh(action.slot, rate=self._rate(), pace=self.saver.pace)
         if weighing is None or weighing.save:
+            if weighing is not None and self._ended.get(action.slot) != action.signature:
+                self._ended[action.slot] = action.signature  # made while another slot processes: say why, once
+                log.info(
+                    "snapshot_hold_ended",
+                    slot=action.slot,
+                    reason=WEIGHED_SAVES[weighing.weight],
+                    reprefill_seconds=None if weighing.reprefill is None else round(weighing.reprefill, 4),
+                    stall_seconds=None if weighing.stall is None else round(weighing.stall, 4),
+                )
             return False
         self._held_once(action, outcomes.SaveHold.CHEAP_TAIL, weighing)
         return True
