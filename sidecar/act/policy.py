@@ -152,12 +152,9 @@ class Policy:
         return track.dirty_since is None or now - track.dirty_since < cap
 
     def weigh(self, slot: int, *, rate: float | None, pace: float | None) -> stallweigh.Weighing | None:
-        """Whether a save of ``slot`` past its hold is worth its stall (see :mod:`.stallweigh`); None: no
-        weighing (the slot is not followed, or ``hold_seconds`` 0: never held).
-
-        ``rate``: the server's measured prefill rate (tokens per second); ``pace``: seconds per token of the
-        last measured save call.
-        """
+        """Whether a save of ``slot`` past its hold is worth its stall (``rate``: prefill tokens per second;
+        ``pace``: seconds per token of the last save; see :mod:`.stallweigh`); None: not weighed (the
+        slot is not followed, or ``hold_seconds`` 0: never held)."""
         track = self.tracks.get(slot)
         if track is None or track.signature is None or min(self.settings.hold_seconds, self.settings.interval) <= 0:
             return None
@@ -170,11 +167,8 @@ class Policy:
         )
 
     def unsaved_tokens(self, slot: int) -> int:
-        """Tokens ``slot`` holds past its newest snapshot: what a crash of the server would have it re-prefill.
-
-        The sidecar sees only token counts: a content at least as long as the snapshot's is taken to continue
-        it (a shorter one, seen since, makes all of it unsaved).
-        """
+        """Tokens ``slot`` holds past its newest snapshot, what a crash would have the server re-prefill: a
+        content at least as long as the snapshot's is taken to continue it (only token counts are seen)."""
         track = self.tracks.get(slot)
         if track is None or track.signature is None or track.signature == track.settled:
             return 0

@@ -7,13 +7,13 @@ re-prefill it. So once a background save has been held its
 ``--save-hold-seconds`` while another slot generates, it is made only when
 the tail's re-prefill (its tokens at the server's measured prefill rate)
 costs at least the save's expected stall (the slot's tokens at the seconds
-per token of the last measured save call), or more than
+per token of the last save, as the server timed it), or more than
 ``--max-unsaved-seconds``; otherwise it keeps waiting for a moment when no
 other slot is processing. A crash then loses at most a tail that re-prefills
 faster than the save would have stalled, and never more than that bound.
 
 Without both figures (no save or not enough prefill measured yet), or with
-the bound 0, the save is made as it was before the weighing.
+the bound 0, the save is made once its hold runs out.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def weigh(*, tokens: int, tail: int, rate: float | None, pace: float | None, bou
     """Weigh a save of a slot holding ``tokens``, ``tail`` of them past its last snapshot.
 
     ``rate``: the server's measured prefill rate, tokens per second; ``pace``: seconds per token of
-    the last measured save call; ``bound``: ``--max-unsaved-seconds``.
+    the last save, as the server timed it; ``bound``: ``--max-unsaved-seconds``.
     """
     reprefill, stall = reprefill_seconds(tail, rate), stall_seconds(tokens, pace)
     if bound <= 0:

@@ -224,7 +224,7 @@ class Families:
     save_expected_stall = gauge(
         "slot_save_expected_stall_seconds",
         "Seconds a save of the slot as it holds now is expected to stall every slot (its tokens at the seconds per "
-        "token of the newest save call); 0 before a save was measured or while the slot is empty.",
+        "token of the newest save, as llama-server timed it); 0 before a save was measured or while the slot is empty.",
         SLOT,
     )
     snapshots_held = counter(
