@@ -13,6 +13,7 @@ import dataclasses
 import enum
 from collections.abc import Callable, Collection, Iterable, Sequence
 
+from sidecar.act import stallweigh
 from sidecar.core import config, events, outcomes
 from sidecar.snapshots import manifest, retention
 
@@ -57,6 +58,9 @@ class SlotTrack:
     """No save before this monotonic time (after a failed save)."""
     read_at: float = float("-inf")
     """When the newest /slots listing the track follows was read (monotonic seconds)."""
+    kept_tokens: int = 0
+    """Tokens of the content the slot's newest snapshot in this server process holds (saved or restored);
+    0: none, or the slot has held fewer tokens since (another content: what it holds now is all unsaved)."""
 
 
 class Policy:
@@ -83,6 +87,8 @@ class Policy:
                 continue
             track.read_at = read_at
             if view.signature != track.signature or view.processing != track.busy:
+                if view.tokens < track.kept_tokens:
+                    track.kept_tokens = 0  # not a continuation of what the snapshot holds
                 if view.signature not in (track.signature, track.settled):
                     track.dirty_since = track.dirty_since if track.dirty_since is not None else now
                 track.signature = view.signature
@@ -91,10 +97,12 @@ class Policy:
             if track.signature == track.settled:
                 track.dirty_since = None
 
-    def settle(self, slot: int, signature: events.SlotContent | None) -> None:
-        """Mark ``signature`` as covered (saved, restored, or not worth saving)."""
+    def settle(self, slot: int, signature: events.SlotContent | None, *, kept: bool = True) -> None:
+        """Mark ``signature`` as covered (saved, restored, or, ``kept`` False, not worth saving)."""
         track = self.tracks.setdefault(slot, SlotTrack())
         track.settled = signature
+        if kept and signature is not None:
+            track.kept_tokens = signature.tokens
         if track.signature == signature:
             track.dirty_since = None
 
@@ -104,6 +112,7 @@ class Policy:
         if track is None or track.settled != signature:
             return  # settled since by something newer
         track.settled = None
+        track.kept_tokens = 0  # what the snapshot before holds is not known here: all of it counts as unsaved
         if track.signature is not None and track.dirty_since is None:
             track.dirty_since = now
 
@@ -132,15 +141,39 @@ class Policy:
 
         A save stalls every slot of the server; held, it lands between
         generations instead. The hold ends once the slot's oldest unsaved change
-        is ``hold_seconds`` old, and never later than ``interval``:
-        ``--snapshot-interval`` still bounds what a crash loses. With
-        ``hold_seconds`` 0 a due save is never held.
+        is ``hold_seconds`` old, and never later than ``interval``; past it the
+        save is weighed (:meth:`weigh`). With ``hold_seconds`` 0 a due save is
+        never held.
         """
         track = self.tracks.get(slot)
         cap = min(self.settings.hold_seconds, self.settings.interval)
         if track is None or cap <= 0:
             return False
         return track.dirty_since is None or now - track.dirty_since < cap
+
+    def weigh(self, slot: int, *, rate: float | None, pace: float | None) -> stallweigh.Weighing | None:
+        """Whether a save of ``slot`` past its hold is worth its stall (``rate``: prefill tokens per second;
+        ``pace``: seconds per token of the last save; see :mod:`.stallweigh`); None: not weighed (the
+        slot is not followed, or ``hold_seconds`` 0: never held)."""
+        track = self.tracks.get(slot)
+        if track is None or track.signature is None or min(self.settings.hold_seconds, self.settings.interval) <= 0:
+            return None
+        return stallweigh.weigh(
+            tokens=track.signature.tokens,
+            tail=self.unsaved_tokens(slot),
+            rate=rate,
+            pace=pace,
+            bound=self.settings.max_unsaved_seconds,
+        )
+
+    def unsaved_tokens(self, slot: int) -> int:
+        """Tokens ``slot`` holds past its newest snapshot, what a crash would have the server re-prefill: a
+        content at least as long as the snapshot's is taken to continue it (only token counts are seen)."""
+        track = self.tracks.get(slot)
+        if track is None or track.signature is None or track.signature == track.settled:
+            return 0
+        tokens = track.signature.tokens
+        return tokens - track.kept_tokens if tokens >= track.kept_tokens else tokens
 
     def unsaved_since(self, slot: int) -> float | None:
         """When ``slot``'s oldest change no snapshot covers was seen (monotonic seconds); None if none."""

@@ -80,7 +80,7 @@ class Runner(part.Part):
                 return  # the server restarted, slept or went away meanwhile
             if isinstance(action, policy.Skip):
                 self._saves.saver.skip(action)
-                self._policy.settle(action.slot, action.signature)
+                self._policy.settle(action.slot, action.signature, kept=False)
             elif not self._saves.hold(action, latest.slots or (), latest.counters):
                 await self._saves.save(action)
         latest = self._sight.latest

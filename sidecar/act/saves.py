@@ -13,7 +13,7 @@ import dataclasses
 
 import structlog
 
-from sidecar.act import part, policy, probe, rewind, savings, snapshotter
+from sidecar.act import part, policy, probe, rewind, savings, snapshotter, stallweigh
 from sidecar.core import config, errors, events, hashing, outcomes
 
 log = structlog.get_logger("sidecar.engine")
@@ -22,6 +22,15 @@ AGE_CHECK_EVERY = 30.0
 RETRY_AFTER = 30.0
 """Seconds before a slot whose save failed, or was skipped for lack of disk, is tried again."""
 Cause = outcomes.SaveCause
+WEIGHED_SAVES = {
+    stallweigh.Weight.UNMEASURED: "past --save-hold-seconds; no prefill rate or save time measured yet to weigh it",
+    stallweigh.Weight.OFF: "past --save-hold-seconds (--max-unsaved-seconds 0: not weighed)",
+    stallweigh.Weight.OVER_BOUND: "past --save-hold-seconds; what a crash would lose of the slot re-prefills slower "
+    "than --max-unsaved-seconds",
+    stallweigh.Weight.WORTH_ITS_STALL: "past --save-hold-seconds; what a crash would lose of the slot re-prefills "
+    "at least as slowly as the save stalls every slot",
+}
+"""Why a held save is made now (``snapshot_hold_ended``), by what its weighing found."""
 ASLEEP = "llama-server is asleep (--sleep-idle-seconds): a save would wake it"
 
 
@@ -44,8 +53,10 @@ class Saves(part.Part):
         self._rewinder = rewinder
         self._max_age = settings.max_age
         self._next_age_check = 0.0
-        self._held: dict[int, events.SlotContent] = {}
-        """The content of each slot whose save was last held (logged once per content)."""
+        self._held: dict[int, tuple[events.SlotContent, outcomes.SaveHold]] = {}
+        """The content of each slot whose save was last held, and why (logged once per content and reason)."""
+        self._ended: dict[int, events.SlotContent] = {}
+        """The content of each slot whose save was last weighed worth its stall (logged once per content)."""
         self.saver = snapshotter.Snapshotter(
             slot_actions=wiring.slot_actions,
             snapshots=wiring.snapshots,
@@ -92,14 +103,13 @@ class Saves(part.Part):
                 if rewound.signature is not None and rewound.signature != action.signature:
                     action = dataclasses.replace(action, signature=rewound.signature, tokens=rewound.tokens)
             others_busy = processing(fresh, None, besides=action.slot)
-            counters = self._sight.latest.counters if self._sight.latest is not None else None
             record = await self.saver.save(
                 action,
                 identity=self._sight.identity,
                 slot_n_ctx=view.n_ctx,
                 others_busy=others_busy,
                 epoch=self._sight.server.epoch,
-                prefill_rate=savings.measured_rate(counters) if counters is not None else None,
+                prefill_rate=self._rate(),
                 owner=self._listeners.owner(action.slot),
             )
         if isinstance(record, snapshotter.Written):
@@ -111,22 +121,64 @@ class Saves(part.Part):
         return record.result is outcomes.SaveResult.OK
 
     def hold(self, action: policy.Save, slots: tuple[events.SlotView, ...], counters: events.Counters | None) -> bool:
-        """Whether to hold a due save because another slot is processing (see ``Policy.may_hold``)."""
+        """Whether to hold a due save because another slot is processing (see ``Policy.may_hold``), and past
+        that hold, because what it protects re-prefills faster than it would stall every slot (``Policy.weigh``)."""
         if action.reason not in snapshotter.BACKGROUND:
             return False  # a swap, an admin's or the final save is taken now
         if not processing(slots, counters, besides=action.slot):
             return False
-        if not self._policy.may_hold(action.slot, self._clock.monotonic()):
+        if self._policy.may_hold(action.slot, self._clock.monotonic()):
+            self._held_once(action, outcomes.SaveHold.HOLD)
+            return True
+        weighing = self._policy.weigh(action.slot, rate=self._rate(), pace=self.saver.pace)
+        if weighing is None or weighing.save:
+            if weighing is not None and self._ended.get(action.slot) != action.signature:
+                self._ended[action.slot] = action.signature  # made while another slot processes: say why, once
+                log.info(
+                    "snapshot_hold_ended",
+                    slot=action.slot,
+                    reason=WEIGHED_SAVES[weighing.weight],
+                    reprefill_seconds=None if weighing.reprefill is None else round(weighing.reprefill, 4),
+                    stall_seconds=None if weighing.stall is None else round(weighing.stall, 4),
+                )
             return False
-        if self._held.get(action.slot) != action.signature:
-            self._held[action.slot] = action.signature
+        self._held_once(action, outcomes.SaveHold.CHEAP_TAIL, weighing)
+        return True
+
+    def _held_once(
+        self, action: policy.Save, why: outcomes.SaveHold, weighing: stallweigh.Weighing | None = None
+    ) -> None:
+        """Log and count a held save once per slot content and reason."""
+        if self._held.get(action.slot) == (action.signature, why):
+            return
+        self._held[action.slot] = (action.signature, why)
+        self._stats.snapshots_held.labels(why.value).inc()
+        if weighing is None:
             log.info(
                 "snapshot_held",
                 slot=action.slot,
                 reason="another slot is processing: a save would stall its generation",
-                effect="saved once no slot is processing, or when --snapshot-interval runs out",
+                effect="saved once no slot is processing, or when --save-hold-seconds runs out and the save is "
+                "worth its stall (--max-unsaved-seconds)",
             )
-        return True
+            return
+        log.info(
+            "snapshot_held",
+            slot=action.slot,
+            reason=f"past --save-hold-seconds, but what a crash would lose of the slot (its tokens past its "
+            f"last snapshot) re-prefills in {weighing.reprefill or 0:.3f} s, less than the {weighing.stall or 0:.3f} "
+            "s the save would stall every slot",
+            effect="saved once no slot is processing, or once that re-prefill outweighs the stall or exceeds "
+            "--max-unsaved-seconds",
+            reprefill_seconds=round(weighing.reprefill or 0, 4),
+            stall_seconds=round(weighing.stall or 0, 4),
+        )
+
+    def _rate(self) -> float | None:
+        """The server's measured prefill rate, tokens per second; None before it prefilled enough."""
+        latest = self._sight.latest
+        counters = latest.counters if latest is not None else None
+        return savings.measured_rate(counters) if counters is not None else None
 
     def _saved(self, action: policy.Save, record: snapshotter.SaveRecord) -> None:
         """What the outcome of a save means for the slot and the link."""
@@ -134,7 +186,7 @@ class Saves(part.Part):
             self._sight.set_link(probe.Link(True))
             self._policy.settle(action.slot, action.signature)
         elif record.cause in (Cause.EMPTY, Cause.BELOW_MIN_TOKENS):
-            self._policy.settle(action.slot, action.signature)
+            self._policy.settle(action.slot, action.signature, kept=False)
         elif record.cause is not Cause.SLOT_BUSY:  # busy: the policy proposes it again once idle
             self._policy.defer(action.slot, self._clock.monotonic() + RETRY_AFTER)
             if record.cause is Cause.NOT_LINKED:
@@ -209,8 +261,16 @@ class Saves(part.Part):
             await self.saver.collect_garbage()
 
     def export_unsaved(self) -> None:
-        """Each slot's oldest unsaved change as Unix time (0: none), from the policy's monotonic one."""
+        """Each slot's oldest unsaved change as Unix time (0: none), from the policy's monotonic one; the
+        re-prefill its unsaved tokens would cost and the stall a save of it would cause."""
         now_mono, now_wall = self._clock.monotonic(), self._clock.wall()
+        rate, pace = self._rate(), self.saver.pace
         for slot in range(self._sight.slot_count):
             since = self._policy.unsaved_since(slot)
-            self._stats.unsaved_since.labels(str(slot)).set(0 if since is None else now_wall - (now_mono - since))
+            label = str(slot)
+            self._stats.unsaved_since.labels(label).set(0 if since is None else now_wall - (now_mono - since))
+            reprefill = stallweigh.reprefill_seconds(self._policy.unsaved_tokens(slot), rate)
+            self._stats.unsaved_reprefill.labels(label).set(reprefill or 0.0)
+            track = self._policy.tracks.get(slot)
+            stall = stallweigh.stall_seconds(track.signature.tokens if track and track.signature else 0, pace)
+            self._stats.save_expected_stall.labels(label).set(stall or 0.0)

@@ -94,6 +94,9 @@ class Snapshotter:
         """The disk the snapshots are kept on refused a save's write (see :mod:`~sidecar.act.storefault`)."""
         self.pending: collections.deque[Written] = collections.deque()
         """Saves whose commit waits, oldest first."""
+        self.pace: float | None = None
+        """Seconds per token of the newest save that wrote tokens, as the server timed it (every slot stalls
+        that long per token of the slot saved); None before the first."""
         self._committed_later = committed_later
 
     @property
@@ -140,6 +143,8 @@ class Snapshotter:
                 prefill_rate=prefill_rate,
                 owner=owner,
             )
+            if result.tokens > 0:  # the server's own time: the call's also holds its wait for the loop
+                self.pace = (result.server_ms / 1000 if result.server_ms > 0 else written.call_seconds) / result.tokens
             if others_busy and action.reason in BACKGROUND:
                 await asyncio.to_thread(self._snapshots.check_written, temp, tokens=result.tokens, written=result.bytes)
                 self._defer(written)

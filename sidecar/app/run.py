@@ -374,7 +374,7 @@ def _plain(
             hold_seconds=settings.proxy.hold_seconds,
             isolated=settings.upstream.keys is not None,
             ram=ramtier.RamTier(settings.proxy.server_cache_ram_bytes),
-            max_unsaved_seconds=settings.proxy.max_unsaved_seconds,
+            max_unsaved_seconds=settings.snapshots.max_unsaved_seconds,
         )
     return _Parts(
         watched.engine,

@@ -158,8 +158,24 @@ OPTIONS: tuple[Option, ...] = (
         ("snapshots.hold_seconds",),
         "a due save waits for a moment when no other slot is processing (a save stalls every slot), at most "
         "this many seconds after the slot's oldest unsaved change and never past --snapshot-interval, then "
-        "is made anyway: under steady traffic on several slots a crash of llama-server loses at most the "
-        "turns of this many seconds (plus --idle-seconds); 0 = save at once",
+        "is made if it is worth its stall (see --max-unsaved-seconds): under steady traffic on several slots "
+        "a crash of llama-server loses at most the turns of this many seconds (plus --idle-seconds), or a "
+        "tail that re-prefills faster than a save would stall and within --max-unsaved-seconds; 0 = save at "
+        "once",
+        "SEC",
+        parse.number(float, zero_ok=True),
+    ),
+    Option(
+        "--max-unsaved-seconds",
+        "LLAMA_SIDECAR_MAX_UNSAVED_SECONDS",
+        ("snapshots.max_unsaved_seconds",),
+        "what a crash of llama-server may cost, in seconds of re-prefill at its measured rate, to keep a save's "
+        "stall (every slot waits while the server writes the whole slot) off the other slots: a due save past "
+        "--save-hold-seconds while another slot is processing is made only if the slot's tokens past its last "
+        "snapshot re-prefill at least as slowly as the save would stall, or slower than this; with the proxy, "
+        "once llama-server's RAM cache has served a conversation, one leaves its slot for it without a save "
+        "first while what a crash would lose of it re-prefills within this; 0: neither (saved when the hold "
+        "runs out, and before a conversation leaves its slot)",
         "SEC",
         parse.number(float, zero_ok=True),
     ),
@@ -309,17 +325,6 @@ OPTIONS: tuple[Option, ...] = (
         parse.number(int),
     ),
     SERVER_CACHE_RAM,
-    Option(
-        "--max-unsaved-seconds",
-        "LLAMA_SIDECAR_MAX_UNSAVED_SECONDS",
-        ("proxy.max_unsaved_seconds",),
-        "once llama-server's RAM cache has served a conversation, let one leave its slot for it without a save "
-        "first (a save stalls every slot while the server writes the whole slot) while what a crash of "
-        "llama-server would lose of it re-prefills within this many seconds at its measured rate; 0: always "
-        "save first",
-        "SEC",
-        parse.number(float, zero_ok=True),
-    ),
     Option(
         "--no-proxy-prefix-header",
         "LLAMA_SIDECAR_NO_PROXY_PREFIX_HEADER",

@@ -15,7 +15,7 @@ from pathlib import Path
 from sidecar.core import apikeys, location
 
 MAX_UNSAVED_SECONDS = 10.0
-"""The default of ``ProxySettings.max_unsaved_seconds`` (``--max-unsaved-seconds``)."""
+"""The default of ``SnapshotSettings.max_unsaved_seconds`` (``--max-unsaved-seconds``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,7 +63,16 @@ class SnapshotSettings:
     """A due save waits for a moment when no other slot is processing at most this many seconds
     after the slot's oldest unsaved change (never past ``interval``); 0 means it never waits.
     Under steady traffic on several slots no such moment comes: this bounds what a crash of
-    llama-server loses then (the turns of the last ``hold_seconds`` plus ``idle_seconds``)."""
+    llama-server loses then (the turns of the last ``hold_seconds`` plus ``idle_seconds``), unless
+    ``max_unsaved_seconds`` keeps holding it past that."""
+    max_unsaved_seconds: float = MAX_UNSAVED_SECONDS
+    """What a crash of llama-server may cost, in seconds of re-prefill at its measured rate, to keep a save's
+    stall (every slot waits while the server writes the whole slot) off the other slots. A due save held
+    ``hold_seconds`` while another slot is processing is made only if the slot's tokens past its last snapshot
+    re-prefill at least as slowly as the save would stall, or slower than this; else it keeps waiting for a
+    moment when no other slot is processing. With the proxy, once llama-server's RAM cache has served a
+    conversation, one leaves its slot for it with no save first while what a crash would lose of it re-prefills
+    within this. 0: neither (saved once the hold runs out, and before a conversation leaves its slot)."""
     keep_per_slot: int = 2
     """A snapshot goes once this many newer snapshots extend its tokens (of snapshots not indexed by content,
     the newest this many per slot stay), a count (at least 1)."""
@@ -128,11 +137,6 @@ class ProxySettings:
     """The size of llama-server's RAM prompt cache (its ``--cache-ram``, in MiB there, 8192 by default), in bytes:
     the library pins a conversation that left its slot to an idle one with nothing restored while that cache
     should still hold it (the server loads it from RAM, faster than a file); 0: the server runs without one."""
-    max_unsaved_seconds: float = MAX_UNSAVED_SECONDS
-    """Once llama-server's RAM cache has served a conversation, one leaves its slot for it with no save first
-    while what a crash would lose of it (its tokens past its newest snapshot) re-prefills within this many seconds
-    at the server's measured rate: the save's stall (every slot waits while the server writes the whole slot) is
-    kept off the turn, for that bound on what a crash costs; 0: always saved first."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

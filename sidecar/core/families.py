@@ -215,6 +215,25 @@ class Families:
         "crashes now), 0 while every change is saved.",
         SLOT,
     )
+    unsaved_reprefill = gauge(
+        "slot_unsaved_reprefill_seconds",
+        "Seconds llama-server would take to re-prefill the slot's tokens past its newest snapshot (lost if it "
+        "crashes now), at its measured prefill rate; 0 while every change is saved or before a rate is measured.",
+        SLOT,
+    )
+    save_expected_stall = gauge(
+        "slot_save_expected_stall_seconds",
+        "Seconds a save of the slot as it holds now is expected to stall every slot (its tokens at the seconds per "
+        "token of the newest save, as llama-server timed it); 0 before a save was measured or while the slot is empty.",
+        SLOT,
+    )
+    snapshots_held = counter(
+        "snapshots_held",
+        "Due saves held while another slot is processing, once per slot content and reason: hold (within "
+        "--save-hold-seconds), cheap_tail (past it, the tail a crash would lose re-prefills faster than the save "
+        "would stall every slot, and within --max-unsaved-seconds).",
+        label("reason", outcomes.SaveHold),
+    )
     snapshot_write_errors = counter(
         "snapshot_write_errors",
         "Saves whose commit the disk keeping the snapshots refused, by reason; later saves are skipped until it "

@@ -72,11 +72,15 @@ class Metrics(families.Families):
                 self.restores.labels(label, result)
             self.restored_tokens.labels(label)
             self.unsaved_since.labels(label)
+            self.unsaved_reprefill.labels(label)
+            self.save_expected_stall.labels(label)
         for family, names in (
             (self.snapshots, ("slot", "result")),
             (self.restores, ("slot", "result")),
             (self.restored_tokens, ("slot",)),
             (self.unsaved_since, ("slot",)),
+            (self.unsaved_reprefill, ("slot",)),
+            (self.save_expected_stall, ("slot",)),
         ):
             gone = {
                 tuple(sample.labels[name] for name in names)

@@ -49,6 +49,17 @@ class SaveCause(enum.StrEnum):
 SKIP_CAUSES = frozenset({SaveCause.BELOW_MIN_TOKENS, SaveCause.EMPTY, SaveCause.LOW_DISK, SaveCause.SLOT_BUSY})
 
 
+class SaveHold(enum.StrEnum):
+    """``snapshots_held_total{reason}``: why a due background save waits while another slot is processing."""
+
+    HOLD = "hold"
+    """Within ``--save-hold-seconds`` of the slot's oldest unsaved change: it waits for a moment when no other
+    slot is processing."""
+    CHEAP_TAIL = "cheap_tail"
+    """Past that hold: what a crash would lose of the slot (its tokens past its last snapshot) re-prefills
+    faster than the save would stall every slot, and within ``--max-unsaved-seconds``."""
+
+
 class RestoreOutcome(enum.StrEnum):
     """``restores_total{result}``."""
 

@@ -37,6 +37,7 @@ STORE_WRITES = ("blocks", "manifests")
 STAGING_FALLBACKS = ("no_room",)
 STORE_FAULTS = ("no_space", "read_only", "denied")
 RESTORE_AHEAD = ("used", "unused", "skipped")
+SAVE_HOLDS = ("hold", "cheap_tail")
 MODELS = ("alpha", "beta")
 """Router mode (--router): the models the router lists."""
 
@@ -111,6 +112,17 @@ def sidecar_registry() -> CollectorRegistry:
     )
     unsaved.labels(slot="0").set(time.time() - 20)
     unsaved.labels(slot="1").set(0)
+    reprefill = Gauge(
+        "slot_unsaved_reprefill_seconds", "Re-prefill of the unsaved tail", ["slot"], namespace=ns, registry=registry
+    )
+    reprefill.labels(slot="0").set(0.04)
+    reprefill.labels(slot="1").set(0)
+    stall = Gauge("slot_save_expected_stall_seconds", "Expected save stall", ["slot"], namespace=ns, registry=registry)
+    stall.labels(slot="0").set(1.4)
+    stall.labels(slot="1").set(0.7)
+    held = Counter("snapshots_held", "Saves held", ["reason"], namespace=ns, registry=registry)
+    for n, reason in enumerate(SAVE_HOLDS):
+        held.labels(reason=reason).inc(5 // (n + 1))
     proxy_requests = Counter(
         "proxy_requests", "Requests through the proxy", ["route", "outcome"], namespace=ns, registry=registry
     )

@@ -47,6 +47,8 @@ class MemLlama:
         self.cached_tokens = 0.0
         self.prompt_seconds = 0.0
         self.decodes = 0.0
+        self.save_ms = 1.0
+        """``timings.save_ms`` of each save."""
         self.metrics_text_digits: int | None = None
         """Print counters with this many significant digits, as llama-server does (6)."""
         self.calls: list[tuple[str, object]] = []
@@ -118,7 +120,7 @@ class MemLlama:
         view = self.slot_views[slot_id]
         data = bytes([slot_id]) * HEADER + (view.task or 0).to_bytes(8, "little") * (view.tokens * BYTES_PER_TOKEN // 8)
         (self.dir / filename).write_bytes(data)
-        return protocols.ActionResult(slot_id, filename, view.tokens, len(data), 1.0)
+        return protocols.ActionResult(slot_id, filename, view.tokens, len(data), self.save_ms)
 
     async def erase(self, slot_id: int) -> int:
         self.calls.append(("erase", slot_id))

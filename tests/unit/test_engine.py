@@ -406,6 +406,61 @@ async def test_save_hold_seconds_caps_the_hold_and_zero_turns_it_off(tmp_path: P
         assert [first, [slot for slot, _ in bed.saves()] == [0]] == saved_after, hold
 
 
+SAVE_CALL = 0.06
+"""Seconds each save of the weighing tests takes the server: 0.1 ms per token of a 600-token slot."""
+
+
+async def weighed_bed(tmp_path: Path, *, max_unsaved_seconds: float = 10.0) -> Bed:
+    """Slot 0 saved (600 tokens, its save call measured) at 1,000 prompt tokens per second; slot 1 generating."""
+    bed = make_bed(tmp_path, hold_seconds=8.0, max_unsaved_seconds=max_unsaved_seconds)
+    bed.server.save_ms = SAVE_CALL * 1000
+    await bed.cycle()
+    bed.server.run_turn(0, task=1, tokens=600)
+    bed.server.prompt_seconds = 0.6
+    await bed.cycle(after=1.0)
+    await bed.cycle(after=3.0)  # idle, no other slot processing: saved at once
+    assert [slot for slot, _ in bed.saves()] == [0]
+    bed.server.set_slot(1, task=2, tokens=50, processing=True)  # a long generation on slot 1
+    return bed
+
+
+async def test_a_save_past_its_hold_waits_while_its_tail_re_prefills_faster_than_it_stalls(tmp_path: Path) -> None:
+    bed = await weighed_bed(tmp_path)
+    bed.server.run_turn(0, task=3, tokens=610, cached=600)  # 10 tokens: 0.01 s of re-prefill
+    bed.server.prompt_seconds = 0.61
+    await bed.cycle(after=1.0)
+    await bed.cycle(after=3.0)  # due (idle 2 s): held, another slot is processing
+    await bed.cycle(after=5.0)  # 9 s after the change: past the hold of 8 s, weighed
+    await bed.cycle(after=5.0)
+    assert [slot for slot, _ in bed.saves()] == [0]  # a save would stall slot 1 for ~0.06 s: not made
+    assert bed.value("llama_sidecar_snapshots_held_total", reason="hold") == 1
+    assert bed.value("llama_sidecar_snapshots_held_total", reason="cheap_tail") == 1
+    assert bed.value("llama_sidecar_slot_unsaved_reprefill_seconds", slot="0") == pytest.approx(0.01)
+    stall = bed.value("llama_sidecar_slot_save_expected_stall_seconds", slot="0")
+    assert stall == pytest.approx(SAVE_CALL * 610 / 600)
+    bed.server.run_turn(0, task=4, tokens=1000, cached=610)  # 400 tokens: 0.4 s of re-prefill
+    bed.server.prompt_seconds = 1.0
+    for _ in range(5):  # /slots is read every 5 s while slot 1 generates (poller.BUSY_REFRESH)
+        await bed.cycle(after=2.0)
+    assert [slot for slot, _ in bed.saves()] == [0, 0]  # saved while slot 1 generates
+    bed.server.set_slot(1, processing=False)
+    await bed.cycle(after=1.0)
+    assert next((m.task, m.tokens) for m in bed.snapshots.snapshots(0)) == (4, 1000)
+    assert bed.value("llama_sidecar_slot_unsaved_reprefill_seconds", slot="0") == 0
+
+
+async def test_a_cheap_tail_past_max_unsaved_seconds_is_saved_past_its_hold(tmp_path: Path) -> None:
+    bed = await weighed_bed(tmp_path, max_unsaved_seconds=0.005)
+    bed.server.run_turn(0, task=3, tokens=610, cached=600)  # 0.01 s of re-prefill: over the bound
+    bed.server.prompt_seconds = 0.61
+    await bed.cycle(after=1.0)
+    await bed.cycle(after=3.0)
+    assert [slot for slot, _ in bed.saves()] == [0]  # held
+    await bed.cycle(after=5.0)
+    assert [slot for slot, _ in bed.saves()] == [0, 0]
+    assert bed.value("llama_sidecar_snapshots_held_total", reason="cheap_tail") == 0
+
+
 async def test_a_save_held_when_the_slots_are_read_before_it(bed: Bed) -> None:
     await bed.cycle()
     bed.server.run_turn(0, task=1, tokens=500)

@@ -234,6 +234,47 @@ def test_save_hold_seconds_ends_the_hold_before_the_interval_and_zero_never_hold
         assert [pol.may_hold(0, now) for now in (4.9, 5.0, 11.0)] == held, hold
 
 
+def test_the_unsaved_tail_is_what_a_slot_holds_past_its_last_snapshot_while_it_continues_it() -> None:
+    pol = policy.Policy(TIMING)
+    pol.observe([slot(0, task=1, tokens=600)], 1.0)
+    assert pol.unsaved_tokens(0) == 600  # nothing saved yet: all of it
+    pol.settle(0, events.SlotContent(1, 600))
+    assert pol.unsaved_tokens(0) == 0
+    pol.observe([slot(0, task=2, tokens=650)], 2.0)
+    assert pol.unsaved_tokens(0) == 50
+    pol.observe([slot(0, task=3, tokens=40)], 3.0)  # fewer tokens than the snapshot: another content
+    pol.observe([slot(0, task=4, tokens=700)], 4.0)
+    assert pol.unsaved_tokens(0) == 700
+    pol.settle(0, events.SlotContent(4, 700), kept=False)  # judged not worth a file: no snapshot holds it
+    pol.observe([slot(0, task=5, tokens=720)], 5.0)
+    assert pol.unsaved_tokens(0) == 720
+    pol.settle(0, events.SlotContent(5, 720))
+    pol.observe([slot(0, task=6, tokens=730)], 6.0)
+    pol.unsettle(0, events.SlotContent(5, 720), 6.0)  # its commit failed: the snapshot before is not known
+    assert pol.unsaved_tokens(0) == 730
+    assert pol.unsaved_tokens(3) == 0  # a slot never seen
+
+
+def test_a_save_past_its_hold_is_weighed_with_its_tail_and_never_with_no_hold() -> None:
+    pol = policy.Policy(dataclasses.replace(TIMING, hold_seconds=4.0, max_unsaved_seconds=10.0))
+    pol.observe([slot(0, task=1, tokens=3000)], 1.0)
+    pol.settle(0, events.SlotContent(1, 3000))
+    pol.observe([slot(0, task=2, tokens=3004)], 2.0)
+    weighing = pol.weigh(0, rate=400.0, pace=0.4 / 1000)
+    assert weighing is not None
+    assert not weighing.save
+    assert weighing.reprefill == pytest.approx(0.01)
+    assert weighing.stall == pytest.approx(1.2016)
+    pol.observe([slot(0, task=3, tokens=4000)], 3.0)
+    weighing = pol.weigh(0, rate=400.0, pace=0.4 / 1000)
+    assert weighing is not None
+    assert weighing.save
+    assert pol.weigh(5, rate=400.0, pace=0.4 / 1000) is None  # a slot never seen
+    never = policy.Policy(dataclasses.replace(TIMING, hold_seconds=0.0))
+    never.observe([slot(0, task=2, tokens=3004)], 2.0)
+    assert never.weigh(0, rate=400.0, pace=0.4 / 1000) is None  # --save-hold-seconds 0: saved at once
+
+
 def test_final_idle_first_then_busy_and_only_changed_slots_worth_a_file() -> None:
     pol = policy.Policy(TIMING)
     pol.observe(
