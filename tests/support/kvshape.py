@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
-
-import gguf
 
 from sidecar.blocks import layout
+from tests.support import weights
 
 F16 = 2
 SWA_PATTERN = {"gemma3": 6}
@@ -50,17 +48,16 @@ def of(model: Path, *, element: int = F16) -> Shape:
     ``head_count_kv`` is one number or one per layer (LFM2: 0 for a convolution layer);
     a ``full_attention_interval`` (Qwen3.5) makes only every such layer attend.
     """
-    fields = gguf.GGUFReader(str(model)).fields
+    keys = ("block_count", "attention.head_count_kv", "full_attention_interval", "attention.key_length",
+            "attention.value_length", "attention.sliding_window")  # fmt: skip
+    fields = weights.header_values(model, lambda key: key == "general.architecture" or key.endswith(keys))
+    arch = str(fields["general.architecture"])
 
-    def value(key: str, default: Any = None) -> Any:
-        return fields[key].contents() if key in fields else default
-
-    arch = str(value("general.architecture"))
-    layers = int(value(f"{arch}.block_count"))
-    heads = value(f"{arch}.attention.head_count_kv")
+    layers = int(fields[f"{arch}.block_count"])
+    heads = fields[f"{arch}.attention.head_count_kv"]
     per_layer = [int(h) for h in heads] if isinstance(heads, list) else [int(heads)] * layers
-    interval = int(value(f"{arch}.full_attention_interval", 1))
-    row = (int(value(f"{arch}.attention.key_length")) + int(value(f"{arch}.attention.value_length"))) * element
+    interval = int(fields.get(f"{arch}.full_attention_interval", 1))
+    row = element * (int(fields[f"{arch}.attention.key_length"]) + int(fields[f"{arch}.attention.value_length"]))
     pattern = SWA_PATTERN.get(arch, 0)
     full = windowed = 0
     for il, h in enumerate(per_layer):
@@ -70,5 +67,5 @@ def of(model: Path, *, element: int = F16) -> Shape:
             windowed += h * row
         else:
             full += h * row
-    window = int(value(f"{arch}.attention.sliding_window", 0)) if pattern else 0
+    window = int(fields.get(f"{arch}.attention.sliding_window", 0)) if pattern else 0
     return Shape(full, windowed, window)
