@@ -33,3 +33,23 @@ def remount(path: Path, mode: str) -> None:
 def free_bytes(path: Path) -> int:
     stats = os.statvfs(path)
     return stats.f_bavail * stats.f_frsize
+
+
+def fs_type(path: Path) -> str:
+    """The type of the filesystem ``path`` lies on (``ext4``, ``tmpfs``, ...), from ``/proc/self/mounts``."""
+    where = path.resolve()
+    best, kind = -1, ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, point, found, *_ = line.split()
+        point = point.replace("\\040", " ")
+        if (where == Path(point) or Path(point) in where.parents) and len(point) > best:
+            best, kind = len(point), found
+    return kind
+
+
+def assert_on_disk(path: Path) -> None:
+    """Fail (never skip) when ``path`` is in RAM: a test that counts disk writes would count none there."""
+    kind = fs_type(path)
+    assert kind not in ("tmpfs", "ramfs"), (
+        f"{path} is on a {kind}: this test counts what reaches a disk; run it with TMPDIR (pytest's --basetemp) on one"
+    )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 _SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 """GGUF value types of fixed size: their byte counts (8 is a string, 9 an array)."""
@@ -28,6 +29,38 @@ def _skip_value(fh: BinaryIO, kind: int) -> None:
             _skip_value(fh, inner)
     else:
         fh.seek(_SCALARS[kind], 1)
+
+
+_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _value(fh: BinaryIO, kind: int) -> Any:
+    if kind == 8:
+        return fh.read(_u64(fh)).decode(errors="replace")
+    if kind == 9:
+        inner, count = _u32(fh), _u64(fh)
+        return [_value(fh, inner) for _ in range(count)]
+    return struct.unpack(_FORMATS[kind], fh.read(_SCALARS[kind]))[0]
+
+
+def header_values(path: Path, wanted: Callable[[str], bool]) -> dict[str, Any]:
+    """The values of the keys ``wanted`` picks in a GGUF file's header (those it has), the others skipped unread.
+
+    ``gguf.GGUFReader`` parses every field, a 262,144-token vocabulary included (seconds); this reads what it needs.
+    """
+    found: dict[str, Any] = {}
+    with path.open("rb") as fh:
+        assert fh.read(4) == b"GGUF"
+        assert _u32(fh) >= 2
+        _, n_kv = _u64(fh), _u64(fh)
+        for _ in range(n_kv):
+            key = fh.read(_u64(fh)).decode()
+            kind = _u32(fh)
+            if wanted(key):
+                found[key] = _value(fh, kind)
+            else:
+                _skip_value(fh, kind)
+    return found
 
 
 def tensor_data_offset(path: Path) -> int:
