@@ -42,12 +42,14 @@ class DiskRoom:
         whole = self.estimate_bytes(action.tokens)
         if self._snapshots.blocks is None:
             return floor.whole_files(whole_bytes=whole, free_bytes=free_bytes)
-        newest = next(iter(self._snapshots.snapshots(action.slot)), None)
-        held = newest.tokens if newest is not None and newest.fingerprint == fingerprint else 0
+        alike = [m for m in self._snapshots.snapshots() if m.fingerprint == fingerprint]
+        newest = next((m for m in alike if m.slot == action.slot), None)
+        held = 0 if newest is None else newest.tokens
+        fixed = floor.fixed_bytes([(m.tokens, m.bytes) for m in alike])
         room = self._snapshots.staging_room()
         return floor.block_store(
             whole_bytes=whole,
-            new_bytes=floor.tail_bytes(tokens=action.tokens, held_tokens=held, whole_bytes=whole),
+            new_bytes=floor.tail_bytes(tokens=action.tokens, held_tokens=held, whole_bytes=whole, fixed=fixed),
             store_free=free_bytes,
             staging_free=None if room is None else room[0],
             shares_disk=room is not None and room[1],

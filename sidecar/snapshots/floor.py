@@ -6,9 +6,11 @@ it; the floor guards the slot dir's filesystem against that file, as it always d
 Block store (``--store-dir``): llama-server writes the whole file into the slot dir, which only stages it
 (normally a tmpfs, governed by :func:`.spill.fits`, not by the floor), and the store's disk keeps only the
 blocks it lacks: the tokens beyond what it already holds of the slot's content, each layer's last partial
-block of that part rewritten, and the recipe and manifest. The staged file lands on the store's disk too
-when the slot dir lacks room for it (a spill) or is on the same filesystem. The floor guards the store's
-disk against that sum: a 6 GB slot whose new tail is 50 MB needs 50 MB there, not 6 GB.
+block of that part rewritten, the part of the file that does not grow with the tokens (a sliding window,
+a recurrent state: written again at every save), and the recipe and manifest. The staged file lands on
+the store's disk too when the slot dir lacks room for it (a spill) or is on the same filesystem. The
+floor guards the store's disk against that sum: a 6 GB slot whose new tail is 50 MB needs about 50 MB
+there, not 6 GB.
 
 What the store holds of the slot's content is an estimate: the slot's newest snapshot, when it holds fewer
 tokens than the slot now (a conversation grows in its slot; a changed slot with as many tokens or fewer
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 
 from sidecar.snapshots import spill
 
@@ -59,15 +62,35 @@ class Estimate:
         return max(0, self.bytes + floor - self.free_bytes)
 
 
-def tail_bytes(*, tokens: int, held_tokens: int, whole_bytes: int) -> int:
+def fixed_bytes(sizes: Sequence[tuple[int, int]]) -> int | None:
+    """The part of a slot file that does not grow with its tokens, fitted from ``(tokens, bytes)`` of snapshots
+    of one model, the newest first; None without two of them ``BLOCK_TOKENS`` or more apart.
+
+    A save writes it again whatever the store holds: a sliding window's rows move with the tokens, a
+    recurrent state is rewritten (measured on Gemma 3: 7.8 MB of a 14 MB file, and each 100 tokens more
+    wrote 9 MB of new blocks). The fit takes the newest and the one farthest from it in tokens.
+    """
+    if len(sizes) < 2:
+        return None
+    tokens, size = sizes[0]
+    other = max(sizes[1:], key=lambda s: abs(s[0] - tokens))
+    if abs(other[0] - tokens) < BLOCK_TOKENS:
+        return None
+    per_token = max(0.0, (size - other[1]) / (tokens - other[0]))
+    return max(0, min(size, round(size - per_token * tokens)))
+
+
+def tail_bytes(*, tokens: int, held_tokens: int, whole_bytes: int, fixed: int | None) -> int:
     """Bytes of new blocks a save of ``tokens`` writes when the store holds the first ``held_tokens`` of them.
 
-    ``whole_bytes``: the whole file's estimated size (``tokens`` of it). Nothing held: the whole file.
+    ``whole_bytes``: the whole file's estimated size (``tokens`` of it); ``fixed``: the part of it written
+    again at every save (:func:`fixed_bytes`). Nothing held, or no fit: the whole file.
     """
-    if tokens <= 0 or held_tokens <= 0 or held_tokens >= tokens:
+    if tokens <= 0 or held_tokens <= 0 or held_tokens >= tokens or fixed is None:
         return whole_bytes  # a slot saved again at as many tokens or fewer holds another conversation
+    fixed = min(fixed, whole_bytes)
     new = min(tokens, tokens - held_tokens + BLOCK_TOKENS)
-    return whole_bytes * new // tokens
+    return fixed + (whole_bytes - fixed) * new // tokens
 
 
 def whole_files(*, whole_bytes: int, free_bytes: int) -> Estimate:

@@ -83,11 +83,12 @@ async def test_a_block_store_takes_a_save_whose_new_tail_fits_though_its_whole_f
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bed = make(tmp_path, monkeypatch, blocks=True)
-    assert (await bed.save(0, task=1)).result is R.OK
+    assert (await bed.save(1, task=1, tokens=TOKENS // 2)).result is R.OK  # two sizes: what grows with the tokens
+    assert (await bed.save(0, task=2)).result is R.OK
     grown = TOKENS + TOKENS // 10  # 1.1 MB whole, about 0.13 MB new
     bed.capacity = bed.used() + FLOOR + 600_000
     with capture_logs() as logs:
-        record = await bed.save(0, task=2, tokens=grown)
+        record = await bed.save(0, task=3, tokens=grown)
     assert (record.result, record.cause) == (R.OK, None), record.detail
     assert not [e for e in logs if e["event"] == "snapshot_skipped_low_disk"]
     assert bed.evicted() == 0
@@ -97,11 +98,12 @@ async def test_a_block_store_counts_the_staged_file_when_the_slot_dir_lacks_room
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bed = make(tmp_path, monkeypatch, blocks=True)
-    await bed.save(0, task=1)
+    await bed.save(1, task=1, tokens=TOKENS // 2)
+    await bed.save(0, task=2)
     bed.capacity = bed.used() + FLOOR + 600_000
     bed.staging_free = 500_000  # the 1.1 MB file spills onto the store's disk
     with capture_logs() as logs:
-        record = await bed.save(0, task=2, tokens=TOKENS + TOKENS // 10)
+        record = await bed.save(0, task=3, tokens=TOKENS + TOKENS // 10)
     assert (record.result, record.cause) == (R.SKIPPED, C.LOW_DISK)
     said = [e for e in logs if e["event"] == "snapshot_skipped_low_disk"]
     assert [(e["disk"], e["staged_file_counted"]) for e in said] == [("store", True)]

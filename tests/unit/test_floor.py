@@ -26,7 +26,7 @@ def test_whole_files_decide_as_before(whole: int, free: int, min_free: int) -> N
 def test_a_block_store_counts_the_new_tail_not_the_whole_file() -> None:
     """A 6 GB slot whose newest snapshot holds all but its last 50 MB, on a store disk with 1.5 GiB free."""
     tokens, held = 60_000, 59_500  # 100 KB a token
-    new = floor.tail_bytes(tokens=tokens, held_tokens=held, whole_bytes=6 * GB)
+    new = floor.tail_bytes(tokens=tokens, held_tokens=held, whole_bytes=6 * GB, fixed=0)
     assert 50 * MB <= new <= 50 * MB + floor.BLOCK_TOKENS * 100_000  # each layer's partial block written again
     got = floor.block_store(
         whole_bytes=6 * GB, new_bytes=new, store_free=GIB + GIB // 2, staging_free=8 * GB, shares_disk=False
@@ -38,11 +38,27 @@ def test_a_block_store_counts_the_new_tail_not_the_whole_file() -> None:
     assert floor.whole_files(whole_bytes=6 * GB, free_bytes=GIB + GIB // 2).short(GIB) > 0  # as before
 
 
-def test_nothing_held_is_the_whole_file() -> None:
-    assert floor.tail_bytes(tokens=1000, held_tokens=0, whole_bytes=7777) == 7777
-    assert floor.tail_bytes(tokens=1000, held_tokens=2000, whole_bytes=7777) == 7777  # another conversation
-    assert floor.tail_bytes(tokens=1000, held_tokens=1000, whole_bytes=7777) == 7777  # changed, not grown
-    assert floor.tail_bytes(tokens=1000, held_tokens=900, whole_bytes=10_000) == 3560  # 100 + 256 tokens
+def test_nothing_held_or_no_fit_is_the_whole_file() -> None:
+    assert floor.tail_bytes(tokens=1000, held_tokens=0, whole_bytes=7777, fixed=0) == 7777
+    assert floor.tail_bytes(tokens=1000, held_tokens=2000, whole_bytes=7777, fixed=0) == 7777  # another conversation
+    assert floor.tail_bytes(tokens=1000, held_tokens=1000, whole_bytes=7777, fixed=0) == 7777  # changed, not grown
+    assert floor.tail_bytes(tokens=1000, held_tokens=900, whole_bytes=7777, fixed=None) == 7777  # nothing fitted
+    assert floor.tail_bytes(tokens=1000, held_tokens=900, whole_bytes=10_000, fixed=0) == 3560  # 100 + 256 tokens
+
+
+def test_the_part_that_does_not_grow_is_written_again() -> None:
+    """Gemma 3's files as measured: 2,043 tokens in 14,179,756 bytes, 2,142 in 14,485,468; a fit from two
+    snapshots far enough apart, and a grown save counts the fixed part (what the real save wrote)."""
+    per_token, fixed = 3088, 7_870_000
+    sizes = [(2043, fixed + per_token * 2043), (600, fixed + per_token * 600), (1900, fixed + per_token * 1900)]
+    assert floor.fixed_bytes(sizes) == fixed  # from the newest and the farthest (600)
+    whole = fixed + per_token * 2142
+    new = floor.tail_bytes(tokens=2142, held_tokens=2043, whole_bytes=whole, fixed=fixed)
+    assert fixed + per_token * (99 + floor.BLOCK_TOKENS) - 2 <= new <= fixed + per_token * (99 + floor.BLOCK_TOKENS)
+    assert floor.fixed_bytes(sizes[:1]) is None
+    assert floor.fixed_bytes([(2043, 100), (2000, 90)]) is None  # too close to tell
+    assert floor.fixed_bytes([(1000, 10_000), (2000, 20_000)]) == 0  # attention only: all of it grows
+    assert floor.fixed_bytes([(1000, 10_000), (2000, 9_000)]) == 10_000  # shrank: all of it counted again
 
 
 def test_the_staged_file_counts_on_the_store_disk_when_the_slot_dir_lacks_room_or_is_that_disk() -> None:
