@@ -30,22 +30,28 @@ class DiskRoom:
         self._settings = settings
 
     def estimate_bytes(self, tokens: int) -> int:
-        """A whole slot file of ``tokens``, at the newest snapshot's bytes per token (0 before any snapshot)."""
+        """A whole slot file of ``tokens``: at the newest snapshot's bytes per token, and with a block store
+        beyond the part that does not grow with the tokens (:func:`.floor.whole_file`); 0 before any snapshot."""
         known = self._snapshots.snapshots()
         if not known:
             return 0
         newest = known[0]
-        return int(newest.bytes / max(newest.tokens, 1) * tokens)
+        if self._snapshots.blocks is None:
+            return int(newest.bytes / max(newest.tokens, 1) * tokens)
+        return floor.whole_file(self._sizes(newest.fingerprint), tokens)
+
+    def _sizes(self, fingerprint: manifest.Fingerprint) -> list[tuple[int, int]]:
+        """(tokens, bytes) of the snapshots of ``fingerprint``, newest first."""
+        return [(m.tokens, m.bytes) for m in self._snapshots.snapshots() if m.fingerprint == fingerprint]
 
     def estimate(self, action: policy.Save, fingerprint: manifest.Fingerprint, free_bytes: int) -> floor.Estimate:
         """What the save would write on the disk ``free_bytes`` was measured on (see :mod:`.floor`)."""
         whole = self.estimate_bytes(action.tokens)
         if self._snapshots.blocks is None:
             return floor.whole_files(whole_bytes=whole, free_bytes=free_bytes)
-        alike = [m for m in self._snapshots.snapshots() if m.fingerprint == fingerprint]
-        newest = next((m for m in alike if m.slot == action.slot), None)
+        newest = next((m for m in self._snapshots.snapshots(action.slot) if m.fingerprint == fingerprint), None)
         held = 0 if newest is None else newest.tokens
-        fixed = floor.fixed_bytes([(m.tokens, m.bytes) for m in alike])
+        fixed = floor.fixed_bytes(self._sizes(fingerprint))
         room = self._snapshots.staging_room()
         return floor.block_store(
             whole_bytes=whole,

@@ -80,6 +80,19 @@ def fixed_bytes(sizes: Sequence[tuple[int, int]]) -> int | None:
     return max(0, min(size, round(size - per_token * tokens)))
 
 
+def whole_file(sizes: Sequence[tuple[int, int]], tokens: int) -> int:
+    """A whole slot file of ``tokens`` for a block store, from ``(tokens, bytes)`` of snapshots of one model,
+    the newest first: its fixed part (:func:`fixed_bytes`) and the newest's bytes per token beyond it; without
+    a fit, the newest's bytes per token (0 before any snapshot)."""
+    if not sizes:
+        return 0
+    newest_tokens, newest_bytes = sizes[0]
+    fixed = fixed_bytes(sizes)
+    if fixed is None:
+        return int(newest_bytes / max(newest_tokens, 1) * tokens)
+    return fixed + int((newest_bytes - fixed) / max(newest_tokens, 1) * tokens)
+
+
 def tail_bytes(*, tokens: int, held_tokens: int, whole_bytes: int, fixed: int | None) -> int:
     """Bytes of new blocks a save of ``tokens`` writes when the store holds the first ``held_tokens`` of them.
 

@@ -118,3 +118,11 @@ def test_space_never_takes_a_slots_newest_or_one_in_use() -> None:
     got = policy.select_for_space(every, need=1500, free=0, floor=0, in_use=(s0[0].file,))
     assert got == [s1[0], s0[1]]
     assert policy.freed_bytes(every, got) == 2000
+
+
+def test_a_whole_file_counts_the_fixed_part_once_a_fit_exists() -> None:
+    per_token, fixed = 3088, 7_870_000
+    sizes = [(600, fixed + per_token * 600), (1400, fixed + per_token * 1400)]
+    assert floor.whole_file(sizes, 500) == fixed + per_token * 500  # proportional would say ~8.1 MB, not 9.4
+    assert floor.whole_file(sizes[:1], 300) == (fixed + per_token * 600) // 2  # no fit: the newest's bytes a token
+    assert floor.whole_file([], 300) == 0
