@@ -259,30 +259,15 @@ def select_for_deletion(
     model that cannot cut a state back are superseded to the token only (``covers``, see
     ``retention.select``).
     """
-    by_slot: dict[int, list[manifest.Manifest]] = {}
-    for snap in manifest.newest_first(snapshots):
-        by_slot.setdefault(snap.slot, []).append(snap)
+    by_slot = _by_slot(snapshots)
     protected = {group[0].file for group in by_slot.values()} | set(in_use)
     doomed: dict[str, tuple[manifest.Manifest, outcomes.GcReason]] = {}
     for group in by_slot.values():
         for snap in group[max(1, keep_per_slot) :]:
             if snap.index is None or not snap.index.chain:
                 doomed[snap.file] = (snap, outcomes.GcReason.KEEP)
-    used = last_used or (lambda file: by_file[file].created)
     by_file = {s.file: s for s in snapshots}
-    kept = [
-        retention.Kept(
-            file=s.file,
-            prefix=s.index.chain if s.index is not None else (),
-            bytes=s.bytes,
-            generation=s.generation,
-            last_used=used(s.file),
-            exact=s.fingerprint.memory in EXACT_MEMORY,
-            blocks=blocks(s) if blocks is not None and s.recipe is not None else (),
-        )
-        for s in snapshots
-        if s.file not in doomed
-    ]
+    kept = _kept([s for s in snapshots if s.file not in doomed], last_used=last_used, blocks=blocks)
     exact_covers = None
     if covers is not None:
         cover = covers
@@ -301,3 +286,69 @@ def select_for_deletion(
     ):
         doomed[k.file] = (by_file[k.file], why)
     return list(doomed.values())
+
+
+def select_for_space(
+    snapshots: Sequence[manifest.Manifest],
+    *,
+    need: int,
+    free: int,
+    floor: int,
+    in_use: Collection[str] = (),
+    last_used: Callable[[str], float] | None = None,
+    blocks: Callable[[manifest.Manifest], tuple[tuple[str, int], ...]] | None = None,
+) -> list[manifest.Manifest]:
+    """Snapshots to delete, least recently used first, so that a save writing ``need`` bytes on a disk with
+    ``free`` bytes leaves ``floor`` free; [] when it fits already or deleting all would not make it fit.
+
+    Protected as from every retention rule: the newest snapshot of each slot and ``in_use``. ``blocks``:
+    a snapshot's blocks in a block store (the bytes freed count only blocks no kept snapshot names).
+    """
+    protected = {group[0].file for group in _by_slot(snapshots).values()} | set(in_use)
+    by_file = {s.file: s for s in snapshots}
+    victims = retention.make_room(
+        _kept(snapshots, last_used=last_used, blocks=blocks), in_use=protected, need=need, free=free, floor=floor
+    )
+    return [by_file[k.file] for k in victims]
+
+
+def freed_bytes(
+    snapshots: Sequence[manifest.Manifest],
+    victims: Collection[manifest.Manifest],
+    *,
+    blocks: Callable[[manifest.Manifest], tuple[tuple[str, int], ...]] | None = None,
+) -> int:
+    """Bytes on disk deleting ``victims`` frees: whole files, or blocks no other snapshot names."""
+    before = _kept(snapshots, last_used=lambda file: 0.0, blocks=blocks)
+    gone = {v.file for v in victims}
+    return retention.held_bytes(before) - retention.held_bytes(k for k in before if k.file not in gone)
+
+
+def _by_slot(snapshots: Sequence[manifest.Manifest]) -> dict[int, list[manifest.Manifest]]:
+    """Each slot's snapshots, newest first."""
+    by_slot: dict[int, list[manifest.Manifest]] = {}
+    for snap in manifest.newest_first(snapshots):
+        by_slot.setdefault(snap.slot, []).append(snap)
+    return by_slot
+
+
+def _kept(
+    snapshots: Sequence[manifest.Manifest],
+    *,
+    last_used: Callable[[str], float] | None,
+    blocks: Callable[[manifest.Manifest], tuple[tuple[str, int], ...]] | None,
+) -> list[retention.Kept]:
+    """The snapshots as retention sees them (``last_used`` None: their commit time)."""
+    used = last_used or {s.file: s.created for s in snapshots}.__getitem__
+    return [
+        retention.Kept(
+            file=s.file,
+            prefix=s.index.chain if s.index is not None else (),
+            bytes=s.bytes,
+            generation=s.generation,
+            last_used=used(s.file),
+            exact=s.fingerprint.memory in EXACT_MEMORY,
+            blocks=blocks(s) if blocks is not None and s.recipe is not None else (),
+        )
+        for s in snapshots
+    ]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import structlog
 
-from sidecar.act import actions, policy, storefault
+from sidecar.act import actions, diskroom, policy, storefault
 from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, slotfile, store
 
@@ -86,6 +86,7 @@ class Snapshotter:
         self._snapshots = snapshots
         self._stats = stats
         self._covered: dict[tuple[str, str], bool] = {}
+        self._room = diskroom.DiskRoom(snapshots=snapshots, stats=stats, settings=settings)
         self._settings = settings
         self._clock = clock
         self.last: SaveRecord | None = None
@@ -101,7 +102,7 @@ class Snapshotter:
 
     @property
     def low_disk(self) -> bool:
-        """The newest save found the slot dir's filesystem below ``--min-free-bytes`` (until a save finds room)."""
+        """The newest save found its disk below ``--min-free-bytes`` even after making room (until a save fits)."""
         return self._low_disk
 
     async def save(
@@ -122,11 +123,12 @@ class Snapshotter:
         every other save is committed now, after the pending ones, and returns its record.
         """
         slot = action.slot
-        floor = await self._below_floor(action)
-        if floor is not None:
-            return floor
+        fingerprint = manifest.Fingerprint.of(identity, n_ctx=slot_n_ctx)
+        below = await self._below_floor(action, fingerprint)
+        if below is not None:
+            return below
         temp = self._snapshots.temp_name(slot)
-        await asyncio.to_thread(self._snapshots.place_save, temp, self._estimate_bytes(action.tokens))
+        await asyncio.to_thread(self._snapshots.place_save, temp, self._room.estimate_bytes(action.tokens))
         started = time.perf_counter()
         created = self._clock.wall()
         try:
@@ -135,7 +137,7 @@ class Snapshotter:
                 action=action,
                 temp=temp,
                 result=result,
-                fingerprint=manifest.Fingerprint.of(identity, n_ctx=slot_n_ctx),
+                fingerprint=fingerprint,
                 created=created,
                 written_at=self._clock.monotonic(),
                 call_seconds=time.perf_counter() - started,
@@ -242,10 +244,10 @@ class Snapshotter:
         await self.collect_garbage()
         return record
 
-    async def _below_floor(self, action: policy.Save) -> SaveRecord | None:
-        """The record of a save the slot dir cannot take now (unmeasurable, or too little free space); None: go on."""
+    async def _below_floor(self, action: policy.Save, fingerprint: manifest.Fingerprint) -> SaveRecord | None:
+        """The record of a save the disk cannot take now (unmeasurable, refused, or below the floor even once
+        the least recently used snapshots made room); None: go on."""
         slot = action.slot
-        need = self._estimate_bytes(action.tokens)
         usage = await asyncio.to_thread(self._snapshots.usage)
         if usage.problem:
             return self._fail(slot, outcomes.SaveCause.SLOT_DIR, usage.problem, 0.0)
@@ -260,20 +262,33 @@ class Snapshotter:
                 tokens=action.tokens,
                 result=outcomes.SaveResult.SKIPPED,
             )
-        if usage.free_bytes - need < self._settings.min_free_bytes:
+        min_free = self._settings.min_free_bytes
+        estimate = await asyncio.to_thread(self._room.estimate, action, fingerprint, usage.free_bytes)
+        if estimate.short(min_free):
+            estimate = await self._room.make_room(estimate)
+        if estimate.short(min_free):
+            where = self._room.where(estimate.disk)
             if not self._low_disk:
                 log.warning(
                     "snapshot_skipped_low_disk",
                     slot=slot,
-                    free_bytes=usage.free_bytes,
-                    estimated_bytes=need,
-                    min_free_bytes=self._settings.min_free_bytes,
-                    hint="free space in the slot dir or lower --min-free-bytes; existing snapshots are kept",
+                    disk=estimate.disk.value,
+                    directory=str(where),
+                    free_bytes=estimate.free_bytes,
+                    estimated_bytes=estimate.bytes,
+                    staged_file_counted=estimate.staged,
+                    min_free_bytes=min_free,
+                    effect="this save and the next are skipped while the disk stays below the floor; existing "
+                    "snapshots are kept and still restore (deleting every snapshot not in use would not make "
+                    "room either)",
+                    hint=f"free space on the filesystem of {where} or lower --min-free-bytes",
                 )
             self._low_disk = True
-            return self._record(
-                slot, outcomes.SaveCause.LOW_DISK, "disk below the free-space floor", tokens=action.tokens
+            detail = (
+                f"{estimate.disk.value} disk below the free-space floor: {estimate.free_bytes} bytes free, the save "
+                f"would write about {estimate.bytes}, --min-free-bytes is {min_free}"
             )
+            return self._record(slot, outcomes.SaveCause.LOW_DISK, detail, tokens=action.tokens)
         self._low_disk = False
         return None
 
@@ -351,12 +366,7 @@ class Snapshotter:
             covers=self._covers,
             blocks=None if self._snapshots.blocks is None else self._snapshots.blocks.digests,
         )
-        for record, reason in doomed:
-            await asyncio.to_thread(self._snapshots.delete, record)
-            self._stats.gc_deleted.labels(reason.value).inc()
-            log.info("snapshot_deleted", file=record.file, slot=record.slot, reason=reason.value)
-        if doomed:
-            await asyncio.to_thread(self._snapshots.collect_blocks)
+        await self._room.delete(doomed)
 
     def _covers(self, newer: manifest.Manifest, older: manifest.Manifest) -> bool:
         """Whether ``newer``'s file holds every token of ``older``, to the token (read from its head; cached)."""
@@ -388,13 +398,6 @@ class Snapshotter:
         )
         log.info("snapshot_skipped_busy", slot=action.slot, reason=action.reason.value)
         return self._record(action.slot, outcomes.SaveCause.SLOT_BUSY, detail, tokens=action.tokens)
-
-    def _estimate_bytes(self, tokens: int) -> int:
-        known = self._snapshots.snapshots()
-        if not known:
-            return 0
-        newest = known[0]
-        return int(newest.bytes / max(newest.tokens, 1) * tokens)
 
     def _fail(self, slot: int, cause: outcomes.SaveCause, detail: str, seconds: float) -> SaveRecord:
         log.error("snapshot_failed", slot=slot, cause=cause.value, error=detail)

@@ -35,7 +35,7 @@ class Inputs:
     max_bytes: int
     """--max-bytes (0: no cap)."""
     min_free_bytes: int
-    """--min-free-bytes: saves stop below it."""
+    """--min-free-bytes: a save below it deletes the least recently used snapshots first, or is skipped."""
     figures: Mapping[str, float]
     """Metric sums by key, as /metrics shows them (see ``figures.SUMS``)."""
     samples: tuple[history.Sample, ...]
@@ -298,7 +298,11 @@ def _disk(inputs: Inputs) -> tuple[tuple[str, str], ...]:
     rows = [
         ("used", f"{bytes_text(usage.used_bytes)}{cap}{share}"),
         ("snapshots", f"{usage.snapshot_files}"),
-        ("free", f"{bytes_text(usage.free_bytes)}; saves stop below {bytes_text(inputs.min_free_bytes)}"),
+        (
+            "free",
+            f"{bytes_text(usage.free_bytes)}; kept above {bytes_text(inputs.min_free_bytes)} by deleting the least "
+            "recently used snapshots, else saves stop",
+        ),
     ]
     if usage.represented_bytes:
         rows.append(

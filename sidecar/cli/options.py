@@ -260,7 +260,9 @@ OPTIONS: tuple[Option, ...] = (
         "--min-free-bytes",
         "LLAMA_SIDECAR_MIN_FREE_BYTES",
         ("snapshots.min_free_bytes",),
-        "skip saves that would leave less free space than this on the slot dir's filesystem, in bytes",
+        "free space kept on the disk the snapshots live on (the slot dir's, or with --store-dir the store's), in "
+        "bytes: a save that would go below it first deletes the least recently used snapshots not in use, just "
+        "enough, and is skipped if that would not do",
         "N",
         parse.number(int, zero_ok=True),
     ),

@@ -81,7 +81,8 @@ class SnapshotSettings:
     max_age: float = 0.0
     """Snapshots older than this many seconds are deleted; 0 means no age limit."""
     min_free_bytes: int = 1 << 30
-    """Saves are skipped when the filesystem would drop below this many free bytes."""
+    """Free bytes kept on the disk the snapshots live on: the least recently used snapshots go to make room
+    for a save, which is skipped when deleting every one not in use would not make room."""
     final_timeout: float = 20.0
     """Budget for the final snapshots at shutdown, in seconds."""
 

@@ -194,7 +194,8 @@ class Families:
     gc_deleted = counter(
         "gc_deleted",
         "Snapshots deleted by retention, by reason: keep (--keep-per-slot), superseded (a newer snapshot of the "
-        "same conversation holds it), bytes (--max-bytes), age (--max-age).",
+        "same conversation holds it), bytes (--max-bytes), age (--max-age), space (the least recently used, "
+        "so that a save fits above --min-free-bytes).",
         label("reason", outcomes.GcReason),
     )
     quarantined = counter(

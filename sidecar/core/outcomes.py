@@ -316,6 +316,8 @@ class GcReason(enum.StrEnum):
     """The least recently used while the library is over --max-bytes."""
     AGE = "age"
     """Not used for longer than --max-age."""
+    SPACE = "space"
+    """The least recently used, deleted so that a save fits above --min-free-bytes."""
 
 
 class SharedOperation(enum.StrEnum):

@@ -104,3 +104,35 @@ def _superseded(
 def _extends(longer: tuple[str, ...], shorter: tuple[str, ...]) -> bool:
     """Whether ``longer`` starts with all of ``shorter``'s blocks (chained hashes: the last one decides)."""
     return len(longer) >= len(shorter) and longer[len(shorter) - 1] == shorter[-1]
+
+
+def make_room(kept: Sequence[Kept], *, in_use: Collection[str], need: int, free: int, floor: int) -> list[Kept]:
+    """The snapshots to delete so that a write of ``need`` bytes leaves ``floor`` free of ``free``; [] if none.
+
+    Least recently used first (the order of ``max_bytes``), just enough: the freed bytes count each block
+    of a block store once, freed only when no kept snapshot names it. If deleting every snapshot not in
+    ``in_use`` would not free enough, nothing is selected (nothing is deleted for a write that still
+    would not fit).
+    """
+    short = need + floor - free
+    if short <= 0:
+        return []
+    names: dict[str, int] = {}  # digest: kept snapshots naming it
+    for k in kept:
+        for digest in dict(k.blocks):
+            names[digest] = names.get(digest, 0) + 1
+    victims: list[Kept] = []
+    freed = 0
+    for k in sorted(kept, key=lambda k: (k.last_used, k.generation)):
+        if k.file in in_use:
+            continue
+        victims.append(k)
+        if not k.blocks:
+            freed += k.bytes
+        for digest, size in dict(k.blocks).items():
+            names[digest] -= 1
+            if not names[digest]:
+                freed += size
+        if freed >= short:
+            return victims
+    return []

@@ -42,6 +42,15 @@ class Spill:
             return None  # the slot dir's own problem: reported by its checks, the save fails there
         return None if fits(stats.f_bavail * stats.f_frsize, estimated_bytes) else outcomes.StagingFallback.NO_ROOM
 
+    def slot_dir_room(self) -> tuple[int, bool] | None:
+        """The slot dir's free bytes and whether it is on the store's filesystem; None if it cannot be measured."""
+        try:
+            stats = os.statvfs(self._slot_dir.path)
+            shares = os.stat(self._slot_dir.path).st_dev == os.stat(self.dir.path.parent).st_dev
+        except OSError:
+            return None
+        return stats.f_bavail * stats.f_frsize, shares
+
     def place(self, name: str) -> Path:
         """Stage ``name`` on disk: an empty file in ``STORE/staging`` and a link to it in the slot dir; its path.
 

@@ -206,6 +206,11 @@ class SnapshotStore:
             staged_bytes=self.staged.staged_bytes(),
         )
 
+    def staging_room(self) -> tuple[int, bool] | None:
+        """With a block store: the slot dir's free bytes and whether the store's disk is its filesystem
+        (None without a block store, or if unmeasurable)."""
+        return None if self._dir.spill is None else self._dir.spill.slot_dir_room()
+
     def check_writable(self) -> str | None:
         """None if the slot dir is a writable directory, else what is wrong (for /readyz)."""
         return self._dir.index.blocked or self._dir.fs.check()
