@@ -471,9 +471,11 @@ def measure(bed: rig.Rig, *, quick: bool, say: rig.Say, choice: Choice = Choice(
     rounds = 1 if quick else 2
     points = [] if choice.defaults_only else run(bed, list(choice.sizes), tokens=tokens, rounds=rounds, say=say)
     at_defaults = [n for n in choice.sizes if n > SLOTS][: 1 if quick else None]
-    for model in choice.models:
-        points += run(bed, at_defaults, tokens=tokens, rounds=rounds, say=say, ram=True, model=model,
-                      ways=choice.ways, staging=choice.staging, max_unsaved=choice.max_unsaved)  # fmt: skip
+    for n in at_defaults:  # every model at one N before the next N: a run stopped early has each model's figures
+        for model in choice.models:
+            points += run(bed, [n], tokens=tokens, rounds=rounds, say=say, ram=True, model=model,
+                          ways=choice.ways, staging=choice.staging, max_unsaved=choice.max_unsaved)  # fmt: skip
+            say(f"so far:\n{table(points, tokens=tokens)}\n" + "\n".join(verdicts(points)))
     said = f"the sidecar ran with --max-unsaved-seconds {choice.max_unsaved}\n\n" if choice.max_unsaved else ""
     return points, said + table(points, tokens=tokens) + "\n\n" + "\n".join(verdicts(points))
 
