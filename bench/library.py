@@ -399,9 +399,8 @@ def verdicts(points: list[Point]) -> list[str]:
     for p in points:
         if p.conversations <= SLOTS:
             continue
-        who = p.label + (" (the sidecar's defaults)" if p.proxy.way == WHOLE else "")
         figures = (
-            f"{who}: median turn {rig.median(p.proxy.warm):.3f} s with the library, "
+            f"{p.label}: median turn {rig.median(p.proxy.warm):.3f} s with the library, "
             f"{rig.median(p.direct.warm):.3f} s alone"
         )
         if not p.ram:

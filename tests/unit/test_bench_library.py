@@ -55,7 +55,7 @@ def test_the_price_at_the_defaults_is_judged_beside_the_kill_and_each_way_on_its
     blocks = _point(1.05, [1.0] * 6, way=library.BLOCKS)
     lines = library.verdicts([whole, blocks])
     assert [line.split()[0] for line in lines] == ["MET", "MET", "MISSED", "MET"]
-    assert "whole files, N=6 (the sidecar's defaults)" in lines[0]
+    assert "whole files, N=6:" in lines[0]
     assert "block store, N=6" in lines[2]
     assert "(1.050x)" in lines[2]
 
