@@ -270,9 +270,7 @@ def _after_kill(
             what="every slot's changes saved",
         )  # fmt: skip
         figures = _figures(side)
-    server.kill()
-    server.start()
-    server.wait_healthy(timeout=300)
+    server.restart(timeout=300)  # kill -9, started again the same way
     if side is not None:
         side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=300, what="the sidecar ready after the kill")
     prompts = [chat.prompt for chat in chats]
