@@ -16,15 +16,29 @@ front of it (the library swaps each conversation back into a slot). A turn's
 time is the wall time of a non-streamed ``/v1/chat/completions`` with
 ``max_tokens`` 1: time to first token, swaps and tokenization included.
 
+At the defaults the proxy runs two ways, each beside the same run of
+llama-server alone: the sidecar's defaults (whole slot files in its slot
+dir) and ``--store-dir`` (the block store; the slot dir on a tmpfs,
+``--staging``). After the timed rounds (once the sidecar has saved what the
+slots hold) llama-server is ``kill -9``ed on each path, started again the
+same way, and every conversation sends one more turn (through the proxy once
+its ``/readyz`` answers 200): how many reused at least 99% of their previous
+prompt (``usage.prompt_tokens_details.cached_tokens`` of the answer, the same
+as ``timings.cache_n``), and that turn's median time. Its RAM prompt cache
+gone, llama-server alone has none warm.
+
 Printed per N: median turn time after the first round on each path, the
 speed-up, the swaps and their mean cost next to the prefill each one saves
 (llama-server alone's median turn at that N). The verdicts: for every N above
 the slot count the library must beat llama-server alone without its RAM
 cache, and cost at most :data:`DEFAULTS_PRICE` per turn at its defaults
-(MET), else MISSED and exit status 1.
+(MET), and at the defaults through the proxy every conversation's turn after
+the ``kill -9`` must reuse at least :data:`CACHED_GOAL` of its previous prompt
+(llama-server alone reported beside); else MISSED and exit status 1.
 
-Run alone with ``python -m bench.library [--quick]``, or as the ``library``
-section of ``python -m bench``.
+Run alone with ``python -m bench.library [--quick] [--defaults-only]
+[--models tiny,wide] [--ways whole,blocks]``, or as the ``library`` section
+of ``python -m bench``.
 """
 
 from __future__ import annotations
@@ -32,6 +46,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -45,14 +61,22 @@ import matplotlib.pyplot as plt
 from matplotlib import ticker
 
 from bench import REPO_ROOT, rig
-from bench.beds import llamabed, net, widekv
+from bench.beds import llamabed, net, sidecarbed, widekv
 
 SLOTS = 2
 DIRECT, PROXY = "llama-server alone", "with the library"
 DEFAULTS_PRICE = 1.03
 """Most a turn through the proxy may take, over llama-server alone, both at their defaults (RAM cache on)."""
+CACHED_GOAL = 0.99
+"""Share of its previous prompt every conversation's turn after the kill -9 must reuse, through the proxy."""
 TINY, WIDE = "gemma3-270m", "8B-class KV"
 """The bed's model, and the random-weight one whose KV is 128 KiB per token (``tests.support.widekv``)."""
+MODELS = {"tiny": TINY, "wide": WIDE}
+"""``--models`` names."""
+WHOLE, BLOCKS = "whole files", "block store"
+"""The sidecar's ways at the defaults: whole slot files in ``--slot-dir``, or ``--store-dir`` (slot dir on tmpfs)."""
+STAGING = Path("/dev/shm")
+"""Where the block store's slot dirs go (``--staging``): a tmpfs."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,10 +87,23 @@ class Run:
     """Seconds per turn, one list per round (round 0: every conversation's first turn)."""
     swaps: int = 0
     swap_seconds: float = 0.0
+    way: str = ""
+    """Through the proxy: the sidecar's way, :data:`WHOLE` or :data:`BLOCKS`."""
+    after_kill: list[float] = dataclasses.field(default_factory=list)
+    """At the defaults, per conversation: the share of its previous prompt its turn after the kill -9 reused."""
+    after_kill_seconds: list[float] = dataclasses.field(default_factory=list)
+    """That turn's time per conversation."""
+    figures: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Through the proxy at the defaults: the sidecar's counters that say what the turns cost (:data:`FIGURES`)."""
 
     @property
     def warm(self) -> list[float]:
         return [t for r in self.rounds[1:] for t in r]
+
+    @property
+    def warm_after_kill(self) -> int:
+        """Conversations whose turn after the kill -9 reused at least :data:`CACHED_GOAL` of their previous prompt."""
+        return sum(share >= CACHED_GOAL for share in self.after_kill)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,6 +123,10 @@ class Point:
     def swap_mean(self) -> float:
         return self.proxy.swap_seconds / self.proxy.swaps if self.proxy.swaps else float("nan")
 
+    @property
+    def label(self) -> str:
+        return f"{self.model}" + (f", {self.proxy.way}" if self.proxy.way else "") + f", N={self.conversations}"
+
 
 class _Chat:
     def __init__(self, n: int, text: str) -> None:
@@ -94,6 +135,10 @@ class _Chat:
             {"role": "user", "content": text},
         ]
         self.n = n
+        self.prompt = 0
+        """Prompt tokens of the last turn (``usage.prompt_tokens``)."""
+        self.cached = 0
+        """Of them, reused (``usage.prompt_tokens_details.cached_tokens``; ``timings.cache_n`` says the same)."""
 
     def turn(self, url: str) -> float:
         body = {"messages": self.messages, "max_tokens": 1, "temperature": 0}
@@ -102,13 +147,36 @@ class _Chat:
         seconds = time.perf_counter() - started
         if status != 200:
             raise rig.BenchError(f"chat turn answered HTTP {status}: {str(answer)[:200]}")
+        self.prompt = int(answer["usage"]["prompt_tokens"])
+        self.cached = int(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
         self.messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
         self.messages.append({"role": "user", "content": f"And record {self.n}, turn {len(self.messages) // 2}?"})
         return seconds
 
 
-def _server(bed: rig.Rig, name: str, *, ram: bool, model: str) -> tuple[llamabed.LlamaServer, Path]:
-    slot_dir = bed.slot_dir(name)
+FIGURES: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("in library", "llama_sidecar_library_conversations", {}),
+    ("counted in RAM", "llama_sidecar_library_ram_conversations", {}),
+    ("left unsaved", "llama_sidecar_library_left_unsaved_reprefill_seconds_count", {}),
+    ("unsaved s", "llama_sidecar_library_left_unsaved_reprefill_seconds_sum", {}),
+    ("saves", "llama_sidecar_snapshot_duration_seconds_count", {}),
+    ("save s", "llama_sidecar_snapshot_duration_seconds_sum", {}),
+    ("from slot", "llama_sidecar_conversation_requests_total", {"source": "slot"}),
+    ("from ram", "llama_sidecar_conversation_requests_total", {"source": "ram"}),
+    ("from library", "llama_sidecar_conversation_requests_total", {"source": "library"}),
+    ("cold", "llama_sidecar_conversation_requests_total", {"source": "cold"}),
+    ("restores ok", "llama_sidecar_restores_total", {"result": "ok"}),
+    ("restore s", "llama_sidecar_restore_duration_seconds_sum", {}),
+)
+"""The sidecar's figures read through the proxy at the defaults: before the kill -9 (``name``) and at the end
+(``name + " end"``), so what the timed rounds cost and what the kill round cost are apart."""
+
+
+def _figures(side: sidecarbed.SidecarProcess, suffix: str = "") -> dict[str, float]:
+    return {name + suffix: side.metric(metric, **labels) for name, metric, labels in FIGURES}
+
+
+def _server(bed: rig.Rig, slot_dir: Path, *, ram: bool, model: str) -> llamabed.LlamaServer:
     if model == WIDE:
         wide = widekv.model(tokenizer_from=bed.model)
         server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=8192, model=wide, swa_full=False)
@@ -119,57 +187,138 @@ def _server(bed: rig.Rig, name: str, *, ram: bool, model: str) -> tuple[llamabed
         server.extra_args = [*server.extra_args, "--cache-ram", "0"]
         server.start()
         server.wait_healthy(timeout=300)
-    return server, slot_dir
+    return server
 
 
-def _path(
-    bed: rig.Rig, path: str, n: int, *, tokens: int, rounds: int, say: rig.Say, ram: bool = False, model: str = TINY
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """What one path of one point runs."""
+
+    n: int
+    tokens: int
+    rounds: int
+    ram: bool = False
+    model: str = TINY
+    way: str = ""
+    """Through the proxy: :data:`WHOLE` or :data:`BLOCKS`; empty for llama-server alone."""
+    staging: Path = STAGING
+    max_unsaved: str = ""
+    """``--max-unsaved-seconds`` for the sidecar; empty: its default."""
+
+
+def _path(bed: rig.Rig, plan: Plan, say: rig.Say) -> Run:
+    path = PROXY if plan.way else DIRECT
+    tag = {"": "direct", WHOLE: "whole", BLOCKS: "blocks"}[plan.way]
+    name = f"library-{plan.n}-{tag}-{int(plan.ram)}-{'wide' if plan.model == WIDE else 'tiny'}"
+    slot_dir = bed.slot_dir(name)
+    if plan.way == BLOCKS:  # the server's saves land in RAM; the block store on disk keeps what they hold
+        store_dir, slot_dir = slot_dir, plan.staging / f"llama-kv-bench-{os.getpid()}-{name}"
+        shutil.rmtree(slot_dir, ignore_errors=True)
+        slot_dir.mkdir(parents=True)
+    try:
+        server = _server(bed, slot_dir, ram=plan.ram, model=plan.model)
+        url, side = server.url, None
+        if plan.way:
+            port = net.free_port()
+            options = {"--proxy-listen": f"127.0.0.1:{port}"}
+            if not plan.ram:
+                options["--server-cache-ram-bytes"] = "0"
+            if plan.way == BLOCKS:
+                options["--store-dir"] = str(store_dir)
+            if plan.max_unsaved:
+                options["--max-unsaved-seconds"] = plan.max_unsaved
+            side = bed.sidecar(server, slot_dir, **options)
+            side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=120, what="the sidecar ready")
+            url = f"http://127.0.0.1:{port}"
+        chats = [_Chat(i, llamabed.make_prompt(server.url, plan.tokens, seed=500 + i)) for i in range(plan.n)]
+        times: list[list[float]] = []
+        for r in range(plan.rounds + 1):
+            times.append([chat.turn(url) for chat in chats])
+            say(f"  N={plan.n} {path} {plan.way}: round {r}, median turn {rig.median(times[-1]):.3f} s")
+        if side is None:
+            run = Run(plan.n, path, times)
+        else:
+            swaps = side.metric("llama_sidecar_swap_duration_seconds_count")
+            seconds = side.metric("llama_sidecar_swap_duration_seconds_sum")
+            run = Run(plan.n, path, times, int(swaps), seconds, plan.way)
+        if plan.ram:
+            run = _after_kill(run, server, side, chats, url, say)
+        if side is not None:
+            side.kill()
+        server.kill()
+        return run
+    finally:
+        if plan.way == BLOCKS:
+            shutil.rmtree(slot_dir, ignore_errors=True)
+
+
+def _after_kill(
+    run: Run,
+    server: llamabed.LlamaServer,
+    side: sidecarbed.SidecarProcess | None,
+    chats: list[_Chat],
+    url: str,
+    say: rig.Say,
 ) -> Run:
-    name = f"library-{n}-{'proxy' if path == PROXY else 'direct'}-{int(ram)}-{'wide' if model == WIDE else 'tiny'}"
-    server, slot_dir = _server(bed, name, ram=ram, model=model)
-    url, side = server.url, None
-    if path == PROXY:
-        port = net.free_port()
-        options = {"--proxy-listen": f"127.0.0.1:{port}"}
-        if not ram:
-            options["--server-cache-ram-bytes"] = "0"
-        side = bed.sidecar(server, slot_dir, **options)
-        side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=60, what="the sidecar ready")
-        url = f"http://127.0.0.1:{port}"
-    chats = [_Chat(i, llamabed.make_prompt(server.url, tokens, seed=500 + i)) for i in range(n)]
-    times: list[list[float]] = []
-    for r in range(rounds + 1):
-        times.append([chat.turn(url) for chat in chats])
-        say(f"  N={n} {path}: round {r}, median turn {rig.median(times[-1]):.3f} s")
-    if side is None:
-        return Run(n, path, times)
-    swaps = side.metric("llama_sidecar_swap_duration_seconds_count")
-    seconds = side.metric("llama_sidecar_swap_duration_seconds_sum")
-    side.kill()
-    return Run(n, path, times, int(swaps), seconds)
+    """``kill -9`` llama-server, start it the same way, then one more turn of every conversation."""
+    figures: dict[str, float] = {}
+    if side is not None:
+        side.wait_for(  # the slots' last turns saved once idle, as a host's crash finds them between turns
+            lambda: all(side.metric("llama_sidecar_slot_unsaved_since_timestamp_seconds", slot=str(s)) == 0
+                        for s in range(SLOTS)),
+            timeout=120,
+            what="every slot's changes saved",
+        )  # fmt: skip
+        figures = _figures(side)
+    server.restart(timeout=300)  # kill -9, started again the same way
+    if side is not None:
+        side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=300, what="the sidecar ready after the kill")
+    prompts = [chat.prompt for chat in chats]
+    seconds = [chat.turn(url) for chat in chats]
+    shares = [chat.cached / prompt for chat, prompt in zip(chats, prompts, strict=True)]
+    say(f"  N={run.conversations} {run.path} {run.way}: after the kill -9, reused "
+        + ", ".join(f"{x:.0%}" for x in shares))  # fmt: skip
+    if side is not None:
+        figures |= _figures(side, " end")
+    return dataclasses.replace(run, after_kill=shares, after_kill_seconds=seconds, figures=figures)
 
 
-def run(
-    bed: rig.Rig, sizes: list[int], *, tokens: int, rounds: int, say: rig.Say, ram: bool = False, model: str = TINY
-) -> list[Point]:
+def run(bed: rig.Rig, sizes: list[int], *, tokens: int, rounds: int, say: rig.Say, ram: bool = False,
+        model: str = TINY, ways: tuple[str, ...] = (WHOLE,), staging: Path = STAGING,
+        max_unsaved: str = "") -> list[Point]:  # fmt: skip
+    """Per N: llama-server alone, then the proxy each of ``ways``, each judged against that one direct run."""
     points = []
     for n in sizes:
-        direct = _path(bed, DIRECT, n, tokens=tokens, rounds=rounds, say=say, ram=ram, model=model)
-        proxy = _path(bed, PROXY, n, tokens=tokens, rounds=rounds, say=say, ram=ram, model=model)
-        points.append(Point(n, direct, proxy, ram, model))
+        base = Plan(n, tokens, rounds, ram, model, staging=staging, max_unsaved=max_unsaved)
+        direct = _path(bed, base, say)
+        points += [Point(n, direct, _path(bed, dataclasses.replace(base, way=way), say), ram, model) for way in ways]
     return points
 
 
 def table(points: list[Point], *, tokens: int) -> str:
-    return "\n\n".join(
-        _table([p for p in points if p.ram is ram and p.model == model], tokens=tokens, ram=ram, model=model)
-        for ram in (False, True)
+    parts = [
+        _table([p for p in points if not p.ram and p.model == model], tokens=tokens, model=model)
         for model in (TINY, WIDE)
-        if any(p.ram is ram and p.model == model for p in points)
+        if any(not p.ram and p.model == model for p in points)
+    ]
+    parts += [
+        _defaults_table([p for p in points if p.ram and p.model == model], tokens=tokens, model=model)
+        for model in (TINY, WIDE)
+        if any(p.ram and p.model == model for p in points)
+    ]
+    if any(p.proxy.figures for p in points):
+        parts.append(_figures_table([p for p in points if p.proxy.figures]))
+    return "\n\n".join(parts)
+
+
+def _head(model: str, cache: str, tokens: int) -> str:
+    return (
+        f"{model}, {SLOTS} slots, {cache}; first messages of ~{tokens:,} tokens; turn = /v1/chat/completions, "
+        "max_tokens 1, median over the rounds after the first\n\n"
     )
 
 
-def _table(points: list[Point], *, tokens: int, ram: bool, model: str) -> str:
+def _table(points: list[Point], *, tokens: int, model: str) -> str:
     rows = [
         (
             p.conversations,
@@ -182,14 +331,65 @@ def _table(points: list[Point], *, tokens: int, ram: bool, model: str) -> str:
         )
         for p in points
     ]
-    cache = "the server's defaults (RAM prompt cache on)" if ram else "--cache-ram 0"
-    head = (
-        f"{model}, {SLOTS} slots, {cache}; first messages of ~{tokens:,} tokens; turn = /v1/chat/completions, "
-        "max_tokens 1, median over the rounds after the first\n\n"
-    )
-    return head + rig.table(
+    return _head(model, "--cache-ram 0", tokens) + rig.table(
         ["conversations", "alone s", "library s", "speed-up", "swaps", "swap s", "prefill saved / swap"], rows
     )
+
+
+def _defaults_table(points: list[Point], *, tokens: int, model: str) -> str:
+    rows = [
+        (
+            p.conversations,
+            p.proxy.way or "-",
+            rig.median(p.direct.warm),
+            rig.median(p.proxy.warm),
+            1 / p.speedup,
+            p.proxy.swaps,
+            p.swap_mean,
+            f"{p.direct.warm_after_kill}/{p.conversations}",
+            f"{p.proxy.warm_after_kill}/{p.conversations}",
+            rig.median(p.direct.after_kill_seconds),
+            rig.median(p.proxy.after_kill_seconds),
+        )
+        for p in points
+    ]
+    return (
+        _head(model, "the server's defaults (RAM prompt cache on)", tokens)
+        + f"then kill -9 of llama-server, restarted the same way, and one more turn of each conversation: how many "
+        f"reused at least {CACHED_GOAL:.0%} of their previous prompt, and that turn's median\n\n"
+        + rig.table(
+            [
+                "conversations",
+                "sidecar",
+                "alone s",
+                "library s",
+                "library / alone",
+                "swaps",
+                "swap s",
+                "warm after kill alone",
+                "library",
+                "after kill alone s",
+                "library s",
+            ],
+            rows,
+        )
+    )
+
+
+def _figures_table(points: list[Point]) -> str:
+    names = [name for name, _, _ in FIGURES]
+    rows = [(p.label, *(_said(p.proxy.figures, name) for name in names)) for p in points]
+    return (
+        "The sidecar's counters at the defaults, at the kill -9 (before the slash) and at the end: conversations "
+        "it indexed and counted on the RAM cache, left their slot unsaved, saves and their seconds, turns by where "
+        "their prefix came from, restores\n\n" + rig.table(["point", *names], rows, left=True)
+    )
+
+
+def _said(figures: dict[str, float], name: str) -> str:
+    before, end = figures.get(name, float("nan")), figures.get(name + " end", float("nan"))
+    digits = 2 if name.endswith(" s") else 0
+    return f"{before:.{digits}f}/{end:.{digits}f}"
 
 
 def verdicts(points: list[Point]) -> list[str]:
@@ -198,20 +398,33 @@ def verdicts(points: list[Point]) -> list[str]:
         if p.conversations <= SLOTS:
             continue
         figures = (
-            f"{p.model}, N={p.conversations}: median turn {rig.median(p.proxy.warm):.3f} s with the library, "
+            f"{p.label}: median turn {rig.median(p.proxy.warm):.3f} s with the library, "
             f"{rig.median(p.direct.warm):.3f} s alone"
         )
-        if p.ram:
-            price = 1 / p.speedup
-            met = price <= DEFAULTS_PRICE
-            goal = f"at the server's defaults a turn costs at most {DEFAULTS_PRICE}x llama-server alone"
-            lines.append(("MET  " if met else "MISSED ") + f"{goal}: {figures} ({price:.3f}x)")
+        if not p.ram:
+            lines.append(
+                ("MET  " if p.speedup > 1.0 else "MISSED ")
+                + f"library beats llama-server alone: {figures} ({p.speedup:.1f}x)"
+            )
             continue
-        lines.append(
-            ("MET  " if p.speedup > 1.0 else "MISSED ")
-            + f"library beats llama-server alone: {figures} ({p.speedup:.1f}x)"
-        )
+        price = 1 / p.speedup
+        goal = f"at the server's defaults a turn costs at most {DEFAULTS_PRICE}x llama-server alone"
+        lines.append(("MET  " if price <= DEFAULTS_PRICE else "MISSED ") + f"{goal}: {figures} ({price:.3f}x)")
+        if p.proxy.after_kill:
+            lines.append(_kill_verdict(p))
     return lines
+
+
+def _kill_verdict(p: Point) -> str:
+    """Through the proxy every conversation comes back warm after the kill -9; llama-server alone reported beside."""
+    met = p.proxy.warm_after_kill == p.conversations
+    return ("MET  " if met else "MISSED ") + (
+        f"after a kill -9 at the defaults every conversation's turn reuses at least {CACHED_GOAL:.0%} of its "
+        f"previous prompt through the proxy: {p.label}: {p.proxy.warm_after_kill} of {p.conversations} "
+        f"(lowest {min(p.proxy.after_kill):.1%}), median turn {rig.median(p.proxy.after_kill_seconds):.3f} s; "
+        f"llama-server alone {p.direct.warm_after_kill} of {p.conversations}, "
+        f"{rig.median(p.direct.after_kill_seconds):.3f} s"
+    )
 
 
 def plot(points: list[Point], path: Path, title: str) -> None:
@@ -232,29 +445,94 @@ def plot(points: list[Point], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def measure(bed: rig.Rig, *, quick: bool, say: rig.Say, sizes: tuple[int, ...] = (2, 6, 20)) -> tuple[list[Point], str]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Choice:
+    """What a run measures (the flags of ``python -m bench.library``)."""
+
+    sizes: tuple[int, ...] = (2, 6, 20)
+    defaults_only: bool = False
+    """Skip the ``--cache-ram 0`` part."""
+    models: tuple[str, ...] = (TINY, WIDE)
+    """Models of the part at the defaults."""
+    ways: tuple[str, ...] = (WHOLE, BLOCKS)
+    """The sidecar's ways at the defaults, each beside the same direct run."""
+    staging: Path = STAGING
+    max_unsaved: str = ""
+    """The sidecar's ``--max-unsaved-seconds`` at the defaults; empty: its own default."""
+
+
+def measure(bed: rig.Rig, *, quick: bool, say: rig.Say, choice: Choice = Choice()) -> tuple[list[Point], str]:
+    """``quick``: first messages of 400 tokens, one warm round, and at the defaults N=6 only (the first N above
+    the slot count)."""
     tokens = 400 if quick else 1000
     rounds = 1 if quick else 2
-    points = run(bed, list(sizes), tokens=tokens, rounds=rounds, say=say)
-    at_defaults = [n for n in sizes if n > SLOTS][: 1 if quick else None]
-    for model in (TINY, WIDE):
-        points += run(bed, at_defaults, tokens=tokens, rounds=rounds, say=say, ram=True, model=model)
-    return points, table(points, tokens=tokens) + "\n\n" + "\n".join(verdicts(points))
+    points = [] if choice.defaults_only else run(bed, list(choice.sizes), tokens=tokens, rounds=rounds, say=say)
+    at_defaults = [n for n in choice.sizes if n > SLOTS][: 1 if quick else None]
+    for n in at_defaults:  # every model at one N before the next N: a run stopped early has each model's figures
+        for model in choice.models:
+            points += run(bed, [n], tokens=tokens, rounds=rounds, say=say, ram=True, model=model,
+                          ways=choice.ways, staging=choice.staging, max_unsaved=choice.max_unsaved)  # fmt: skip
+            say(f"so far:\n{table(points, tokens=tokens)}\n" + "\n".join(verdicts(points)))
+    said = f"the sidecar ran with --max-unsaved-seconds {choice.max_unsaved}\n\n" if choice.max_unsaved else ""
+    return points, said + table(points, tokens=tokens) + "\n\n" + "\n".join(verdicts(points))
 
 
-def main(argv: list[str] | None = None) -> int:
+def _names(text: str, known: dict[str, str]) -> tuple[str, ...]:
+    picked = tuple(part.strip() for part in text.split(",") if part.strip())
+    wrong = [name for name in picked if name not in known]
+    if wrong or not picked:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more of {', '.join(known)}, comma-separated")
+    return tuple(known[name] for name in picked)
+
+
+def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Choice]:
     parser = argparse.ArgumentParser(prog="python -m bench.library", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="shorter prompts, one warm round")
+    parser.add_argument("--quick", action="store_true", help="shorter prompts, one warm round, N=6 at the defaults")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "out", help="PNG, JSON and logs go here")
     parser.add_argument("--threads", type=int, default=2, help="llama-server -t (default 2)")
     parser.add_argument("--conversations", default="2,6,20", help="numbers of conversations to run (default 2,6,20)")
+    parser.add_argument(
+        "--defaults-only", action="store_true", help="only the part at llama-server's defaults (no --cache-ram 0)"
+    )
+    parser.add_argument(
+        "--models",
+        type=lambda text: _names(text, MODELS),
+        default=(TINY, WIDE),
+        help="models at the defaults: tiny (the bed's), wide (8B-class KV); default tiny,wide",
+    )
+    ways = {"whole": WHOLE, "blocks": BLOCKS}
+    parser.add_argument(
+        "--ways",
+        type=lambda text: _names(text, ways),
+        default=(WHOLE, BLOCKS),
+        help="the sidecar's ways at the defaults: whole (its defaults: whole files in --slot-dir), blocks "
+        "(--store-dir, the slot dir on --staging); default whole,blocks",
+    )
+    parser.add_argument(
+        "--staging",
+        type=Path,
+        default=STAGING,
+        help="the tmpfs the block store's slot dirs go under (default /dev/shm)",
+    )
+    parser.add_argument(
+        "--max-unsaved-seconds",
+        default="",
+        metavar="SEC",
+        help="the sidecar's --max-unsaved-seconds at the defaults (default: its own, 10; 0: every conversation "
+        "saved before it leaves its slot, which the turn after a kill -9 needs to find it whole)",
+    )
     ns = parser.parse_args(argv)
     sizes = tuple(int(n) for n in ns.conversations.split(","))
+    return ns, Choice(sizes, ns.defaults_only, ns.models, ns.ways, ns.staging, ns.max_unsaved_seconds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns, choice = parse(argv)
     bed = rig.Rig(log_dir=ns.out / f"logs-library-{time.strftime('%Y%m%d-%H%M%S')}", threads=ns.threads)
     try:
         before = rig.busy()
         points, body = measure(
-            bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True), sizes=sizes
+            bed, quick=ns.quick, say=lambda text: print(text, file=sys.stderr, flush=True), choice=choice
         )
         print(f"## Conversation library\n({before} at start, {rig.busy()} at end)\n")
         print(body)
@@ -262,12 +540,14 @@ def main(argv: list[str] | None = None) -> int:
         bed.close()
     raw: list[dict[str, Any]] = [dataclasses.asdict(p) for p in points]
     (ns.out / "library.json").write_text(json.dumps(raw, indent=2))
-    plot(
-        [p for p in points if not p.ram],
-        ns.out / "library.png",
-        f"TTFT per turn, N conversations on {SLOTS} slots, --cache-ram 0",
-    )
-    print(f"wrote {ns.out / 'library.png'}, library.json")
+    if any(not p.ram for p in points):
+        plot(
+            [p for p in points if not p.ram],
+            ns.out / "library.png",
+            f"TTFT per turn, N conversations on {SLOTS} slots, --cache-ram 0",
+        )
+        print(f"wrote {ns.out / 'library.png'}")
+    print(f"wrote {ns.out / 'library.json'}")
     return 1 if any(line.startswith("MISSED") for line in verdicts(points)) else 0
 
 
