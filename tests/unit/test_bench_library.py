@@ -10,8 +10,13 @@ import pytest
 from bench import library
 
 
-def _run(path: str, turn: float, after: list[float], *, way: str = "") -> library.Run:
-    """Two rounds of every conversation (the first one cold), then the turn after the kill -9 of each."""
+def _run(
+    path: str, turn: float, after: list[float], *, way: str = "", prefill: list[float] | None = None
+) -> library.Run:
+    """Two rounds of every conversation (the first one cold), then the turn after the kill -9 of each.
+
+    ``prefill``: each of those turns' re-prefill in seconds (default: 0.05 s where it reused anything, else 30 s).
+    """
     n = len(after)
     return library.Run(
         n,
@@ -20,44 +25,68 @@ def _run(path: str, turn: float, after: list[float], *, way: str = "") -> librar
         way=way,
         after_kill=after,
         after_kill_seconds=[0.1 if a else 3.0 for a in after],
+        after_kill_prefill=prefill if prefill is not None else [0.05 if a else 30.0 for a in after],
     )
 
 
-def _point(proxy_turn: float, proxy_after: list[float], *, way: str = library.WHOLE) -> library.Point:
+def _point(
+    proxy_turn: float, proxy_after: list[float], *, way: str = library.WHOLE, prefill: list[float] | None = None
+) -> library.Point:
     n = len(proxy_after)
     direct = _run(library.DIRECT, 1.0, [0.0] * n)
-    return library.Point(n, direct, _run(library.PROXY, proxy_turn, proxy_after, way=way), ram=True)
+    return library.Point(n, direct, _run(library.PROXY, proxy_turn, proxy_after, way=way, prefill=prefill), ram=True)
 
 
-def _kill_line(point: library.Point) -> str:
-    lines = [line for line in library.verdicts([point]) if "after a kill -9" in line]
-    assert len(lines) == 1, lines
-    return lines[0]
+def _kill_line(point: library.Point, *, kind: str = "goal") -> str:
+    """The kill -9 verdict (``goal``: MET or MISSED) or its ``report`` line."""
+    lines = [line for line in library.verdicts([point]) if "after a kill -9" in line or "after the kill -9" in line]
+    assert len(lines) == 2, lines
+    return lines[0] if kind == "goal" else lines[1]
 
 
 def test_every_conversation_warm_through_the_proxy_meets_the_goal_and_says_llama_server_alone_beside() -> None:
     line = _kill_line(_point(1.0, [1.0, 0.995, 0.99, 1.0, 1.0, 1.0]))
     assert line.startswith("MET ")
     assert "6 of 6" in line
-    assert "llama-server alone 0 of 6, 3.000 s" in line
+    assert "llama-server alone 0 of 6 at 99%, median turn 3.000 s" in line
 
 
-def test_one_conversation_below_99_percent_after_the_kill_misses_the_goal() -> None:
-    point = _point(1.0, [1.0, 1.0, 0.92, 1.0, 1.0, 1.0])
+def test_one_conversation_below_99_percent_after_the_kill_past_the_bound_misses_the_goal() -> None:
+    point = _point(1.0, [1.0, 1.0, 0.92, 1.0, 1.0, 1.0], prefill=[0.05, 0.05, 10.5, 0.05, 0.05, 0.05])
     line = _kill_line(point)
     assert line.startswith("MISSED ")
-    assert "5 of 6 (lowest 92.0%)" in line
+    assert "5 of 6 (longest re-prefill 10.50 s)" in line
+    assert "--max-unsaved-seconds 10" in line
     assert point.proxy.warm_after_kill == 5
+    assert "5 of 6 reused at least 99%" in _kill_line(point, kind="report")
+    assert "(lowest 92.0%" in _kill_line(point, kind="report")
+
+
+def test_a_conversation_that_left_unsaved_within_the_bound_meets_the_goal_and_the_share_is_reported() -> None:
+    point = _point(1.0, [1.0, 1.0, 0.92, 1.0, 1.0, 1.0], prefill=[0.05, 0.05, 1.5, 0.05, 0.05, 0.05])
+    assert _kill_line(point).startswith("MET ")
+    assert "6 of 6 (longest re-prefill 1.50 s)" in _kill_line(point)
+    report = _kill_line(point, kind="report")
+    assert report.startswith("REPORT ")
+    assert "5 of 6 reused at least 99%" in report
+
+
+def test_a_bound_of_zero_leaves_only_the_share() -> None:
+    proxy = library.Run(3, library.PROXY, [[2.0] * 3, [1.0] * 3], way=library.WHOLE, after_kill=[1.0, 0.92, 1.0],
+                        after_kill_seconds=[0.1] * 3, after_kill_prefill=[0.05, 0.4, 0.05], bound=0.0)  # fmt: skip
+    line = _kill_line(library.Point(3, _run(library.DIRECT, 1.0, [0.0] * 3), proxy, ram=True))
+    assert line.startswith("MISSED ")
+    assert "2 of 3" in line
 
 
 def test_the_price_at_the_defaults_is_judged_beside_the_kill_and_each_way_on_its_own() -> None:
     whole = _point(1.02, [1.0] * 6)
     blocks = _point(1.05, [1.0] * 6, way=library.BLOCKS)
     lines = library.verdicts([whole, blocks])
-    assert [line.split()[0] for line in lines] == ["MET", "MET", "MISSED", "MET"]
+    assert [line.split()[0] for line in lines] == ["MET", "MET", "REPORT", "MISSED", "MET", "REPORT"]
     assert "whole files, N=6:" in lines[0]
-    assert "block store, N=6" in lines[2]
-    assert "(1.050x)" in lines[2]
+    assert "block store, N=6" in lines[3]
+    assert "(1.050x)" in lines[3]
 
 
 def test_without_a_kill_round_there_is_no_kill_verdict() -> None:
