@@ -21,7 +21,10 @@ of a rebuild's cost; the header says which it was. The block store itself
 is on the disk of the bench's scratch dir (its blocks in the page cache).
 
 Per swap: the check, the rebuild (block store only), the restore call (and
-the server's ``restore_ms``), and the staged file's removal (off the path).
+the server's ``restore_ms``), and the staged file's removal or its keeping
+as the spare (off the path). On a tmpfs of small pages each rebuild writes
+over the pages of the last one (``sidecar.snapshots.staging``), as the
+sidecar does; the header says which.
 Then the rebuild's parts, each timed alone over the same blocks: reading
 them, hashing each with sha256 (their names: not done by a rebuild, whose
 whole-file checksum proves every byte), the whole-file xxh3-128, and
@@ -100,6 +103,8 @@ class Result:
     parts: list[Parts]
     first_check_s: float
     """The whole file's first check (hashed): the first swap of a file since start-up pays it."""
+    spare: bool
+    """Whether each rebuild wrote over the pages of the last one given back (a tmpfs of small pages)."""
     quick: bool
 
     def of(self, way: str) -> list[Swap]:
@@ -247,6 +252,7 @@ def run(bed: rig.Rig, *, tokens: int, reps: int, staging_root: Path, quick: bool
             swaps=swaps,
             parts=parts,
             first_check_s=first_check_s,
+            spare=blocks.staged.keeps_spare,
             quick=quick,
         )
     finally:
@@ -291,7 +297,8 @@ def report(r: Result) -> str:
     head = (
         f"{r.tokens:,} tokens, {r.bytes / 1e6:.0f} MB in {r.blocks} blocks; staging {r.staging}; "
         f"{len(r.of(WHOLE))} swaps each way, alternating, medians; the whole file's first check "
-        f"(hashed) {r.first_check_s * 1000:.1f} ms, remembered after\n\n"
+        f"(hashed) {r.first_check_s * 1000:.1f} ms, remembered after; each rebuild "
+        f"{'writes over the pages of the last one given back' if r.spare else 'writes a new file'}\n\n"
     )
     rounds = ", ".join(f"{v:.2f}" for v in r.rounds)
     return head + swaps + "\n\n" + parts + f"\n\nblock store / whole file: {r.ratio:.2f}x (per round {rounds})"

@@ -107,6 +107,7 @@ class Ahead:
         await self.discard()
         if not records:
             return
+        await asyncio.to_thread(self._snapshots.drop_spare)  # its room goes to the files rebuilt ahead
         try:
             room = await asyncio.to_thread(self._room, self._snapshots.staging)
         except OSError as exc:
