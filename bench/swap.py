@@ -62,7 +62,8 @@ from sidecar.snapshots import manifest, store
 GOAL = 1.2
 """Swap from the block store over the swap from a whole file (medians)."""
 STAGING = Path("/dev/shm")
-WHOLE, BLOCKS = "whole file", "block store"
+WHOLE, BLOCKS, FRESH = "whole file", "block store", "block store, a new file each"
+"""``FRESH``: beside ``BLOCKS`` where the sidecar keeps a spare, each rebuild into a new file as before it did."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -148,13 +149,17 @@ def _swap_whole(snapshots: store.SnapshotStore, record: manifest.Manifest, url: 
     return Swap(WHOLE, check_s, 0.0, restore_s, server_ms, 0.0)
 
 
-def _swap_blocks(snapshots: store.SnapshotStore, record: manifest.Manifest, url: str) -> Swap:
-    check_s, _ = _timed(lambda: snapshots.check(record))
-    rebuild_s, name = _timed(lambda: snapshots.stage(record))
-    assert isinstance(name, str)
-    restore_s, server_ms = _restore(url, name)
-    give_back_s, _ = _timed(lambda: snapshots.unstage(name, record))
-    return Swap(BLOCKS, check_s, rebuild_s, restore_s, server_ms, give_back_s)
+def _swap_blocks(snapshots: store.SnapshotStore, record: manifest.Manifest, url: str, *, spare: bool) -> Swap:
+    keeps, snapshots.staged.keeps_spare = snapshots.staged.keeps_spare, spare
+    try:
+        check_s, _ = _timed(lambda: snapshots.check(record))
+        rebuild_s, name = _timed(lambda: snapshots.stage(record))
+        assert isinstance(name, str)
+        restore_s, server_ms = _restore(url, name)
+        give_back_s, _ = _timed(lambda: snapshots.unstage(name, record))
+    finally:
+        snapshots.staged.keeps_spare = keeps
+    return Swap(BLOCKS if spare == keeps else FRESH, check_s, rebuild_s, restore_s, server_ms, give_back_s)
 
 
 def _parts(store_dir: Path, recipe_name: str, staging: Path) -> Parts:
@@ -230,19 +235,22 @@ def run(bed: rig.Rig, *, tokens: int, reps: int, staging_root: Path, quick: bool
         assert blocks_record.recipe is not None
         first_check_s, _ = _timed(lambda: whole.check(whole_record))
         count = len(blocks.blocks.recipe(blocks_record.recipe).blocks())
-        ways = {
+        spare = blocks.staged.keeps_spare
+        ways: dict[str, Callable[[], Swap]] = {
             WHOLE: lambda: _swap_whole(whole, whole_record, server.url),
-            BLOCKS: lambda: _swap_blocks(blocks, blocks_record, server.url),
+            BLOCKS: lambda: _swap_blocks(blocks, blocks_record, server.url, spare=spare),
         }
-        ways[BLOCKS]()  # once unmeasured each: the first of each touches fresh memory
-        ways[WHOLE]()
+        if spare:
+            ways[FRESH] = lambda: _swap_blocks(blocks, blocks_record, server.url, spare=False)
+        for way in ways.values():  # once unmeasured each: the first of each touches fresh memory
+            way()
         swaps: list[Swap] = []
         parts: list[Parts] = []
         for rep in range(reps):
             say(f"swap: round {rep + 1} of {reps}")
-            order = (WHOLE, BLOCKS) if rep % 2 == 0 else (BLOCKS, WHOLE)
+            order = list(ways) if rep % 2 == 0 else list(reversed(ways))
             pair = {way: ways[way]() for way in order}
-            swaps += [pair[WHOLE], pair[BLOCKS]]
+            swaps += [pair[way] for way in ways]
             parts.append(_parts(store_dir, blocks_record.recipe, staging))
         return Result(
             tokens=whole_record.tokens,
@@ -252,7 +260,7 @@ def run(bed: rig.Rig, *, tokens: int, reps: int, staging_root: Path, quick: bool
             swaps=swaps,
             parts=parts,
             first_check_s=first_check_s,
-            spare=blocks.staged.keeps_spare,
+            spare=spare,
             quick=quick,
         )
     finally:
@@ -264,8 +272,10 @@ def report(r: Result) -> str:
         return f"{rig.median(values) * 1000:.1f}"
 
     rows = []
-    for way in (WHOLE, BLOCKS):
+    for way in (WHOLE, BLOCKS, FRESH):
         got = r.of(way)
+        if not got:
+            continue
         rows.append(
             [
                 way,
@@ -301,7 +311,11 @@ def report(r: Result) -> str:
         f"{'writes over the pages of the last one given back' if r.spare else 'writes a new file'}\n\n"
     )
     rounds = ", ".join(f"{v:.2f}" for v in r.rounds)
-    return head + swaps + "\n\n" + parts + f"\n\nblock store / whole file: {r.ratio:.2f}x (per round {rounds})"
+    tail = f"\n\nblock store / whole file: {r.ratio:.2f}x (per round {rounds})"
+    if r.of(FRESH):
+        fresh = rig.median([s.seconds for s in r.of(FRESH)]) / rig.median([s.seconds for s in r.of(WHOLE)])
+        tail += f"; a new file each rebuild (as before the spare): {fresh:.2f}x"
+    return head + swaps + "\n\n" + parts + tail
 
 
 def verdicts(r: Result) -> list[str]:
