@@ -53,7 +53,7 @@ from pathlib import Path
 
 import xxhash
 
-from bench import REPO_ROOT, rig
+from bench import REPO_ROOT, rig, swap_proxy
 from bench.beds import llamabed, widekv
 from sidecar.blocks import blockdir, recipedir
 from sidecar.core import mounts, protocols
@@ -107,6 +107,18 @@ class Result:
     spare: bool
     """Whether each rebuild wrote over the pages of the last one given back (a tmpfs of small pages)."""
     quick: bool
+    proxy: list[swap_proxy.Way] = dataclasses.field(default_factory=list)
+    """Through the proxy, each swap saving the slot first: whole files, then the block store."""
+
+    @property
+    def proxy_ratio(self) -> float:
+        whole, blocks = self.proxy
+        return rig.median(blocks.seconds) / rig.median(whole.seconds)
+
+    @property
+    def proxy_rounds(self) -> list[float]:
+        whole, blocks = self.proxy
+        return [b / w for w, b in zip(whole.seconds, blocks.seconds, strict=False)]
 
     def of(self, way: str) -> list[Swap]:
         return [s for s in self.swaps if s.way == way]
@@ -315,22 +327,43 @@ def report(r: Result) -> str:
     if r.of(FRESH):
         fresh = rig.median([s.seconds for s in r.of(FRESH)]) / rig.median([s.seconds for s in r.of(WHOLE)])
         tail += f"; a new file each rebuild (as before the spare): {fresh:.2f}x"
+    if r.proxy:
+        tail += "\n\nthrough the proxy, each swap saving the slot's own content first (see bench.swap_proxy):\n\n"
+        tail += rig.table(
+            ["way", "swaps", "p50 ms", "each ms", "cache_n of the turns"],
+            [
+                [w.name, len(w.seconds), ms(w.seconds), "/".join(f"{v * 1000:.0f}" for v in w.seconds), str(w.cached)]
+                for w in r.proxy
+            ],
+        )
     return head + swaps + "\n\n" + parts + tail
 
 
 def verdicts(r: Result) -> list[str]:
     met = rig.decide(r.ratio, GOAL, rounds=r.rounds, quick=r.quick)
+    out = []
+    if r.proxy:
+        whole, blocks = r.proxy
+        fair = min(whole.cached + blocks.cached, default=0) > 0
+        saved = rig.decide(r.proxy_ratio, GOAL, rounds=r.proxy_rounds, quick=r.quick) if fair else False
+        out.append(
+            f"{rig.word(saved)}: swap through the proxy, saving the slot first: from the block store <= {GOAL:.1f}x "
+            f"from whole files: {r.proxy_ratio:.2f}x (block store {rig.median(blocks.seconds) * 1000:.0f} ms, "
+            f"whole files {rig.median(whole.seconds) * 1000:.0f} ms; every turn reused its conversation: {fair})"
+        )
     return [
+        *out,
         f"{rig.word(met)}: swap: from the block store <= {GOAL:.1f}x from a whole file: {r.ratio:.2f}x "
         f"(block store {rig.median([s.seconds for s in r.of(BLOCKS)]) * 1000:.1f} ms, whole file "
-        f"{rig.median([s.seconds for s in r.of(WHOLE)]) * 1000:.1f} ms; {r.bytes / 1e6:.0f} MB, staging {r.staging})"
+        f"{rig.median([s.seconds for s in r.of(WHOLE)]) * 1000:.1f} ms; {r.bytes / 1e6:.0f} MB, staging {r.staging})",
     ]
 
 
 def measure(bed: rig.Rig, *, quick: bool, say: rig.Say, staging: Path = STAGING) -> tuple[Result, str]:
-    result = run(
-        bed, tokens=1000 if quick else 2000, reps=4 if quick else 8, staging_root=staging, quick=quick, say=say
-    )
+    tokens = 1000 if quick else 2000
+    result = run(bed, tokens=tokens, reps=4 if quick else 8, staging_root=staging, quick=quick, say=say)
+    proxy = swap_proxy.run(bed, tokens=tokens, turns=5 if quick else 9, staging_root=staging, say=say)
+    result = dataclasses.replace(result, proxy=proxy)
     return result, report(result)
 
 
