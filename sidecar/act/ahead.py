@@ -136,17 +136,8 @@ class Ahead:
             )
         started, done = time.perf_counter(), 0
         for record in records[:count]:
-            try:
-                name = await asyncio.to_thread(self._snapshots.stage, record)
-            except errors.SnapshotError as exc:  # the restore tries it again, and decides what to do with it
-                log.warning("restore_ahead_failed", slot=record.slot, file=record.file, error=str(exc))
-                continue
-            stamp = self._stamp(name)
-            if stamp is None:
-                await asyncio.to_thread(self._snapshots.unstage, name, record)
-                continue
-            self._ready[record.file] = Ready(name, record, stamp)
-            done += record.bytes
+            if await self._rebuild(record, failed="restore_ahead_failed"):
+                done += record.bytes
         if self._ready:
             log.info(
                 "restore_ahead_built",
@@ -172,17 +163,22 @@ class Ahead:
         return True
 
     async def _rebuild_one(self, record: manifest.Manifest) -> None:
+        if await self._rebuild(record, failed="swap_rebuild_ahead_failed"):
+            self._swap_file = record.file
+
+    async def _rebuild(self, record: manifest.Manifest, *, failed: str) -> bool:
+        """Rebuild ``record`` into the slot dir, ready to :meth:`take`; False (``failed`` logged) if not."""
         try:
             name = await asyncio.to_thread(self._snapshots.stage, record)
-        except errors.SnapshotError as exc:  # the swap's own rebuild tries again, and decides what to do with it
-            log.info("swap_rebuild_ahead_failed", slot=record.slot, file=record.file, error=str(exc))
-            return
+        except errors.SnapshotError as exc:  # its restore tries it again, and decides what to do with it
+            log.warning(failed, slot=record.slot, file=record.file, error=str(exc))
+            return False
         stamp = self._stamp(name)
         if stamp is None:
             await asyncio.to_thread(self._snapshots.unstage, name, record)
-            return
+            return False
         self._ready[record.file] = Ready(name, record, stamp)
-        self._swap_file = record.file
+        return True
 
     async def settle(self) -> None:
         """Wait for a swap's rebuild still running (its file is then ready to :meth:`take`)."""

@@ -11,9 +11,7 @@ import pytest
 
 from sidecar.blocks import recipe
 from sidecar.core import errors, outcomes
-from sidecar.snapshots import staging
 from tests.unit import test_blocks_store as blocks_tests
-from tests.unit import test_store_blocks as store_tests
 
 
 def _staging(tmp_path: Path) -> Path:
@@ -94,47 +92,3 @@ def test_a_link_a_fifo_or_a_file_linked_elsewhere_at_the_reuse_name_is_never_wri
         assert (folder / "b.bin").read_bytes() == b
         assert outside.read_bytes() == b"not ours"
         assert sorted(p.name for p in folder.iterdir()) == ["b.bin"]
-
-
-def test_a_rebuild_given_back_is_the_spare_the_next_rebuild_reuses_and_there_is_one_at_most(
-    dirs: tuple[Path, Path],
-) -> None:
-    snaps = store_tests._open(dirs)
-    snaps.staged.keeps_spare = True  # as on a tmpfs of small pages
-    one = store_tests._commit(snaps, store_tests._bytes(7))
-    two = store_tests._commit(snaps, store_tests._bytes(8, 5000))
-
-    first = snaps.stage(one)
-    inode = os.stat(dirs[0] / first).st_ino
-    snaps.unstage(first, one)
-    assert sorted(p.name for p in dirs[0].iterdir()) == [staging.SPARE]
-    assert snaps.usage().staged_bytes == store_tests.SIZE  # the spare's RAM is shown
-
-    second = snaps.stage(two)
-    assert (dirs[0] / second).read_bytes() == store_tests._bytes(8, 5000)
-    assert os.stat(dirs[0] / second).st_ino == inode
-    third = snaps.stage(one)  # no spare left: a new file
-    assert (dirs[0] / third).read_bytes() == store_tests._bytes(7)
-    snaps.unstage(second, two)
-    snaps.unstage(third, one)  # a spare is there already: deleted
-    assert sorted(p.name for p in dirs[0].iterdir()) == [staging.SPARE]
-    assert snaps.drop_spare()
-    assert list(dirs[0].iterdir()) == []
-    assert not snaps.drop_spare()
-
-
-def test_no_spare_is_kept_where_pages_are_cheap(dirs: tuple[Path, Path]) -> None:
-    snaps = store_tests._open(dirs)
-    snaps.staged.keeps_spare = False
-    record = store_tests._commit(snaps, store_tests._bytes(9))
-    name = snaps.stage(record)
-    snaps.unstage(name, record)
-    assert list(dirs[0].iterdir()) == []
-
-
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    slot_dir, store_dir = tmp_path / "slots", tmp_path / "store"
-    slot_dir.mkdir()
-    store_dir.mkdir()
-    return slot_dir, store_dir
