@@ -144,7 +144,7 @@ def test_whole_file_snapshots_of_an_earlier_run_are_moved_into_the_store(
     converted = after.log_events("snapshots_converted")
     assert len(converted) == 1
     assert converted[0]["files"] == 1, converted
-    assert _staged(slot_dir) == []
+    after.wait_for(lambda: _staged(slot_dir) == [], what="the restore's rebuild given back (off its path)")
     assert not list(slot_dir.glob("slot*.json"))
     assert len(_store_manifests(store)) == 1
     warm = complete(server.url, prompt + " again")
