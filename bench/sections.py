@@ -32,6 +32,7 @@ from bench import proxy as proxy_mod
 from bench import restart as restart_mod
 from bench import restore as restore_mod
 from bench import stall as stall_mod
+from bench import swap as swap_mod
 from bench import ttft as ttft_mod
 
 
@@ -271,6 +272,12 @@ TABLE: tuple[Section, ...] = (
         "17. Shared store: bytes moved per turn, blocks vs whole files, two nodes (python -m bench.shared_blocks)",
         _own(shared_blocks),
         verdicts=shared_blocks.verdicts,
+    ),
+    Section(
+        "swap",
+        "18. Swap speed: a conversation swapped into a slot from a whole file vs from the block store",
+        _own(swap_mod),
+        verdicts=swap_mod.verdicts,
     ),
 )
 

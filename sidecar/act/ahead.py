@@ -2,7 +2,10 @@
 
 While a restarted llama-server loads its model, the snapshots its restore round will restore are
 rebuilt from the block store into the slot dir, as far as disk and RAM allow; a restore uses such a
-file only while it is still the very one rebuilt.
+file only while it is still the very one rebuilt. A library swap that saves the slot's own content
+first rebuilds the snapshot it brings in meanwhile (:meth:`Ahead.start`): one such file at a time,
+none while a restart's files wait, so the slot dir holds at most one file of the sidecar's beyond
+what the server itself is saving.
 
 Invariants and trade-offs: docs/modules.md, `sidecar/act/ahead.py`.
 """
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from sidecar.core import errors, metrics, outcomes
+from sidecar.core import errors, metrics, outcomes, tasks
 from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.restore")
@@ -95,6 +98,11 @@ class Ahead:
         self._stats = stats
         self._room = room
         self._ready: dict[str, Ready] = {}
+        self._swap: asyncio.Task[None] | None = None
+        self._giving_back: set[asyncio.Task[None]] = set()
+        self._swap_file: str | None = None
+        """The snapshot file whose rebuild a swap began, while it waits in ``_ready``."""
+        """A swap's rebuild, running while the slot it goes to is saved (see :meth:`start`)."""
 
     @property
     def pending(self) -> bool:
@@ -107,6 +115,7 @@ class Ahead:
         await self.discard()
         if not records:
             return
+        await asyncio.to_thread(self._snapshots.drop_spare)  # its room goes to the files rebuilt ahead
         try:
             room = await asyncio.to_thread(self._room, self._snapshots.staging)
         except OSError as exc:
@@ -127,17 +136,8 @@ class Ahead:
             )
         started, done = time.perf_counter(), 0
         for record in records[:count]:
-            try:
-                name = await asyncio.to_thread(self._snapshots.stage, record)
-            except errors.SnapshotError as exc:  # the restore tries it again, and decides what to do with it
-                log.warning("restore_ahead_failed", slot=record.slot, file=record.file, error=str(exc))
-                continue
-            stamp = self._stamp(name)
-            if stamp is None:
-                await asyncio.to_thread(self._snapshots.unstage, name, record)
-                continue
-            self._ready[record.file] = Ready(name, record, stamp)
-            done += record.bytes
+            if await self._rebuild(record, failed="restore_ahead_failed"):
+                done += record.bytes
         if self._ready:
             log.info(
                 "restore_ahead_built",
@@ -146,6 +146,71 @@ class Ahead:
                 seconds=round(time.perf_counter() - started, 4),
                 effect="the restore round after the server loads hands them to it without rebuilding them",
             )
+
+    def start(self, record: manifest.Manifest) -> bool:
+        """Begin rebuilding ``record`` for a swap while its slot's own content is saved; False if not begun.
+
+        Not begun without a block store, while another swap's rebuild runs or any file rebuilt ahead waits.
+        The swap's restore takes the file (:meth:`settle`, then :meth:`take`); :meth:`finish` gives it back
+        if it did not.
+        """
+        if self._snapshots.blocks is None or self._swap is not None or self._ready or self._giving_back:
+            return False
+        self._swap = tasks.watch(
+            asyncio.create_task(self._rebuild_one(record), name="swap-rebuild-ahead"),
+            effect="the swap rebuilds its file itself",
+        )
+        return True
+
+    async def _rebuild_one(self, record: manifest.Manifest) -> None:
+        if await self._rebuild(record, failed="swap_rebuild_ahead_failed"):
+            self._swap_file = record.file
+
+    async def _rebuild(self, record: manifest.Manifest, *, failed: str) -> bool:
+        """Rebuild ``record`` into the slot dir, ready to :meth:`take`; False (``failed`` logged) if not."""
+        try:
+            name = await asyncio.to_thread(self._snapshots.stage, record)
+        except errors.SnapshotError as exc:  # its restore tries it again, and decides what to do with it
+            log.warning(failed, slot=record.slot, file=record.file, error=str(exc))
+            return False
+        stamp = self._stamp(name)
+        if stamp is None:
+            await asyncio.to_thread(self._snapshots.unstage, name, record)
+            return False
+        self._ready[record.file] = Ready(name, record, stamp)
+        return True
+
+    async def settle(self) -> None:
+        """Wait for a swap's rebuild still running (its file is then ready to :meth:`take`)."""
+        running = [t for t in (self._swap, *self._giving_back) if t is not None]
+        if running:  # a cancelled wait leaves them to finish, and give back what they made
+            await asyncio.wait(running)
+
+    def finish(self, record: manifest.Manifest) -> None:
+        """After the swap :meth:`start` began for: give back its file if no restore took it (off the path)."""
+        running, self._swap = self._swap, None
+
+        async def give_back() -> None:
+            if running is not None:
+                await running
+            if self._swap_file == record.file:
+                await self.drop_swap()
+
+        task = tasks.watch(
+            asyncio.create_task(give_back(), name="swap-rebuild-give-back"),
+            effect="a file rebuilt for a swap stays in the slot dir until the sidecar's next start-up",
+        )
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
+
+    async def drop_swap(self) -> None:
+        """Give back a swap's file rebuilt ahead that no restore took: another restore's rebuild comes now, and
+        the slot dir holds one rebuild of the sidecar's at a time (that swap rebuilds its file itself)."""
+        name, self._swap_file = self._swap_file, None
+        ready = self._ready.pop(name, None) if name is not None else None
+        if ready is not None:
+            self._stats.restore_ahead.labels(outcomes.RestoreAhead.UNUSED.value).inc()
+            await asyncio.to_thread(self._snapshots.unstage, ready.name, ready.record)
 
     def take(self, record: manifest.Manifest) -> str | None:
         """The name of ``record``'s file rebuilt ahead and unchanged since, now the caller's; None if none.
@@ -156,12 +221,14 @@ class Ahead:
         if ready is None or not same_snapshot(ready.record, record) or self._stamp(ready.name) != ready.stamp:
             return None
         del self._ready[record.file]
+        if self._swap_file == record.file:
+            self._swap_file = None
         self._stats.restore_ahead.labels(outcomes.RestoreAhead.USED.value).inc()
         return ready.name
 
     async def discard(self) -> None:
         """Delete every file rebuilt ahead that no restore took."""
-        left, self._ready = list(self._ready.values()), {}
+        left, self._ready, self._swap_file = list(self._ready.values()), {}, None
         for ready in left:
             self._stats.restore_ahead.labels(outcomes.RestoreAhead.UNUSED.value).inc()
             await asyncio.to_thread(self._snapshots.unstage, ready.name, ready.record)

@@ -126,6 +126,14 @@ class Restorer:
         """One restore round into every idle, empty slot (see :meth:`restoreround.Round.restore_all`)."""
         return await self._round.restore_all(identity, healthy_at=healthy_at, counters=counters, order=order)
 
+    def rebuild_ahead(self, record: manifest.Manifest) -> bool:
+        """Begin rebuilding ``record`` for a swap while its slot is saved (see :meth:`ahead.Ahead.start`)."""
+        return self._ahead.start(record)
+
+    def rebuilt_ahead_done(self, record: manifest.Manifest) -> None:
+        """The swap :meth:`rebuild_ahead` began for is over: its file goes back unless a restore took it."""
+        self._ahead.finish(record)
+
     async def swap_in(
         self, slot: int, candidate: manifest.Manifest, *, counters: events.Counters | None, checked: bool = False
     ) -> tuple[RestoreRecord, events.SlotView | None]:

@@ -58,9 +58,11 @@ class Sender:
         """
         if self._snapshots.blocks is None:
             return candidate.file, False
+        await self._ahead.settle()  # a swap's rebuild begun while its slot was saved
         ready = self._ahead.take(candidate)
         if ready is not None:
             return ready, False
+        await self._ahead.drop_swap()  # another swap's: one rebuild of ours in the slot dir at a time
         self._acts.mark()
         try:
             return await asyncio.to_thread(self._snapshots.stage, candidate), True

@@ -50,6 +50,15 @@ class SlotService(part.Part):
         """Whether a slot holding ``tokens`` is worth a snapshot (at least ``--min-tokens``)."""
         return tokens >= self._policy.settings.min_tokens
 
+    def rebuild_ahead(self, record: manifest.Manifest) -> bool:
+        """Begin rebuilding ``record`` from the block store while the slot it goes to is saved; False if not
+        begun (no block store, or a rebuilt file waits already). Call :meth:`rebuilt_ahead_done` after the swap."""
+        return self._restorer.rebuild_ahead(record)
+
+    def rebuilt_ahead_done(self, record: manifest.Manifest) -> None:
+        """The swap :meth:`rebuild_ahead` began for is over (restored or not)."""
+        self._restorer.rebuilt_ahead_done(record)
+
     async def swap_in(
         self, slot: int, record: manifest.Manifest, *, counters: events.Counters | None, checked: bool = False
     ) -> restorer.RestoreRecord:

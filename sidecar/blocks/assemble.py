@@ -10,6 +10,7 @@ import dataclasses
 import mmap
 import os
 import secrets
+import stat
 from pathlib import Path
 
 import xxhash
@@ -27,13 +28,19 @@ class Assembled:
     blocks: int
 
 
-def reassemble(blocks: blockdir.BlockDir, made: recipe.Recipe, dest: Path) -> Assembled:
-    """Write the file of ``made`` to ``dest`` (replacing it), byte-identical and checked."""
+def reassemble(blocks: blockdir.BlockDir, made: recipe.Recipe, dest: Path, *, reuse: Path | None = None) -> Assembled:
+    """Write the file of ``made`` to ``dest`` (replacing it), byte-identical and checked.
+
+    ``reuse``: a file of ours beside ``dest`` whose pages are overwritten rather than new ones allocated
+    (taken by a rename: it is gone afterwards, whatever happens; a link or anything but a regular file
+    there is removed, unread and unwritten, and a new file made).
+    """
     temp = dest.parent / f"{TEMP_PREFIX}{secrets.token_hex(8)}-{dest.name}"[:255]
-    out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+    out = _open_temp(temp, reuse)
     try:
         try:
             digest = _write(blocks, made, out)
+            os.ftruncate(out, made.size)  # a reused file longer than this one loses its tail
         finally:
             os.close(out)
         if made.algorithm is not hashing.Algorithm.XXH3_128 or digest != made.checksum:
@@ -44,6 +51,28 @@ def reassemble(blocks: blockdir.BlockDir, made: recipe.Recipe, dest: Path) -> As
             os.unlink(temp)
         raise
     return Assembled(made.name, made.size, len(made.blocks()))
+
+
+def _open_temp(temp: Path, reuse: Path | None) -> int:
+    """A descriptor open for writing at offset 0 on ``temp``: ``reuse`` renamed to it, or a new file."""
+    if reuse is not None:
+        try:
+            os.rename(reuse, temp)
+        except OSError:
+            pass  # none to reuse (taken, given up) or not renamable: a new file
+        else:
+            try:  # not a link, a FIFO (O_NONBLOCK: no wait for a reader) nor a file linked elsewhere too
+                fd = os.open(temp, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                    return fd
+            if fd >= 0:
+                os.close(fd)
+            os.unlink(temp)
+    return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
 
 
 def _write(blocks: blockdir.BlockDir, made: recipe.Recipe, out: int) -> str:

@@ -5,7 +5,10 @@ renamed over its name and the directory ``fsync``ed: a name holds either
 the old recipe or the new one, never part of one, and a crash before the
 rename leaves a temp file no reader lists (garbage collection removes it).
 Recipes are read through :mod:`sidecar.core.safeio`: a symbolic link, a
-FIFO or a file larger than any recipe is refused unread.
+FIFO or a file larger than any recipe is refused unread. A recipe read is
+kept decoded while its file is the same (inode, size, mtime): a swap reads
+its recipe for the check and again for the rebuild, and a recipe of a long
+conversation is thousands of blocks of JSON.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 from pathlib import Path
 
 from sidecar.blocks import recipe
@@ -21,11 +25,16 @@ from sidecar.core import errors, outcomes, safeio
 SUFFIX = ".json"
 TEMP_PREFIX = ".tmp-"
 FILE_MODE = 0o640
+DECODED_KEEP = 256
+"""Recipes kept decoded (by name, while their file is unchanged)."""
+
+_Stamp = tuple[int, int, int]
 
 
 class RecipeDir:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._decoded: dict[str, tuple[_Stamp, recipe.Recipe]] = {}
 
     def of(self, name: str) -> Path:
         if not recipe.NAME_RE.match(name):
@@ -48,6 +57,18 @@ class RecipeDir:
     def read(self, name: str) -> recipe.Recipe:
         """The committed recipe ``name``; BlockStoreError (missing, recipe, not_regular, io) if unusable."""
         path = self.of(name)
+        stamp = _stamp(path)
+        kept = self._decoded.get(name)
+        if kept is not None and stamp is not None and kept[0] == stamp:
+            return kept[1]
+        found = self._decode(name, path)
+        if stamp is not None:
+            if len(self._decoded) >= DECODED_KEEP:
+                self._decoded.clear()
+            self._decoded[name] = (stamp, found)
+        return found
+
+    def _decode(self, name: str, path: Path) -> recipe.Recipe:
         try:
             text = safeio.read_bounded(path, recipe.MAX_BYTES)
         except FileNotFoundError as exc:
@@ -105,8 +126,18 @@ class RecipeDir:
 
     def remove(self, name: str) -> bool:
         """Uncommit ``name``; False if it was not there. Its blocks go at the next collection."""
+        self._decoded.pop(name, None)
         try:
             os.unlink(self.of(name))
         except FileNotFoundError:
             return False
         return True
+
+
+def _stamp(path: Path) -> _Stamp | None:
+    """(inode, size, mtime) of the regular file at ``path``; None if it is not one (the read then says why)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None

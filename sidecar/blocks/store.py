@@ -52,11 +52,13 @@ class BlockStore:
         finally:
             os.close(fd)
 
-    def reassemble(self, name: str, dest: Path) -> assemble.Assembled:
-        """Write the file committed as ``name`` to ``dest``; BlockStoreError (naming the block) if it cannot."""
+    def reassemble(self, name: str, dest: Path, *, reuse: Path | None = None) -> assemble.Assembled:
+        """Write the file committed as ``name`` to ``dest``; BlockStoreError (naming the block) if it cannot.
+
+        ``reuse``: a file whose pages the rebuild overwrites (see :func:`assemble.reassemble`)."""
         with locking.held(self.root, exclusive=False):
             made = self._recipes.read(name)
-            return assemble.reassemble(blockdir.BlockDir(self.root / "blocks"), made, dest)
+            return assemble.reassemble(blockdir.BlockDir(self.root / "blocks"), made, dest, reuse=reuse)
 
     def names(self) -> list[str]:
         return self._recipes.names()

@@ -144,10 +144,17 @@ class Filler:
         ``checked``: ``record`` was committed just now (fetched from the shared store), not hashed again."""
         assert decision.slot is not None
         started = time.perf_counter()
-        with self._snapshots.using(record.file):
-            if decision.save_first and not await self._save(view):
-                return None
-            result = await self._engine.swap_in(decision.slot, record, counters=counters, checked=checked)
+        # With a block store the snapshot is rebuilt while the slot's own content is saved: the swap waits
+        # for the longer of the two, not for both.
+        ahead = decision.save_first and self._engine.rebuild_ahead(record)
+        try:
+            with self._snapshots.using(record.file):
+                if decision.save_first and not await self._save(view):
+                    return None
+                result = await self._engine.swap_in(decision.slot, record, counters=counters, checked=checked)
+        finally:
+            if ahead:
+                self._engine.rebuilt_ahead_done(record)
         if not result.restored:
             return None
         seconds = time.perf_counter() - started

@@ -45,6 +45,14 @@ class Slots(Protocol):
         """Save the slot if it is idle now; True if its content is in a snapshot."""
         ...
 
+    def rebuild_ahead(self, record: manifest.Manifest) -> bool:
+        """Begin rebuilding ``record`` while the slot it goes to is saved; False if not begun."""
+        ...
+
+    def rebuilt_ahead_done(self, record: manifest.Manifest) -> None:
+        """The swap :meth:`rebuild_ahead` began for is over (restored or not)."""
+        ...
+
     async def swap_in(
         self, slot: int, record: manifest.Manifest, *, counters: events.Counters | None, checked: bool = False
     ) -> restorer.RestoreRecord:

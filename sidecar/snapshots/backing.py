@@ -142,8 +142,10 @@ class Blocks:
                     reason=outcomes.SnapshotProblem.SIZE,
                 )
 
-    def stage(self, record: manifest.Manifest, dest: Path) -> None:
-        """Rebuild the exact file of ``record`` at ``dest``, checked against its checksum; SnapshotError if not."""
+    def stage(self, record: manifest.Manifest, dest: Path, *, reuse: Path | None = None) -> None:
+        """Rebuild the exact file of ``record`` at ``dest``, checked against its checksum; SnapshotError if not.
+
+        ``reuse``: a staged file of ours whose pages the rebuild overwrites (it is gone afterwards)."""
         try:
             made = self.recipe(recipe_name(record))
             if made.checksum != record.checksum.digest:
@@ -154,7 +156,7 @@ class Blocks:
             with self._lock:
                 self.figures.staged_bytes += made.size
             try:
-                self.store.reassemble(made.name, dest)
+                self.store.reassemble(made.name, dest, reuse=reuse)
             except BaseException:
                 self.unstaged(made.size)
                 raise

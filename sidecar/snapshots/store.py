@@ -303,6 +303,9 @@ class SnapshotStore:
     def unstage(self, name: str, record: manifest.Manifest) -> None:
         self.staged.unstage(name, record)
 
+    def drop_spare(self) -> bool:
+        return self.staged.drop_spare()
+
     def whole_file(self, record: manifest.Manifest) -> Path:
         return self.staged.whole_file(record)
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sidecar.core import protocols
-from sidecar.snapshots import store
-from tests.support import widekv
+from sidecar.snapshots import staging, store
+from tests.support import mounts, widekv
 from tests.support.llamabed import LlamaServer, MakeServer, complete, make_prompt
 from tests.support.sidecarbed import MakeSidecar, proxied
 
@@ -143,7 +144,7 @@ def test_whole_file_snapshots_of_an_earlier_run_are_moved_into_the_store(
     converted = after.log_events("snapshots_converted")
     assert len(converted) == 1
     assert converted[0]["files"] == 1, converted
-    assert _staged(slot_dir) == []
+    after.wait_for(lambda: _staged(slot_dir) == [], what="the restore's rebuild given back (off its path)")
     assert not list(slot_dir.glob("slot*.json"))
     assert len(_store_manifests(store)) == 1
     warm = complete(server.url, prompt + " again")
@@ -164,6 +165,31 @@ def test_the_library_swaps_conversations_through_the_store(
     assert again["timings"]["cache_n"] >= 0.9 * firsts[0]["timings"]["prompt_n"]
     assert side.metric("llama_sidecar_conversation_requests_total", source="library") >= 1
     side.wait_for(lambda: _staged(slot_dir) == [], what="the staged rebuild deleted after the swap")
+
+
+def test_on_a_tmpfs_of_small_pages_each_swap_rebuilds_over_the_pages_of_the_last(
+    llama: MakeServer, sidecar: MakeSidecar, tmp_path: Path
+) -> None:
+    """The rebuild a swap gave back stays as the one spare; the next swap's rebuild overwrites it, warm each time."""
+    store = tmp_path / "store"
+    with mounts.tmpfs(tmp_path / "slots", "256m") as slot_dir:
+        server = llama(slot_dir=slot_dir, n_slots=1, ctx_size=4096, extra_args=["--cache-ram", "0"])
+        side, proxy = proxied(
+            sidecar, server, slot_dir, extra={"--store-dir": str(store), "--server-cache-ram-bytes": "0"}
+        )
+        assert side.log_events("slot_dir_small_pages"), "the slot dir is a tmpfs of small pages"
+        prompts = [make_prompt(server.url, 600, seed=60 + i) for i in range(2)]
+        firsts = [complete(proxy, p, n_predict=4) for p in prompts]
+        inodes = []
+        for turn in range(3):  # the first back, the second back, the first again: each a swap from the store
+            back = turn % 2
+            again = complete(proxy, prompts[back] + f" Line {turn}.", n_predict=4)
+            assert again["timings"]["cache_n"] >= 0.9 * firsts[back]["timings"]["prompt_n"], (turn, again["timings"])
+            side.wait_for(lambda: _staged(slot_dir) == [staging.SPARE], what="the rebuild kept as the one spare")
+            inodes.append(os.stat(slot_dir / staging.SPARE).st_ino)
+        assert len(set(inodes)) == 1, "every later rebuild wrote over the spare's pages"
+        assert side.metric("llama_sidecar_conversation_requests_total", source="library") >= 3
+        side.terminate()
 
 
 def test_two_conversations_sharing_a_long_prefix_take_less_store_than_two_files_on_an_8b_class_kv(

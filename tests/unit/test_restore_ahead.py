@@ -181,3 +181,62 @@ def test_a_snapshot_is_the_same_only_with_the_same_name_generation_and_checksum(
     assert not ahead.same_snapshot(one, dataclasses.replace(one, generation=one.generation + 1))
     other = manifest.Checksum(hashing.Algorithm.XXH3_128, "1" * 32)
     assert not ahead.same_snapshot(one, dataclasses.replace(one, checksum=other))
+
+
+async def _rebuilt(bed: Bed) -> str:
+    for _ in range(500):
+        if bed.staged():
+            (name,) = bed.staged()
+            return name
+        await asyncio.sleep(0.01)
+    raise AssertionError("nothing rebuilt ahead")
+
+
+async def test_a_swap_takes_the_file_rebuilt_while_its_slot_was_saved_and_one_is_rebuilt_at_a_time(bed: Bed) -> None:
+    record, other = bed.saved(0, 500), bed.saved(1, 300, task=2)
+    assert bed.restorer.rebuild_ahead(record)
+    assert not bed.restorer.rebuild_ahead(other)  # one swap's rebuild at a time
+    name = await _rebuilt(bed)  # meanwhile the slot's own content is saved
+    result, _ = await bed.restorer.swap_in(0, record, counters=None)
+    bed.restorer.rebuilt_ahead_done(record)
+    assert result.result.value == "ok"
+    assert bed.calls() == [name]  # the very file rebuilt ahead, not rebuilt again
+    assert bed.restored[0] == bytes([0]) * memllama.HEADER + bytes([1]) * (500 * memllama.BYTES_PER_TOKEN)
+    assert bed.value("used") == 1
+    await bed.settled()
+    assert bed.value("unused") == 0
+
+
+async def test_a_swaps_file_no_restore_took_is_given_back(bed: Bed) -> None:
+    record = bed.saved(0, 500)
+    assert bed.restorer.rebuild_ahead(record)
+    bed.restorer.rebuilt_ahead_done(record)  # the save failed: no swap
+    for _ in range(500):  # given back once its rebuild is done
+        if bed.value("unused") == 1:
+            break
+        await asyncio.sleep(0.01)
+    await bed.settled()
+    assert bed.value("unused") == 1
+    assert bed.restorer.rebuild_ahead(record)  # and the next swap may rebuild ahead again
+    bed.restorer.rebuilt_ahead_done(record)
+    await bed.settled()
+
+
+async def test_another_restore_gives_back_a_swaps_file_first_so_one_rebuild_is_staged_at_a_time(bed: Bed) -> None:
+    record, other = bed.saved(0, 500), bed.saved(1, 300, task=2)
+    seen: list[list[str]] = []
+
+    async def look(slot: int, filename: str) -> None:
+        seen.append(bed.staged())
+
+    bed.server.hooks["restore"] = look
+    assert bed.restorer.rebuild_ahead(record)
+    await _rebuilt(bed)
+    result, _ = await bed.restorer.swap_in(1, other, counters=None)  # another slot's swap, first under the lock
+    assert result.result.value == "ok"
+    assert [len(files) for files in seen] == [1]  # only its own rebuild: the other swap's was given back
+    result, _ = await bed.restorer.swap_in(0, record, counters=None)  # that swap rebuilds its own then
+    bed.restorer.rebuilt_ahead_done(record)
+    assert result.result.value == "ok"
+    assert bed.value("unused") == 1
+    await bed.settled()

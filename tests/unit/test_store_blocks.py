@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
 import pytest
 
 from sidecar.core import errors, events, outcomes
-from sidecar.snapshots import manifest, retention, slotdir, store, upgrade
+from sidecar.snapshots import manifest, retention, slotdir, staging, store, upgrade
 from tests.support import clocks
 from tests.support.told import Told
 
@@ -169,3 +170,39 @@ def test_retention_counts_shared_blocks_once() -> None:
     assert retention.held_bytes([a, b, c]) == 200 + 100 + 100 + 300
     doomed = retention.select([a, b, c], in_use=(), max_bytes=600, max_age=0, now=10.0)
     assert [(k.file, why) for k, why in doomed] == [("a", outcomes.GcReason.BYTES)]  # 700 → 600 once a goes
+
+
+def test_a_rebuild_given_back_is_the_spare_the_next_rebuild_reuses_and_there_is_one_at_most(
+    dirs: tuple[Path, Path],
+) -> None:
+    snaps = _open(dirs)
+    snaps.staged.keeps_spare = True  # as on a tmpfs of small pages
+    one = _commit(snaps, _bytes(7))
+    two = _commit(snaps, _bytes(8, 5000))
+
+    first = snaps.stage(one)
+    inode = os.stat(dirs[0] / first).st_ino
+    snaps.unstage(first, one)
+    assert sorted(p.name for p in dirs[0].iterdir()) == [staging.SPARE]
+    assert snaps.usage().staged_bytes == SIZE  # the spare's RAM is shown
+
+    second = snaps.stage(two)
+    assert (dirs[0] / second).read_bytes() == _bytes(8, 5000)
+    assert os.stat(dirs[0] / second).st_ino == inode
+    third = snaps.stage(one)  # no spare left: a new file
+    assert (dirs[0] / third).read_bytes() == _bytes(7)
+    snaps.unstage(second, two)
+    snaps.unstage(third, one)  # a spare is there already: deleted
+    assert sorted(p.name for p in dirs[0].iterdir()) == [staging.SPARE]
+    assert snaps.drop_spare()
+    assert list(dirs[0].iterdir()) == []
+    assert not snaps.drop_spare()
+
+
+def test_no_spare_is_kept_where_pages_are_cheap(dirs: tuple[Path, Path]) -> None:
+    snaps = _open(dirs)
+    snaps.staged.keeps_spare = False
+    record = _commit(snaps, _bytes(9))
+    name = snaps.stage(record)
+    snaps.unstage(name, record)
+    assert list(dirs[0].iterdir()) == []
