@@ -36,21 +36,28 @@ def _restore_line(lines: list[str]) -> str:
     return next(line for line in lines if "from the block store" in line)
 
 
-def test_a_restore_within_the_goal_of_the_file_staged_whole_is_met() -> None:
-    restores = _restores(rebuild=0.010, call=0.100, staged=0.100)
-    assert restores.ratio == pytest.approx(1.1)
+@pytest.mark.parametrize(
+    ("rebuild", "call", "ratio", "word", "figure"),
+    [
+        (0.010, 0.100, 1.1, "MET ", "1.10x (110 against 100 ms, 315 MB: the rebuild 10 ms (31.46 GB/s)"),
+        (
+            0.150,
+            0.090,
+            2.4,
+            "MISSED ",
+            "2.40x (240 against 100 ms, 315 MB: the rebuild 150 ms (2.10 GB/s), then the call 90 ms",
+        ),
+    ],
+    ids=["within the goal: met", "a rebuild outweighing the server's read: missed, saying where the time went"],
+)
+def test_a_restore_rebuilt_from_blocks_is_judged_against_the_same_file_staged_whole(
+    rebuild: float, call: float, ratio: float, word: str, figure: str
+) -> None:
+    restores = _restores(rebuild=rebuild, call=call, staged=0.100)
+    assert restores.ratio == pytest.approx(ratio)
     line = _restore_line(scale.verdicts(_ways(restores)))
-    assert line.startswith("MET "), line
-    assert "1.10x (110 against 100 ms" in line
-    assert "the rebuild 10 ms" in line
-
-
-def test_a_rebuild_that_outweighs_the_servers_read_misses_and_says_where_the_time_went() -> None:
-    restores = _restores(rebuild=0.150, call=0.090, staged=0.100)
-    assert restores.ratio == pytest.approx(2.4)
-    line = _restore_line(scale.verdicts(_ways(restores)))
-    assert line.startswith("MISSED "), line
-    assert "2.40x (240 against 100 ms, 315 MB: the rebuild 150 ms (2.10 GB/s), then the call 90 ms" in line
+    assert line.startswith(word), line
+    assert figure in line
 
 
 def test_the_wait_against_whole_files_on_disk_is_reported_not_judged() -> None:
