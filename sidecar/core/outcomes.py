@@ -120,6 +120,9 @@ class RouteBy(enum.StrEnum):
     """The request continues the conversation a slot ran last (``library.turns``): no round trip to the server."""
     TOKENS = "tokens"
     """By the prompt's token ids (``/apply-template``, ``/tokenize`` or the token cache)."""
+    RAM_TURN = "ram_turn"
+    """The request continues a conversation that left its slot for llama-server's RAM prompt cache: placed by that
+    copy's block hashes, with no round trip to tokenize first."""
 
 
 class PromptBytes(enum.StrEnum):

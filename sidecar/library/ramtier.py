@@ -9,6 +9,7 @@ import collections
 import dataclasses
 import enum
 
+from sidecar.library import turns
 from sidecar.snapshots import slotfile
 
 
@@ -26,6 +27,13 @@ class Held:
     owner: str
     chain: tuple[str, ...]
     bytes: int
+    turn: turns.Key | None = None
+    """The key of the request the slot ran last before it left, if the slot held what that request left: a
+    request that continues it is this conversation coming back (placed with no round trip to tokenize)."""
+
+
+_Text = bytes
+"""A text prompt's bytes (``RamTier.bytes`` is a figure of the tier's)."""
 
 
 class RamTier:
@@ -43,9 +51,10 @@ class RamTier:
     def bytes(self) -> int:
         return self._bytes
 
-    def left(self, owner: str, chain: tuple[str, ...], size: int) -> None:
+    def left(self, owner: str, chain: tuple[str, ...], size: int, turn: turns.Key | None = None) -> None:
         """A conversation of ``chain`` (``size`` bytes of KV) left its slot for a task of another: the server
-        copied it into RAM. A copy it holds of a prefix of it is replaced; one it holds of a longer one stays."""
+        copied it into RAM. A copy it holds of a prefix of it is replaced; one it holds of a longer one stays.
+        ``turn``: the key of the request the slot ran last (:attr:`Held.turn`)."""
         if self.state is State.OFF or not chain or size <= 0 or size > self.capacity:
             return
         for key, held in list(self._held.items()):
@@ -56,7 +65,7 @@ class RamTier:
                 return  # the server keeps the longer one it has, and copies nothing
             if shared == len(held.chain):
                 self._drop(key)
-        self._held[(owner, chain)] = Held(owner, chain, size)
+        self._held[(owner, chain)] = Held(owner, chain, size, turn)
         self._bytes += size
         while self._bytes > self.capacity:
             self._drop(next(iter(self._held)))
@@ -74,6 +83,19 @@ class RamTier:
             if shared > blocks:
                 found, blocks = held, shared
         return found, blocks
+
+    def continued(self, owner: str, turn: turns.Key, text: _Text = b"") -> Held | None:
+        """The held conversation of ``owner``'s that a request of key ``turn`` (text prompt ``text``) continues,
+        the longest such: its prompt starts with all that conversation's last request held."""
+        if self.state is State.OFF:
+            return None
+        found: Held | None = None
+        for held in self._held.values():
+            if held.owner != owner or held.turn is None or not held.turn.continued_by(turn, text):
+                continue
+            if found is None or found.turn is None or held.turn.length > found.turn.length:
+                found = held
+        return found
 
     def loaded(self, held: Held) -> None:
         """The server took ``held`` out of RAM into a slot."""

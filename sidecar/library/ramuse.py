@@ -41,7 +41,7 @@ class RamUse:
             return
         newest = next(iter(self._snapshots.snapshots()), None)
         per_token = newest.bytes / newest.tokens if newest is not None and newest.tokens else 0.0
-        self.tier.left(state.owner, state.chain, max(1, round(tokens * per_token)))
+        self.tier.left(state.owner, state.chain, max(1, round(tokens * per_token)), state.turn)
         self._stats.ram_conversations.set(len(self.tier))
 
     def leaves_unsaved(

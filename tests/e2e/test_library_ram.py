@@ -18,6 +18,8 @@ from tests.support.sidecarbed import MakeSidecar, SidecarProcess
 
 PROMPT_TOKENS = 600
 WARM = 0.9
+ROUTES = "llama_sidecar_library_routes_total"
+PROMPT_BYTES = "llama_sidecar_library_prompt_bytes_total"
 
 
 class Chat:
@@ -64,9 +66,15 @@ def test_at_the_servers_defaults_a_returning_conversation_comes_from_its_ram_cac
     server, side, proxy = _start(llama, sidecar, slot_dir, server_args=[], extra={})
     chats = [Chat(n, make_prompt(server.url, PROMPT_TOKENS, seed=640 + n)) for n in range(4)]
     _round(chats, proxy)
+    asked = 0.0
     for rnd in (1, 2):
+        asked = side.metric(PROMPT_BYTES, source="asked")
         for chat, (cache_n, earlier) in zip(chats, _round(chats, proxy), strict=True):
             assert cache_n >= WARM * earlier, f"round {rnd}: conversation {chat.n} came back cold"
+    # Each returning turn continued what its conversation left in RAM: placed by that, with no round trip to
+    # tokenize it first (none at all in the last round).
+    assert side.metric(ROUTES, by="ram_turn") == 2 * len(chats)
+    assert side.metric(PROMPT_BYTES, source="asked") == asked
     sources = _sources(side)
     print(f"sources: {sources}; swaps {side.metric('llama_sidecar_swap_duration_seconds_count'):.0f}")
     assert sources["ram"] >= 2 * (len(chats) - 2) - 1  # every returning turn but the first try

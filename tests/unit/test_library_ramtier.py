@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core import outcomes
-from sidecar.library import ramtier, routing
+from sidecar.library import prompt, ramtier, routing, turns
 from tests.unit.test_library_decisions import chain, held
 
 MIB = 1 << 20
@@ -86,3 +88,28 @@ def test_what_it_holds_never_exceeds_the_servers_size(sizes: list[tuple[str, int
         ram.left(name[0], chain(name, blocks), size * MIB)
         assert ram.bytes <= capacity * MIB
         assert ram.bytes >= 0
+
+
+def _key(*messages: str) -> turns.Key:
+    body = {"messages": [{"role": "user", "content": m} for m in messages]}
+    request = prompt.of("/v1/chat/completions", json.dumps(body).encode())
+    assert isinstance(request, prompt.Prompt)
+    key = turns.of(request)
+    assert key is not None
+    return key
+
+
+def test_a_request_that_continues_a_conversation_in_ram_finds_it_by_its_turn_alone() -> None:
+    ram = ramtier.RamTier(100 * MIB)
+    ram.left("alice", chain("a", 4), MIB, _key("hi"))
+    ram.left("alice", chain("a", 6), 2 * MIB, _key("hi", "more", "again"))  # the same one, longer: replaces it
+    ram.left("alice", chain("b", 5), MIB, _key("other"))
+    ram.left("alice", chain("c", 5), MIB)  # left with no turn known: found by its ids only
+    found = ram.continued("alice", _key("hi", "more", "again", "ok", "next"))
+    assert found is not None
+    assert found.chain == chain("a", 6)
+    assert ram.continued("bob", _key("hi", "more", "again", "ok", "next")) is None  # another owner's
+    assert ram.continued("alice", _key("hi", "edited", "again", "ok")) is None  # history edited: by its ids
+    assert ram.continued("alice", _key("other", "ok", "then")) == ram.best("alice", chain("b", 5))[0]
+    ram.missed()
+    assert ram.continued("alice", _key("other", "ok", "then")) is None  # the cache showed itself wrong: off
