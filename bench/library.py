@@ -12,7 +12,12 @@ from that cache, not a file), on the bed's model and on one whose KV per
 token is 8B-class (128 KiB: every swap through a file weighs what a user's
 does). Each path gets
 a fresh server and slot dir: llama-server alone, and the sidecar's proxy in
-front of it (the library swaps each conversation back into a slot). A turn's
+front of it (the library swaps each conversation back into a slot). The
+paths run side by side: every path's server is up at once, and each
+conversation takes its turn on one path after the other (which goes first
+turns over), so that the machine's load, which moves a turn by more than
+the 3% judged from one minute to the next, weighs on each alike; the
+sidecar's own CPU time over the timed rounds is printed beside. A turn's
 time is the wall time of a non-streamed ``/v1/chat/completions`` with
 ``max_tokens`` 1: time to first token, swaps and tokenization included.
 
@@ -104,6 +109,9 @@ class Run:
     """The sidecar's ``--max-unsaved-seconds``: the re-prefill a crash may cost a conversation."""
     figures: dict[str, float] = dataclasses.field(default_factory=dict)
     """Through the proxy at the defaults: the sidecar's counters that say what the turns cost (:data:`FIGURES`)."""
+    cpu: float = 0.0
+    """Through the proxy: the sidecar's CPU seconds over the timed rounds (it shares the machine's cores with
+    every path's llama-server: its polls and saves run while a turn of either path may)."""
 
     @property
     def warm(self) -> list[float]:
@@ -199,9 +207,9 @@ def _figures(side: sidecarbed.SidecarProcess, suffix: str = "") -> dict[str, flo
 def _server(bed: rig.Rig, slot_dir: Path, *, ram: bool, model: str) -> llamabed.LlamaServer:
     if model == WIDE:
         wide = widekv.model(tokenizer_from=bed.model)
-        server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=8192, model=wide, swa_full=False)
+        server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=8192, model=wide, swa_full=False, alone=False)
     else:
-        server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=8192)
+        server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=8192, alone=False)
     if not ram:
         server.kill()  # the rig starts servers with the default RAM cache: start again without it
         server.extra_args = [*server.extra_args, "--cache-ram", "0"]
@@ -226,51 +234,116 @@ class Plan:
     """``--max-unsaved-seconds`` for the sidecar; empty: its default."""
 
 
-def _path(bed: rig.Rig, plan: Plan, say: rig.Say) -> Run:
-    path = PROXY if plan.way else DIRECT
+@dataclasses.dataclass(slots=True)
+class _Open:
+    """One path up: its llama-server (and sidecar in front), its conversations, and their turns so far."""
+
+    plan: Plan
+    slot_dir: Path
+    server: llamabed.LlamaServer | None = None
+    side: sidecarbed.SidecarProcess | None = None
+    url: str = ""
+    chats: list[_Chat] = dataclasses.field(default_factory=list)
+    times: list[list[float]] = dataclasses.field(default_factory=list)
+    cpu: float = 0.0
+    """The sidecar's CPU seconds over the timed rounds (after round 0)."""
+
+    @property
+    def label(self) -> str:
+        return f"{PROXY if self.plan.way else DIRECT} {self.plan.way}".rstrip()
+
+
+def _open(bed: rig.Rig, plan: Plan) -> _Open:
+    """Start a path's llama-server (a fresh slot dir), and the sidecar's proxy in front of it for a way."""
     tag = {"": "direct", WHOLE: "whole", BLOCKS: "blocks"}[plan.way]
     name = f"library-{plan.n}-{tag}-{int(plan.ram)}-{'wide' if plan.model == WIDE else 'tiny'}"
     slot_dir = bed.slot_dir(name)
+    opened = _Open(plan, slot_dir)
+    store_dir = slot_dir
     if plan.way == BLOCKS:  # the server's saves land in RAM; the block store on disk keeps what they hold
-        store_dir, slot_dir = slot_dir, plan.staging / f"llama-kv-bench-{os.getpid()}-{name}"
-        shutil.rmtree(slot_dir, ignore_errors=True)
-        slot_dir.mkdir(parents=True)
-    try:
-        server = _server(bed, slot_dir, ram=plan.ram, model=plan.model)
-        url, side = server.url, None
-        if plan.way:
-            port = net.free_port()
-            options = {"--proxy-listen": f"127.0.0.1:{port}"}
-            if not plan.ram:
-                options["--server-cache-ram-bytes"] = "0"
-            if plan.way == BLOCKS:
-                options["--store-dir"] = str(store_dir)
-            if plan.max_unsaved:
-                options["--max-unsaved-seconds"] = plan.max_unsaved
-            side = bed.sidecar(server, slot_dir, **options)
-            side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=120, what="the sidecar ready")
-            url = f"http://127.0.0.1:{port}"
-        chats = [_Chat(i, llamabed.make_prompt(server.url, plan.tokens, seed=500 + i)) for i in range(plan.n)]
-        times: list[list[float]] = []
-        for r in range(plan.rounds + 1):
-            times.append([chat.turn(url) for chat in chats])
-            say(f"  N={plan.n} {path} {plan.way}: round {r}, median turn {rig.median(times[-1]):.3f} s")
-        if side is None:
-            run = Run(plan.n, path, times)
-        else:
-            swaps = side.metric("llama_sidecar_swap_duration_seconds_count")
-            seconds = side.metric("llama_sidecar_swap_duration_seconds_sum")
-            bound = float(plan.max_unsaved) if plan.max_unsaved else config.MAX_UNSAVED_SECONDS
-            run = Run(plan.n, path, times, int(swaps), seconds, plan.way, bound=bound)
-        if plan.ram:
-            run = _after_kill(run, server, side, chats, url, say)
-        if side is not None:
-            side.kill()
-        server.kill()
-        return run
-    finally:
+        opened.slot_dir = plan.staging / f"llama-kv-bench-{os.getpid()}-{name}"
+        shutil.rmtree(opened.slot_dir, ignore_errors=True)
+        opened.slot_dir.mkdir(parents=True)
+    server = opened.server = _server(bed, opened.slot_dir, ram=plan.ram, model=plan.model)
+    opened.url = server.url
+    if plan.way:
+        port = net.free_port()
+        options = {"--proxy-listen": f"127.0.0.1:{port}"}
+        if not plan.ram:
+            options["--server-cache-ram-bytes"] = "0"
         if plan.way == BLOCKS:
-            shutil.rmtree(slot_dir, ignore_errors=True)
+            options["--store-dir"] = str(store_dir)
+        if plan.max_unsaved:
+            options["--max-unsaved-seconds"] = plan.max_unsaved
+        side = opened.side = bed.sidecar(server, opened.slot_dir, **options)
+        side.wait_for(lambda: side.get("/readyz")[0] == 200, timeout=120, what="the sidecar ready")
+        opened.url = f"http://127.0.0.1:{port}"
+    opened.chats = [_Chat(i, llamabed.make_prompt(server.url, plan.tokens, seed=500 + i)) for i in range(plan.n)]
+    return opened
+
+
+def _finish(opened: _Open, say: rig.Say) -> Run:
+    """The path's run, with the kill round at the defaults; its processes stopped."""
+    plan, side, server = opened.plan, opened.side, opened.server
+    assert server is not None
+    path = PROXY if plan.way else DIRECT
+    if side is None:
+        run = Run(plan.n, path, opened.times)
+    else:
+        swaps = side.metric("llama_sidecar_swap_duration_seconds_count")
+        seconds = side.metric("llama_sidecar_swap_duration_seconds_sum")
+        bound = float(plan.max_unsaved) if plan.max_unsaved else config.MAX_UNSAVED_SECONDS
+        run = Run(plan.n, path, opened.times, int(swaps), seconds, plan.way, bound=bound, cpu=opened.cpu)
+    if plan.ram:
+        run = _after_kill(run, server, side, opened.chats, opened.url, say)
+    if side is not None:
+        side.kill()
+    server.kill()
+    return run
+
+
+def _close(opened: _Open) -> None:
+    if opened.side is not None:
+        opened.side.kill()
+    if opened.server is not None:
+        opened.server.kill()
+    if opened.plan.way == BLOCKS:
+        shutil.rmtree(opened.slot_dir, ignore_errors=True)
+
+
+def _rounds(paths: list[_Open], say: rig.Say) -> None:
+    """Every round, each conversation's turn on every path, one after the other: side by side, so that the
+    machine's load (which moves a turn by more than 3% from one minute to the next) weighs on each alike. The
+    path that goes first turns over from one conversation to the next."""
+    plan = paths[0].plan
+    for r in range(plan.rounds + 1):
+        if r == 1:
+            for opened in paths:
+                opened.cpu = -rig.cpu_seconds(opened.side.proc.pid) if opened.side and opened.side.proc else 0.0
+        for opened in paths:
+            opened.times.append([])
+        for i in range(plan.n):
+            first = (i + r) % len(paths)
+            for opened in paths[first:] + paths[:first]:
+                opened.times[-1].append(opened.chats[i].turn(opened.url))
+        for opened in paths:
+            say(f"  N={plan.n} {opened.label}: round {r}, median turn {rig.median(opened.times[-1]):.3f} s")
+    for opened in paths:
+        if opened.side is not None and opened.side.proc is not None:
+            opened.cpu += rig.cpu_seconds(opened.side.proc.pid)
+
+
+def _side_by_side(bed: rig.Rig, plans: list[Plan], say: rig.Say) -> list[Run]:
+    """The runs of ``plans`` (the same conversations on each path), their turns taken side by side."""
+    paths: list[_Open] = []
+    try:
+        for plan in plans:
+            paths.append(_open(bed, plan))
+        _rounds(paths, say)
+        return [_finish(opened, say) for opened in paths]
+    finally:
+        for opened in paths:
+            _close(opened)
 
 
 def _after_kill(
@@ -310,12 +383,13 @@ def _after_kill(
 def run(bed: rig.Rig, sizes: list[int], *, tokens: int, rounds: int, say: rig.Say, ram: bool = False,
         model: str = TINY, ways: tuple[str, ...] = (WHOLE,), staging: Path = STAGING,
         max_unsaved: str = "") -> list[Point]:  # fmt: skip
-    """Per N: llama-server alone, then the proxy each of ``ways``, each judged against that one direct run."""
+    """Per N: llama-server alone and the proxy each of ``ways``, side by side, each way judged against that one
+    direct run."""
     points = []
     for n in sizes:
         base = Plan(n, tokens, rounds, ram, model, staging=staging, max_unsaved=max_unsaved)
-        direct = _path(bed, base, say)
-        points += [Point(n, direct, _path(bed, dataclasses.replace(base, way=way), say), ram, model) for way in ways]
+        direct, *proxies = _side_by_side(bed, [base, *(dataclasses.replace(base, way=way) for way in ways)], say)
+        points += [Point(n, direct, proxy, ram, model) for proxy in proxies]
     return points
 
 
@@ -374,6 +448,7 @@ def _defaults_table(points: list[Point], *, tokens: int, model: str) -> str:
             f"{p.proxy.warm_after_kill}/{p.conversations}",
             rig.median(p.direct.after_kill_seconds),
             rig.median(p.proxy.after_kill_seconds),
+            1000 * p.proxy.cpu / max(len(p.proxy.warm), 1),
         )
         for p in points
     ]
@@ -394,6 +469,7 @@ def _defaults_table(points: list[Point], *, tokens: int, model: str) -> str:
                 "library",
                 "after kill alone s",
                 "library s",
+                "sidecar CPU ms/turn",
             ],
             rows,
         )
