@@ -21,8 +21,8 @@ sidecar's own CPU time over the timed rounds is printed beside. A turn's
 time is the wall time of a non-streamed ``/v1/chat/completions`` with
 ``max_tokens`` 1: time to first token, swaps and tokenization included.
 
-At the defaults the proxy runs two ways, each beside the same run of
-llama-server alone: the sidecar's defaults (whole slot files in its slot
+At the defaults the proxy runs two ways, each side by side with a run of
+llama-server alone of its own: the sidecar's defaults (whole slot files in its slot
 dir) and ``--store-dir`` (the block store; the slot dir on a tmpfs,
 ``--staging``). After the timed rounds (once the sidecar has saved what the
 slots hold) llama-server is ``kill -9``ed on each path, started again the
@@ -383,13 +383,16 @@ def _after_kill(
 def run(bed: rig.Rig, sizes: list[int], *, tokens: int, rounds: int, say: rig.Say, ram: bool = False,
         model: str = TINY, ways: tuple[str, ...] = (WHOLE,), staging: Path = STAGING,
         max_unsaved: str = "") -> list[Point]:  # fmt: skip
-    """Per N: llama-server alone and the proxy each of ``ways``, side by side, each way judged against that one
-    direct run."""
+    """Per N and each of ``ways``: llama-server alone and the proxy, side by side.
+
+    A pair at a time, not every way at once: with three paths side by side each slot would sit idle three
+    turns' time between its own, long enough for idle saves no single path would make."""
     points = []
     for n in sizes:
         base = Plan(n, tokens, rounds, ram, model, staging=staging, max_unsaved=max_unsaved)
-        direct, *proxies = _side_by_side(bed, [base, *(dataclasses.replace(base, way=way) for way in ways)], say)
-        points += [Point(n, direct, proxy, ram, model) for proxy in proxies]
+        for way in ways:
+            direct, proxy = _side_by_side(bed, [base, dataclasses.replace(base, way=way)], say)
+            points.append(Point(n, direct, proxy, ram, model))
     return points
 
 
@@ -568,7 +571,7 @@ class Choice:
     models: tuple[str, ...] = (TINY, WIDE)
     """Models of the part at the defaults."""
     ways: tuple[str, ...] = (WHOLE, BLOCKS)
-    """The sidecar's ways at the defaults, each beside the same direct run."""
+    """The sidecar's ways at the defaults, each side by side with a run of llama-server alone of its own."""
     staging: Path = STAGING
     max_unsaved: str = ""
     """The sidecar's ``--max-unsaved-seconds`` at the defaults; empty: its own default."""
