@@ -221,7 +221,9 @@ class Chooser:
     ) -> Plan | outcomes.Unrouted | None:
         """Place a request by its ids; ``timing``: when its placement started, the seconds its tokens took, and
         how its chain was found."""
-        route = await self._route(request, chain, packed, turn, within, owner)
+        route = await self._route(
+            request, chain, packed, turn, within, owner, by_ram=timing[2] is outcomes.RouteBy.RAM_TURN
+        )
         if not isinstance(route, filling.Route):
             return route
         decision = route.decision
@@ -271,8 +273,13 @@ class Chooser:
         turn: turns.Key | None,
         within: frozenset[int] | None,
         owner: str,
+        *,
+        by_ram: bool = False,
     ) -> filling.Route | outcomes.Unrouted | None:
-        """Where a request goes, by its ids, from fresh slots, the library, the RAM cache and the shared store."""
+        """Where a request goes, by its ids, from fresh slots, the library, the RAM cache and the shared store.
+
+        ``by_ram``: ``chain`` is that of the RAM cache's copy of the conversation the request continues, its newest
+        state: neither the library nor the shared store is looked at (a look at every snapshot per request)."""
         polled, identity = self._engine.seen()
         if polled is None or polled.slots is None or identity is None:
             self._tally.unrouted(
@@ -283,7 +290,7 @@ class Chooser:
         if obs is None or obs.slots is None:
             return outcomes.Unrouted.ERROR  # counted by the fresh read
         exact = not memory.cuts_back(identity.memory)
-        library = self._library(identity, obs.slots, owner)
+        library = {} if by_ram else self._library(identity, obs.slots, owner)
         if exact:  # a snapshot serves only a request that holds every one of its tokens
             library = {f: v for f, v in library.items() if slotstate.exact_prefix(v[0].index, packed)}
         entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
@@ -301,7 +308,7 @@ class Chooser:
         decision = routing.route(chain, held, entries, ram=ram)
         if within is not None and (decision.source is not outcomes.Source.SLOT or decision.slot not in within):
             return None  # let through before the round ended: only a restored slot holding its prefix will do
-        fetcher = self._fetcher if within is None else None
+        fetcher = self._fetcher if within is None and not by_ram else None
         found = await fetcher.find(identity, chain, decision, obs, owner) if fetcher is not None else None
         if found is not None:  # the slots may have changed while the store answered
             obs = await self._book.fresh(obs) or obs
