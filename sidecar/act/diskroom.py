@@ -81,8 +81,8 @@ class DiskRoom:
             return estimate
         freed = await asyncio.to_thread(policy.freed_bytes, known, victims, blocks=blocks)
         await self.delete([(record, outcomes.GcReason.SPACE) for record in victims])
-        usage = await asyncio.to_thread(self._snapshots.usage)
-        after = estimate if usage.problem else dataclasses.replace(estimate, free_bytes=usage.free_bytes)
+        free = await asyncio.to_thread(self._snapshots.free_bytes)
+        after = estimate if isinstance(free, str) else dataclasses.replace(estimate, free_bytes=free)
         where = self.where(estimate.disk)
         log.warning(
             "snapshots_evicted_for_space",

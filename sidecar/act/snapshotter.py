@@ -248,10 +248,10 @@ class Snapshotter:
         """The record of a save the disk cannot take now (unmeasurable, refused, or below the floor even once
         the least recently used snapshots made room); None: go on."""
         slot = action.slot
-        usage = await asyncio.to_thread(self._snapshots.usage)
-        if usage.problem:
-            return self._fail(slot, outcomes.SaveCause.SLOT_DIR, usage.problem, 0.0)
-        if self._unwritable is not None and not await self._may_write(self._unwritable, usage.free_bytes):
+        free = await asyncio.to_thread(self._snapshots.free_bytes)
+        if isinstance(free, str):
+            return self._fail(slot, outcomes.SaveCause.SLOT_DIR, free, 0.0)
+        if self._unwritable is not None and not await self._may_write(self._unwritable, free):
             episode = self._unwritable
             self._unwritable = dataclasses.replace(episode, skipped=episode.skipped + 1)
             detail = f"skipped without a save call: {episode.detail}"
@@ -263,7 +263,7 @@ class Snapshotter:
                 result=outcomes.SaveResult.SKIPPED,
             )
         min_free = self._settings.min_free_bytes
-        estimate = await asyncio.to_thread(self._room.estimate, action, fingerprint, usage.free_bytes)
+        estimate = await asyncio.to_thread(self._room.estimate, action, fingerprint, free)
         if estimate.short(min_free):
             estimate = await self._room.make_room(estimate)
         if estimate.short(min_free):

@@ -66,6 +66,14 @@ class SlotDir:
                 used += entry.stat(follow_symlinks=False).st_size
         return used, stats.f_bavail * stats.f_frsize
 
+    def free(self) -> int | str:
+        """Bytes free for unprivileged users on its filesystem (one ``statvfs``, no listing), or the problem."""
+        try:
+            stats = os.statvfs(self.path)
+        except OSError as exc:
+            return self.failed(outcomes.SlotDirOperation.SCAN, exc)
+        return stats.f_bavail * stats.f_frsize
+
     def check(self) -> str | None:
         """None if the directory is there and writable, else what is wrong."""
         if not self.path.is_dir():

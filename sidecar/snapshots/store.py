@@ -206,6 +206,12 @@ class SnapshotStore:
             staged_bytes=self.staged.staged_bytes(),
         )
 
+    def free_bytes(self) -> int | str:
+        """Free bytes on the slot dir's filesystem, or what stopped the measure: :meth:`usage` without listing
+        the slot dir or the block store (a look at every block file, 0.14-0.21 s at 20,000 blocks here), for a
+        check made before every save."""
+        return self._dir.fs.free()
+
     def staging_room(self) -> tuple[int, bool] | None:
         """With a block store: the slot dir's free bytes and whether the store's disk is its filesystem
         (None without a block store, or if unmeasurable)."""
