@@ -77,9 +77,10 @@ SLOTS = 2
 DIRECT, PROXY = "llama-server alone", "with the library"
 DEFAULTS_PRICE = 1.03
 """Most a turn through the proxy may take, over llama-server alone, both at their defaults (RAM cache on)."""
-DEFAULTS_ROUNDS = 3
-"""Timed rounds at the defaults, quick or not: a turn there is 0.1-0.2 s, and the 3% judged is 3-6 ms, about what
-the median of one round of 20 moves from run to run (two runs of llama-server alone side by side differ by 1-3%)."""
+DEFAULTS_TURNS = 60
+"""Timed turns per path at the defaults, quick or not (in rounds of N, at least 3 of 20): a turn there is 0.1-0.3 s,
+and the 3% judged is 3-9 ms, about what the median of 20 turns moves from run to run (two runs of llama-server
+alone side by side differ by 1-3%; 18 turns at N=6 put it 6% off)."""
 CACHED_GOAL = 0.99
 """Share of its previous prompt every conversation's turn after the kill -9 must reuse, through the proxy."""
 TINY, WIDE = "gemma3-270m", "8B-class KV"
@@ -581,7 +582,7 @@ class Choice:
 
 
 def measure(bed: rig.Rig, *, quick: bool, say: rig.Say, choice: Choice = Choice()) -> tuple[list[Point], str]:
-    """``quick``: first messages of 400 tokens, one warm round (:data:`DEFAULTS_ROUNDS` at the defaults), and at
+    """``quick``: first messages of 400 tokens, one warm round (:data:`DEFAULTS_TURNS` at the defaults), and at
     the defaults N=6 only (the first N above the slot count)."""
     tokens = 400 if quick else 1000
     rounds = 1 if quick else 2
@@ -589,7 +590,7 @@ def measure(bed: rig.Rig, *, quick: bool, say: rig.Say, choice: Choice = Choice(
     at_defaults = [n for n in choice.sizes if n > SLOTS][: 1 if quick else None]
     for n in at_defaults:  # every model at one N before the next N: a run stopped early has each model's figures
         for model in choice.models:
-            points += run(bed, [n], tokens=tokens, rounds=DEFAULTS_ROUNDS, say=say, ram=True, model=model,
+            points += run(bed, [n], tokens=tokens, rounds=-(-DEFAULTS_TURNS // n), say=say, ram=True, model=model,
                           ways=choice.ways, staging=choice.staging, max_unsaved=choice.max_unsaved)  # fmt: skip
             say(f"so far:\n{table(points, tokens=tokens)}\n" + "\n".join(verdicts(points)))
     said = f"the sidecar ran with --max-unsaved-seconds {choice.max_unsaved}\n\n" if choice.max_unsaved else ""
