@@ -116,7 +116,9 @@ class Chooser:
                 if not chain:
                     return None  # shorter than one block: nothing worth routing, llama-server picks
             tokenized = time.perf_counter() - started
-            placed = await self._place(request, chain, packed, turn, within, owner, (started, tokenized, by), ticket)
+            placed = await self._place(
+                request, chain, packed, turn, within, owner, (started, tokenized, by), ticket, early=early
+            )
         except Exception as exc:  # routing must never fail the request: it goes as it came
             self._tally.unrouted(outcomes.Unrouted.ERROR, f"{exc.__class__.__name__}: {exc}")
             return outcomes.Unrouted.ERROR
@@ -218,11 +220,14 @@ class Chooser:
         owner: str,
         timing: tuple[float, float, outcomes.RouteBy],
         ticket: tickets.Ticket,
+        *,
+        early: asyncio.Task[tuple[events.SlotView, ...]] | None = None,
     ) -> Plan | outcomes.Unrouted | None:
         """Place a request by its ids; ``timing``: when its placement started, the seconds its tokens took, and
-        how its chain was found."""
+        how its chain was found; ``early``: the read of ``/slots`` sent when the request came in."""
+        by_ram = timing[2] is outcomes.RouteBy.RAM_TURN
         route = await self._route(
-            request, chain, packed, turn, within, owner, by_ram=timing[2] is outcomes.RouteBy.RAM_TURN
+            request, chain, packed, turn, within, owner, by_ram=by_ram, early=early if by_ram else None
         )
         if not isinstance(route, filling.Route):
             return route
@@ -275,18 +280,21 @@ class Chooser:
         owner: str,
         *,
         by_ram: bool = False,
+        early: asyncio.Task[tuple[events.SlotView, ...]] | None = None,
     ) -> filling.Route | outcomes.Unrouted | None:
         """Where a request goes, by its ids, from fresh slots, the library, the RAM cache and the shared store.
 
         ``by_ram``: ``chain`` is that of the RAM cache's copy of the conversation the request continues, its newest
-        state: neither the library nor the shared store is looked at (a look at every snapshot per request)."""
+        state: neither the library nor the shared store is looked at (a look at every snapshot per request).
+        ``early``: the read of ``/slots`` sent when the request came in, fresh enough where nothing was asked of
+        llama-server since (a request placed by the RAM cache's copy is not tokenized); else one is read now."""
         polled, identity = self._engine.seen()
         if polled is None or polled.slots is None or identity is None:
             self._tally.unrouted(
                 outcomes.Unrouted.ERROR, "the sidecar has not read llama-server's slots and identity yet"
             )
             return outcomes.Unrouted.ERROR
-        obs = await self._book.fresh(polled)
+        obs = await self._book.fresh(polled, early=early)
         if obs is None or obs.slots is None:
             return outcomes.Unrouted.ERROR  # counted by the fresh read
         exact = not memory.cuts_back(identity.memory)

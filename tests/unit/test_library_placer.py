@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.act import engine
 from sidecar.core import config, errors, events, metrics, outcomes, protocols
-from sidecar.library import fetching, placer, prompt, turns
-from sidecar.observe import poller
+from sidecar.library import fetching, placer, prompt, ramtier, turns
+from sidecar.observe import memory, poller
 from sidecar.proxy import answer, tickets
 from sidecar.shared import catalog, decide, records
 from sidecar.snapshots import manifest, slotfile, store
@@ -133,6 +133,11 @@ class Bed:
 
 @pytest.fixture
 async def bed(tmp_path: Path) -> Bed:
+    return await _bed(tmp_path)
+
+
+async def _bed(tmp_path: Path, *, ram: ramtier.RamTier | None = None) -> Bed:
+    """``ram``: the model of llama-server's RAM prompt cache the placer keeps."""
     server = TokenLlama(tmp_path)
     stamps = itertools.count(1_764_000_000)
     snapshots = store.SnapshotStore(tmp_path, clock=clocks.reading(lambda: float(next(stamps))))
@@ -147,7 +152,9 @@ async def bed(tmp_path: Path) -> Bed:
     stats = metrics.Metrics(registry, version="t")
     eng = engine.Engine(client=server, snapshots=snapshots, stats=stats, settings=settings, clock=clock)
     tokenizer = Tokenizer()
-    library = placer.Placer(engine=eng.slots, tokenizer=tokenizer, snapshots=snapshots, stats=stats, clock=clock)
+    library = placer.Placer(
+        engine=eng.slots, tokenizer=tokenizer, snapshots=snapshots, stats=stats, clock=clock, ram=ram
+    )
     watcher = poller.Poller(server, settings.poll, clock=clock)
     made = Bed(server, snapshots, registry, watcher, eng, library, clock, tokenizer, stats)
     await made.poll()
@@ -599,6 +606,57 @@ async def test_a_next_turns_slots_read_goes_out_before_its_body_is_parsed_and_is
     async with bed.request("C", then=(LONG,)) as other:  # no slot ran C: the early read is left unread
         assert other not in (None, first)
         assert seen == ["read", "parsed", "read"]  # placed on a read made after its tokens
+
+
+async def _back_from_ram(bed: Bed, monkeypatch: pytest.MonkeyPatch) -> tuple[int | None, list[str]]:
+    """A and B run in the two slots, C takes A's (the server copies A into its RAM cache), then A's next turn
+    comes: (the slot it went to, what was asked of the server for it)."""
+    for name in ("A", "B", "C"):
+        async with bed.request(name) as slot:
+            assert slot is not None
+    asked: list[str] = []
+    read = bed.engine.slots.fresh_slots
+
+    async def fresh_slots() -> tuple[events.SlotView, ...]:
+        asked.append("slots")
+        return await read()
+
+    async def saved(slot: int, filename: str) -> None:
+        asked.append("save")
+
+    monkeypatch.setattr(bed.engine.slots, "fresh_slots", fresh_slots)
+    monkeypatch.setitem(bed.server.hooks, "save", saved)
+    tokenized = bed.tokenizer.asked
+    async with bed.request("A", then=("ok", LONG)) as slot:
+        pass
+    asked += ["tokenize"] * (bed.tokenizer.asked - tokenized)
+    return slot, asked
+
+
+async def test_a_turn_back_from_the_ram_cache_is_placed_on_the_slots_read_sent_as_it_came_and_no_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bed = await _bed(tmp_path, ram=ramtier.RamTier(1 << 30))
+    slot, asked = await _back_from_ram(bed, monkeypatch)
+    assert slot is not None
+    # The read sent as it came places it (nothing was asked of the server since), the slot it takes is saved
+    # before it is given away, and the last read is the one made once the request ended.
+    assert asked == ["slots", "save", "slots"]
+    assert bed.value("llama_sidecar_library_routes_total", by="ram_turn") == 1
+
+
+@pytest.mark.parametrize("kind", [events.Memory.HYBRID, events.Memory.RECURRENT])
+async def test_a_model_that_cannot_cut_its_state_back_places_a_turn_back_from_ram_by_its_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: events.Memory
+) -> None:
+    """There a restored state serves only a request holding all its tokens: the copy's chain cannot say that."""
+    monkeypatch.setattr(memory, "of_file", lambda path: kind)  # as read from the model file's GGUF header
+    bed = await _bed(tmp_path, ram=ramtier.RamTier(1 << 30))
+    slot, asked = await _back_from_ram(bed, monkeypatch)
+    assert slot is not None
+    assert "tokenize" in asked
+    assert bed.value("llama_sidecar_library_routes_total", by="ram_turn") == 0
+    assert bed.value("llama_sidecar_library_routes_total", by="tokens") == 4
 
 
 @pytest.mark.parametrize(
