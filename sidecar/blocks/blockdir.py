@@ -15,17 +15,22 @@ died: no recipe names it, and garbage collection removes it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 TEMP_PREFIX = ".tmp-"
 FILE_MODE = 0o640
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _FANOUT = re.compile(r"[0-9a-f]{2}")
+RACY_NS = 2_000_000_000
+"""A folder whose mtime is this recent (or ahead of the clock) may change again within the same timestamp
+(a filesystem's mtime moves in clock ticks, not nanoseconds): its count is not kept, it is listed next time."""
 
 
 class BlockDir:
@@ -100,3 +105,57 @@ class BlockDir:
                             yield entry.name, Path(entry.path), st.st_size
                         elif entry.name.startswith(TEMP_PREFIX):
                             yield "", Path(entry.path), st.st_size
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tally:
+    blocks: int
+    bytes: int
+
+
+class Tallies:
+    """The blocks' count and bytes, each fan-out folder's kept while the folder is unchanged (same inode and
+    mtime): a read lists again only the folders a write or a collection changed since, not every block file
+    (listing 100,000 blocks took 0.8 s here, a read after each save). Blocks are never rewritten in place, so
+    an unchanged folder holds the same blocks; a block file truncated in place by another hand is counted at
+    its old size until its folder changes (the gauges' figure; every restore checks sizes itself).
+    Safe across threads: each read builds a new table and swaps it in."""
+
+    def __init__(self, *, now_ns: Callable[[], int] = time.time_ns) -> None:
+        self._now_ns = now_ns
+        self._kept: dict[str, tuple[tuple[int, int], Tally]] = {}
+
+    def total(self, blocks: BlockDir) -> Tally:
+        if not blocks.path.is_dir():
+            return Tally(0, 0)
+        kept, fresh = self._kept, {}
+        with os.scandir(blocks.path) as top:
+            folders = [e for e in top if _FANOUT.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+        count = size = 0
+        for folder in folders:
+            try:
+                st = folder.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # collected meanwhile
+            stamp = (st.st_ino, st.st_mtime_ns)
+            known = kept.get(folder.name)
+            tally = known[1] if known is not None and known[0] == stamp else _listed(folder.path)
+            if self._now_ns() - st.st_mtime_ns > RACY_NS:
+                fresh[folder.name] = (stamp, tally)
+            count, size = count + tally.blocks, size + tally.bytes
+        self._kept = fresh
+        return Tally(count, size)
+
+
+def _listed(folder: str) -> Tally:
+    count = size = 0
+    try:
+        with os.scandir(folder) as it:
+            for entry in it:
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and _DIGEST.fullmatch(entry.name):
+                        count, size = count + 1, size + st.st_size
+    except FileNotFoundError:
+        pass  # collected meanwhile
+    return Tally(count, size)

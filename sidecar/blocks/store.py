@@ -35,6 +35,7 @@ class BlockStore:
         (root / "blocks").mkdir(parents=True, exist_ok=True)
         (root / "recipes").mkdir(exist_ok=True)
         self._recipes = recipedir.RecipeDir(root / "recipes")
+        self._tallies = blockdir.Tallies()
 
     def ingest(self, name: str, source: Path) -> ingest.Ingested:
         """Store the regular file at ``source`` (never a link) as ``name``, replacing any recipe of that name."""
@@ -75,11 +76,9 @@ class BlockStore:
             return collect.collect(blockdir.BlockDir(self.root / "blocks"), self._recipes)
 
     def usage(self) -> Usage:
-        """Blocks and recipes as they are on disk now (no lock: a snapshot of a moving store)."""
-        count = unique = 0
-        for digest, _, size in blockdir.BlockDir(self.root / "blocks").entries():
-            if digest:
-                count, unique = count + 1, unique + size
+        """Blocks and recipes as they are on disk now (no lock: a snapshot of a moving store); the blocks counted
+        per folder, each listed again only once it changed (:class:`blockdir.Tallies`)."""
+        held = self._tallies.total(blockdir.BlockDir(self.root / "blocks"))
         represented, names = 0, self._recipes.names()
         unreadable: list[str] = []
         for name in names:
@@ -87,4 +86,4 @@ class BlockStore:
                 represented += self._recipes.read(name).size
             except errors.BlockStoreError:  # a damaged recipe is reported, not raised, by a status read
                 unreadable.append(name)
-        return Usage(count, unique, len(names), represented, tuple(unreadable))
+        return Usage(held.blocks, held.bytes, len(names), represented, tuple(unreadable))

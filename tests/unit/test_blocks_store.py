@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -283,3 +284,52 @@ def test_a_full_disk_mid_ingest_raises_the_disks_error_commits_nothing_and_colle
     assert set(block_files(s)) == before
     for name in s.names():  # the committed files still rebuild
         s.reassemble(name, tmp_path / f"{name}.again")
+
+
+def _listing(s: store.BlockStore) -> tuple[int, int]:
+    found = [size for d, _, size in blockdir.BlockDir(s.root / "blocks").entries() if d]
+    return len(found), sum(found)
+
+
+def _stamps(s: store.BlockStore) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (s.root / "blocks").iterdir()}
+
+
+def test_the_usage_counts_each_folder_again_only_once_it_changed_and_always_agrees_with_a_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s, _, _ = ingest_two(tmp_path)
+    later = [0]
+    tallies = blockdir.Tallies(now_ns=lambda: time.time_ns() + later[0])
+    monkeypatch.setattr(s, "_tallies", tallies)
+    listed: list[str] = []
+    real = blockdir._listed
+
+    def counted(folder: str) -> blockdir.Tally:
+        listed.append(os.path.basename(folder))
+        return real(folder)
+
+    monkeypatch.setattr(blockdir, "_listed", counted)
+    folders = sorted(p.name for p in (s.root / "blocks").iterdir())
+    usage = s.usage()
+    assert (usage.blocks, usage.unique_bytes) == _listing(s)
+    assert sorted(listed) == folders
+    listed.clear()
+    s.usage()
+    assert sorted(listed) == folders  # every folder changed within the last 2 s: its mtime may not tell yet
+    later[0] = blockdir.RACY_NS + 1
+    s.usage()
+    listed.clear()
+    usage = s.usage()
+    assert listed == []  # nothing changed: no block file looked at
+    assert (usage.blocks, usage.unique_bytes) == _listing(s)
+
+    before = _stamps(s)
+    assert s.drop("a")
+    assert s.collect().blocks_deleted > 0  # a's own blocks
+    assert s.ingest("c", put(tmp_path, "c.bin", os.urandom(3000))).blocks_written > 0
+    changed = {name for name, stamp in _stamps(s).items() if before.get(name) != stamp}
+    usage = s.usage()
+    assert (usage.blocks, usage.unique_bytes) == _listing(s)
+    assert changed
+    assert sorted(listed) == sorted(changed)  # only the folders that changed
