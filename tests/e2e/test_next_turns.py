@@ -10,6 +10,11 @@ slot and reuses at least 90% of its earlier prompt. On the dense test model
 and on the tiny ``qwen35`` hybrid, whose recurrent state the server cannot
 cut back.
 
+Then each API's conversation once more, after the others took both slots:
+back from llama-server's RAM prompt cache, placed by the chain its copy
+left with (``by="ram_turn"``, no ids asked) on the dense model, by its ids
+on the hybrid.
+
 And the case next to it: a client straight to llama-server runs a turn of
 its own in the only slot, right after a conversation's turn there (after the
 sidecar's last poll). The conversation's next turn must not take the slot as
@@ -67,8 +72,10 @@ def test_every_apis_next_turns_go_to_their_slot_with_no_round_trip(
     server = llama(slot_dir=slot_dir, n_slots=2, ctx_size=8192, **tinymodels.serving(kind, tiny_models))
     side, url = proxied(sidecar, server, slot_dir)
     figures: dict[str, list[str]] = {}
+    chats: list[tuple[agents.Api, agents.Conversation]] = []
     for n, api in enumerate(agents.every_api(url)):
         chat = agents.Conversation.start(n, make_prompt(server.url, 500, seed=600 + n))
+        chats.append((api, chat))
         home = ""
         for turn in range(TURNS):
             before = _counts(side)
@@ -103,6 +110,25 @@ def test_every_apis_next_turns_go_to_their_slot_with_no_round_trip(
         made = prompt_tokens
         text += f" ok.\nQ{turn}: and then?\nA:"
     print(f"{kind}: reused/earlier prompt per turn: {figures}; /completion cache_n {cached}")
+
+    # Each API's conversation comes back after others took both slots: llama-server's RAM prompt cache (on at
+    # its defaults) holds it. On a model whose state cuts back it is placed by the chain that copy left with
+    # (no /apply-template, no /tokenize); on the hybrid, whose restored state must be an exact prefix, by its ids
+    # (the library's snapshot serves it).
+    cuts_back = kind != "qwen35"
+    for api, chat in chats:
+        placed = side.metric(ROUTES, by="ram_turn"), side.metric(BYTES, source="asked")
+        earlier = chat.prompt
+        reply = api.send(chat)
+        then = side.metric(ROUTES, by="ram_turn"), side.metric(BYTES, source="asked")
+        assert reply.complete, (api.name, "back from RAM")
+        print(f"{kind}: {api.name} back after others took its slot: {reply.cached}/{earlier}, {reply.header}")
+        assert reply.cached >= WARM * earlier, (api.name, "came back cold", reply.cached, earlier, reply.header)
+        if cuts_back:
+            assert then == (placed[0] + 1, placed[1]), (api.name, "not placed by its RAM copy", placed, then)
+        else:
+            assert then[0] == placed[0], (api.name, "a hybrid placed by its RAM copy's chain")
+            assert then[1] > placed[1], (api.name, "a hybrid placed with no ids")
     assert side.metric("llama_sidecar_conversation_unrouted_total") == 0
 
 
