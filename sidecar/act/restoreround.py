@@ -183,9 +183,8 @@ class Round:
         if plan.outcome is not None:
             return self._tally.count(slot, plan.outcome, _DETAILS.get(plan.outcome, "")), None
         for candidate in plan.candidates:
-            staged, rebuilt = await self._sender.stage(
-                candidate
-            )  # rebuilt and checked (maybe ahead), or the file itself
+            # Rebuilt and checked (maybe ahead), or the file itself.
+            staged, rebuilt = await self._sender.stage(candidate, slot=step.slot)
             if staged is None:
                 continue
             try:

@@ -47,14 +47,16 @@ class Sender:
             return None, f"cannot read /slots: {exc}"
         return view, "" if view is not None else "slot vanished from /slots"
 
-    async def stage(self, candidate: manifest.Manifest) -> tuple[str | None, bool]:
+    async def stage(self, candidate: manifest.Manifest, *, slot: int | None = None) -> tuple[str | None, bool]:
         """The name the server restores ``candidate`` from, and whether it was rebuilt now (time has passed);
         None if it cannot be rebuilt (logged, and quarantined on proof of bad content: a missing or corrupt
         block refuses that snapshot only).
 
         Without a block store that is the snapshot's own file. With one, its file rebuilt ahead while the
         server loaded (:mod:`sidecar.act.ahead`), or else rebuilt now into the slot dir under a fresh name,
-        checked against its checksum either way; the caller gives it back with :meth:`give_back`.
+        checked against its checksum either way; the caller gives it back with :meth:`give_back`. ``slot``:
+        where a restore round restores it (a file rebuilt ahead for that slot's own snapshot, displaced by
+        ``candidate``, is given back first, its pages to this rebuild).
         """
         if self._snapshots.blocks is None:
             return candidate.file, False
@@ -62,6 +64,8 @@ class Sender:
         ready = self._ahead.take(candidate)
         if ready is not None:
             return ready, False
+        if slot is not None:
+            await self._ahead.displaced(slot, candidate)
         await self._ahead.drop_swap()  # another swap's: one rebuild of ours in the slot dir at a time
         self._acts.mark()
         try:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import actions, ahead, restorer
+from sidecar.act import actions, ahead, restoreplan, restorer
 from sidecar.core import hashing, metrics
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
@@ -240,3 +240,45 @@ async def test_another_restore_gives_back_a_swaps_file_first_so_one_rebuild_is_s
     assert result.result.value == "ok"
     assert bed.value("unused") == 1
     await bed.settled()
+
+
+class _Wants:
+    """A restore round's order with one request held at the gate, wanting ``file``."""
+
+    def __init__(self, bed: Bed, file: str) -> None:
+        self._bed, self._file = bed, file
+        self._done: set[str] = set()
+
+    async def next_step(self, pending: tuple[int, ...]) -> restoreplan.Step:
+        return restoreplan.plan(pending, (self._file,), self._bed.snapshots.snapshots(), done=self._done)[0]
+
+    def restored(self, slot: int, record: manifest.Manifest) -> None:
+        self._done.add(record.file)
+
+
+async def test_a_file_rebuilt_ahead_that_a_held_request_displaces_gives_its_pages_to_the_wanted_rebuild(
+    bed: Bed,
+) -> None:
+    wanted = bed.saved(0, 500)  # a conversation saved from slot 0, then another one there
+    bed.saved(0, 600, task=2)
+    bed.saved(1, 300, task=3)
+    bed.snapshots.staged.keeps_spare = True  # as on a tmpfs of small pages
+    await bed.restorer.precheck(rebuild=True)  # each slot's newest, while the server loads
+    built = {name: (bed.snapshots.staging / name).stat().st_ino for name in bed.staged()}
+    assert len(built) == 2
+    inodes: dict[int, int] = {}
+    keep = bed.server.hooks["restore"]
+
+    async def seen(slot: int, filename: str) -> None:
+        inodes[slot] = (bed.snapshots.staging / filename).stat().st_ino
+        await keep(slot, filename)
+
+    bed.server.hooks["restore"] = seen
+    await bed.restorer.restore_all(memllama.IDENTITY, healthy_at=None, counters=None, order=_Wants(bed, wanted.file))
+    first = bed.restorer.last[0]
+    assert (first.slot, first.result.value, first.file) == (0, "ok", wanted.file)
+    assert len(bed.restored[0]) == wanted.bytes
+    assert bed.restored[0][-1] == 1  # the wanted snapshot's exact bytes
+    assert inodes[0] in built.values()  # rebuilt over the pages of the file rebuilt ahead for slot 0
+    assert bed.calls()[1] in built  # slot 1 took its own, rebuilt ahead
+    assert (bed.value("used"), bed.value("unused")) == (1, 1)
