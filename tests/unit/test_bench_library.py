@@ -86,7 +86,22 @@ def test_the_price_at_the_defaults_is_judged_beside_the_kill_and_each_way_on_its
     assert [line.split()[0] for line in lines] == ["MET", "MET", "REPORT", "MISSED", "MET", "REPORT"]
     assert "whole files, N=6:" in lines[0]
     assert "block store, N=6" in lines[3]
-    assert "(1.050x)" in lines[3]
+    assert "(1.050x;" in lines[3]
+
+
+def test_the_price_at_the_defaults_is_the_median_of_each_turns_ratio_to_the_same_turn_alone() -> None:
+    """Turns far apart in length: three pairs 1% apart and one 10%, the medians of the two paths 5.5% apart."""
+    direct = library.Run(4, library.DIRECT, [[2.0] * 4, [1.0, 2.0, 2.0, 3.0]])
+    proxy = library.Run(4, library.PROXY, [[2.0] * 4, [1.01, 2.02, 2.2, 3.03]])
+    point = library.Point(4, direct, proxy, ram=True)
+    assert point.paired_price == pytest.approx(1.01)
+    assert 1 / point.speedup == pytest.approx(1.055)
+    (line,) = library.verdicts([point])
+    assert line.startswith("MET ")
+    assert "(1.010x; the ratio of the two medians 1.055x)" in line
+    slower = library.Run(4, library.PROXY, [[2.0] * 4, [1.05, 2.1, 2.1, 3.15]])
+    (line,) = library.verdicts([library.Point(4, direct, slower, ram=True)])
+    assert line.startswith("MISSED ")
 
 
 def test_without_a_kill_round_there_is_no_kill_verdict() -> None:
