@@ -213,16 +213,21 @@ class Ahead:
             await asyncio.to_thread(self._snapshots.unstage, ready.name, ready.record)
 
     async def displaced(self, slot: int, record: manifest.Manifest) -> bool:
-        """Give back the file rebuilt ahead for ``slot`` now that ``record``, another snapshot, goes there (a
-        request held at the gate wants it), before ``record`` is rebuilt: on a tmpfs of small pages the file
-        given back stays as the spare whose pages that rebuild overwrites instead of allocating new ones (a
-        330 MB rebuild took 0.8 s on the path into new pages here, 0.1 s over a spare's). True if one was given
-        back. The displaced snapshot is rebuilt again should the round still restore it into another slot."""
+        """Give back the file rebuilt ahead for ``slot`` now that ``record``, another snapshot, goes there (one a
+        request held at the gate wants, or one committed since the rebuild), before ``record`` is rebuilt: on a
+        tmpfs of small pages the file given back stays as the spare whose pages that rebuild overwrites instead
+        of allocating new ones (a 330 MB rebuild took 0.8 s on the path into new pages here, 0.1 s over a
+        spare's). True if one was given back. The displaced snapshot is rebuilt again should the round still
+        restore it into another slot."""
         found = next(
-            (r for r in self._ready.values() if r.record.slot == slot and r.record.file != record.file),
+            (
+                r
+                for r in self._ready.values()
+                if r.record.slot == slot and r.record.file not in (record.file, self._swap_file)
+            ),
             None,
         )
-        if found is None or found.record.file == self._swap_file:
+        if found is None:
             return False
         del self._ready[found.record.file]
         self._stats.restore_ahead.labels(outcomes.RestoreAhead.UNUSED.value).inc()
@@ -232,8 +237,9 @@ class Ahead:
             slot=slot,
             file=found.record.file,
             by=record.file,
-            reason="a request held at the gate wants another snapshot in this slot",
-            effect="its file is given back before the wanted one is rebuilt, which reuses its pages where it can",
+            reason="this slot's restore takes another snapshot: one a request held at the gate wants, or one "
+            "committed since the rebuild",
+            effect="its file is given back before the other is rebuilt, which reuses its pages where it can",
         )
         return True
 

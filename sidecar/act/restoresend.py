@@ -55,8 +55,8 @@ class Sender:
         Without a block store that is the snapshot's own file. With one, its file rebuilt ahead while the
         server loaded (:mod:`sidecar.act.ahead`), or else rebuilt now into the slot dir under a fresh name,
         checked against its checksum either way; the caller gives it back with :meth:`give_back`. ``slot``:
-        where a restore round restores it (a file rebuilt ahead for that slot's own snapshot, displaced by
-        ``candidate``, is given back first, its pages to this rebuild).
+        where a restore round restores it (a file rebuilt ahead for another snapshot of that slot, displaced
+        by ``candidate``, is given back first, its pages to this rebuild).
         """
         if self._snapshots.blocks is None:
             return candidate.file, False

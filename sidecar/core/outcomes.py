@@ -240,8 +240,8 @@ class RestoreAhead(enum.StrEnum):
     USED = "used"
     """A restore took it: its restore call waited for no rebuild."""
     UNUSED = "unused"
-    """Given back unused: the slot got a newer snapshot, or another one a request held at the gate wanted, or was
-    not empty, or no restore round came."""
+    """Given back unused: the slot got a newer snapshot or one a request held at the gate wanted, or was not
+    empty, or no restore round came."""
     SKIPPED = "skipped"
     """Not rebuilt ahead: the slot dir's filesystem or the RAM lacked room (the restore rebuilds it then)."""
 

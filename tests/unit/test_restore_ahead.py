@@ -115,8 +115,17 @@ async def test_a_snapshot_committed_after_the_rebuild_wins_and_the_stale_file_is
     await bed.restorer.precheck(rebuild=True)
     stale = bed.staged()
     newer = bed.saved(0, 700, task=5)  # a save committed after the rebuild, before the round
+    at_restore: list[list[str]] = []
+    keep = bed.server.hooks["restore"]
+
+    async def seen(slot: int, filename: str) -> None:
+        at_restore.append(bed.staged())
+        await keep(slot, filename)
+
+    bed.server.hooks["restore"] = seen
     assert await bed.round() == [(0, "ok"), (1, "no_snapshot")]
     assert bed.calls() != stale
+    assert at_restore == [bed.calls()]  # the stale file was given back before the newer one was rebuilt
     assert bed.restored[0] == bytes([0]) * memllama.HEADER + bytes([5]) * (700 * memllama.BYTES_PER_TOKEN)
     assert len(bed.restored[0]) == newer.bytes
     assert bed.value("used") == 0
