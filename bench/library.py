@@ -254,6 +254,8 @@ class _Open:
 
     plan: Plan
     slot_dir: Path
+    staged: bool = False
+    """The slot dir is under ``plan.staging`` (removed at the end)."""
     server: llamabed.LlamaServer | None = None
     side: sidecarbed.SidecarProcess | None = None
     url: str = ""
@@ -267,14 +269,30 @@ class _Open:
         return f"{PROXY if self.plan.way else DIRECT} {self.plan.way}".rstrip()
 
 
-def _open(bed: rig.Rig, plan: Plan) -> _Open:
-    """Start a path's llama-server (a fresh slot dir), and the sidecar's proxy in front of it for a way."""
-    tag = {"": "direct", WHOLE: "whole", BLOCKS: "blocks"}[plan.way]
-    name = f"library-{plan.n}-{tag}-{int(plan.ram)}-{'wide' if plan.model == WIDE else 'tiny'}"
+TAGS = {"": "alone", WHOLE: "whole", BLOCKS: "block"}
+"""Each path's name in its slot dir's, all of one length: the two llama-servers of a pair then run with command
+lines of one length. Measured: with ``direct`` against ``whole`` (one byte apart), llama-server's own prompt time
+through the proxy came out 3% above alone's in 7 runs of 7 (the tiny model, N=20), and 0.0-0.2% above with
+``alone`` against ``whole`` (3 of 3); an extra environment variable moved it as well. A process's layout in
+memory follows the length of its command line and environment, and this machine's llama-server is that sensitive
+to it: the pair would have measured that, not the sidecar."""
+
+
+def slot_name(plan: Plan) -> str:
+    """The name of a path's slot dir: of one length for every path of a pair (:data:`TAGS`)."""
+    return f"library-{plan.n}-{TAGS[plan.way]}-{int(plan.ram)}-{'wide' if plan.model == WIDE else 'tiny'}"
+
+
+def _open(bed: rig.Rig, plan: Plan, *, staged: bool = False) -> _Open:
+    """Start a path's llama-server (a fresh slot dir), and the sidecar's proxy in front of it for a way.
+
+    ``staged``: the slot dir under ``plan.staging``, as the block store's (llama-server alone beside it takes
+    one there too, for a command line of the same length)."""
+    name = slot_name(plan)
     slot_dir = bed.slot_dir(name)
-    opened = _Open(plan, slot_dir)
+    opened = _Open(plan, slot_dir, staged)
     store_dir = slot_dir
-    if plan.way == BLOCKS:  # the server's saves land in RAM; the block store on disk keeps what they hold
+    if staged:  # the server's saves land in RAM; the block store on disk keeps what they hold
         opened.slot_dir = plan.staging / f"llama-kv-bench-{os.getpid()}-{name}"
         shutil.rmtree(opened.slot_dir, ignore_errors=True)
         opened.slot_dir.mkdir(parents=True)
@@ -321,7 +339,7 @@ def _close(opened: _Open) -> None:
         opened.side.kill()
     if opened.server is not None:
         opened.server.kill()
-    if opened.plan.way == BLOCKS:
+    if opened.staged:
         shutil.rmtree(opened.slot_dir, ignore_errors=True)
 
 
@@ -350,9 +368,10 @@ def _rounds(paths: list[_Open], say: rig.Say) -> None:
 def _side_by_side(bed: rig.Rig, plans: list[Plan], say: rig.Say) -> list[Run]:
     """The runs of ``plans`` (the same conversations on each path), their turns taken side by side."""
     paths: list[_Open] = []
+    staged = any(plan.way == BLOCKS for plan in plans)
     try:
         for plan in plans:
-            paths.append(_open(bed, plan))
+            paths.append(_open(bed, plan, staged=staged))
         _rounds(paths, say)
         return [_finish(opened, say) for opened in paths]
     finally:
