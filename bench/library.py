@@ -272,8 +272,8 @@ class _Open:
 TAGS = {"": "alone", WHOLE: "whole", BLOCKS: "block"}
 """Each path's name in its slot dir's, all of one length, so that the two llama-servers of a pair run with
 command lines of one length. Measured (the tiny model, N=20, whole files): named ``direct`` and ``whole``, one
-byte apart, the proxy's llama-server took 1.4-3.1 ms (1.5-3.3%) more of its own prompt time per turn than the
-one alone in 7 runs of 7, and the pair said 1.03-1.05x; named ``alone`` and ``whole``, -1.6 to +0.5 ms in 3 runs
+byte apart, the proxy's llama-server took 1.4-3.1 ms (1.5-3.5%) more of its own prompt time per turn than the
+one alone in 7 runs of 7, and the pair said 1.030-1.051x; named ``alone`` and ``whole``, -1.6 to +0.5 ms in 3 runs
 of 3, and 1.007-1.024x. An extra environment variable of any length moved it as well (1.005-1.019x in 3 runs). A
 process's layout in memory follows the size of its command line and environment, and llama-server's speed here
 follows its layout: the pair measured that, not the sidecar."""

@@ -137,7 +137,7 @@ def test_the_options_pick_models_and_ways_by_name_and_refuse_others() -> None:
 
 
 def test_the_two_llama_servers_of_a_pair_run_with_slot_dirs_named_at_one_length() -> None:
-    """Command lines one byte apart put 1.5-3.3% between the two servers' own prompt times (``library.TAGS``)."""
+    """Command lines one byte apart put 1.5-3.5% between the two servers' own prompt times (``library.TAGS``)."""
     alone = library.Plan(20, 400, 3, ram=True)
     names = {way: library.slot_name(dataclasses.replace(alone, way=way)) for way in ("", library.WHOLE, library.BLOCKS)}
     assert len({len(name) for name in names.values()}) == 1, names
