@@ -202,17 +202,22 @@ async def _run(
             caps=(settings.snapshots.max_bytes, settings.snapshots.min_free_bytes),
             shared=parts.shared,
             launcher=launcher.status if launcher is not None else None,
+            staging=(settings.snapshots.staging, settings.snapshots.staging_note),
         )
         handle = await server.start(app, settings.server)
         log.info("listening", host=handle.host, port=handle.port)
         try:
             agent = await _start_agent(settings.server, parts.engines)
         except BaseException:
+            for loop_ in parts.loops.values():
+                loop_.close()
             await handle.close()
             raise
         try:
             proxy = await _start_proxy(settings, parts, stats)
         except BaseException:
+            for loop_ in parts.loops.values():
+                loop_.close()  # never started: no "coroutine was never awaited" at exit
             if agent is not None:
                 await agent.close()
             await handle.close()
@@ -260,26 +265,33 @@ async def _load(settings: config.Settings, snapshots: store.SnapshotStore, stats
             "block_store_off",
             effect="each save writes the whole slot to the slot dir again, and every conversation keeps a whole "
             "copy of the prompt it shares with others (an 8B-class model: 128 KiB per token)",
-            hint="set --store-dir (LLAMA_SIDECAR_STORE_DIR) to a disk directory and put --slot-dir on a tmpfs: "
-            "only the blocks the store lacks are written, shared prefixes are kept once",
+            hint="drop --whole-files, or beside a server started elsewhere put --slot-dir on a tmpfs (the block "
+            "store then lives in --state-dir) or set --store-dir to a disk directory: only the blocks the store "
+            "lacks are written, shared prefixes are kept once",
         )
     else:
         told = storelog.StoreLog(stats)
-        moved = await asyncio.to_thread(
-            upgrade.convert,
-            slotdir.SlotDir(snapshots.staging, told.io_error),
-            slotdir.SlotDir(snapshots.dir, told.io_error),
-            snapshots.blocks,
-        )
-        for finding in moved.findings:
-            log.warning("snapshot_not_converted", finding=finding)
-        if moved.files:
-            log.info(
-                "snapshots_converted",
-                files=moved.files,
-                bytes=moved.bytes,
-                effect="whole-file snapshots of the slot dir now live in the block store, and restore as before",
+        sources = [snapshots.staging]
+        if settings.snapshots.convert_dir is not None:
+            sources.append(settings.snapshots.convert_dir)
+        for source in sources:
+            moved = await asyncio.to_thread(
+                upgrade.convert,
+                slotdir.SlotDir(source, told.io_error),
+                slotdir.SlotDir(snapshots.dir, told.io_error),
+                snapshots.blocks,
             )
+            for finding in moved.findings:
+                log.warning("snapshot_not_converted", finding=finding)
+            if moved.files:
+                log.info(
+                    "snapshots_converted",
+                    directory=str(source),
+                    files=moved.files,
+                    bytes=moved.bytes,
+                    effect="whole-file snapshots of that directory now live in the block store, and restore as before",
+                )
+    _say_staging(settings.snapshots)
     if await asyncio.to_thread(mounts.tmpfs_of_small_pages, snapshots.staging):
         log.info(
             "slot_dir_small_pages",
@@ -300,6 +312,19 @@ async def _load(settings: config.Settings, snapshots: store.SnapshotStore, stats
         snapshots=len(snapshots.snapshots()),
         server=settings.upstream.url,
     )
+
+
+def _say_staging(snap: config.SnapshotSettings) -> None:
+    """Where llama-server saves, once at start-up: a cost on disk is a warning with its fix."""
+    if snap.staging == "disk" and snap.staging_note:
+        log.warning(
+            "staging_on_disk",
+            slot_dir=str(snap.slot_dir),
+            effect=snap.staging_note,
+            hint="the snapshots are safe either way; RAM staging only makes saves cheaper",
+        )
+    elif snap.staging:
+        log.info("staging", slot_dir=str(snap.slot_dir), where=snap.staging, store_dir=str(snap.store_dir))
 
 
 async def _tasks(
@@ -355,7 +380,7 @@ def _plain(
         stats=stats,
         settings=settings,
         clock=clock,
-        weights=weights.WeightsIdentifier(settings.snapshots.slot_dir).identify,
+        weights=weights.WeightsIdentifier(settings.snapshots.store_dir or settings.snapshots.slot_dir).identify,
         before_restore=shared.warm if shared is not None else None,
         detect_router=settings.upstream.router is None,
         prompts=client,
@@ -399,7 +424,7 @@ def _router(
         stats=stats,
         settings=settings,
         clock=protocols.SystemClock(),
-        weights=weights.WeightsIdentifier(settings.snapshots.slot_dir).identify,
+        weights=weights.WeightsIdentifier(settings.snapshots.store_dir or settings.snapshots.slot_dir).identify,
     )
     admit = admission.Admission(models=models, client=client, stats=stats, settings=settings).admit
     return _Parts(models, {"router": models.run()}, models.gate, admit=admit)

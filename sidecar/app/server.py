@@ -62,6 +62,8 @@ class _Context:
     """Failed admin-token tries per client address (see :mod:`sidecar.core.tries`)."""
     launcher: Callable[[], supervisor.ChildStatus] | None = None
     """Launcher mode: what the sidecar knows of the llama-server it started."""
+    staging: tuple[str, str] = ("", "")
+    """Where llama-server saves (``ram``, ``disk``, ``given`` or ""), and what staging on disk costs."""
 
 
 CONTEXT_KEY: web.AppKey[_Context] = web.AppKey("context")
@@ -79,6 +81,7 @@ def make_app(
     caps: tuple[int, int] = (0, 0),
     shared: SharedView | None = None,
     launcher: Callable[[], supervisor.ChildStatus] | None = None,
+    staging: tuple[str, str] = ("", ""),
 ) -> web.Application:
     app = web.Application(client_max_size=64 << 10)
     app[CONTEXT_KEY] = _Context(
@@ -93,6 +96,7 @@ def make_app(
         shared,
         tries.Tries(),
         launcher,
+        staging,
     )
     app.router.add_get("/", _page)
     app.router.add_get("/metrics", _metrics)
@@ -182,6 +186,11 @@ async def _status(request: web.Request) -> web.Response:
         "last_snapshot": dataclasses.asdict(st.last_snapshot) if st.last_snapshot else None,
         "last_restore": [dataclasses.asdict(r) for r in st.last_restore],
         "disk": dataclasses.asdict(usage),
+        "staging": {
+            "slot_dir": str(ctx.snapshots.staging),
+            "where": ctx.staging[0] or None,
+            "cost": ctx.staging[1] or None,
+        },
         "time_saved": {
             "prefill_seconds": round(st.saved.seconds, 3),
             "tokens": st.saved.tokens,
@@ -214,6 +223,7 @@ async def _page(request: web.Request) -> web.Response:
         waiting=ctx.shared.waiting() if ctx.shared is not None else frozenset(),
         version=sidecar.__version__,
         launcher=ctx.launcher() if ctx.launcher is not None else None,
+        staging=(str(ctx.snapshots.staging), *ctx.staging),
     )
     return web.Response(
         text=page.render(view.build(inputs)),

@@ -48,6 +48,9 @@ class Inputs:
     version: str = ""
     launcher: supervisor.ChildStatus | None = None
     """Launcher mode: the llama-server the sidecar started; None beside a server run elsewhere."""
+    staging: tuple[str, str, str] = ("", "", "")
+    """The slot dir llama-server saves into, where it is (``ram``, ``disk``, ``given`` or ""), and the cost of
+    staging on disk ("" when none)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -312,6 +315,10 @@ def _disk(inputs: Inputs) -> tuple[tuple[str, str], ...]:
                 f"({usage.represented_bytes / max(usage.unique_bytes, 1):.1f}x: what conversations share is kept once)",
             )
         )
+    slot_dir, where, cost = inputs.staging
+    if where:
+        said = {"ram": "in RAM (a tmpfs)", "disk": "on disk", "given": "--slot-dir"}.get(where, where)
+        rows.append(("staging", f"{said}: {slot_dir}" + (f"; {cost}" if cost else "")))
     if inputs.shared is not None:
         rows.append(("shared store", f"{inputs.shared}; {len(inputs.waiting)} upload(s) pending"))
     return tuple(rows)

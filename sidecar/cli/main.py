@@ -13,9 +13,8 @@ rest of the package receives a frozen ``config.Settings``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import socket
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -24,9 +23,8 @@ import uvloop
 
 import sidecar
 from sidecar.app import run as app
-from sidecar.cli import options
-from sidecar.core import config, errors, logs, outcomes, parse, protocols
-from sidecar.launch import argv as launch_argv
+from sidecar.cli import defaults, options
+from sidecar.core import errors, logs, outcomes, parse, protocols
 from sidecar.shared import connect, gc
 from sidecar.snapshots import dirlock, store, storeevents
 
@@ -43,11 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser(
         "run",
-        help="run the sidecar next to one llama-server, or start it: run [options] -- llama-server ARGS...",
+        help="start llama-server behind the sidecar: run -- llama-server ARGS... (or beside one: run --server URL "
+        "--slot-dir DIR)",
         usage="%(prog)s [options] [-- llama-server ARGS...]",
-        description="Beside a llama-server started elsewhere (--server), or, with '--' and a llama-server command, "
-        "as its launcher: the sidecar starts it with --slot-save-path, --metrics and (with --proxy-listen) a free "
-        "local port, restarts it when it ends, and stops it after the final snapshots.",
+        description="With '--' and a llama-server command, as its launcher (the default, no other flag needed): "
+        "the proxy takes llama-server's own address (its --host/--port, or 127.0.0.1:8080) and llama-server moves "
+        "to a free local port; it saves into a RAM staging dir, the snapshots kept in the block store under "
+        "--state-dir; the sidecar restarts it when it ends and stops it after the final snapshots. Without '--', "
+        "beside a llama-server started elsewhere (--server, --slot-dir).",
     )
     options.add(run, options.OPTIONS)
 
@@ -252,36 +253,6 @@ def _split(args: list[str]) -> tuple[list[str], list[str] | None]:
     return args[:at], args[at + 1 :]
 
 
-def _free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago: llama-server's, behind the proxy."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((launch_argv.LOCAL_HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _launching(
-    ns: argparse.Namespace, settings: config.Settings, command: list[str]
-) -> tuple[config.Settings, launch_argv.Launch]:
-    """Launcher mode: the command to run, and the settings pointed at the server it starts."""
-    given = options.raw_value(ns, options.SERVER)
-    named = options.SERVER.flag if given is not None and given[1] is options.Source.FLAG else options.SERVER.env
-    launch = launch_argv.plan(
-        command,
-        slot_dir=settings.snapshots.slot_dir,
-        proxy=settings.proxy.host is not None,
-        port=_free_port(),
-        sidecar_has_key=settings.upstream.api_key is not None,
-        server_given=None if given is None else named,
-    )
-    router = settings.upstream.router if settings.upstream.router is not None else launch.router
-    upstream = dataclasses.replace(settings.upstream, url=launch.url, router=router)
-    proxy = settings.proxy
-    if launch.cache_ram_bytes is not None and options.raw_value(ns, options.SERVER_CACHE_RAM) is None:
-        # The library routes below llama-server's RAM cache: its size is known from the arguments.
-        proxy = dataclasses.replace(proxy, server_cache_ram_bytes=launch.cache_ram_bytes)
-    return dataclasses.replace(settings, upstream=upstream, proxy=proxy), launch
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, command = _split(list(sys.argv[1:] if argv is None else argv))
@@ -295,13 +266,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _verify(ns)
         if ns.command == "gc":
             return _gc(ns)
-        settings = options.settings_from(ns)
-        launch = None
-        if command is not None:
-            settings, launch = _launching(ns, settings, command)
-        folding = logs.configure(fmt=settings.logs.format, level=settings.logs.level, secrets=settings.secrets())
-        # libuv's event loop: less CPU per proxied request than asyncio's own
-        uvloop.run(app.main(settings, folding=folding, launch=launch))
+        given = options.settings_from(ns, launching=command is not None)
+        with defaults.prepared(ns, given, command, os.environ) as done:
+            settings = done.settings
+            folding = logs.configure(fmt=settings.logs.format, level=settings.logs.level, secrets=settings.secrets())
+            # libuv's event loop: less CPU per proxied request than asyncio's own
+            uvloop.run(app.main(settings, folding=folding, launch=done.launch))
     except errors.ConfigError as exc:
         print(f"llama-kv-sidecar: error: {exc}", file=sys.stderr)
         return 2

@@ -68,7 +68,10 @@ SLOT_DIR = Option(
     "--slot-dir",
     "LLAMA_SIDECAR_SLOT_DIR",
     ("snapshots.slot_dir",),
-    "snapshot directory: the same directory llama-server was given as --slot-save-path",
+    "llama-server's --slot-save-path, where it saves and restores slots (beside a server started elsewhere: "
+    "required; on a tmpfs the block store keeps the snapshots in --state-dir, on a disk whole files stay here). "
+    "In launcher mode the launcher picks it: a RAM staging dir on /dev/shm when that has room for the largest "
+    "slot, else --state-dir's slots/ on disk",
     metavar="DIR",
     convert=Path,
     check=Path.resolve,
@@ -79,7 +82,8 @@ STORE_DIR = Option(
     ("snapshots.store_dir",),
     "keep snapshots here as content-addressed blocks (only blocks the store lacks are written; conversations "
     "sharing a prefix share its blocks); --slot-dir then only stages the files llama-server saves and "
-    "restores (put it on a tmpfs); unset: each snapshot is a whole file in --slot-dir",
+    "restores (put it on a tmpfs); unset: --state-dir's store/ in launcher mode or beside a tmpfs slot dir, "
+    "else whole files in --slot-dir",
     metavar="DIR",
     convert=Path,
     check=Path.resolve,
@@ -94,6 +98,48 @@ SHARED_STORE = Option(
     "pip install 'llama-kv-sidecar[s3]' (default: off)",
     "URL",
     check=lambda url: connect.require_client(location.parse(url, os.environ)),
+)
+
+STATE_DIR = Option(
+    "--state-dir",
+    "LLAMA_SIDECAR_STATE_DIR",
+    ("launch.state_dir",),
+    "where the block store (store/) and, when no tmpfs has room, the staging dir (slots/) live; created 0700 "
+    "when missing (its parent must exist); one sidecar per state dir (default: $XDG_STATE_HOME/llama-kv-sidecar, "
+    "else ~/.local/state/llama-kv-sidecar)",
+    metavar="DIR",
+    convert=Path,
+    check=Path.resolve,
+)
+NO_PROXY = Option(
+    "--no-proxy",
+    "LLAMA_SIDECAR_NO_PROXY",
+    ("launch.proxy",),
+    "launcher mode: run beside llama-server on its own address instead of putting the proxy there (clients "
+    "then race a restore after a crash, and there is no conversation library)",
+    convert=parse.switch,
+    check=lambda off: not off,
+    switch=True,
+)
+WHOLE_FILES = Option(
+    "--whole-files",
+    "LLAMA_SIDECAR_WHOLE_FILES",
+    ("launch.whole_files",),
+    "one whole file per snapshot in the slot dir instead of the block store (every save rewrites the whole "
+    "slot, every conversation keeps a whole copy of what it shares)",
+    convert=parse.switch,
+    switch=True,
+)
+
+PROXY_LISTEN = Option(
+    "--proxy-listen",
+    "LLAMA_SIDECAR_PROXY_LISTEN",
+    ("proxy.host", "proxy.port"),
+    "HOST:PORT of the reverse proxy in front of llama-server; clients that use it wait while llama-server "
+    "restarts and its slots are restored instead of failing or re-prefilling (default: in launcher mode, "
+    "llama-server's own --host/--port, which move to a private port; beside a server started elsewhere, off)",
+    "HOST:PORT",
+    check=parse.proxy_listen,
 )
 
 SERVER_CACHE_RAM = Option(
@@ -118,6 +164,9 @@ SERVER = Option(
 )
 OPTIONS: tuple[Option, ...] = (
     SERVER,
+    STATE_DIR,
+    NO_PROXY,
+    WHOLE_FILES,
     SLOT_DIR,
     STORE_DIR,
     Option(
@@ -300,15 +349,7 @@ OPTIONS: tuple[Option, ...] = (
         convert=parse.switch,
         switch=True,
     ),
-    Option(
-        "--proxy-listen",
-        "LLAMA_SIDECAR_PROXY_LISTEN",
-        ("proxy.host", "proxy.port"),
-        "HOST:PORT of an optional reverse proxy in front of llama-server; clients that use it wait while "
-        "llama-server restarts and its slots are restored instead of failing or re-prefilling (default: off)",
-        "HOST:PORT",
-        check=parse.proxy_listen,
-    ),
+    PROXY_LISTEN,
     Option(
         "--proxy-hold-seconds",
         "LLAMA_SIDECAR_PROXY_HOLD_SECONDS",
@@ -444,11 +485,16 @@ def checked_value(ns: argparse.Namespace, option: Option) -> Any:
     return option.check(found[0]) if option.check is not None else found[0]
 
 
-def settings_from(ns: argparse.Namespace) -> config.Settings:
+PENDING_SLOT_DIR = Path("/")
+"""The slot dir of launcher-mode settings until the launcher picks it (see ``settings_from``)."""
+
+
+def settings_from(ns: argparse.Namespace, *, launching: bool = False) -> config.Settings:
     """Settings of ``run``: each field from its flag, else its variable, else config.py's default.
 
     Two options that set the same field (``--api-key`` and ``--api-key-file``) may not both be
-    given at the same level; a flag wins over a variable.
+    given at the same level; a flag wins over a variable. ``launching``: launcher mode, where the
+    slot dir may be left to the launcher (:data:`PENDING_SLOT_DIR` until it is picked).
     """
     winners: dict[tuple[str, ...], tuple[Source, Option, Any]] = {}
     for option in OPTIONS:
@@ -471,7 +517,12 @@ def settings_from(ns: argparse.Namespace) -> config.Settings:
             group, name = field.split(".")
             groups[group][name] = part
     if "slot_dir" not in groups["snapshots"]:
-        raise errors.ConfigError(f"{SLOT_DIR.flag} (or {SLOT_DIR.env}) is required: llama-server's --slot-save-path")
+        if not launching:
+            raise errors.ConfigError(
+                f"{SLOT_DIR.flag} (or {SLOT_DIR.env}) is required beside a llama-server started elsewhere: its "
+                "--slot-save-path; or let the sidecar start it: llama-kv-sidecar run -- llama-server ARGS..."
+            )
+        groups["snapshots"]["slot_dir"] = PENDING_SLOT_DIR
     settings = config.Settings(**{name: _GROUPS[name](**fields) for name, fields in groups.items()})
     if settings.server.status_requires_token and not settings.server.admin_token:
         raise errors.ConfigError(

@@ -3,7 +3,8 @@
 Each default is written once, here, with its unit in the attribute
 docstring: the command line shows these defaults in its help and applies
 them to every flag left unset. Every duration is in float seconds and every
-size in bytes. Only the slot directory has to be given by the user.
+size in bytes. Nothing has to be given by the user in launcher mode; beside a server started
+elsewhere, its slot directory.
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ class SnapshotSettings:
     store_dir: Path | None = None
     """Where snapshots persist as blocks and manifests (see docs/blocks.md); the slot dir is then only
     where llama-server writes and reads (staging, normally a tmpfs). None: whole files in the slot dir."""
+    staging: str = ""
+    """Where the slot dir is, for the log, /status and the page: ``ram`` (a tmpfs dir the launcher made),
+    ``disk`` (the state dir's, when no tmpfs had room), ``given`` (``--slot-dir``), or "" (beside a server)."""
+    staging_note: str = ""
+    """What staging on disk costs, and the fix; "" when staging is in RAM or given."""
+    convert_dir: Path | None = None
+    """A directory of whole-file snapshots from before the block store, converted into it at start-up (besides
+    the slot dir itself); None: none."""
     idle_seconds: float = 2.0
     """A slot is saved once it has been idle this many seconds after a change."""
     interval: float = 300.0
@@ -141,6 +150,18 @@ class ProxySettings:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchSettings:
+    state_dir: Path | None = None
+    """Where the block store (``store/``) and a staging dir on disk (``slots/``) live, created 0700 when missing;
+    None: ``$XDG_STATE_HOME/llama-kv-sidecar``, else ``~/.local/state/llama-kv-sidecar``."""
+    proxy: bool = True
+    """In launcher mode, the proxy takes llama-server's address and llama-server moves to a private port;
+    False: the sidecar runs beside it (the proxy only with ``--proxy-listen``)."""
+    whole_files: bool = False
+    """One whole file per snapshot in the slot dir instead of the block store."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SharedSettings:
     location: location.Location | None = None
     """The shared store (``--shared-store``) with its endpoint and keys; None: snapshots stay on this node."""
@@ -155,6 +176,7 @@ class Settings:
     logs: LogSettings = dataclasses.field(default_factory=LogSettings)
     proxy: ProxySettings = dataclasses.field(default_factory=ProxySettings)
     shared: SharedSettings = dataclasses.field(default_factory=SharedSettings)
+    launch: LaunchSettings = dataclasses.field(default_factory=LaunchSettings)
 
     def secrets(self) -> tuple[str, ...]:
         """Every secret value set: the admin token, llama-server's API keys and URL password, the shared store's keys.

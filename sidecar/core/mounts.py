@@ -45,6 +45,32 @@ def small_pages(mountinfo: str, path: Path, shmem_enabled: str = "") -> bool:
     return best is not None and best[1] and "[force]" not in shmem_enabled
 
 
+def fstype(mountinfo: str, path: Path) -> str | None:
+    """The filesystem type of the mount holding ``path`` (absolute, resolved); None if no line covers it. Pure."""
+    best: tuple[int, str] | None = None
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = Path(_unescape(fields[4]))
+        if path != point and point not in path.parents:
+            continue
+        after = line.split(" - ", 1)[1].split()
+        depth = len(point.parts)
+        if after and (best is None or depth >= best[0]):
+            best = (depth, after[0])
+    return None if best is None else best[1]
+
+
+def on_tmpfs(path: Path) -> bool:
+    """Whether ``path`` is on a tmpfs (RAM) on this host; False where the kernel's mount table cannot be read."""
+    try:
+        info = MOUNTINFO.read_text()
+    except OSError:
+        return False
+    return fstype(info, path.resolve()) == "tmpfs"
+
+
 def _unescape(field: str) -> str:
     """A mountinfo path field: spaces, tabs, newlines and backslashes are octal escapes."""
     for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):

@@ -104,10 +104,20 @@ def listen(text: str) -> tuple[str, int]:
 
 
 def proxy_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, where HOST may be a comma-separated list (``127.0.0.1,[::1]:8080``), as llama-server's
+    ``--host`` takes: the proxy listens on each; the hosts come back joined by commas, without brackets."""
     try:
-        return listen(text)
+        hosts, sep, port = text.rpartition(":")
+        if "," not in hosts:
+            return listen(text)
+        listed = [h.strip().strip("[]") for h in hosts.split(",")]
+        if not sep or not all(listed):
+            raise errors.ConfigError(text)
+        return ",".join(listed), listen(f"{listed[0]}:{port}")[1]
     except errors.ConfigError:
-        raise errors.ConfigError(f"--proxy-listen {text!r} is not HOST:PORT (for example 127.0.0.1:8081)") from None
+        raise errors.ConfigError(
+            f"--proxy-listen {text!r} is not HOST:PORT (for example 127.0.0.1:8081, or 127.0.0.1,[::1]:8081)"
+        ) from None
 
 
 def agent_listen(text: str) -> tuple[str, int]:

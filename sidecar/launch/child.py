@@ -19,7 +19,7 @@ import dataclasses
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sidecar.core import outcomes, tasks
 from sidecar.launch import output
@@ -84,10 +84,13 @@ class Child:
         """The sidecar asked it to stop (its end is then ``stopped``)."""
 
     @classmethod
-    async def start(cls, argv: Sequence[str]) -> Child:
-        """Start ``argv``, its output relayed to the log; raises ``OSError`` when it cannot be run."""
+    async def start(cls, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> Child:
+        """Start ``argv``, its output relayed to the log; raises ``OSError`` when it cannot be run.
+
+        ``env``: variables set over the sidecar's own environment (Vertex AI mode's private port)."""
         process = await asyncio.create_subprocess_exec(
             *argv,
+            env={**os.environ, **env} if env else None,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

@@ -124,7 +124,7 @@ class Supervisor:
     async def _run_once(self) -> child.Exit:
         self._state = outcomes.ChildState.STARTING
         try:
-            self._child = await child.Child.start(self._launch.argv)
+            self._child = await child.Child.start(self._launch.argv, env=dict(self._launch.env))
         except OSError as exc:
             return child.Exit(outcomes.ServerExit.NOT_STARTED, error=exc.strerror or str(exc))
         self._starts += 1

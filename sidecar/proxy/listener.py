@@ -80,10 +80,16 @@ async def start(
     )
     runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
-    await site.start()
-    addresses = runner.addresses
-    port = int(addresses[0][1]) if addresses else settings.port
+    port = settings.port
+    try:
+        for host in settings.host.split(","):  # a list of addresses, as llama-server's --host takes: one site each
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+            addresses = runner.addresses
+            port = int(addresses[0][1]) if addresses else port  # port 0: the others take the first one's
+    except BaseException:
+        await runner.cleanup()
+        raise
     task = (
         tasks.watch(
             asyncio.create_task(sentry.run(), name="proxy-sentinel"),

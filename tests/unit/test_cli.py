@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.cli import main as cli
-from sidecar.cli import options
+from sidecar.cli import defaults, options
 from sidecar.core import config, errors, events, parse
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
@@ -550,8 +550,12 @@ def test_the_launcher_tells_the_library_the_ram_cache_its_command_gives_the_serv
     tmp_path: Path, flags: tuple[str, ...], command: tuple[str, ...], size: int
 ) -> None:
     """A size the user gave the sidecar wins; else the child's --cache-ram; else llama-server's default."""
-    args, cmd = cli._split(["run", "--slot-dir", str(tmp_path), *flags, "--", "llama-server", "-m", "m", *command])
+    state = tmp_path / "state"
+    args, cmd = cli._split(
+        ["run", "--slot-dir", str(tmp_path), "--state-dir", str(state), "--proxy-listen", "127.0.0.1:0", *flags]
+        + ["--", "llama-server", "-m", "m", *command]
+    )
     assert cmd is not None
     ns = cli.build_parser().parse_args(args)
-    launched, _ = cli._launching(ns, cli.settings_from(ns), cmd)
-    assert launched.proxy.server_cache_ram_bytes == size
+    with defaults.prepared(ns, cli.settings_from(ns, launching=True), cmd, {}) as done:
+        assert done.settings.proxy.server_cache_ram_bytes == size

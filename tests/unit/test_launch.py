@@ -58,9 +58,9 @@ def test_the_users_own_equal_arguments_are_kept_not_repeated() -> None:
     ("args", "named"),
     [
         (("--slot-save-path", "/elsewhere"), "--slot-save-path"),
-        (("--port", "8080"), "--port"),
-        (("--host=0.0.0.0",), "--host"),
         (("--no-slots",), "--no-slots"),
+        (("--host", "/run/llama.sock"), "--host"),
+        (("--port", "http"), "--port"),
         (("--api-key", "k"), "--api-key"),
         (("--api-key-file", "f"), "--api-key-file"),
     ],
@@ -68,6 +68,58 @@ def test_the_users_own_equal_arguments_are_kept_not_repeated() -> None:
 def test_conflicting_arguments_are_refused_naming_the_flag(args: tuple[str, ...], named: str) -> None:
     with pytest.raises(errors.ConfigError, match=named):
         plan("-m", "m.gguf", *args)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "listen", "taken"),
+    [
+        ((), {}, (("127.0.0.1",), 8080), ()),
+        (("--port", "8081"), {}, (("127.0.0.1",), 8081), ("--port",)),
+        (("--host=0.0.0.0", "--port=9000"), {}, (("0.0.0.0",), 9000), ("--host", "--port")),
+        (("--host", "127.0.0.1,[::1]"), {}, (("127.0.0.1", "::1"), 8080), ("--host",)),
+        (
+            (),
+            {"LLAMA_ARG_HOST": "0.0.0.0", "LLAMA_ARG_PORT": "8090"},
+            (("0.0.0.0",), 8090),
+            ("LLAMA_ARG_HOST", "LLAMA_ARG_PORT"),
+        ),
+        (("--port", "8081"), {"LLAMA_ARG_PORT": "8090"}, (("127.0.0.1",), 8081), ("--port",)),
+        (
+            ("--port", "8081"),
+            {"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": "7070"},
+            (("127.0.0.1",), 7070),
+            ("AIP_HTTP_PORT",),
+        ),
+        ((), {"AIP_MODE": "PREDICTION"}, (("127.0.0.1",), 8080), ("AIP_HTTP_PORT",)),
+    ],
+)
+def test_the_proxy_takes_llama_servers_own_address_and_the_server_moves_to_the_private_port(
+    args: tuple[str, ...], env: dict[str, str], listen: tuple[tuple[str, ...], int], taken: tuple[str, ...]
+) -> None:
+    launch = argv.plan(
+        ["llama-server", "-m", "m.gguf", *args],
+        slot_dir=SLOTS,
+        proxy=True,
+        port=41234,
+        sidecar_has_key=False,
+        env=env,
+        resolve=Path,
+    )
+    assert launch.listen == listen
+    assert launch.taken == taken
+    assert launch.argv[-4:] == ("--host", "127.0.0.1", "--port", "41234")
+    assert not any(a.startswith(("--host", "--port")) for a in launch.argv[:-4])  # the user's own are dropped
+    assert launch.url == "http://127.0.0.1:41234"
+    # Vertex AI mode: llama-server binds AIP_HTTP_PORT whatever --port says, so the child is given the private one
+    assert dict(launch.env) == ({"AIP_HTTP_PORT": "41234"} if env.get("AIP_MODE") == "PREDICTION" else {})
+
+
+def test_the_command_tells_the_model_context_and_cache_types_flags_over_variables() -> None:
+    sized = argv.sizing(["llama-server", "-m", "a.gguf", "-c", "8192", "-ctk", "q8_0"], {"LLAMA_ARG_CTX_SIZE": "4"})
+    assert sized == argv.Sizing(model="a.gguf", ctx_size=8192, cache_type_k="q8_0", cache_type_v="f16")
+    assert argv.sizing(["llama-server"], {"LLAMA_ARG_MODEL": "b.gguf"}) == argv.Sizing(model="b.gguf", ctx_size=0)
+    assert argv.key_argument(["llama-server", "--api-key", "k1,k2"]) == ("--api-key", "k1,k2")
+    assert argv.key_argument(["llama-server", "-m", "x"]) is None
 
 
 def test_the_sidecars_own_server_is_refused_in_launcher_mode() -> None:
