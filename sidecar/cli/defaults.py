@@ -67,6 +67,8 @@ def _state_dir(done: Prepared, ns: argparse.Namespace, env: Mapping[str, str]) -
     raw = options.raw_value(ns, options.STATE_DIR)
     flag = options.STATE_DIR.flag if raw is None or raw[1] is options.Source.FLAG else options.STATE_DIR.env
     path = (given if given is not None else places.default_state_dir(env)).resolve()
+    if given is None:  # the XDG base dir (~/.local/state) may not exist yet on a fresh machine
+        places.parents(path)
     places.prepare(path, flag=flag)
     lock = dirlock.DirLock(path, kind="state dir", remedy=f"give this one a {options.STATE_DIR.flag} of its own")
     lock.acquire()
@@ -118,10 +120,10 @@ def _launching(done: Prepared, ns: argparse.Namespace, command: list[str], env: 
         if store is None:  # whole files persist: on disk, never in RAM
             slot_dir, staging = places.subdir(state, places.SLOTS), places.Staging.DISK.value
         else:
-            choice = places.choose(slot_bytes=_slot_bytes(command, env), tmpfs_free=places.tmpfs_free())
+            choice = places.choose(slot_bytes=_slot_bytes(command, env), tmpfs_free=places.tmpfs_free(places.SHM))
             staging, note = choice.staging.value, choice.why
             if choice.staging is places.Staging.RAM:
-                slot_dir = places.ram_dir(state)
+                slot_dir = places.ram_dir(state, places.SHM)
                 places.make_ram_dir(slot_dir)
                 done.ram_dir = slot_dir
                 convert = slots if slots.is_dir() else None  # whole files of a run with --whole-files

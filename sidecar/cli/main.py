@@ -25,6 +25,7 @@ import sidecar
 from sidecar.app import run as app
 from sidecar.cli import defaults, options
 from sidecar.core import errors, logs, outcomes, parse, protocols
+from sidecar.launch import places
 from sidecar.shared import connect, gc
 from sidecar.snapshots import dirlock, store, storeevents
 
@@ -57,11 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the snapshots in a slot dir by conversation (short hash of its token chain; '-' when not "
         "indexed), slot, tokens, size and last use, most recent first",
     )
-    options.add(ls, [options.SLOT_DIR, options.STORE_DIR])
+    options.add(ls, [options.STATE_DIR, options.SLOT_DIR, options.STORE_DIR])
     ls.add_argument("--json", action="store_true", help="print the manifests as JSON lines")
     ls.add_argument("--model", metavar="NAME", help="router mode (--router): only this model's snapshots")
     verify = sub.add_parser("verify", help="re-hash every snapshot and report (and quarantine) bad ones")
-    options.add(verify, [options.SLOT_DIR, options.STORE_DIR])
+    options.add(verify, [options.STATE_DIR, options.SLOT_DIR, options.STORE_DIR])
     verify.add_argument("--dry-run", action="store_true", help="report bad files without quarantining them")
     collect = sub.add_parser(
         "gc",
@@ -124,9 +125,16 @@ class _Verified(storeevents.Silent):
 
 def _open_store(ns: argparse.Namespace, *, read_only: bool, events: storeevents.StoreEvents) -> store.SnapshotStore:
     slot_dir = options.checked_value(ns, options.SLOT_DIR)
-    if slot_dir is None:
-        raise errors.ConfigError(f"{options.SLOT_DIR.flag} (or {options.SLOT_DIR.env}) is required")
     store_dir = options.checked_value(ns, options.STORE_DIR)
+    if slot_dir is None:  # the snapshots of a sidecar run with the defaults: its state dir's
+        state = options.checked_value(ns, options.STATE_DIR) or places.default_state_dir(os.environ).resolve()
+        if store_dir is None and not (state / places.STORE).is_dir():
+            raise errors.ConfigError(
+                f"no block store in the state dir {state}: give {options.STATE_DIR.flag} of the sidecar whose "
+                f"snapshots to read, or its {options.SLOT_DIR.flag} (and {options.STORE_DIR.flag})"
+            )
+        store_dir = store_dir or state / places.STORE
+        slot_dir = places.subdir(state, places.SLOTS)
     if store_dir is not None and not store_dir.is_dir():
         raise errors.ConfigError(f"store dir {store_dir} does not exist")
     snapshots = store.SnapshotStore(

@@ -439,7 +439,10 @@ def add(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     """Add ``options`` to ``parser`` with the default None, their help naming default and variable."""
     for option in options:
         text = f"{option.help}{_shown_default(option)} [{option.env}]".replace("%", "%%")
-        if option.switch:
+        if option.switch and option.flag.startswith("--no-"):
+            # argparse's BooleanOptionalAction reads a flag spelt --no-X as its own negative form (False)
+            parser.add_argument(option.flag, action="store_const", const=True, default=None, help=text)
+        elif option.switch:
             parser.add_argument(option.flag, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
             parser.add_argument(

@@ -76,8 +76,8 @@ def choose(*, slot_bytes: int | None, tmpfs_free: int | None) -> Choice:
     if tmpfs_free is None:
         return Choice(
             Staging.DISK,
-            f"no tmpfs at {SHM}: every save is written to disk whole before the block store keeps what it lacks "
-            "(about twice the disk writes of RAM staging, and a save stalls the server longer); mount a tmpfs "
+            f"no writable tmpfs at {SHM}: every save is written to disk whole before the block store keeps what "
+            "it lacks (about twice the disk writes of RAM staging, and a save stalls the server longer); mount a tmpfs "
             f"at {SHM}, or give --slot-dir a tmpfs directory",
         )
     if slot_bytes is None or slot_bytes + slot_bytes // 16 + MARGIN <= tmpfs_free:
@@ -125,6 +125,14 @@ def prepare(state_dir: Path, *, flag: str) -> None:
             os.unlink(probe)
 
 
+def parents(path: Path) -> None:
+    """Create the missing parents of the default state dir (``$XDG_STATE_HOME``, ``~/.local/state``) 0700."""
+    try:
+        path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise errors.ConfigError(f"cannot create {path.parent} ({_why(exc)}); {_fix('--state-dir')}") from None
+
+
 def subdir(parent: Path, name: str) -> Path:
     """``parent/name``, created 0700 when missing; raises ConfigError."""
     path = parent / name
@@ -147,7 +155,7 @@ def _fix(flag: str) -> str:
     return f"give {flag} a writable directory on a disk with room"
 
 
-def tmpfs_free(root: Path = SHM) -> int | None:
+def tmpfs_free(root: Path) -> int | None:
     """Free bytes of the tmpfs at ``root``; None if there is none (missing, not a directory, not writable)."""
     try:
         if not root.is_dir() or not os.access(root, os.W_OK | os.X_OK):
@@ -158,7 +166,7 @@ def tmpfs_free(root: Path = SHM) -> int | None:
     return stats.f_bavail * stats.f_frsize
 
 
-def ram_dir(state_dir: Path, root: Path = SHM) -> Path:
+def ram_dir(state_dir: Path, root: Path) -> Path:
     """The RAM staging dir of ``state_dir``: one name per user and state dir, so a leftover of a sidecar killed
     with ``kill -9`` is taken over (and cleaned) by the next one on the same state dir, whose lock it holds."""
     tag = hashlib.sha256(str(state_dir).encode()).hexdigest()[:12]

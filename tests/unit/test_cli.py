@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cli import main as cli
 from sidecar.cli import defaults, options
+from sidecar.cli import main as cli
 from sidecar.core import config, errors, events, parse
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
@@ -551,10 +551,8 @@ def test_the_launcher_tells_the_library_the_ram_cache_its_command_gives_the_serv
 ) -> None:
     """A size the user gave the sidecar wins; else the child's --cache-ram; else llama-server's default."""
     state = tmp_path / "state"
-    args, cmd = cli._split(
-        ["run", "--slot-dir", str(tmp_path), "--state-dir", str(state), "--proxy-listen", "127.0.0.1:0", *flags]
-        + ["--", "llama-server", "-m", "m", *command]
-    )
+    own = ["--slot-dir", str(tmp_path), "--state-dir", str(state), "--proxy-listen", "127.0.0.1:0", *flags]
+    args, cmd = cli._split(["run", *own, "--", "llama-server", "-m", "m", *command])
     assert cmd is not None
     ns = cli.build_parser().parse_args(args)
     with defaults.prepared(ns, cli.settings_from(ns, launching=True), cmd, {}) as done:
