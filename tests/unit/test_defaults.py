@@ -16,7 +16,7 @@ import pytest
 
 from sidecar.cli import defaults, options
 from sidecar.cli import main as cli
-from sidecar.core import config, errors, mounts
+from sidecar.core import config, errors, mounts, parse
 from sidecar.launch import places, slotsize
 from tests.support import llamabed
 from tests.support import mounts as test_mounts
@@ -263,8 +263,6 @@ def test_no_proxy_keeps_the_servers_own_address(tmp_path: Path, shm: Path) -> No
 
 
 def test_a_list_of_addresses_is_one_proxy_listen_value() -> None:
-    from sidecar.core import parse
-
     assert parse.proxy_listen("127.0.0.1,[::1]:8080") == ("127.0.0.1,::1", 8080)
     assert parse.proxy_listen("127.0.0.1,::1:8080") == ("127.0.0.1,::1", 8080)
     assert parse.proxy_listen("[::1]:8080") == ("::1", 8080)
