@@ -41,11 +41,13 @@ def figure(request: pytest.FixtureRequest) -> Callable[[str], None]:
 
 
 @pytest.fixture(autouse=True)
-def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hide the caller's LLAMA_* variables: the CLI reads them as defaults."""
+def clean_environ(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Hide the caller's LLAMA_* variables: the CLI reads them as defaults. The default state dir is the
+    test's own (``$XDG_STATE_HOME``): a launcher run keeps its block store there, never in the caller's home."""
     for name in list(os.environ):
         if name.startswith("LLAMA_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
 
 
 @pytest.fixture

@@ -26,22 +26,31 @@ from tests.support.environ import child_env
 from tests.support.llamabed import call, cpu_has_amx, make_prompt
 from tests.support.net import free_port
 from tests.support.readers import json_lines, parse_metrics, sample
-from tests.support.sidecarbed import FAST, manifests
+from tests.support.sidecarbed import FAST
 from tests.support.wait import wait_until
 
 TOKENS = 1500
 CMD = (
-    "{python} -m sidecar run --proxy-listen 127.0.0.1:${{PORT}} --listen 127.0.0.1:0 --slot-dir {slots} "
-    "--log-format json {fast} -- {binary} -m {model} -np 1 -c 8192 -t 2 --swa-full{repack}"
+    "{python} -m sidecar run --listen 127.0.0.1:0 --log-format json {fast} "
+    "-- {binary} -m {model} --port ${{PORT}} -np 1 -c 8192 -t 2 --swa-full{repack}"
 )
+"""The sidecar put in front of the model's own llama-server ``cmd``: the proxy takes its ``--port ${PORT}``."""
 
 
-def command(binary: Path, model: Path, slots: Path, *, model_arg: str | None = None) -> str:
+def store_manifests() -> list[str]:
+    """The snapshots committed in the block store of the default state dir (``$XDG_STATE_HOME``, per test)."""
+    return manifests_in(Path(os.environ["XDG_STATE_HOME"]) / "llama-kv-sidecar" / "store" / "snapshots")
+
+
+def manifests_in(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("slot*.json"))
+
+
+def command(binary: Path, model: Path, *, model_arg: str | None = None) -> str:
     """A llama-swap ``cmd`` line that runs the sidecar as the launcher of llama-server."""
     fast = " ".join(f"{flag} {value}" for flag, value in FAST.items())
     return CMD.format(
         python=shlex.quote(sys.executable),
-        slots=shlex.quote(str(slots)),
         fast=fast,
         binary=shlex.quote(str(binary)),
         model=shlex.quote(model_arg or str(model)),
@@ -120,14 +129,12 @@ def first_turn(url: str, seed: int) -> tuple[list[dict[str, str]], int]:
 def test_llama_swap_contract_sigterm_saves_and_the_next_start_restores_before_the_first_request(
     llama_binary: Path, model: Path, tmp_path: Path
 ) -> None:
-    slots = tmp_path / "slots"
-    slots.mkdir()
-    swap = Swap(command(llama_binary, model, slots), tmp_path / "cmd.log")
+    swap = Swap(command(llama_binary, model), tmp_path / "cmd.log")
     try:
         swap.start()
         following, prompt = first_turn(swap.url, seed=43)
         assert swap.swap() == 0
-        assert manifests(slots), "the SIGTERM of a swap left no snapshot"
+        assert store_manifests(), "the SIGTERM of a swap left no snapshot"
         assert swap.events("server_stopped"), "the launcher did not stop llama-server"
         swap.start()
         warm = chat(swap.url, following)
@@ -142,13 +149,11 @@ def test_llama_swap_contract_sigterm_saves_and_the_next_start_restores_before_th
 def test_a_child_killed_with_sigkill_is_restarted_and_the_next_turn_is_warm(
     llama_binary: Path, model: Path, tmp_path: Path
 ) -> None:
-    slots = tmp_path / "slots"
-    slots.mkdir()
-    swap = Swap(command(llama_binary, model, slots), tmp_path / "cmd.log")
+    swap = Swap(command(llama_binary, model), tmp_path / "cmd.log")
     try:
         swap.start()
         following, prompt = first_turn(swap.url, seed=44)
-        wait_until(lambda: manifests(slots), timeout=30, what="the first turn's snapshot")
+        wait_until(store_manifests, timeout=30, what="the first turn's snapshot")
         status = _get(swap.status_url() + "/status")[1]
         pid = status["launcher"]["pid"]
         killed_at = time.monotonic()
@@ -175,10 +180,8 @@ def test_a_child_killed_with_sigkill_is_restarted_and_the_next_turn_is_warm(
 
 
 def test_a_crash_loop_stops_after_five_ends_and_says_why(llama_binary: Path, model: Path, tmp_path: Path) -> None:
-    slots = tmp_path / "slots"
-    slots.mkdir()
     missing = str(tmp_path / "no-such-model.gguf")
-    swap = Swap(command(llama_binary, model, slots, model_arg=missing), tmp_path / "cmd.log")
+    swap = Swap(command(llama_binary, model, model_arg=missing), tmp_path / "cmd.log")
     try:
         swap.start(healthy=False)
         gave_up = wait_until(
@@ -205,16 +208,13 @@ def test_conflicting_arguments_are_refused_with_status_2_naming_the_flag(llama_b
             "-m",
             "sidecar",
             "run",
-            "--slot-dir",
-            str(tmp_path),
-            "--proxy-listen",
-            f"127.0.0.1:{free_port()}",
             "--",
             str(llama_binary),
             "-m",
             "x.gguf",
             "--port",
-            "8080",
+            str(free_port()),
+            "--no-slots",
         ],
         capture_output=True,
         text=True,
@@ -223,7 +223,8 @@ def test_conflicting_arguments_are_refused_with_status_2_naming_the_flag(llama_b
         check=False,
     )
     assert done.returncode == 2
-    assert "--port conflicts with --proxy-listen" in done.stderr
+    assert "llama-server's --no-slots turns off /slots" in done.stderr
+    assert not (Path(os.environ["XDG_STATE_HOME"]) / "llama-kv-sidecar" / "store").exists(), "refused before"
 
 
 def _get(url: str) -> tuple[int, Any]:
