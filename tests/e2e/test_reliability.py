@@ -215,7 +215,10 @@ def test_disk_floor_and_full_disk_skip_or_fail_saves_and_keep_the_good_snapshot(
     llama: MakeServer, sidecar: MakeSidecar, small_fs: Path
 ) -> None:
     server = llama(slot_dir=small_fs)
-    side = sidecar(server, small_fs, extra={"--min-free-bytes": str(40 << 20), "--keep-per-slot": "1"})
+    # whole files in the slot dir (beside a tmpfs slot dir the block store is the default): its disk floor
+    side = sidecar(
+        server, small_fs, extra={"--min-free-bytes": str(40 << 20), "--keep-per-slot": "1", "--whole-files": ""}
+    )
     prompt = make_prompt(server.url, 4096, seed=47)
     complete(server.url, prompt)
     side.wait_saved()
@@ -230,7 +233,7 @@ def test_disk_floor_and_full_disk_skip_or_fail_saves_and_keep_the_good_snapshot(
 
     # No floor, and a disk that fills up behind the estimate's back: the server's own write
     # runs out of space. The save fails, nothing partial is promoted, the good snapshot stays.
-    side = sidecar(server, small_fs, extra={"--min-free-bytes": "0", "--keep-per-slot": "1"})
+    side = sidecar(server, small_fs, extra={"--min-free-bytes": "0", "--keep-per-slot": "1", "--whole-files": ""})
     other = make_prompt(server.url, 1024, seed=49)  # ~8.5 MB on disk, estimated at ~5 MB
     filler = small_fs / "filler"
     filler.write_bytes(b"\0" * max(0, mounts.free_bytes(small_fs) - (6 << 20) - (512 << 10)))

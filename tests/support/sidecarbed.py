@@ -85,7 +85,7 @@ class SidecarProcess:
         cmd = [sys.executable, "-m", "sidecar", "run", "--server", self.server_url, "--slot-dir", str(self.slot_dir)]
         cmd += ["--listen", "127.0.0.1:0", "--log-format", "json"]
         for flag, value in self.options.items():
-            cmd += [flag, value]
+            cmd += [flag, value] if value else [flag]  # "": a switch (--whole-files)
         return cmd
 
     def start(self) -> Self:
