@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from bench import (
     agents,
+    defaults,
     goals,
     hybrid,
     launcher,
@@ -278,6 +279,13 @@ TABLE: tuple[Section, ...] = (
         "18. Swap speed: a conversation swapped into a slot from a whole file vs from the block store",
         _own(swap_mod),
         verdicts=swap_mod.verdicts,
+    ),
+    Section(
+        "defaults",
+        "19. The one command (llama-kv-sidecar run -- llama-server ...) vs llama-server alone, side by side "
+        "(python -m bench.defaults)",
+        _own(defaults),
+        verdicts=defaults.verdicts,
     ),
 )
 
