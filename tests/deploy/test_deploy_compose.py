@@ -61,21 +61,27 @@ def test_one_service_runs_the_launcher_with_the_flags_the_sidecar_does_not_add(c
     assert server[0] == "/app/llama-server"  # where the base image (deploy/Dockerfile) puts it
     assert server[server.index("--model") + 1] == "/models/model.gguf"
     assert "--swa-full" in server
-    # The launcher adds these itself, and refuses a --host/--port of llama-server's own beside the proxy.
-    assert {"--slot-save-path", "--metrics", "--host", "--port"}.isdisjoint(server)
+    # The launcher adds these itself (a RAM staging dir, llama-server's metrics).
+    assert {"--slot-save-path", "--metrics"}.isdisjoint(server)
+    # The one command: no sidecar flag; the proxy takes llama-server's own --host/--port.
+    assert sidecar["command"][: sidecar["command"].index("--")] == ["run"]
+    assert (server[server.index("--host") + 1], server[server.index("--port") + 1]) == ("0.0.0.0", "8080")
     assert "--server" not in sidecar["command"]
     assert "LLAMA_SIDECAR_SERVER" not in sidecar["environment"]
-    proxy = sidecar["command"][sidecar["command"].index("--proxy-listen") + 1]
-    assert proxy == "0.0.0.0:8080"
     assert sidecar["build"]["dockerfile"] == "deploy/Dockerfile"
     assert sidecar["restart"] == "unless-stopped"
 
 
 def test_the_sidecar_keeps_its_slots_and_has_time_to_save_them(config: dict[str, Any]) -> None:
     sidecar = config["services"]["sidecar"]
-    slots = [v for v in sidecar["volumes"] if v["target"] == "/slots"]
-    assert [v["source"] for v in slots] == ["slots"]
-    assert sidecar["environment"]["LLAMA_SIDECAR_SLOT_DIR"] == "/slots"
+    state = [v for v in sidecar["volumes"] if v["target"] == "/var/lib/llama-kv-sidecar"]
+    assert [(v["type"], v["source"]) for v in state] == [("volume", "state")]
+    assert sidecar["environment"]["LLAMA_SIDECAR_STATE_DIR"] == "/var/lib/llama-kv-sidecar"
+    assert "LLAMA_SIDECAR_SLOT_DIR" not in sidecar["environment"], "the launcher picks RAM staging"
+    # RAM staging: a tmpfs with a size at /dev/shm (Docker's default is 64 MB).
+    (shm,) = [v for v in sidecar["volumes"] if v["target"] == "/dev/shm"]
+    assert shm["type"] == "tmpfs"
+    assert int(shm["tmpfs"]["size"]) >= 1 << 30
     assert sidecar["environment"]["LLAMA_SIDECAR_LISTEN"] == "0.0.0.0:9464"
     # The final snapshots (--final-timeout, 20 s) and then llama-server's stop (up to 10 s); Docker's default is 10 s.
     grace = sidecar["stop_grace_period"]
@@ -98,6 +104,7 @@ def test_the_beside_file_runs_llama_server_in_a_container_of_its_own(beside: dic
     sidecar = services["sidecar"]
     assert "--" not in sidecar["command"], "beside mode: the sidecar launches nothing"
     assert sidecar["environment"]["LLAMA_SIDECAR_SERVER"] == "http://llama-server:8080"
+    assert sidecar["environment"]["LLAMA_SIDECAR_SLOT_DIR"] == "/slots"
 
     def slot_volume(service: str) -> str:
         sources = [str(v["source"]) for v in services[service]["volumes"] if v["target"] == "/slots"]
@@ -133,9 +140,13 @@ def test_every_image_is_pinned(config: dict[str, Any], beside: dict[str, Any]) -
 def test_clients_reach_llama_server_only_through_the_proxy(config: dict[str, Any], beside: dict[str, Any]) -> None:
     for stack in (config, beside):
         sidecar = stack["services"]["sidecar"]
-        proxy = sidecar["command"][sidecar["command"].index("--proxy-listen") + 1]
+        command = sidecar["command"]
+        if "--proxy-listen" in command:
+            port = int(command[command.index("--proxy-listen") + 1].rpartition(":")[2])
+        else:  # the one command: the proxy takes llama-server's own --port
+            port = int(command[command.index("--port") + 1])
         published = {(p["published"], p["target"]) for p in sidecar["ports"]}
-        assert ("8080", int(proxy.rpartition(":")[2])) in published
+        assert ("8080", port) in published
 
 
 def test_shared_profile_runs_an_s3_server_beside_the_stack() -> None:

@@ -40,11 +40,14 @@ def test_image_runs_the_launcher_of_the_llama_server_it_is_based_on() -> None:
     assert json.loads(_instruction(text, "ENTRYPOINT")) == ["llama-kv-sidecar"]
     command = json.loads(_instruction(text, "CMD"))
     assert command[:1] == ["run"]
-    # The launcher: the proxy on the published port, the base image's llama-server after `--`.
-    assert command[command.index("--proxy-listen") + 1] == "0.0.0.0:8080"
-    assert command[command.index("--") + 1 :] == ["/app/llama-server"]
-    # llama-server listens on the loopback address only (the base image sets 0.0.0.0).
-    assert "LLAMA_ARG_HOST=127.0.0.1" in text
+    # The one command: the base image's llama-server after `--` and no sidecar flag; the proxy takes
+    # llama-server's address (LLAMA_ARG_HOST/PORT, the published port), llama-server moves to a loopback port.
+    assert command == ["run", "--", "/app/llama-server"]
+    assert "LLAMA_ARG_HOST=0.0.0.0" in text
+    assert "LLAMA_ARG_PORT=8080" in text
+    # The state dir (the block store) in /var/lib, no slot dir: llama-server saves into RAM staging.
+    assert "LLAMA_SIDECAR_STATE_DIR=/var/lib/llama-kv-sidecar" in text
+    assert "LLAMA_SIDECAR_SLOT_DIR" not in text
 
 
 def test_dockerignore_sends_only_what_pip_install_needs() -> None:

@@ -49,9 +49,15 @@ def test_pod_shares_the_slot_volume_between_server_and_sidecar() -> None:
     env = {e["name"]: e.get("value") for e in containers["sidecar"]["env"]}
     assert env["LLAMA_SIDECAR_SLOT_DIR"] == "/slots"
     assert env["LLAMA_SIDECAR_SERVER"] == "http://127.0.0.1:8080"
+    # RAM staging: a Memory emptyDir with a size limit; the block store on a PVC, the state dir, seen by both
+    # containers at one path (a save that does not fit in RAM is staged there behind a link).
     (slots,) = [v for v in pod["volumes"] if v["name"] == "slots"]
+    assert slots["emptyDir"]["medium"] == "Memory"
+    assert slots["emptyDir"]["sizeLimit"]
+    (state,) = [v for v in pod["volumes"] if v["name"] == "state"]
     claims = {name for kind, name in _documents() if kind == "PersistentVolumeClaim"}
-    assert slots["persistentVolumeClaim"]["claimName"] in claims
+    assert state["persistentVolumeClaim"]["claimName"] in claims
+    assert env["LLAMA_SIDECAR_STATE_DIR"] == mounts["sidecar"]["state"] == mounts["llama-server"]["state"]
 
 
 def test_probes() -> None:

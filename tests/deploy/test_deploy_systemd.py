@@ -102,9 +102,14 @@ def test_the_launcher_units_command_is_accepted_by_the_sidecar() -> None:
     ours, command = main._split(words[2:])
     assert command is not None
     ns = main.build_parser().parse_args(["run", *ours])
-    settings = options.settings_from(ns)
-    assert [str(settings.snapshots.slot_dir)] == unit["Service.ReadWritePaths"]
-    launch = argv.plan(command, slot_dir=settings.snapshots.slot_dir, proxy=True, port=1, sidecar_has_key=False)
+    settings = options.settings_from(ns, launching=True)
+    # The one command: no slot dir given (RAM staging), the state dir is systemd's StateDirectory=.
+    assert settings.snapshots.slot_dir == options.PENDING_SLOT_DIR
+    state = "/var/lib/" + unit["Service.StateDirectory"][0]
+    assert unit["Service.Environment"] == [f"LLAMA_SIDECAR_STATE_DIR={state}"]
+    assert unit["Service.ReadWritePaths"] == [state]
+    launch = argv.plan(command, slot_dir=Path("/dev/shm/x"), proxy=True, port=1, sidecar_has_key=False)
     assert "--slot-save-path" in launch.added
+    assert launch.listen == (("127.0.0.1",), 8080), "the proxy takes llama-server's own address"
     timeout = int(unit["Service.TimeoutStopSec"][0].removesuffix("s"))
     assert timeout > config.SnapshotSettings(slot_dir=Path()).final_timeout + 10, "saves, then llama-server's stop"
