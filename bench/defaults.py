@@ -102,7 +102,7 @@ def verdicts(points: list[library.Point]) -> list[str]:
             + f"the one command costs a turn at most {library.DEFAULTS_PRICE}x llama-server alone at the server's "
             f"defaults (N={p.conversations} on {library.SLOTS} slots; the median of each turn's ratio to the same "
             f"turn alone, side by side): {price:.3f}x (median turn {rig.median(p.proxy.warm):.3f} s against "
-            f"{rig.median(p.direct.warm):.3f} s alone; load {rig.busy()})"
+            f"{rig.median(p.direct.warm):.3f} s alone; {rig.busy()})"
         )
     return lines
 
