@@ -306,6 +306,8 @@ def _open(bed: rig.Rig, plan: Plan, *, staged: bool = False) -> _Open:
             options["--server-cache-ram-bytes"] = "0"
         if plan.way == BLOCKS:
             options["--store-dir"] = str(store_dir)
+        else:  # whole files even in a tmpfs slot dir (where the block store is the default)
+            options["--whole-files"] = ""
         if plan.max_unsaved:
             options["--max-unsaved-seconds"] = plan.max_unsaved
         side = opened.side = bed.sidecar(server, opened.slot_dir, **options)

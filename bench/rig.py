@@ -46,6 +46,9 @@ class Rig:
         self.log_dir = log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.work = Path(tempfile.mkdtemp(prefix="llama-kv-bench-"))
+        # The sidecars' default state dir (their block store, in launcher mode or beside a tmpfs slot dir): the
+        # run's own, never the caller's ~/.local/state.
+        os.environ["XDG_STATE_HOME"] = str(self.work / "xdg-state")
         self._servers: list[llamabed.LlamaServer] = []
         self._sidecars: list[sidecarbed.SidecarProcess] = []
 

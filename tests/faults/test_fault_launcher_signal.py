@@ -51,7 +51,7 @@ def test_a_second_signal_during_the_graceful_stop_kills_the_child_and_exits_at_o
     slots.mkdir()
     log = tmp_path / "sidecar.log"
     argv = [
-        sys.executable, "-m", "sidecar", "run", "--slot-dir", str(slots), "--listen", "127.0.0.1:0",
+        sys.executable, "-m", "sidecar", "run", "--slot-dir", str(slots), "--listen", "127.0.0.1:0", "--no-proxy",
         "--log-format", "json", "--", sys.executable, "-c", STUBBORN,
     ]  # fmt: skip
     with log.open("ab") as out:
