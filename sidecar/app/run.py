@@ -84,6 +84,18 @@ async def main(
     lock.acquire()
     store_lock = _store_lock(settings.snapshots.store_dir, lock)
     launcher = supervisor.Supervisor(launch, stats=stats) if launch is not None else None
+    if launch is not None and launch.listen is not None:
+        log.info(
+            "proxy_takes_server_address",
+            taken=list(launch.taken),
+            hosts=list(launch.listen[0]),
+            port=launch.listen[1],
+            server=launch.url,
+            effect="clients reach llama-server at the address its command gave it, through the proxy; "
+            "llama-server itself listens on a private loopback port",
+            hint="--no-proxy keeps llama-server on its own address (no restore gate, no library); "
+            "--proxy-listen puts the proxy elsewhere",
+        )
     try:
         if settings.upstream.router is None:
             settings = await _found_mode(settings)

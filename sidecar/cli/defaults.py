@@ -141,6 +141,8 @@ def _launching(done: Prepared, ns: argparse.Namespace, command: list[str], env: 
         sidecar_has_key=settings.upstream.api_key is not None,
         env=env,
     )
+    if settings.proxy.host is not None:  # where the proxy listens: the server's own address, or --proxy-listen
+        launch = dataclasses.replace(launch, listen=(tuple(settings.proxy.host.split(",")), settings.proxy.port))
     router = settings.upstream.router if settings.upstream.router is not None else launch.router
     upstream = dataclasses.replace(settings.upstream, url=launch.url, router=router)
     proxy_settings = settings.proxy
