@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import socket
 import stat
 from pathlib import Path
 
 import pytest
 
+from sidecar.app import run as app_run
 from sidecar.cli import defaults, options
 from sidecar.cli import main as cli
 from sidecar.core import config, errors, mounts, parse
@@ -268,3 +270,20 @@ def test_a_list_of_addresses_is_one_proxy_listen_value() -> None:
     assert parse.proxy_listen("[::1]:8080") == ("::1", 8080)
     with pytest.raises(errors.ConfigError, match="--proxy-listen"):
         parse.proxy_listen("127.0.0.1,:8080")
+
+
+async def test_a_proxy_that_cannot_listen_exits_2_and_leaves_no_task_never_awaited(
+    tmp_path: Path, recwarn: pytest.WarningsRecorder
+) -> None:
+    """The tasks made before the proxy starts are closed when it cannot (no ``coroutine ... never awaited``)."""
+    settings = config.Settings(
+        upstream=config.UpstreamSettings(url="http://127.0.0.1:1", request_timeout=0.5),
+        poll=config.PollSettings(),
+        snapshots=config.SnapshotSettings(slot_dir=tmp_path),
+        server=config.ServerSettings(port=0),
+        proxy=config.ProxySettings(host="192.0.2.1", port=0),  # not an address of this host: the bind fails
+    )
+    with pytest.raises(errors.ConfigError, match=r"--proxy-listen 192\.0\.2\.1:0: cannot listen there"):
+        await app_run.main(settings)
+    gc.collect()
+    assert not [w for w in recwarn.list if "never awaited" in str(w.message)]

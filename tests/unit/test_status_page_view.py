@@ -110,6 +110,14 @@ def test_with_a_block_store_the_disk_says_what_its_blocks_hold_against_what_they
     assert not any(key == "block store" for key, _ in view.build(inputs()).disk)  # whole files: no such row
 
 
+def test_the_disk_says_where_llama_server_stages_and_what_staging_on_disk_costs() -> None:
+    ram = view.build(inputs(staging=("/dev/shm/llama-kv-sidecar-0-ab", "ram", ""))).disk
+    assert ("staging", "in RAM (a tmpfs): /dev/shm/llama-kv-sidecar-0-ab") in ram
+    disk = view.build(inputs(staging=("/var/lib/s/slots", "disk", "/dev/shm has 64 MiB free"))).disk
+    assert ("staging", "on disk: /var/lib/s/slots; /dev/shm has 64 MiB free") in disk
+    assert not any(key == "staging" for key, _ in view.build(inputs()).disk)  # beside a server: no such row
+
+
 def test_no_rate_yet_is_said_and_waiting_tokens_counted() -> None:
     st = inputs().status
     st = dataclasses.replace(st, saved=savings.Totals(unpriced_tokens=800))
