@@ -33,7 +33,7 @@ class OneCommand:
 
     def __init__(self, server_argv: list[str], work: Path, log_dir: Path) -> None:
         self.port = net.free_port()
-        argv = launch_argv._without(server_argv, (launch_argv.SLOT_SAVE_PATH, launch_argv.PORT))
+        argv = launch_argv.without(server_argv, (launch_argv.SLOT_SAVE_PATH, launch_argv.PORT))
         self.argv = [sys.executable, "-m", "sidecar", "run", "--listen", "127.0.0.1:0", "--log-format", "json",
                      "--", *argv, "--port", str(self.port)]  # fmt: skip
         self.state = work / "xdg"

@@ -163,7 +163,7 @@ def plan(
     taken: list[str] = []
     if proxy:
         listen, taken = _address_of(found, env)
-        args = _without(args, (HOST, PORT))
+        args = without(args, (HOST, PORT))
         added += [HOST, LOCAL_HOST, PORT, str(port)]
         if env.get(AIP_MODE) == "PREDICTION":
             child_env.append((AIP_HTTP_PORT, str(port)))  # llama-server binds it whatever --port says
@@ -189,7 +189,7 @@ def key_argument(command: Sequence[str]) -> tuple[str, str] | None:
     return given[-1] if given else None
 
 
-def _without(args: Sequence[str], flags: Sequence[str]) -> list[str]:
+def without(args: Sequence[str], flags: Sequence[str]) -> list[str]:
     """``args`` less every ``flags`` flag and its value (``--flag V`` or ``--flag=V``)."""
     kept: list[str] = []
     i = 0

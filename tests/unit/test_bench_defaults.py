@@ -25,5 +25,5 @@ def test_the_one_command_within_3_percent_of_llama_server_alone_is_met_above_it_
 
 def test_the_llama_server_command_keeps_its_port_for_the_proxy_and_loses_its_slot_save_path() -> None:
     argv = ["llama-server", "-m", "m.gguf", "--host", "127.0.0.1", "--port", "9", "--slot-save-path", "/d/"]
-    kept = launch_argv._without(argv, (launch_argv.SLOT_SAVE_PATH, launch_argv.PORT))
+    kept = launch_argv.without(argv, (launch_argv.SLOT_SAVE_PATH, launch_argv.PORT))
     assert kept == ["llama-server", "-m", "m.gguf", "--host", "127.0.0.1"]

@@ -224,7 +224,7 @@ async def test_slots_next_token_as_object_is_fine(fake: FakeLlama, connect: Conn
     assert (await connect().slots())[0].task == 42
 
 
-def _without(key: str) -> list[dict[str, Any]]:
+def without(key: str) -> list[dict[str, Any]]:
     return [{k: v for k, v in SLOTS[1].items() if k != key}]
 
 
@@ -233,12 +233,12 @@ def _with(key: str, value: Any) -> list[dict[str, Any]]:
 
 
 BAD_SLOTS: list[tuple[str, Any, str]] = [
-    ("id missing", _without("id"), "'id'"),
+    ("id missing", without("id"), "'id'"),
     ("id string", _with("id", "1"), "'id'"),
     ("id bool", _with("id", True), "'id'"),
-    ("n_ctx missing", _without("n_ctx"), "'n_ctx'"),
+    ("n_ctx missing", without("n_ctx"), "'n_ctx'"),
     ("n_ctx float", _with("n_ctx", 4096.5), "'n_ctx'"),
-    ("is_processing missing", _without("is_processing"), "'is_processing'"),
+    ("is_processing missing", without("is_processing"), "'is_processing'"),
     ("is_processing int", _with("is_processing", 1), "'is_processing'"),
     ("id_task string", _with("id_task", "42"), "id_task"),
     ("n_prompt_tokens string", _with("n_prompt_tokens", "4001"), "n_prompt_tokens"),
