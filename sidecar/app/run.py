@@ -326,6 +326,13 @@ async def _load(settings: config.Settings, snapshots: store.SnapshotStore, stats
     )
 
 
+def _cache_dir(settings: config.Settings) -> Path:
+    """Where the model files' checksums are remembered: the slot dir, or the state dir when the slot dir is the
+    RAM staging dir removed at exit (the next start would hash the model again)."""
+    state = settings.launch.state_dir
+    return state if settings.snapshots.staging == "ram" and state is not None else settings.snapshots.slot_dir
+
+
 def _say_staging(snap: config.SnapshotSettings) -> None:
     """Where llama-server saves, once at start-up: a cost on disk is a warning with its fix."""
     if snap.staging == "disk" and snap.staging_note:
@@ -392,7 +399,7 @@ def _plain(
         stats=stats,
         settings=settings,
         clock=clock,
-        weights=weights.WeightsIdentifier(settings.snapshots.store_dir or settings.snapshots.slot_dir).identify,
+        weights=weights.WeightsIdentifier(_cache_dir(settings)).identify,
         before_restore=shared.warm if shared is not None else None,
         detect_router=settings.upstream.router is None,
         prompts=client,
@@ -436,7 +443,7 @@ def _router(
         stats=stats,
         settings=settings,
         clock=protocols.SystemClock(),
-        weights=weights.WeightsIdentifier(settings.snapshots.store_dir or settings.snapshots.slot_dir).identify,
+        weights=weights.WeightsIdentifier(_cache_dir(settings)).identify,
     )
     admit = admission.Admission(models=models, client=client, stats=stats, settings=settings).admit
     return _Parts(models, {"router": models.run()}, models.gate, admit=admit)

@@ -73,6 +73,7 @@ def _state_dir(done: Prepared, ns: argparse.Namespace, env: Mapping[str, str]) -
     lock = dirlock.DirLock(path, kind="state dir", remedy=f"give this one a {options.STATE_DIR.flag} of its own")
     lock.acquire()
     done.state_lock = lock
+    done.settings = dataclasses.replace(done.settings, launch=dataclasses.replace(done.settings.launch, state_dir=path))
     return path
 
 
@@ -110,6 +111,7 @@ def _launching(done: Prepared, ns: argparse.Namespace, command: list[str], env: 
         _check_free((tuple(settings.proxy.host.split(",")), settings.proxy.port), how=options.PROXY_LISTEN.flag)
     snap = settings.snapshots
     state = _state_dir(done, ns, env)
+    settings = dataclasses.replace(settings, launch=done.settings.launch)
     store = snap.store_dir
     if store is None and not settings.launch.whole_files:
         store = places.subdir(state, places.STORE)

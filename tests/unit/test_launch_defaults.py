@@ -87,6 +87,7 @@ def test_the_one_command_creates_the_state_dir_0700_stages_in_ram_and_keeps_the_
         snap = done.settings.snapshots
         assert stat.S_IMODE(state.stat().st_mode) == 0o700
         assert snap.store_dir == state / places.STORE
+        assert done.settings.launch.state_dir == state  # the model's checksums are remembered there, not in RAM
         assert snap.staging == "ram"
         assert snap.slot_dir.parent == shm
         assert stat.S_IMODE(snap.slot_dir.stat().st_mode) == 0o700
