@@ -40,6 +40,12 @@ class DiskRoom:
             return int(newest.bytes / max(newest.tokens, 1) * tokens)
         return floor.whole_file(self._sizes(newest.fingerprint), tokens)
 
+    def staging_bytes(self, tokens: int) -> int:
+        """The file a save of ``tokens`` stages: :meth:`estimate_bytes`, or before any snapshot the launcher's
+        estimate from the model's header (``staging_bytes_per_token``), so a first save too large for the slot
+        dir is staged on the store's disk instead of failing."""
+        return self.estimate_bytes(tokens) or self._settings.staging_bytes_per_token * tokens
+
     def _sizes(self, fingerprint: manifest.Fingerprint) -> list[tuple[int, int]]:
         """(tokens, bytes) of the snapshots of ``fingerprint``, newest first."""
         return [(m.tokens, m.bytes) for m in self._snapshots.snapshots() if m.fingerprint == fingerprint]

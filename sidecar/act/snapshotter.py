@@ -128,7 +128,7 @@ class Snapshotter:
         if below is not None:
             return below
         temp = self._snapshots.temp_name(slot)
-        await asyncio.to_thread(self._snapshots.place_save, temp, self._room.estimate_bytes(action.tokens))
+        await asyncio.to_thread(self._snapshots.place_save, temp, self._room.staging_bytes(action.tokens))
         started = time.perf_counter()
         created = self._clock.wall()
         try:

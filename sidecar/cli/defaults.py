@@ -109,35 +109,13 @@ def _launching(done: Prepared, ns: argparse.Namespace, command: list[str], env: 
         )
     elif settings.proxy.host is not None:
         _check_free((tuple(settings.proxy.host.split(",")), settings.proxy.port), how=options.PROXY_LISTEN.flag)
-    snap = settings.snapshots
     state = _state_dir(done, ns, env)
     settings = dataclasses.replace(settings, launch=done.settings.launch)
-    store = snap.store_dir
-    if store is None and not settings.launch.whole_files:
-        store = places.subdir(state, places.STORE)
-    slots = state / places.SLOTS
-    staging, note, convert = places.Staging.GIVEN.value, "", None
-    slot_dir = snap.slot_dir
-    if slot_dir == options.PENDING_SLOT_DIR:
-        if store is None:  # whole files persist: on disk, never in RAM
-            slot_dir, staging = places.subdir(state, places.SLOTS), places.Staging.DISK.value
-        else:
-            choice = places.choose(slot_bytes=_slot_bytes(command, env), tmpfs_free=places.tmpfs_free(places.SHM))
-            staging, note = choice.staging.value, choice.why
-            if choice.staging is places.Staging.RAM:
-                slot_dir = places.ram_dir(state, places.SHM)
-                places.make_ram_dir(slot_dir)
-                done.ram_dir = slot_dir
-                convert = slots if slots.is_dir() else None  # whole files of a run with --whole-files
-            else:
-                slot_dir = places.subdir(state, places.SLOTS)
-    snapshots = dataclasses.replace(
-        snap, slot_dir=slot_dir, store_dir=store, staging=staging, staging_note=note, convert_dir=convert
-    )
+    snapshots = _directories(done, settings, state, command, env)
     settings = dataclasses.replace(settings, snapshots=snapshots)
     launch = launch_argv.plan(
         command,
-        slot_dir=slot_dir,
+        slot_dir=snapshots.slot_dir,
         proxy=settings.proxy.host is not None,
         port=_free_port(),
         sidecar_has_key=settings.upstream.api_key is not None,
@@ -155,6 +133,38 @@ def _launching(done: Prepared, ns: argparse.Namespace, command: list[str], env: 
     done.launch = launch
 
 
+def _directories(
+    done: Prepared, settings: config.Settings, state: Path, command: list[str], env: Mapping[str, str]
+) -> config.SnapshotSettings:
+    """The block store in the state dir (unless ``--whole-files``), and the slot dir: the one given, else RAM
+    staging when a tmpfs has room for the largest slot, else the state dir's ``slots/`` on disk."""
+    snap = settings.snapshots
+    store = snap.store_dir
+    if store is None and not settings.launch.whole_files:
+        store = places.subdir(state, places.STORE)
+    slots = state / places.SLOTS
+    staging, note, convert = places.Staging.GIVEN.value, "", None
+    slot_dir = snap.slot_dir
+    if slot_dir == options.PENDING_SLOT_DIR and store is None:  # whole files persist: on disk, never in RAM
+        slot_dir, staging = places.subdir(state, places.SLOTS), places.Staging.DISK.value
+    elif slot_dir == options.PENDING_SLOT_DIR:
+        sized = _slot_bytes(command, env)
+        if sized is not None:
+            snap = dataclasses.replace(snap, staging_bytes_per_token=sized[1])
+        choice = places.choose(slot_bytes=None if sized is None else sized[0], tmpfs_free=places.tmpfs_free(places.SHM))
+        staging, note = choice.staging.value, choice.why
+        if choice.staging is places.Staging.RAM:
+            slot_dir = places.ram_dir(state, places.SHM)
+            places.make_ram_dir(slot_dir)
+            done.ram_dir = slot_dir
+            convert = slots if slots.is_dir() else None  # whole files of a run with --whole-files
+        else:
+            slot_dir = places.subdir(state, places.SLOTS)
+    return dataclasses.replace(
+        snap, slot_dir=slot_dir, store_dir=store, staging=staging, staging_note=note, convert_dir=convert
+    )
+
+
 def _adopt_key(settings: config.Settings, command: list[str]) -> config.Settings:
     """With no key of its own, the sidecar takes llama-server's ``--api-key``/``--api-key-file`` from the command."""
     if settings.upstream.api_key is not None:
@@ -167,8 +177,9 @@ def _adopt_key(settings: config.Settings, command: list[str]) -> config.Settings
     return dataclasses.replace(settings, upstream=dataclasses.replace(settings.upstream, api_key=first, keys=keys))
 
 
-def _slot_bytes(command: list[str], env: Mapping[str, str]) -> int | None:
-    """The largest slot file the command can write; None when its model cannot be read (a download, ...)."""
+def _slot_bytes(command: list[str], env: Mapping[str, str]) -> tuple[int, int] | None:
+    """The largest slot file the command can write, and its bytes per token; None when its model cannot be read
+    (a download, ...)."""
     sized = launch_argv.sizing(command, env)
     if sized.model is None:
         return None
@@ -176,9 +187,8 @@ def _slot_bytes(command: list[str], env: Mapping[str, str]) -> int | None:
         shape = slotsize.of_model(Path(sized.model))
     except (OSError, ValueError):
         return None
-    return slotsize.slot_bytes(
-        shape, ctx_size=sized.ctx_size, cache_type_k=sized.cache_type_k, cache_type_v=sized.cache_type_v
-    )
+    types = {"cache_type_k": sized.cache_type_k, "cache_type_v": sized.cache_type_v}
+    return slotsize.slot_bytes(shape, ctx_size=sized.ctx_size, **types), slotsize.slot_bytes(shape, ctx_size=1, **types)
 
 
 def _check_free(listen: tuple[tuple[str, ...], int], *, how: str) -> None:

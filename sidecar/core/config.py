@@ -59,6 +59,11 @@ class SnapshotSettings:
     ``disk`` (the state dir's, when no tmpfs had room), ``given`` (``--slot-dir``), or "" (beside a server)."""
     staging_note: str = ""
     """What staging on disk costs, and the fix; "" when staging is in RAM or given."""
+    staging_bytes_per_token: int = 0
+    """Before any snapshot of the model is known, the bytes per token of a slot file the staging decision
+    assumes (the launcher's estimate from the model's header, an upper bound): a first save too large for the
+    RAM staging dir is staged on disk instead of failing. 0: none (nothing staged on disk for want of an
+    estimate)."""
     convert_dir: Path | None = None
     """A directory of whole-file snapshots from before the block store, converted into it at start-up (besides
     the slot dir itself); None: none."""

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from sidecar.act import actions, policy, snapshotter
+from sidecar.act import actions, diskroom, policy, snapshotter
 from sidecar.core import config, events, metrics, outcomes
 from sidecar.snapshots import store
 from tests.support import clocks
@@ -194,3 +194,17 @@ async def test_the_check_before_a_save_measures_free_space_only_and_never_lists_
     assert listed == []
     monkeypatch.setattr(bed.snapshots, "free_bytes", free)
     assert isinstance(free(), int)  # the real one: a statvfs of the store's filesystem
+
+
+def test_before_any_snapshot_the_staged_file_is_estimated_from_the_launchers_bytes_per_token(tmp_path: Path) -> None:
+    """A first save too large for the RAM staging dir is staged on disk: its size is known before any snapshot."""
+    slot_dir = tmp_path / "slots"
+    slot_dir.mkdir()
+    snapshots = store.SnapshotStore(slot_dir, clock=clocks.FakeClock(), store_dir=tmp_path / "store")
+    stats = metrics.Metrics(CollectorRegistry(), version="t")
+    hinted = config.SnapshotSettings(slot_dir=slot_dir, staging_bytes_per_token=18_436)
+    room = diskroom.DiskRoom(snapshots=snapshots, stats=stats, settings=hinted)
+    assert room.estimate_bytes(1000) == 0, "the floor's estimate is unchanged: no snapshot, no figure"
+    assert room.staging_bytes(1000) == 18_436_000
+    plain = diskroom.DiskRoom(snapshots=snapshots, stats=stats, settings=config.SnapshotSettings(slot_dir=slot_dir))
+    assert plain.staging_bytes(1000) == 0

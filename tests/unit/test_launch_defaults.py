@@ -88,6 +88,9 @@ def test_the_one_command_creates_the_state_dir_0700_stages_in_ram_and_keeps_the_
         assert stat.S_IMODE(state.stat().st_mode) == 0o700
         assert snap.store_dir == state / places.STORE
         assert done.settings.launch.state_dir == state  # the model's checksums are remembered there, not in RAM
+        # a first save is staged on disk if it would not fit the RAM staging dir: 18 layers x 1 KV head x
+        # (256 + 256) x 2 bytes, and 4 bytes of token id, per token
+        assert snap.staging_bytes_per_token == 18 * 512 * 2 + 4
         assert snap.staging == "ram"
         assert snap.slot_dir.parent == shm
         assert stat.S_IMODE(snap.slot_dir.stat().st_mode) == 0o700
