@@ -128,12 +128,14 @@ def _open_store(ns: argparse.Namespace, *, read_only: bool, events: storeevents.
     store_dir = options.checked_value(ns, options.STORE_DIR)
     if slot_dir is None:  # the snapshots of a sidecar run with the defaults: its state dir's
         state = options.checked_value(ns, options.STATE_DIR) or places.default_state_dir(os.environ).resolve()
-        if store_dir is None and not (state / places.STORE).is_dir():
+        has_store = (state / places.STORE).is_dir()
+        if store_dir is None and not has_store and not (state / places.SLOTS).is_dir():
             raise errors.ConfigError(
-                f"no block store in the state dir {state}: give {options.STATE_DIR.flag} of the sidecar whose "
+                f"no snapshots in the state dir {state}: give {options.STATE_DIR.flag} of the sidecar whose "
                 f"snapshots to read, or its {options.SLOT_DIR.flag} (and {options.STORE_DIR.flag})"
             )
-        store_dir = store_dir or state / places.STORE
+        if store_dir is None and has_store:
+            store_dir = state / places.STORE  # else whole files in slots/ (a run with --whole-files)
         slot_dir = places.subdir(state, places.SLOTS)
     if store_dir is not None and not store_dir.is_dir():
         raise errors.ConfigError(f"store dir {store_dir} does not exist")

@@ -291,3 +291,14 @@ async def test_a_proxy_that_cannot_listen_exits_2_and_leaves_no_task_never_await
         await app_run.main(settings)
     gc.collect()
     assert not [w for w in recwarn.list if "never awaited" in str(w.message)]
+
+
+def test_ls_reads_the_default_state_dirs_store_and_says_when_there_is_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert cli.main(["ls"]) == 2
+    assert "no snapshots in the state dir" in capsys.readouterr().err
+    (tmp_path / "llama-kv-sidecar" / places.STORE).mkdir(parents=True)
+    assert cli.main(["ls"]) == 0
+    assert f"block store {tmp_path / 'llama-kv-sidecar' / places.STORE}" in capsys.readouterr().out
