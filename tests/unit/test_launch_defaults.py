@@ -11,6 +11,7 @@ import contextlib
 import gc
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -302,3 +303,23 @@ def test_ls_reads_the_default_state_dirs_store_and_says_when_there_is_none(
     (tmp_path / "llama-kv-sidecar" / places.STORE).mkdir(parents=True)
     assert cli.main(["ls"]) == 0
     assert f"block store {tmp_path / 'llama-kv-sidecar' / places.STORE}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flag", "read"),
+    [
+        ("--no-proxy", lambda s: s.launch.proxy),
+        ("--no-proxy-prefix-header", lambda s: s.proxy.prefix_header),
+    ],
+)
+def test_a_switch_spelt_no_x_turns_its_setting_off_as_its_variable_does(
+    flag: str, read: Callable[[config.Settings], bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """argparse reads a BooleanOptionalAction flag spelt --no-X as its own negative form: here it means 'on'."""
+    ns = cli.build_parser().parse_args(["run", "--slot-dir", "/tmp", flag])
+    assert read(cli.settings_from(ns)) is False
+    option = next(o for o in options.OPTIONS if o.flag == flag)
+    monkeypatch.setenv(option.env, "1")
+    assert read(cli.settings_from(cli.build_parser().parse_args(["run", "--slot-dir", "/tmp"]))) is False
+    monkeypatch.delenv(option.env)
+    assert read(cli.settings_from(cli.build_parser().parse_args(["run", "--slot-dir", "/tmp"]))) is True
