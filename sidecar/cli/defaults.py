@@ -83,7 +83,7 @@ def _beside(done: Prepared, ns: argparse.Namespace, env: Mapping[str, str]) -> N
     if snap.store_dir is not None or done.settings.launch.whole_files or not mounts.on_tmpfs(snap.slot_dir):
         return
     state = _state_dir(done, ns, env)
-    store = places.subdir(state, places.STORE)
+    store = places.store_dir(state, flag=options.STATE_DIR.flag)
     done.settings = dataclasses.replace(
         done.settings, snapshots=dataclasses.replace(snap, store_dir=store, staging=places.Staging.GIVEN.value)
     )
@@ -141,7 +141,7 @@ def _directories(
     snap = settings.snapshots
     store = snap.store_dir
     if store is None and not settings.launch.whole_files:
-        store = places.subdir(state, places.STORE)
+        store = places.store_dir(state, flag=options.STATE_DIR.flag)
     slots = state / places.SLOTS
     staging, note, convert = places.Staging.GIVEN.value, "", None
     slot_dir = snap.slot_dir

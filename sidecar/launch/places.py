@@ -36,6 +36,8 @@ SLOTS = "slots"
 SHM = Path("/dev/shm")  # noqa: S108 (the tmpfs every Linux host mounts; a dir of ours, 0700, made in it)
 DIR_MODE = 0o700
 PROBE = ".llama-kv-sidecar.probe"
+MADE = ".llama-kv-sidecar.store-made"
+"""Written in the state dir when its store is created: a store that vanished later is refused, not made anew."""
 MARGIN = 1 << 20
 """Bytes a tmpfs keeps free beyond the largest slot file (and a sixteenth of it) to be chosen."""
 
@@ -131,6 +133,29 @@ def parents(path: Path) -> None:
         path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     except OSError as exc:
         raise errors.ConfigError(f"cannot create {path.parent} ({_why(exc)}); {_fix('--state-dir')}") from None
+
+
+def store_dir(state_dir: Path, *, flag: str) -> Path:
+    """The block store of ``state_dir``, created on first use; raises ConfigError if it held one that is gone.
+
+    A store that vanished (removed, or a volume not mounted) would otherwise be made anew, empty, and
+    every snapshot it held silently given up.
+    """
+    path = state_dir / STORE
+    made = state_dir / MADE
+    if not path.exists() and made.exists():
+        raise errors.ConfigError(
+            f"the state dir {state_dir} held a block store, {path}, which is gone (removed, moved, or a volume "
+            f"not mounted?): its snapshots would be lost; put it back, or remove {made} to start afresh, or give "
+            f"{flag} another directory"
+        )
+    subdir(state_dir, STORE)
+    if not made.exists():
+        try:
+            made.write_text("the block store store/ was created here; see docs/launcher.md\n")
+        except OSError as exc:
+            raise errors.ConfigError(f"cannot write {made} ({_why(exc)}); {_fix(flag)}") from None
+    return path
 
 
 def subdir(parent: Path, name: str) -> Path:

@@ -323,3 +323,19 @@ def test_a_switch_spelt_no_x_turns_its_setting_off_as_its_variable_does(
     assert read(cli.settings_from(cli.build_parser().parse_args(["run", "--slot-dir", "/tmp"]))) is False
     monkeypatch.delenv(option.env)
     assert read(cli.settings_from(cli.build_parser().parse_args(["run", "--slot-dir", "/tmp"]))) is True
+
+
+def test_a_state_dir_whose_block_store_vanished_is_refused_not_made_anew(
+    tmp_path: Path, shm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "state"
+    with prepare("--state-dir", str(state), "--", "llama-server", "-m", "m", "--port", "0"):
+        pass
+    assert (state / places.STORE).is_dir()
+    (state / places.STORE).rename(tmp_path / "elsewhere")  # removed, or a volume not mounted
+    code, err = run_status(capsys, "--state-dir", str(state), "--", "llama-server", "-m", "m", "--port", "0")
+    assert code == 2
+    assert "held a block store" in err
+    assert "is gone" in err
+    assert "--state-dir" in err
+    assert not (state / places.STORE).exists(), "not made anew"
