@@ -51,16 +51,29 @@ def test_a_turn_held_after_a_kill9_goes_on_once_its_own_slot_is_restored_before_
     later = chats[1]
     reply = agents.sent_across_a_kill9(side, server, api, later)
     side.wait_for(lambda: len(side.log_events("slot_restored")) >= restored_before + 2, what="both slots restored")
+    side.wait_for(lambda: len(side.log_events("restore_gate_open")) > opened_before, what="the gate's opening")
+    side.wait_for(lambda: _judged(side, 1) is not None, what="slot 1's restore verdict")
     restored = [e["slot"] for e in side.log_events("slot_restored")[restored_before:]]
     opened = side.log_events("restore_gate_open")[opened_before:]
     print(f"{kind}: cache_n {reply.cached} of an earlier {later.prompt}; restored in order {restored}; open {opened}")
     assert reply.cached >= WARM * later.prompt, (reply.cached, later.prompt, "the turn did not reuse its slot")
     assert restored == [1, 0], f"slot 1, which the held turn waits for, was not restored first: {restored}"
     assert [e.get("early") for e in opened][-1:] == [1], f"the turn was not let through early: {opened}"
-    order = [
+    order = _order(side)
+    judged = _judged(side, 1)
+    assert judged is not None
+    assert order.index(("slot_restored", 0)) > judged, f"slot 0 was restored while the turn ran: {order}"
+
+
+def _order(side: SidecarProcess) -> list[tuple[str, int | None]]:
+    """The restores and the restore verdicts in the log, in order, with their slots."""
+    return [
         (e["event"], e.get("slot"))
         for e in side.logs()
         if e.get("event") in ("slot_restored", "restore_effective", "restore_ineffective")
     ]
-    judged = next(i for i, e in enumerate(order) if e[0] != "slot_restored" and e[1] == 1)
-    assert order.index(("slot_restored", 0)) > judged, f"slot 0 was restored while the turn ran: {order}"
+
+
+def _judged(side: SidecarProcess, slot: int) -> int | None:
+    """Where in :func:`_order` the first verdict on ``slot``'s restore is; None before it is logged."""
+    return next((i for i, e in enumerate(_order(side)) if e[0] != "slot_restored" and e[1] == slot), None)
