@@ -93,7 +93,11 @@ class Faults:
         window = Lasting(event.fault, at, math.inf if event.fault in schedule.LASTING else at)
         with self.seen.lock:
             self.seen.windows.append(window)  # before it is done: a turn that sees it knows of it
-        did = self._do(event.fault)
+        try:
+            did = self._do(event.fault)
+        except Exception as exc:  # a fault the soak could not do is said and counted, never the end of the run
+            self.seen.notes.append(f"{at:.1f} s {event.fault.value} could not be done: {exc.__class__.__name__}: {exc}")
+            did = ""
         if not did:
             with self.seen.lock:
                 self.seen.windows.remove(window)
@@ -108,16 +112,22 @@ class Faults:
             open_ = [w for w in self.seen.windows if w.fault is event.fault and w.until == math.inf]
         if not open_:
             return
-        if event.fault is schedule.Fault.DISK_FULL:
-            with contextlib.suppress(FileNotFoundError):
-                self._filler.unlink()
-        elif event.fault is schedule.Fault.S3_DOWN:
-            self.s3.start()
-        elif event.fault is schedule.Fault.S3_SLOW and self.s3.proc is not None:
-            os.killpg(self.s3.proc.pid, signal.SIGCONT)
+        try:
+            self._undo(event.fault)
+        except Exception as exc:  # said and counted; the run's clean-up undoes what is left
+            self.seen.notes.append(f"{self.clock():.1f} s {event.fault.value} could not be undone: {exc}")
         with self.seen.lock:
             open_[-1].until = self.clock()
         self.say(f"{self.clock():7.1f} s  {event.fault.value} undone")
+
+    def _undo(self, fault: schedule.Fault) -> None:
+        if fault is schedule.Fault.DISK_FULL:
+            with contextlib.suppress(FileNotFoundError):
+                self._filler.unlink()
+        elif fault is schedule.Fault.S3_DOWN:
+            self.s3.start()
+        elif fault is schedule.Fault.S3_SLOW and self.s3.proc is not None:
+            os.killpg(self.s3.proc.pid, signal.SIGCONT)
 
     def undo_all(self) -> None:
         """Undo every lasting fault still on (the run is ending)."""

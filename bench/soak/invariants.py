@@ -41,7 +41,8 @@ class Verdict(enum.StrEnum):
     """Reused less than its previous prompt, but all a ``kill -9`` allows: the turns it lost ended within the
     allowance before it."""
     COLD_STORE_FULL = "cold_store_full"
-    """Its save fell in a window of a full store disk, then a process was killed."""
+    """The store's disk was full since its previous turn (it left its slot unsaved), or when its save was due
+    before a process was killed."""
     COLD_EVICTED = "cold_evicted"
     """A burst past the store's byte budget came since its previous turn."""
     UNKNOWN = "unknown"
@@ -86,6 +87,8 @@ def classify(
     since = [w for w in windows if last.ended <= w.at < started or (w.at < last.ended < w.until)]
     if any(w.fault is schedule.Fault.BURST for w in since):
         return Verdict.COLD_EVICTED
+    if any(w.fault is schedule.Fault.DISK_FULL for w in since):
+        return Verdict.COLD_STORE_FULL  # it left its slot while no save could be written
     kills = [w for w in since if w.fault in schedule.PROCESS and w.at >= last.ended]
     for kill in kills:
         grace = 1.0 if kill.fault is schedule.Fault.SIGTERM else allowance  # SIGTERM saves every slot first

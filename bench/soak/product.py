@@ -185,7 +185,7 @@ class Product:
         if self.proc is None or self.proc.poll() is not None:
             return {}
         pid = self.proc.pid
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, KeyError, ValueError):  # gone, or a zombie (no VmRSS)
             fields = dict(
                 line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
             )

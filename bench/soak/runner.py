@@ -323,16 +323,23 @@ class Run:
 
     def _sampler(self) -> None:
         while not self.stop.wait(SAMPLE_EVERY):
-            now = dict(self.rig.usage())
-            staged = self.rig.metric("llama_sidecar_store_staged_bytes")
-            if staged is not None:
-                now["staged_bytes"] = staged
-            now["store_bytes"] = float(product.store_bytes(self.rig.store))
-            with self.tally.lock:
-                for name, value in now.items():
-                    self.tally.peaks[name] = max(self.tally.peaks.get(name, 0.0), value)
-                if "rss_bytes" in now:
-                    self.tally.rss.append((self.clock(), self.rig.starts, now["rss_bytes"]))
+            try:
+                self._sample()
+            except Exception as exc:  # a sample lost is said, and the next one is taken
+                with self.tally.lock:
+                    self.tally.notes.append(f"a resource sample failed: {exc.__class__.__name__}: {exc}")
+
+    def _sample(self) -> None:
+        now = dict(self.rig.usage())
+        staged = self.rig.metric("llama_sidecar_store_staged_bytes")
+        if staged is not None:
+            now["staged_bytes"] = staged
+        now["store_bytes"] = float(product.store_bytes(self.rig.store))
+        with self.tally.lock:
+            for name, value in now.items():
+                self.tally.peaks[name] = max(self.tally.peaks.get(name, 0.0), value)
+            if "rss_bytes" in now:
+                self.tally.rss.append((self.clock(), self.rig.starts, now["rss_bytes"]))
 
     def _rss_growth(self) -> float | None:
         """RSS at the end of the longest-lived sidecar process over its RSS a third into its life."""

@@ -74,6 +74,14 @@ def test_a_cold_turn_without_a_fault_is_lost_unless_a_burst_or_a_full_disk_expla
     assert invariants.classify(before, started=30, cached=0, windows=full, allowance=8) is (
         invariants.Verdict.COLD_STORE_FULL
     )
+    while_full = [invariants.Window(schedule.Fault.DISK_FULL, 12, 18)]
+    assert invariants.classify(before, started=20, cached=0, windows=while_full, allowance=8) is (
+        invariants.Verdict.COLD_STORE_FULL
+    )
+    before_it = [invariants.Window(schedule.Fault.DISK_FULL, 2, 8)]
+    assert invariants.classify(before, started=20, cached=0, windows=before_it, allowance=8) is (
+        invariants.Verdict.LOST
+    )
 
 
 def test_a_reuse_past_the_conversations_history_is_flagged() -> None:
