@@ -13,8 +13,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
+import structlog
+
 from sidecar.act import restoreplan
 from sidecar.snapshots import manifest
+
+log = structlog.get_logger("sidecar.proxy.gate")
 
 WANT_SECONDS = 0.1
 """Seconds a round waits, before its first restore, for held requests still reading their token ids to name
@@ -80,6 +84,11 @@ class Round:
     def ended(self) -> None:
         """A request let through early ended."""
         self.passed -= 1
+        log.info(
+            "restore_early_request_ended",
+            still_running=self.passed,
+            effect="the rest of the restore round goes on once no request let through early runs",
+        )
         self.changed()
 
     def _going(self) -> bool:

@@ -23,6 +23,8 @@ from sidecar.snapshots import manifest
 log = structlog.get_logger("sidecar.proxy.gate")
 
 NOT_POLLED = lifecycle.NOT_POLLED
+SAID_REASONS = 8
+"""Distinct reasons logged while the gate stays closed; the rest are not (a reason may hold an error's words)."""
 
 
 class Gate:
@@ -55,6 +57,8 @@ class Gate:
         """Times the gate has opened: a poll saw the server serve (a sentinel tells one outage from the next by it)."""
         self._on_suspect = on_suspect
         self._on_wait = on_wait
+        self._said: set[str] = set()
+        """The reasons the gate was said closed for since it last opened (each is logged once)."""
 
     @property
     def life(self) -> lifecycle.Life:
@@ -73,8 +77,12 @@ class Gate:
     def see(self, seen: lifecycle.Observation) -> None:
         """Move the server's life on by ``seen`` (:func:`lifecycle.step`), and say so when the gate closes or opens."""
         was, life = self._life, lifecycle.step(self._life, seen)
-        if not life.open and seen.kind in lifecycle.CLOSING and (was.open or life.reason != was.reason):
-            log.info("restore_gate_closed", reason=life.reason, waiting=self.waiting)
+        if not life.open and seen.kind in lifecycle.CLOSING:
+            if was.open:
+                self._said.clear()
+            if life.reason not in self._said and len(self._said) < SAID_REASONS:
+                self._said.add(life.reason)  # said once per closing: each poll and request would repeat it
+                log.info("restore_gate_closed", reason=life.reason, waiting=self.waiting)
         if seen.kind is lifecycle.Kind.EMPTIED:
             self._round = early.Round()
         self._life = life

@@ -104,6 +104,8 @@ async def main(
                 await _run(settings, snapshots, stats, registry, lock, ready, folding, launcher)
             except* errors.RouterDetected as found:
                 settings = _as_router(settings, str(found.exceptions[0]))
+            except* errors.ServerNotStarted as failed:
+                raise failed.exceptions[0] from None  # the sidecar ends with it: its status, its words
             else:
                 return
     finally:
@@ -237,7 +239,8 @@ async def _run(
         dir_watcher.start()
         if ready is not None:
             ready.set()
-        launching = {"launcher": launcher.run(parts.restore_gate.suspect)} if launcher is not None else {}
+        gate_ = parts.restore_gate
+        launching = {"launcher": launcher.run(gate_.suspect, lambda: gate_.openings)} if launcher is not None else {}
         try:
             await _tasks(parts, dir_watcher, stop, _sample(samples, registry, parts.engines), folding, launching)
         except* Terminate:

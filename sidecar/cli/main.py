@@ -285,6 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.ConfigError as exc:
         print(f"llama-kv-sidecar: error: {exc}", file=sys.stderr)
         return 2
+    except errors.ServerNotStarted as exc:
+        print(f"llama-kv-sidecar: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     return 0

@@ -97,3 +97,12 @@ class SharedObjectRefused(SharedStoreError):
 
 class ConfigError(SidecarError):
     """A flag or environment variable cannot be used as given."""
+
+
+class ServerNotStarted(SidecarError):
+    """Launcher mode: llama-server ended before it ever served, by its own doing; the sidecar ends with it."""
+
+    def __init__(self, message: str, *, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        """The status the sidecar exits with: the server's own, or 1 (a signal, or it could not be run)."""

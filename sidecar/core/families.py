@@ -126,13 +126,13 @@ class Families:
     server_exits = counter(
         "server_exits",
         "Launcher mode: ends of the llama-server the sidecar started, by cause; every cause but stopped is "
-        "followed by a restart, until a crash loop.",
+        "followed by a restart (the sidecar ends instead if the server never served).",
         label("cause", outcomes.ServerExit),
     )
     server_crash_loop = gauge(
         "server_crash_loop",
-        "Launcher mode: 1 once the llama-server the sidecar started ended too often in a short time and is no "
-        "longer restarted (the log line server_crash_loop says why), 0 otherwise.",
+        "Launcher mode: 1 while the llama-server the sidecar started ends again and again before serving (it is "
+        "still restarted; the log line server_crash_loop says why), 0 otherwise.",
     )
 
     # Saves

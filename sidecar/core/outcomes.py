@@ -372,7 +372,7 @@ class ChildState(enum.StrEnum):
     RESTARTING = "restarting"
     """It ended; the launcher waits its backoff before starting it again."""
     GAVE_UP = "gave_up"
-    """It ended too often in a row (a crash loop): the launcher no longer restarts it."""
+    """It ended before it ever served, by its own doing or in a crash loop: the sidecar ends, naming the cause."""
     STOPPING = "stopping"
     STOPPED = "stopped"
 

@@ -13,6 +13,7 @@ a status, or the signal that killed it, never a guess from polls.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import dataclasses
@@ -25,6 +26,8 @@ from sidecar.core import outcomes, tasks
 from sidecar.launch import output
 
 _PR_SET_PDEATHSIG = 1
+TAIL_LINES = 8
+"""The child's last stderr lines kept, to quote when it could not start."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,9 +80,16 @@ def _die_with_parent() -> None:
 class Child:
     """A started llama-server: :meth:`wait` for its end, :meth:`stop` it, or :meth:`kill` it at once."""
 
-    def __init__(self, process: asyncio.subprocess.Process, relays: tuple[asyncio.Task[None], ...]) -> None:
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        relays: tuple[asyncio.Task[None], ...],
+        tail: collections.deque[str] | None = None,
+    ) -> None:
         self._process = process
         self._relays = relays
+        self.tail: collections.deque[str] = tail if tail is not None else collections.deque(maxlen=TAIL_LINES)
+        """Its last non-empty stderr lines (read them once :meth:`wait` returned: its output is read then)."""
         self.asked = False
         """The sidecar asked it to stop (its end is then ``stopped``)."""
 
@@ -98,15 +108,19 @@ class Child:
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         relays = []
+        tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         for name, stream in (("stdout", process.stdout), ("stderr", process.stderr)):
             assert stream is not None  # both are pipes
+            kept = tail if name == "stderr" else None
             relays.append(
                 tasks.watch(
-                    asyncio.create_task(output.relay(stream, name=name, pid=process.pid), name=f"server-{name}"),
+                    asyncio.create_task(
+                        output.relay(stream, name=name, pid=process.pid, tail=kept), name=f"server-{name}"
+                    ),
                     effect=f"llama-server's {name} is no longer copied to the log",
                 )
             )
-        return cls(process, tuple(relays))
+        return cls(process, tuple(relays), tail)
 
     @property
     def pid(self) -> int:

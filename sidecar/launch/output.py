@@ -12,6 +12,7 @@ gets it in the sidecar's log as they would on the server's own stderr.
 from __future__ import annotations
 
 import asyncio
+import collections
 
 import structlog
 
@@ -58,17 +59,22 @@ class Lines:
         return line
 
 
-async def relay(stream: asyncio.StreamReader, *, name: str, pid: int) -> None:
-    """Log every line of ``stream`` (the child's ``stdout`` or ``stderr``) until it ends."""
+async def relay(
+    stream: asyncio.StreamReader, *, name: str, pid: int, tail: collections.deque[str] | None = None
+) -> None:
+    """Log every line of ``stream`` (the child's ``stdout`` or ``stderr``) until it ends; ``tail`` keeps the last
+    ones (what the launcher quotes when the server could not start)."""
     lines = Lines()
     while chunk := await stream.read(_CHUNK):
         for text, cut in lines.feed(chunk):
-            _say(text, cut, name=name, pid=pid)
+            _say(text, cut, name=name, pid=pid, tail=tail)
     for text, cut in lines.end():
-        _say(text, cut, name=name, pid=pid)
+        _say(text, cut, name=name, pid=pid, tail=tail)
 
 
-def _say(text: str, cut: int, *, name: str, pid: int) -> None:
+def _say(text: str, cut: int, *, name: str, pid: int, tail: collections.deque[str] | None) -> None:
+    if tail is not None and text.strip():
+        tail.append(text)
     if cut:
         log.info("server_output", stream=name, pid=pid, line=text, cut=cut)
     else:

@@ -14,13 +14,15 @@ from pathlib import Path
 
 import structlog
 
-from sidecar.core import metrics, outcomes, protocols
+from sidecar.core import errors, metrics, outcomes, protocols
 from sidecar.launch import argv, child, restarts
 
 log = structlog.get_logger("sidecar.launcher")
 
 STOP_TIMEOUT = 10.0
 """Seconds llama-server has to exit after SIGTERM before it gets SIGKILL."""
+SERVING_CHECK = 0.25
+"""Seconds between two looks at the restore gate's openings while a run has not served yet."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,7 +41,7 @@ class ChildStatus:
     last_exit_at: float | None = None
     """Unix time of that end."""
     problem: str = ""
-    """Why the launcher stopped restarting it, and what to do ("" unless it gave up)."""
+    """Why it does not come up, and what to do ("" unless it is in a crash loop, or never came up)."""
 
 
 def shown(args: tuple[str, ...]) -> list[str]:
@@ -76,7 +78,11 @@ class Supervisor:
         self._child: child.Child | None = None
         self._state = outcomes.ChildState.STARTING
         self._starts = 0
-        self._ends: list[float] = []
+        self._history = restarts.History()
+        self._looping = False
+        """A crash loop was said and the server has not served since."""
+        self._tail: tuple[str, ...] = ()
+        """The last run's last stderr lines."""
         self._last: tuple[child.Exit, float] | None = None
         self._problem = ""
 
@@ -98,8 +104,13 @@ class Supervisor:
             problem=self._problem,
         )
 
-    async def run(self, suspect: Callable[[str], None]) -> None:
-        """Start the child, and again each time it ends, until a crash loop; ``suspect``: the restore gate's."""
+    async def run(self, suspect: Callable[[str], None], openings: Callable[[], int] = lambda: 0) -> None:
+        """Start the child, and again each time it ends (see :mod:`~sidecar.launch.restarts`).
+
+        ``suspect``: the restore gate's; ``openings``: how many times the gate has opened (a run during which
+        it opened served). Raises :class:`errors.ServerNotStarted` when the server never served and cannot
+        come up: the sidecar ends with it.
+        """
         log.info(
             "launcher_started",
             argv=shown(self._launch.argv),
@@ -108,33 +119,54 @@ class Supervisor:
         )
         while True:
             started = self._clock.monotonic()
-            end = await self._run_once()
+            end, served = await self._run_once(openings)
             ran = self._clock.monotonic() - started
             if end.cause is outcomes.ServerExit.STOPPED:
                 return  # stopped by stop(): this task is being cancelled anyway
             self._ended(end, ran, suspect)
-            verdict = restarts.decide(self._ends, self._clock.monotonic(), jitter=self._jitter())
-            if not verdict.restart:
-                self._give_up(end, verdict.recent)
-                await asyncio.Event().wait()  # the sidecar keeps serving its endpoints until it is stopped
+            run = restarts.Run(ran=ran, served=served, killed=end.signal == "SIGKILL")
+            self._history = restarts.after(self._history, run)
+            verdict = restarts.decide(self._history, run, jitter=self._jitter())
+            if verdict.step is restarts.Step.END:
+                raise self._not_started(end)
+            if verdict.looping and not self._looping:
+                self._crash_loop(end)
             self._state = outcomes.ChildState.RESTARTING
-            log.info("server_restarting", delay_seconds=round(verdict.delay, 3), ends_in_window=verdict.recent)
+            log.info("server_restarting", delay_seconds=round(verdict.delay, 3), short_runs=self._history.short)
             await asyncio.sleep(verdict.delay)
 
-    async def _run_once(self) -> child.Exit:
+    async def _run_once(self, openings: Callable[[], int]) -> tuple[child.Exit, bool]:
+        """One run: how it ended, and whether the restore gate opened meanwhile (it served)."""
         self._state = outcomes.ChildState.STARTING
+        self._tail = ()
         try:
             self._child = await child.Child.start(self._launch.argv, env=dict(self._launch.env))
         except OSError as exc:
-            return child.Exit(outcomes.ServerExit.NOT_STARTED, error=exc.strerror or str(exc))
+            return child.Exit(outcomes.ServerExit.NOT_STARTED, error=exc.strerror or str(exc)), False
         self._starts += 1
         self._state = outcomes.ChildState.RUNNING
         log.info("server_started", pid=self._child.pid, program=Path(self._launch.argv[0]).name, starts=self._starts)
-        return await self._child.wait()
+        before = openings()
+        watching = asyncio.create_task(self._watch_serving(openings, before), name="launcher-serving")
+        try:
+            end = await self._child.wait()
+        finally:
+            watching.cancel()
+        self._tail = tuple(self._child.tail)
+        return end, openings() != before
+
+    async def _watch_serving(self, openings: Callable[[], int], before: int) -> None:
+        """Once the gate opens during this run: a crash loop it ends is said to be over."""
+        # A look at a counter: waiting on the gate itself would count as a held request in its restore round.
+        while openings() == before:  # noqa: ASYNC110
+            await asyncio.sleep(SERVING_CHECK)
+        if self._looping:
+            self._looping = False
+            self._problem = ""
+            self._stats.server_crash_loop.set(0)
+            log.info("server_crash_loop_over", effect="llama-server serves again; the backoff ends once it stays up")
 
     def _ended(self, end: child.Exit, ran: float, suspect: Callable[[str], None]) -> None:
-        now = self._clock.monotonic()
-        self._ends = [at for at in self._ends if now - at < restarts.CRASH_LOOP_SECONDS] + [now]
         self._last = (end, time.time())
         self._stats.server_exits.labels(end.cause.value).inc()
         log.error(
@@ -150,24 +182,46 @@ class Supervisor:
         )
         suspect(f"llama-server {end.describe()}; the launcher starts it again")
 
-    def _give_up(self, end: child.Exit, count: int) -> None:
-        self._state = outcomes.ChildState.GAVE_UP
+    def _crash_loop(self, end: child.Exit) -> None:
+        """The runs ended before serving :data:`restarts.CRASH_LOOP_EXITS` times in a row (it had served before)."""
+        self._looping = True
         self._stats.server_crash_loop.set(1)
         self._problem = (
-            f"llama-server ended {count} times within {restarts.CRASH_LOOP_SECONDS:g} s (last: {end.describe()}), "
-            "so the launcher stopped restarting it: read its last server_output lines in the sidecar's log, fix "
-            "the cause (the model path, an argument, the port, memory), then restart llama-kv-sidecar"
+            f"llama-server ended {self._history.unserved} times in a row before serving (last: {end.describe()}); "
+            f"the launcher keeps starting it, at most {restarts.MAX_DELAY:g} s apart: read its last server_output "
+            "lines in the sidecar's log and fix the cause (the model path, the port, memory)"
         )
         log.error(
             "server_crash_loop",
-            ends=count,
-            window_seconds=restarts.CRASH_LOOP_SECONDS,
+            ends=self._history.unserved,
             last=end.describe(),
-            effect="llama-server is not started again; the sidecar keeps serving /status and /metrics, /readyz "
-            "answers 503, and proxied requests get 503 once they have waited --proxy-hold-seconds",
-            hint="read the server_output lines above for the cause (the model path, an argument, the port, memory), "
-            "fix it, then restart llama-kv-sidecar",
+            last_lines=list(self._tail),
+            effect="llama-server does not come up; the launcher keeps starting it (it served before), at most "
+            f"{restarts.MAX_DELAY:g} s apart; /readyz answers 503 and proxied requests wait up to "
+            "--proxy-hold-seconds",
+            hint="read the server_output lines above for the cause (the model path, the port, memory) and fix it: "
+            "the next start that serves ends this",
         )
+
+    def _not_started(self, end: child.Exit) -> errors.ServerNotStarted:
+        """The sidecar ends: llama-server never served and cannot come up."""
+        self._state = outcomes.ChildState.GAVE_UP
+        self._stats.server_crash_loop.set(1)
+        code = end.code if end.code else 1
+        said = " | ".join(self._tail) if self._tail else "(nothing on its stderr)"
+        tries = "" if self._history.runs == 1 else f" ({self._history.runs} starts)"
+        self._problem = f"llama-server {end.describe()} before it ever served{tries}; its last lines: {said}"
+        log.error(
+            "server_not_started",
+            last=end.describe(),
+            starts=self._history.runs,
+            last_lines=list(self._tail),
+            exit_code=code,
+            effect=f"the sidecar stops and exits with status {code}: llama-server never came up",
+            hint="read its last lines (an argument, the model path, the port taken, memory), fix the cause, then "
+            "start llama-kv-sidecar again",
+        )
+        return errors.ServerNotStarted(self._problem, exit_code=code)
 
     async def stop(self) -> None:
         """Stop the child (SIGTERM, then SIGKILL after ``stop_timeout``); called after the final snapshots."""

@@ -18,6 +18,9 @@ from sidecar.snapshots import manifest, slotfile, store
 log = structlog.get_logger("sidecar.shared")
 WARM_TIMEOUT = 60.0
 """Longest a restore round waits for snapshots fetched from the shared store, in seconds."""
+WARM_LIST_SECONDS = 10.0
+"""Longest a restore round waits for the shared store's listing: a store that hangs (a frozen server, a
+network that drops packets) must not hold the restore gate for all of :data:`WARM_TIMEOUT`."""
 RECIPE_SECONDS = 1.0
 """Longest the request path waits for a recipe to price a block fetch; then the whole file is priced."""
 RECIPE_CACHE = 256
@@ -189,9 +192,19 @@ class SharedStore:
         try:
             async with asyncio.timeout(WARM_TIMEOUT):
                 try:
-                    found = await self.catalog.records(self.namespace(identity))
+                    async with asyncio.timeout(WARM_LIST_SECONDS):
+                        found = await self.catalog.records(self.namespace(identity))
                 except errors.SharedStoreError as exc:
                     self._failed(exc, "warm")
+                    return []
+                except TimeoutError:
+                    log.warning(
+                        "shared_warm_timeout",
+                        seconds=WARM_LIST_SECONDS,
+                        fetched=0,
+                        doing="listing the shared snapshots",
+                        effect="the restore round goes on with what is in the slot dir",
+                    )
                     return []
                 fitting = self._fitting(found, identity, max_tokens=max(v.n_ctx for v in empty))
                 fresh = sorted(

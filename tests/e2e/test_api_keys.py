@@ -66,6 +66,7 @@ def test_a_refused_key_makes_the_sidecar_not_ready_and_says_why(
     assert "LLAMA_API_KEY" in problems
     assert side.metric("llama_sidecar_server_up") == 1
     assert side.metric("llama_sidecar_server_readable") == 0
+    side.wait_for(lambda: side.log_events("server_refuses_sidecar"), what="the refusal's line")
     assert len(side.log_events("server_refuses_sidecar")) == 1
     assert side.metric("llama_sidecar_snapshots_total", slot="0", result="ok") == 0
     assert not list(slot_dir.glob("slot0-*.json"))

@@ -123,6 +123,7 @@ def test_slot_whose_only_snapshot_is_corrupt_quarantines_it_restores_nothing_and
     side.wait_for(lambda: side.status()["ready"], what="the sidecar ready after its restore round")
     assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 0
     assert side.metric("llama_sidecar_restores_total", slot="0", result="failed") == 0
+    side.wait_for(lambda: side.log_events("snapshot_quarantined"), what="the quarantine's line")
     assert len(side.log_events("snapshot_quarantined")) == 1
     assert (slot_dir / (snapshot.name + ".quarantined")).exists()
     assert not snapshot.exists()
@@ -170,7 +171,8 @@ def test_server_back_with_smaller_context_or_other_model_refuses_naming_the_fiel
         lambda: side.metric("llama_sidecar_restores_total", slot="0", result="incompatible") == 1,
         what="incompatible (context)",
     )
-    assert "n_ctx" in side.log_events("snapshot_incompatible")[-1]["differences"]
+    refused = side.wait_for(lambda: side.log_events("snapshot_incompatible")[:1], what="the refusal's line")
+    assert "n_ctx" in refused[-1]["differences"]
     other = tmp_path / "same-weights-other-file.gguf"
     shutil.copyfile(server.model, other)
     server.ctx_size = 16384
@@ -180,7 +182,8 @@ def test_server_back_with_smaller_context_or_other_model_refuses_naming_the_fiel
         lambda: side.metric("llama_sidecar_restores_total", slot="0", result="incompatible") == 2,
         what="incompatible (model)",
     )
-    assert "model_path" in side.log_events("snapshot_incompatible")[-1]["differences"]
+    refused = side.wait_for(lambda: side.log_events("snapshot_incompatible")[1:2], what="the second refusal's line")
+    assert "model_path" in refused[-1]["differences"]
     assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 0
 
 
@@ -200,7 +203,8 @@ def test_fewer_slots_refuses_every_snapshot_naming_total_slots(
     )
     # llama-server itself refuses state saved with another slot count (n_stream mismatch), so
     # the sidecar refuses it first, with the reason, instead of letting the server clear the slot.
-    assert "total_slots" in side.log_events("snapshot_incompatible")[0]["differences"]
+    refused = side.wait_for(lambda: side.log_events("snapshot_incompatible")[:1], what="the refusal's line")
+    assert "total_slots" in refused[0]["differences"]
     assert len(manifests(slot_dir)) == 2  # refused, not deleted: the old server may come back
 
 

@@ -55,6 +55,7 @@ def test_the_conversation_waiting_after_a_kill9_is_restored_first_into_its_slot_
     earlier = a.prompt
     reply = agents.sent_across_a_kill9(side, server, api, a)
     side.wait_for(lambda: len(side.log_events("slot_restored")) >= restored_before + 2, what="both slots restored")
+    side.wait_for(lambda: len(side.log_events("restore_gate_open")) > opened_before, what="the gate's opening")
     restored = [(e["slot"], e["file"]) for e in side.log_events("slot_restored")[restored_before:]]
     opened = side.log_events("restore_gate_open")[opened_before:]
     swaps = side.log_events("conversation_swapped_in")[swapped_before:]

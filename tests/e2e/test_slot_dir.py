@@ -76,6 +76,7 @@ def test_slot_dir_removed_under_a_running_sidecar_then_a_new_one_mounted(
     assert side.get("/healthz")[0] == 200
     assert side.get("/status")[0] == 200
     assert side.metric("llama_sidecar_slot_dir_errors_total", operation="scan") >= 1
+    side.wait_for(lambda: side.log_events("slot_dir_lost"), what="the lost dir's line")
     assert len(side.log_events("slot_dir_lost")) == 1
 
     slot_dir.mkdir()  # a new, empty directory at the same path: a volume mounted again
@@ -86,7 +87,7 @@ def test_slot_dir_removed_under_a_running_sidecar_then_a_new_one_mounted(
     complete(server.url, make_prompt(server.url, TOKENS, seed=75), id_slot=1)
     _saved(side, 1)
     assert [p.name.split("-")[0] for p in slot_dir.glob("slot*.json")] == ["slot1"]
-    assert side.log_events("slot_dir_back")
+    side.wait_for(lambda: side.log_events("slot_dir_back"), what="the dir's return line")
     assert os.path.exists(tmp_path / "moved-away")  # nothing of the old directory was touched
     assert len(list((tmp_path / "moved-away").glob("slot0-*.json"))) == 1
     print(f"slot dir gone: /readyz 503 after {not_ready_in:.2f} s, 200 again {ready_in:.2f} s after a new one")

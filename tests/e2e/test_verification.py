@@ -46,7 +46,8 @@ def test_restore_with_swa_full_is_verified_effective(llama: MakeServer, sidecar:
         what="effective verification",
     )
     assert side.metric("llama_sidecar_restore_verifications_total", outcome="ineffective") == 0
-    assert side.log_events("restore_effective")[0]["reused_tokens"] >= 0.95 * PROMPT_TOKENS
+    effective = side.wait_for(lambda: side.log_events("restore_effective"), what="the verdict's line")
+    assert effective[0]["reused_tokens"] >= 0.95 * PROMPT_TOKENS
     assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 1  # proven by the request
     assert _last_restore(side) == "ok"
 
@@ -97,7 +98,8 @@ def test_without_server_metrics_verification_is_off_and_said_once(
     side, _, _ = _restart_and_reuse(llama, sidecar, slot_dir, metrics=False)
     side.wait_for(lambda: side.log_events("restore_verification_off"), what="verification-off notice")
     assert len(side.log_events("restore_verification_off")) == 1
-    assert "--metrics" in side.log_events("server_metrics_off")[0]["hint"]
+    metrics_off = side.wait_for(lambda: side.log_events("server_metrics_off"), what="the metrics-off line")
+    assert "--metrics" in metrics_off[0]["hint"]
     assert side.metric("llama_sidecar_restore_verifications_total", outcome="effective") == 0
     assert side.metric("llama_sidecar_restore_verifications_total", outcome="ineffective") == 0
     assert side.metric("llama_sidecar_restores_total", slot="0", result="unverified") == 1  # nothing could decide

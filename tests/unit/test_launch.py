@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core import errors, outcomes
-from sidecar.launch import argv, child, output, restarts, supervisor
+from sidecar.launch import argv, child, output, supervisor
 
 SLOTS = Path("/srv/slots")
 
@@ -186,43 +186,6 @@ def test_a_ram_cache_size_that_is_no_number_is_refused_naming_the_flag() -> None
 def test_keys_are_blanked_in_the_logged_command() -> None:
     shown = supervisor.shown(("llama-server", "--api-key", "sekret", "--api-key-file=/k", "-m", "x"))
     assert shown == ["llama-server", "--api-key", "***", "--api-key-file=***", "-m", "x"]
-
-
-def test_a_lone_end_restarts_at_once_then_ends_close_together_back_off_to_the_cap() -> None:
-    ends: list[float] = []
-    delays = []
-    for i in range(4):
-        ends.append(i * 100.0)  # each end outside the window of the one before
-        delays.append(restarts.decide(ends, i * 100.0, jitter=1.0).delay)
-    assert delays == [0.0] * 4
-    close = [0.0, 1.0, 2.0, 3.0]
-    assert [restarts.decide(close[: n + 1], close[n], jitter=1.0).delay for n in range(4)] == [0.0, 0.25, 0.5, 1.0]
-
-
-def test_five_ends_within_a_minute_are_a_crash_loop() -> None:
-    ends = [0.0, 10.0, 20.0, 30.0, 59.0]
-    verdict = restarts.decide(ends, 59.0, jitter=0.5)
-    assert not verdict.restart
-    assert verdict.recent == restarts.CRASH_LOOP_EXITS
-    assert restarts.decide(ends[:4], 30.0, jitter=0.5).restart
-    assert restarts.decide([*ends[:4], 61.0], 61.0, jitter=0.5).restart  # the first end left the window
-
-
-@given(
-    ends=st.lists(st.floats(min_value=0, max_value=1e4), min_size=1, max_size=30),
-    jitter=st.floats(min_value=0, max_value=1, exclude_max=True),
-)
-def test_the_delay_is_jittered_capped_and_the_verdict_follows_the_window(ends: list[float], jitter: float) -> None:
-    ends = sorted(ends)
-    now = ends[-1]
-    verdict = restarts.decide(ends, now, jitter=jitter)
-    in_window = sum(1 for at in ends if now - at < restarts.CRASH_LOOP_SECONDS)
-    assert verdict.recent == in_window
-    assert verdict.restart == (in_window < restarts.CRASH_LOOP_EXITS)
-    if verdict.restart and in_window > 1:
-        assert restarts.FIRST_DELAY / 2 <= verdict.delay <= restarts.MAX_DELAY
-    elif verdict.restart:
-        assert verdict.delay == 0.0
 
 
 def test_output_lines_are_split_bounded_and_the_cut_counted() -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import gate
-from sidecar.core import metrics
+from sidecar.act import gate, lifecycle
+from sidecar.core import events, metrics
 from sidecar.proxy import routes
 from tests.support import clocks
 
@@ -150,3 +151,25 @@ async def test_work_meanwhile_is_not_started_when_the_gate_opens_first_and_the_o
     g.close("llama-server is down")  # not serving: later waiters wait for the server first
     g.open(seen_at=clock.now)
     assert g.prepared == 0  # counted for the open's log line, then reset
+
+
+def test_a_closed_gate_says_each_reason_once_however_many_requests_and_polls_see_it() -> None:
+    clock = clocks.FakeClock()
+    g = gate.Gate(clock=clock)
+    g.open(seen_at=clock.now)
+    polls = 500
+    with structlog.testing.capture_logs() as logs:
+        for i in range(polls):  # a client polls /health through the proxy while llama-server is down
+            clock.now += 0.1
+            g.suspect("the proxy could not connect to llama-server (ClientConnectorError)")
+            g.see(lifecycle.Unhealthy(events.Health.DOWN))
+            g.suspect(f"an error that differs each time ({i})")
+        closed = [line for line in logs if line["event"] == "restore_gate_closed"]
+        assert len(closed) == gate.SAID_REASONS  # each distinct reason once, and a bounded number of them
+        assert closed[0]["reason"].startswith("the proxy could not connect")
+        assert closed[1]["reason"] == "llama-server is down"
+        g.open(seen_at=clock.now + 1)
+        assert g.is_open
+        g.suspect("the proxy could not connect to llama-server (ClientConnectorError)")
+        again = [line for line in logs if line["event"] == "restore_gate_closed"]
+    assert len(again) == gate.SAID_REASONS + 1  # a new closing says its reason again

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import os
 import shutil
+import signal
 import time
 import typing
 from pathlib import Path
@@ -306,3 +307,26 @@ async def test_gc_unpublishes_then_deletes_after_the_grace(objects: objstore.Obj
     assert len(second.delete) == 2
     assert await objects.list_objects(keys.join(prefix) + "/" if prefix else "") == []
     await shared.close()
+
+
+async def test_a_hung_s3_server_holds_the_restore_rounds_warm_up_only_for_its_listing_bound(
+    s3_url: str, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "WARM_LIST_SECONDS", 1.0)
+    where = location.parse(s3_url, os.environ)
+    _, shared, _ = node(tmp_path / "a", where)
+    slots = (events.SlotView(0, 4096, False, None, 0),)
+    assert s3_server.proc is not None
+    os.killpg(s3_server.proc.pid, signal.SIGSTOP)  # frozen: every call hangs
+    try:
+        started = time.monotonic()
+        with structlog.testing.capture_logs() as logs:
+            got = await shared.warm(IDENTITY, slots)
+        took = time.monotonic() - started
+    finally:
+        os.killpg(s3_server.proc.pid, signal.SIGCONT)
+        await shared.close()
+    assert got == []
+    assert took < 10, f"the warm-up waited {took:.1f} s on a hung store (was {service.WARM_TIMEOUT:g} s)"
+    said = [line for line in logs if line["event"] == "shared_warm_timeout"]
+    assert [line["doing"] for line in said] == ["listing the shared snapshots"]

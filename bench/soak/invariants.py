@@ -1,0 +1,158 @@
+"""What each turn proves, from outside the product: pure functions over what the clients saw.
+
+* **Wrong KV.** A Chat Completions turn asks for the top log-probabilities of its first token; the same
+  request is sent to a cold reference llama-server (same binary, model, template; ``cache_prompt`` off).
+  A slot that holds another conversation's KV, or bytes that are not the KV of its tokens, moves those
+  numbers by whole nats; the same KV computed in other batches moves them by hundredths.
+  :func:`kv_distance` is the largest move among the reference's likely tokens. Every turn's reuse must
+  also stay within what the conversation itself ever sent (:func:`reuse_beyond_history`).
+* **No conversation lost.** After a fault, a conversation's next turn must reuse at least
+  :data:`WARM_SHARE` of its previous prompt; what a ``kill -9`` may cost (turns that ended within the
+  allowance before it: the idle wait and the save hold) is counted apart, as is what a full store disk
+  or the burst past the byte budget explains (:func:`classify`).
+* **No client-visible error** except on requests that overlapped an outage of the sidecar itself
+  (:func:`error_allowed`).
+* **Bounded resources** (:func:`breaches`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Mapping, Sequence
+
+from bench.soak import schedule
+
+WARM_SHARE = 0.99
+WRONG_KV_NATS = 1.0
+"""A move of a likely first token's log-probability this large, against the cold reference, is a wrong KV."""
+LIKELY = -4.0
+"""Reference log-probabilities below this are not compared (their ranks and values are noise)."""
+REUSE_SLACK = 32
+"""Tokens a turn may reuse past its conversation's previous prompt: the previous answer, re-rendered."""
+
+
+class Verdict(enum.StrEnum):
+    FIRST = "first"
+    """The conversation's first turn: nothing to reuse of its own."""
+    WARM = "warm"
+    COLD_UNSAVED = "cold_unsaved"
+    """Reused less than its previous prompt, but all a ``kill -9`` allows: the turns it lost ended within the
+    allowance before it."""
+    COLD_STORE_FULL = "cold_store_full"
+    """The store's disk was full since its previous turn (it left its slot unsaved), or when its save was due
+    before a process was killed."""
+    COLD_EVICTED = "cold_evicted"
+    """A burst past the store's byte budget came since its previous turn."""
+    UNKNOWN = "unknown"
+    """The answer did not say what it reused."""
+    LOST = "lost"
+    """An invariant broke: cold with nothing that explains it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Done:
+    """One turn a conversation had answered."""
+
+    ended: float
+    prompt: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Window:
+    """A fault as the invariants see it: when it began and when it was undone (``at`` for point faults)."""
+
+    fault: schedule.Fault
+    at: float
+    until: float
+
+
+def classify(
+    before: Sequence[Done],
+    *,
+    started: float,
+    cached: int,
+    windows: Sequence[Window],
+    allowance: float,
+) -> Verdict:
+    """The verdict on a turn sent at ``started`` that reused ``cached`` tokens, after the turns ``before``."""
+    if not before:
+        return Verdict.FIRST
+    if cached < 0:
+        return Verdict.UNKNOWN
+    last = before[-1]
+    if cached >= WARM_SHARE * last.prompt:
+        return Verdict.WARM
+    since = [w for w in windows if last.ended <= w.at < started or (w.at < last.ended < w.until)]
+    if any(w.fault is schedule.Fault.BURST for w in since):
+        return Verdict.COLD_EVICTED
+    if any(w.fault is schedule.Fault.DISK_FULL for w in since):
+        return Verdict.COLD_STORE_FULL  # it left its slot while no save could be written
+    kills = [w for w in since if w.fault in schedule.PROCESS and w.at >= last.ended]
+    for kill in kills:
+        grace = 1.0 if kill.fault is schedule.Fault.SIGTERM else allowance  # SIGTERM saves every slot first
+        saved = [done.prompt for done in before if done.ended <= kill.at - grace]
+        if cached >= WARM_SHARE * max(saved, default=0):
+            return Verdict.COLD_UNSAVED
+        full = [w for w in windows if w.fault is schedule.Fault.DISK_FULL and w.at <= kill.at]
+        if any(w.until >= kill.at - grace - allowance for w in full):
+            return Verdict.COLD_STORE_FULL
+    return Verdict.LOST
+
+
+def reuse_beyond_history(before: Sequence[Done], cached: int) -> bool:
+    """The turn reused more tokens than its conversation ever sent: they came from another."""
+    if not before or cached < 0:
+        return False
+    return cached > max(done.prompt for done in before) + REUSE_SLACK
+
+
+def kv_distance(product: Mapping[str, float], reference: Mapping[str, float]) -> float:
+    """The largest move of a likely first token's log-probability between ``reference`` and ``product``
+    (each the top log-probabilities of one answer's first token). A token of the reference missing from the
+    product's top list is at most the product's last."""
+    if not reference:
+        return 0.0
+    floor = min(product.values()) if product else -math.inf
+    worst = 0.0
+    for token, want in reference.items():
+        if want < LIKELY:
+            continue
+        got = product.get(token)
+        move = abs(want - got) if got is not None else max(want - floor, 0.0)
+        worst = max(worst, move)
+    return worst
+
+
+def error_allowed(started: float, ended: float, outages: Sequence[tuple[float, float]]) -> bool:
+    """A request from ``started`` to ``ended`` overlapped an outage of the sidecar itself (it held, or would
+    have taken, that connection)."""
+    return any(started <= until and ended >= at for at, until in outages)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bounds:
+    """The stated bounds of the soak's resources."""
+
+    rss_bytes: int = 768 << 20
+    """The sidecar's resident memory (its RAM cache of blocks included)."""
+    open_files: int = 512
+    threads: int = 64
+    staged_bytes: int = 512 << 20
+    """``store_staged_bytes``: rebuilt slot files kept in RAM."""
+    store_slack: float = 1.10
+    """The store may pass its byte budget by this factor between a commit and the collection after it."""
+
+
+def breaches(peaks: Mapping[str, float], bounds: Bounds, budget: int) -> list[str]:
+    """The resources whose peak passed its bound, in words."""
+    limits = {
+        "rss_bytes": bounds.rss_bytes,
+        "open_files": bounds.open_files,
+        "threads": bounds.threads,
+        "staged_bytes": bounds.staged_bytes,
+        "store_bytes": budget * bounds.store_slack,
+    }
+    return [f"{name} peaked at {peaks[name]:.0f}, bound {limit:.0f}" for name, limit in limits.items()
+            if name in peaks and peaks[name] > limit]  # fmt: skip

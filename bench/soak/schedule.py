@@ -1,0 +1,109 @@
+"""Which fault, when, for how long: a pure function of the seed and the run's length.
+
+The same seed and minutes give the same schedule, printed with the report, so a run that found a broken
+invariant can be run again. Faults that last (a full disk, the S3 server down or stopped) overlap the
+point faults that fall inside them; process faults keep :data:`PROCESS_GAP` seconds apart so that each
+restart is a restart and not a start that never finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import random
+
+
+class Fault(enum.StrEnum):
+    SERVER_KILL = "server_kill"
+    """``kill -9`` of llama-server (the launcher's child), wherever it is (a save, a restore, a swap)."""
+    SIDECAR_KILL = "sidecar_kill"
+    """``kill -9`` of the sidecar, then a start again: its llama-server must not outlive it."""
+    SIGTERM = "sigterm_restart"
+    """SIGTERM of the sidecar (the whole product), then a start again."""
+    DISK_FULL = "disk_full"
+    """The store's disk filled to the last MiB, then the space given back."""
+    S3_DOWN = "s3_down"
+    """The shared store's S3 server stopped, then started again."""
+    S3_SLOW = "s3_slow"
+    """The S3 server frozen (SIGSTOP): every call hangs until SIGCONT."""
+    CLIENT_LEAVES = "client_leaves"
+    """A client closes its streamed request after the first bytes."""
+    BURST = "burst"
+    """New conversations, more than the slots, past the store's byte budget."""
+
+
+PROCESS = frozenset({Fault.SERVER_KILL, Fault.SIDECAR_KILL, Fault.SIGTERM})
+"""Faults that end a process the conversations are served by."""
+LASTING = frozenset({Fault.DISK_FULL, Fault.S3_DOWN, Fault.S3_SLOW})
+"""Faults with a duration: undone at its end."""
+
+WEIGHTS: dict[Fault, float] = {
+    Fault.SERVER_KILL: 5.0,
+    Fault.SIDECAR_KILL: 1.5,
+    Fault.SIGTERM: 1.0,
+    Fault.DISK_FULL: 1.0,
+    Fault.S3_DOWN: 1.0,
+    Fault.S3_SLOW: 1.0,
+    Fault.CLIENT_LEAVES: 2.0,
+    Fault.BURST: 0.7,
+}
+MEAN_GAP = 9.0
+"""Mean seconds between two faults (exponential gaps)."""
+PROCESS_GAP = 12.0
+"""Least seconds between two process faults."""
+WARM_UP = 20.0
+"""Seconds at the start without faults: the conversations' first turns."""
+SETTLE = 15.0
+"""Seconds at the end without new faults: every conversation gets a turn after the last one."""
+LASTS = (4.0, 14.0)
+"""Bounds of a lasting fault's duration, in seconds."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    at: float
+    """Seconds from the start of the run."""
+    fault: Fault
+    seconds: float = 0.0
+    """How long it lasts (lasting faults); 0 for the others."""
+
+    def describe(self) -> str:
+        lasting = f" for {self.seconds:.1f} s" if self.seconds else ""
+        return f"{self.at:7.1f} s  {self.fault.value}{lasting}"
+
+
+def plan(seed: int, seconds: float) -> tuple[Event, ...]:
+    """The faults of a run of ``seconds`` with ``seed``, in time order."""
+    rng = random.Random(seed)
+    kinds = list(WEIGHTS)
+    weights = [WEIGHTS[kind] for kind in kinds]
+    events: list[Event] = []
+    busy_until = {kind: 0.0 for kind in LASTING}
+    last_process = -PROCESS_GAP
+    at = WARM_UP
+    end = seconds - SETTLE
+    while True:
+        at += rng.expovariate(1.0 / MEAN_GAP)
+        if at >= end:
+            break
+        fault = rng.choices(kinds, weights)[0]
+        if fault in PROCESS:
+            if at - last_process < PROCESS_GAP:
+                continue
+            last_process = at
+        lasts = 0.0
+        if fault in LASTING:
+            if at < busy_until[fault]:
+                continue
+            lasts = min(rng.uniform(*LASTS), end - at)
+            busy_until[fault] = at + lasts
+        events.append(Event(round(at, 2), fault, round(lasts, 2)))
+    return tuple(events)
+
+
+def counts(events: tuple[Event, ...]) -> dict[Fault, int]:
+    """Faults by kind (every kind present, 0 if none)."""
+    out = dict.fromkeys(Fault, 0)
+    for event in events:
+        out[event.fault] += 1
+    return out

@@ -1,0 +1,154 @@
+"""The soak's pure parts: its seeded schedule, what a turn proves, and its report's verdicts."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.soak import invariants, report, schedule
+
+KILL = schedule.Fault.SERVER_KILL
+
+
+def test_a_seed_gives_the_same_schedule_and_another_seed_another() -> None:
+    assert schedule.plan(7, 600) == schedule.plan(7, 600)
+    assert schedule.plan(7, 600) != schedule.plan(8, 600)
+
+
+@given(seed=st.integers(0, 10**6), seconds=st.floats(min_value=60, max_value=7200))
+def test_the_schedule_keeps_its_warm_up_settle_gaps_and_lasting_faults_apart(seed: int, seconds: float) -> None:
+    events = schedule.plan(seed, seconds)
+    assert all(schedule.WARM_UP <= e.at <= seconds - schedule.SETTLE for e in events)
+    assert [e.at for e in events] == sorted(e.at for e in events)
+    process = [e.at for e in events if e.fault in schedule.PROCESS]
+    assert all(b - a >= schedule.PROCESS_GAP - 0.02 for a, b in itertools.pairwise(process))
+    for fault in schedule.LASTING:
+        spans = [(e.at, e.at + e.seconds) for e in events if e.fault is fault]
+        assert all(e2[0] >= e1[1] - 0.02 for e1, e2 in itertools.pairwise(spans))
+        assert all(end <= seconds - schedule.SETTLE + 0.02 for _, end in spans)
+    assert all((e.seconds > 0) == (e.fault in schedule.LASTING) or e.seconds == 0 for e in events)
+
+
+def test_an_hour_has_every_kind_of_fault_and_over_two_hundred_of_them() -> None:
+    events = schedule.plan(1, 3600)
+    assert len(events) >= 200
+    assert all(n > 0 for n in schedule.counts(events).values())
+
+
+def done(*pairs: tuple[float, int]) -> list[invariants.Done]:
+    return [invariants.Done(ended, prompt) for ended, prompt in pairs]
+
+
+def test_a_turn_that_reuses_its_previous_prompt_is_warm_and_a_first_turn_is_first() -> None:
+    assert invariants.classify([], started=1, cached=0, windows=[], allowance=8) is invariants.Verdict.FIRST
+    before = done((10, 1000))
+    assert invariants.classify(before, started=20, cached=990, windows=[], allowance=8) is invariants.Verdict.WARM
+    assert invariants.classify(before, started=20, cached=-1, windows=[], allowance=8) is invariants.Verdict.UNKNOWN
+
+
+def test_a_cold_turn_after_a_kill_is_allowed_only_for_the_turns_within_the_allowance() -> None:
+    before = done((10, 1000), (30, 1200))
+    kill = [invariants.Window(KILL, 35, 35)]
+    # the turn that ended 5 s before the kill may be lost, the one 25 s before may not
+    assert invariants.classify(before, started=40, cached=995, windows=kill, allowance=8) is (
+        invariants.Verdict.COLD_UNSAVED
+    )
+    assert invariants.classify(before, started=40, cached=300, windows=kill, allowance=8) is invariants.Verdict.LOST
+    sigterm = [invariants.Window(schedule.Fault.SIGTERM, 35, 35)]
+    assert invariants.classify(before, started=40, cached=995, windows=sigterm, allowance=8) is (
+        invariants.Verdict.LOST  # a SIGTERM saves every slot first: nothing is allowed
+    )
+
+
+def test_a_cold_turn_without_a_fault_is_lost_unless_a_burst_or_a_full_disk_explains_it() -> None:
+    before = done((10, 1000))
+    assert invariants.classify(before, started=20, cached=0, windows=[], allowance=8) is invariants.Verdict.LOST
+    burst = [invariants.Window(schedule.Fault.BURST, 15, 15)]
+    assert invariants.classify(before, started=20, cached=0, windows=burst, allowance=8) is (
+        invariants.Verdict.COLD_EVICTED
+    )
+    full = [invariants.Window(schedule.Fault.DISK_FULL, 5, 25), invariants.Window(KILL, 24, 24)]
+    assert invariants.classify(before, started=30, cached=0, windows=full, allowance=8) is (
+        invariants.Verdict.COLD_STORE_FULL
+    )
+    while_full = [invariants.Window(schedule.Fault.DISK_FULL, 12, 18)]
+    assert invariants.classify(before, started=20, cached=0, windows=while_full, allowance=8) is (
+        invariants.Verdict.COLD_STORE_FULL
+    )
+    before_it = [invariants.Window(schedule.Fault.DISK_FULL, 2, 8)]
+    assert invariants.classify(before, started=20, cached=0, windows=before_it, allowance=8) is (
+        invariants.Verdict.LOST
+    )
+
+
+def test_a_reuse_past_the_conversations_history_is_flagged() -> None:
+    before = done((10, 500))
+    assert not invariants.reuse_beyond_history(before, 500 + invariants.REUSE_SLACK)
+    assert invariants.reuse_beyond_history(before, 501 + invariants.REUSE_SLACK)
+    assert not invariants.reuse_beyond_history([], 10_000)
+
+
+def test_the_kv_distance_is_small_for_noise_and_large_for_another_kv() -> None:
+    reference = {"The": -0.1, "A": -2.5, "It": -3.0, "x": -9.0}
+    noise = {"The": -0.12, "A": -2.45, "It": -3.05, "Some": -4.0}
+    assert invariants.kv_distance(noise, reference) < 0.1
+    other = {"Hello": -0.01, "Hi": -5.0, "Hey": -6.0}
+    assert invariants.kv_distance(other, reference) > invariants.WRONG_KV_NATS
+    assert invariants.kv_distance({}, {}) == 0.0
+    assert invariants.kv_distance({}, reference) == math.inf
+
+
+def test_errors_are_allowed_only_when_they_overlap_the_sidecars_outage() -> None:
+    outages = [(50.0, 60.0)]
+    assert invariants.error_allowed(45, 52, outages)
+    assert invariants.error_allowed(55, 70, outages)
+    assert not invariants.error_allowed(61, 70, outages)
+
+
+def test_resources_past_their_bound_are_named() -> None:
+    bounds = invariants.Bounds()
+    peaks = {"rss_bytes": bounds.rss_bytes + 1.0, "threads": 3.0, "store_bytes": 100.0}
+    said = invariants.breaches(peaks, bounds, budget=1000)
+    assert len(said) == 1
+    assert said[0].startswith("rss_bytes")
+    assert invariants.breaches({"store_bytes": 1200.0}, bounds, budget=1000)
+
+
+def figures(**changed: object) -> report.Figures:
+    base = report.Figures(
+        seed=3, minutes=2, events=schedule.plan(3, 120), faults_done={"server_kill": 2}, faults_skipped={},
+        turns={invariants.Verdict.FIRST: 4, invariants.Verdict.WARM: 9, invariants.Verdict.COLD_UNSAVED: 1},
+        errors_allowed=1, errors_cut=[], clients=2, errors=[], kv_checks=3, kv_wrong=[], kv_worst=0.1,
+        reuse_beyond=0, peaks={"rss_bytes": 1e8}, breaches=[], orphans=0, sigterm_status=[0], back_seconds=[4.0],
+        verify_status=0, verify_summary="{}", store={"missing": 0}, budget=1 << 30, notes=[], rss_growth=1.01,
+    )  # fmt: skip
+    for name, value in changed.items():
+        setattr(base, name, value)
+    return base
+
+
+def test_the_report_says_missed_for_each_broken_invariant_and_prints_the_seed_and_schedule() -> None:
+    good = figures()
+    assert all(report.verdicts(good).values())
+    assert good.warm_share() == 0.9
+    text = report.render(good)
+    assert "MISSED" not in text
+    assert "--seed 3" in text
+    assert schedule.plan(3, 120)[0].describe() in text
+    for broken in (
+        {"orphans": 1},
+        {"kv_wrong": ["x"]},
+        {"errors": ["x"]},
+        {"verify_status": 1},
+        {"sigterm_status": [0, 1]},
+        {"store": {"missing": 2}},
+        {"breaches": ["rss"]},
+        {"turns": {invariants.Verdict.WARM: 9, invariants.Verdict.LOST: 1}},
+        {"turns": {invariants.Verdict.FIRST: 4, invariants.Verdict.WARM: 1}},
+    ):
+        bad = figures(**broken)
+        assert not all(report.verdicts(bad).values()), broken
+        assert "MISSED" in report.render(bad)
