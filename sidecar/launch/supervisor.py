@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from sidecar.core import errors, metrics, outcomes, protocols
+from sidecar.core import errors, metrics, outcomes, protocols, tasks
 from sidecar.launch import argv, child, restarts
 
 log = structlog.get_logger("sidecar.launcher")
@@ -147,7 +147,10 @@ class Supervisor:
         self._state = outcomes.ChildState.RUNNING
         log.info("server_started", pid=self._child.pid, program=Path(self._launch.argv[0]).name, starts=self._starts)
         before = openings()
-        watching = asyncio.create_task(self._watch_serving(openings, before), name="launcher-serving")
+        watching = tasks.watch(
+            asyncio.create_task(self._watch_serving(openings, before), name="launcher-serving"),
+            effect="a crash loop this run ends is not said to be over until the next run serves",
+        )
         try:
             end = await self._child.wait()
         finally:
