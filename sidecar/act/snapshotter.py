@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import structlog
 
-from sidecar.act import actions, diskroom, policy, storefault
+from sidecar.act import actions, diskroom, policy, storefault, windowsave
 from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols
 from sidecar.snapshots import manifest, slotfile, store
 
@@ -133,6 +133,14 @@ class Snapshotter:
         created = self._clock.wall()
         try:
             result = await self._actions.save(slot, temp)
+            if identity.memory is events.Memory.SWA:  # made reusable after a restore (see .windowsave)
+                result = await asyncio.to_thread(
+                    windowsave.apply,
+                    self._snapshots.staged_path(temp),
+                    result,
+                    model_path=identity.model_path,
+                    kind=identity.memory,
+                )
             written = Written(
                 action=action,
                 temp=temp,

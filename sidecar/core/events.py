@@ -85,6 +85,15 @@ class Memory(enum.StrEnum):
     """The model file's header could not be read: handled as ``attention``."""
 
 
+class WindowShape(enum.StrEnum):
+    """How a model's windowed layers mask (``llama_swa_type``)."""
+
+    STANDARD = "standard"
+    """A token sees the window of positions up to itself (Gemma 2/3, gpt-oss, Cohere 2, ...)."""
+    CHUNKED = "chunked"
+    """A token sees its own chunk of positions (Llama 4)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Identity:
     """What a snapshot must match to be restored into this server."""
