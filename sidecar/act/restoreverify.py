@@ -58,7 +58,7 @@ class Verifier:
         Counted ok now; on a sliding-window model counted only once that task shows whether the server reused it.
         """
         identity = self._identity()
-        sliding = identity is not None and identity.memory is events.Memory.SWA
+        sliding = identity is not None and identity.memory in (events.Memory.SWA, events.Memory.SWA_FULL)
         self.recent.append(done)
         self.unverified[done.slot] = restorerecords.Unverified(
             tokens=done.tokens,
@@ -222,6 +222,12 @@ def ineffective_hint(kind: events.Memory | None) -> str:
             "and the next request diverged before the snapshot's end (a regenerate, an edited history, another "
             "conversation), or the snapshot held no more tokens than the window (those are re-prefilled); "
             "with --swa-full a restore can also be cut back by less than the window"
+        )
+    if kind is events.Memory.SWA_FULL:
+        return (
+            "the server re-prefilled instead of reusing the restored KV: the next request shared few tokens with "
+            "the snapshot (a different conversation), or diverged from it more than the model's window before "
+            "its end (a restored windowed layer holds only the window, even with --swa-full)"
         )
     return (
         "the server re-prefilled instead of reusing the restored KV: the next request shared few tokens with "

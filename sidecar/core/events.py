@@ -76,7 +76,11 @@ class Memory(enum.StrEnum):
     ATTENTION = "attention"
     """Every layer attends: a restored state can be cut back to any shorter prefix."""
     SWA = "swa"
-    """Sliding-window attention: like ``attention`` with ``--swa-full``, else the window cannot be cut back."""
+    """Sliding-window attention (Gemma 3, gpt-oss, Llama 4's chunks): a restored window is reused only by a request
+    that extends all of it, so slots are saved at the prompt's boundary and matched by exact prefix."""
+    SWA_FULL = "swa_full"
+    """Sliding-window attention on a server seen running with ``--swa-full`` (every position kept): handled as
+    ``attention``, restores still verified by the next request."""
     RECURRENT = "recurrent"
     """A recurrent state (Mamba, RWKV): it can be extended, not cut back."""
     HYBRID = "hybrid"

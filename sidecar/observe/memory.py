@@ -14,6 +14,7 @@ from typing import BinaryIO
 import structlog
 
 from sidecar.core import events, safeio
+from sidecar.observe import serverargs
 
 log = structlog.get_logger("sidecar.memory")
 
@@ -92,6 +93,36 @@ def cuts_back(kind: Kind | None) -> bool:
     the window, so its snapshots are matched by exact prefix as a recurrent state's.
     """
     return kind not in (Kind.RECURRENT, Kind.HYBRID, Kind.SWA)
+
+
+def with_server(kind: Kind, swa_full: bool | None) -> Kind:
+    """The kind of a model served with (True), without (False) or maybe without (None) ``--swa-full``. Pure."""
+    return Kind.SWA_FULL if kind is Kind.SWA and swa_full else kind
+
+
+def of_server(model_path: str, url: str) -> Kind:
+    """:func:`of_file`, and for a sliding-window model whether the server at ``url`` runs with ``--swa-full``
+    (from its command line when it runs on this host: no reply says it). Blocking: run it in a thread."""
+    kind = of_file(model_path)
+    if kind is not Kind.SWA:
+        return kind
+    full = serverargs.swa_full_at(url)
+    said = (url, full)
+    if said not in _said_full:
+        _said_full.add(said)
+        log.info(
+            "model_window",
+            swa_full=full,
+            effect="--swa-full: handled as an attention-only model (restores still verified)"
+            if full
+            else "slots are saved at their prompt's boundary with a cell below the window, so that a restore is "
+            "reused by the conversation's next turn; snapshots are matched by exact prefix",
+            **({"reason": "no llama-server on this host listens on the upstream's port"} if full is None else {}),
+        )
+    return with_server(kind, full)
+
+
+_said_full: set[tuple[str, bool | None]] = set()
 
 
 def read(path: Path) -> Kind:
