@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
+from sidecar.snapshots import slotfile
 from tests.support import tinymodels
 from tests.support.chatturns import Chat
-from tests.support.llamabed import LlamaServer, MakeServer, make_prompt
+from tests.support.llamabed import LlamaServer, MakeServer, http_json, make_prompt
 from tests.support.sidecarbed import MakeSidecar, manifests, proxied
 
-PROMPT_TOKENS = 1200
+PROMPT_TOKENS = 700
 REUSED = 0.99
 """Share of the previous prompt the turn after a kill -9 must reuse."""
 MODELS = [tinymodels.DENSE, *tinymodels.Windowed]
@@ -33,9 +34,15 @@ def _server(llama: MakeServer, windowed: dict[tinymodels.Windowed, Path], kind: 
     return llama(slot_dir=slot_dir, ctx_size=4096, swa_full=False, **model)
 
 
-def _holds(folder: Path, tokens: int) -> bool:
-    """Whether a snapshot of ``tokens`` tokens is in ``folder`` (the slot dir, or the block store's manifests)."""
-    return any(json.loads((folder / name).read_text())["tokens"] == tokens for name in manifests(folder))
+def _saved_at_boundary(chat: Chat, server: str, folder: Path) -> bool:
+    """Whether a snapshot in ``folder`` (the slot dir, or the block store's manifests) holds exactly the chat's
+    last prompt less its last 3 tokens."""
+    _, templated = http_json("POST", server + "/apply-template", {"messages": chat.messages[:-1]})
+    body = {"content": templated["prompt"], "add_special": True, "parse_special": True}
+    _, ids = http_json("POST", server + "/tokenize", body)
+    want = slotfile.whole_hash(slotfile.pack_ids(ids["tokens"][: chat.prompt_tokens - 3]))
+    indexes = [json.loads((folder / name).read_text()).get("index") or {} for name in manifests(folder)]
+    return any(index.get("whole") == want for index in indexes)
 
 
 def _newest_tokens(slot_dir: Path) -> int:
@@ -87,15 +94,17 @@ def test_through_the_proxy_two_chats_on_one_slot_stay_warm_and_come_back_after_k
     extra = {"--store-dir": str(tmp_path / "store")} if blocks else {}
     side, proxy = proxied(sidecar, server, slot_dir, extra=extra)
     chats = [Chat(n, make_prompt(server.url, PROMPT_TOKENS, seed=70 + n)) for n in range(2)]
-    for turn in range(3):
+    for turn in range(2):
         for chat in chats:
             reused, earlier = chat.turn(proxy)
             print(f"turn {turn + 1}, chat {chat.n}: reused {reused} of the previous prompt's {earlier}")
             if turn:
                 assert reused >= REUSED * earlier, (turn, chat.n, reused, earlier)
     folder = tmp_path / "store" / "snapshots" if blocks else slot_dir
-    last = chats[-1]
-    side.wait_for(lambda: _holds(folder, last.prompt_tokens - 3), what="the last turn saved at its prompt's boundary")
+    side.wait_for(
+        lambda: all(_saved_at_boundary(chat, server.url, folder) for chat in chats),
+        what="both conversations saved at their last prompt's boundary",
+    )
     server.restart()
     for chat in chats:
         reused, earlier = chat.turn(proxy)
