@@ -25,6 +25,7 @@ from bench import (
     scaling,
     shared_blocks,
     shared_store,
+    swa,
 )
 from bench import footprint as footprint_mod
 from bench import hashing as hashing_mod
@@ -278,6 +279,12 @@ TABLE: tuple[Section, ...] = (
         "18. Swap speed: a conversation swapped into a slot from a whole file vs from the block store",
         _own(swap_mod),
         verdicts=swap_mod.verdicts,
+    ),
+    Section(
+        "swa",
+        "19. Sliding-window models without --swa-full: the turn after a kill -9 vs no crash",
+        _own(swa),
+        verdicts=swa.verdicts,
     ),
 )
 

@@ -130,6 +130,10 @@ def judged(trials: list[Trial]) -> list[tuple[str, str, bool]]:
     return out
 
 
+def verdicts(trials: list[Trial]) -> list[str]:
+    return [f"{'MET' if met else 'MISSED':6}  {goal}: {measured}" for goal, measured, met in judged(trials)]
+
+
 def table(trials: list[Trial]) -> str:
     rows: list[list[object]] = []
     for t in trials:
@@ -146,8 +150,7 @@ def table(trials: list[Trial]) -> str:
         "sidecar's step to the prompt's boundary before its save (its share of the two turns' time through the "
         "proxy)\n\n"
     )
-    lines = [f"{'MET' if met else 'MISSED':6}  {goal}: {measured}" for goal, measured, met in judged(trials)]
-    return note + rig.table(head, rows, digits=2) + "\n\n" + "\n".join(lines)
+    return note + rig.table(head, rows, digits=2) + "\n\n" + "\n".join(verdicts(trials))
 
 
 def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[list[Trial], str]:
