@@ -105,6 +105,10 @@ class Saves(part.Part):
                 if rewound.signature is not None and rewound.signature != action.signature:
                     action = dataclasses.replace(action, signature=rewound.signature, tokens=rewound.tokens)
             others_busy = processing(fresh, None, besides=action.slot)
+            window = self.saver.within_window(action, self._sight.identity)
+            if window is not None:  # nothing a restore could reuse: settled, as a slot saved already
+                self._saved(action, window)
+                return True
             record = await self.saver.save(
                 action,
                 identity=self._sight.identity,
@@ -187,7 +191,7 @@ class Saves(part.Part):
         if record.cause is None:
             self._sight.set_link(probe.Link(True))
             self._policy.settle(action.slot, action.signature)
-        elif record.cause in (Cause.EMPTY, Cause.BELOW_MIN_TOKENS):
+        elif record.cause in (Cause.EMPTY, Cause.BELOW_MIN_TOKENS, Cause.WITHIN_WINDOW):
             self._policy.settle(action.slot, action.signature, kept=False)
         elif record.cause is not Cause.SLOT_BUSY:  # busy: the policy proposes it again once idle
             self._policy.defer(action.slot, self._clock.monotonic() + RETRY_AFTER)

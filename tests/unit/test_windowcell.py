@@ -5,11 +5,12 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import prometheus_client
 import pytest
 import structlog
 
-from sidecar.act import windowsave
-from sidecar.core import events, protocols
+from sidecar.act import policy, snapshotter, windowsave
+from sidecar.core import config, events, metrics, outcomes, protocols
 from sidecar.observe import memory
 from sidecar.snapshots import windowcell
 
@@ -180,3 +181,26 @@ def test_other_models_files_are_not_touched(tmp_path: Path) -> None:
         windowsave.apply(staged, _result(len(data)), model_path=_model(tmp_path, 512), kind=kind)
     assert staged.read_bytes() == data
     assert memory.window_of_file(str(tmp_path / "none.gguf")) is None
+
+
+def test_a_slot_that_fits_in_the_window_is_not_saved(tmp_path: Path) -> None:
+    """No restore of it could be reused (no position below the window): settled, never swapped in."""
+    identity = events.Identity("b1", _model(tmp_path, 512), 1, 4096, memory=events.Memory.SWA)
+    saver = snapshotter.Snapshotter(
+        slot_actions=None,  # type: ignore[arg-type]
+        snapshots=None,  # type: ignore[arg-type]
+        stats=metrics.Metrics(prometheus_client.CollectorRegistry(), version="t"),
+        settings=config.SnapshotSettings(slot_dir=tmp_path),
+        clock=protocols.SystemClock(),
+    )
+
+    def save(tokens: int) -> policy.Save:
+        return policy.Save(0, events.SlotContent(1, tokens), tokens, policy.SaveReason.IDLE)
+
+    record = saver.within_window(save(512), identity)
+    assert record is not None
+    assert record.cause is outcomes.SaveCause.WITHIN_WINDOW
+    assert record.result is outcomes.SaveResult.SKIPPED
+    assert saver.within_window(save(513), identity) is None
+    full = events.Identity("b1", identity.model_path, 1, 4096, memory=events.Memory.SWA_FULL)
+    assert saver.within_window(save(100), full) is None
