@@ -100,15 +100,16 @@ class Saves(part.Part):
                 return True  # saved already (an earlier save found this content): nothing to lose
             if view.signature != action.signature:  # it ran a turn since: save what it holds now
                 action = dataclasses.replace(action, signature=view.signature, tokens=view.tokens)
-            if self._sight.identity.memory in REWOUND:
+            window = self.saver.within_window(action, self._sight.identity)
+            if window is None and self._sight.identity.memory in REWOUND:
                 rewound = await self._rewinder.to_boundary(view)  # the state the next turn can use
                 if rewound.signature is not None and rewound.signature != action.signature:
                     action = dataclasses.replace(action, signature=rewound.signature, tokens=rewound.tokens)
-            others_busy = processing(fresh, None, besides=action.slot)
-            window = self.saver.within_window(action, self._sight.identity)
+                window = self.saver.within_window(action, self._sight.identity)
             if window is not None:  # nothing a restore could reuse: settled, as a slot saved already
                 self._saved(action, window)
                 return True
+            others_busy = processing(fresh, None, besides=action.slot)
             record = await self.saver.save(
                 action,
                 identity=self._sight.identity,
