@@ -74,6 +74,9 @@ class _Cells:
     stride: int
     positions: tuple[int, ...]
     end: int
+    """Where the cache ends (after the other streams' empty ``cell_count`` words)."""
+    data_end: int = -1
+    """Where the non-empty stream's K/V data ends."""
 
 
 def sections(buf: bytes | memoryview) -> list[int] | None:
@@ -169,7 +172,7 @@ def _stream(buf: bytes | memoryview, start: int, count_at: int, count: int) -> _
         else:
             end = _data_end(buf, meta_end, count)
             if end is not None:
-                return _Cells(start, count_at, meta_at, meta_end, stride, tuple(positions), end)
+                return _Cells(start, count_at, meta_at, meta_end, stride, tuple(positions), end, end)
     return None
 
 
@@ -237,7 +240,7 @@ def _padded(buf: bytes | memoryview, cells: _Cells, position: int) -> bytes | No
         out += bytes(row)
         out += buf[pos + _KROW.size : pos + _KROW.size + row * count]
         pos += _KROW.size + row * count
-    while pos < cells.end:
+    while pos < cells.data_end:
         if not v_trans:
             _, row = _KROW.unpack_from(buf, pos)
             out += buf[pos : pos + _KROW.size]
@@ -252,6 +255,7 @@ def _padded(buf: bytes | memoryview, cells: _Cells, position: int) -> bytes | No
                 out += bytes(el)
                 out += buf[pos : pos + el * count]
                 pos += el * count
-    if pos != cells.end:
+    if pos != cells.data_end:
         return None
+    out += buf[pos:]  # the other streams' empty cell counts (-np N without a unified KV buffer): kept
     return bytes(out)

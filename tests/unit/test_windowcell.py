@@ -45,11 +45,17 @@ def _cache(positions: list[int], layers: int, *, v_trans: bool = False, streams:
     return out
 
 
-def _slot_file(held: int, window: int, *, v_trans: bool = False, swa: list[int] | None = None) -> bytes:
+def _slot_file(
+    held: int, window: int, *, v_trans: bool = False, swa: list[int] | None = None, streams: int = 1
+) -> bytes:
     tokens = struct.pack("<iII", -1, 1, held) + struct.pack(f"<{held}I", *range(held))
     head = struct.pack("<III", windowcell.MAGIC, windowcell.VERSION, len(tokens) // 4) + tokens
     kept = swa if swa is not None else list(range(max(0, held - window), held))
-    return head + _cache(list(range(held)), 1, v_trans=v_trans) + _cache(kept, 5, v_trans=v_trans)
+    return (
+        head
+        + _cache(list(range(held)), 1, v_trans=v_trans, streams=streams)
+        + _cache(kept, 5, v_trans=v_trans, streams=streams)
+    )
 
 
 def _windowed(buf: bytes) -> tuple[list[int], bytes]:
@@ -63,9 +69,10 @@ def _windowed(buf: bytes) -> tuple[list[int], bytes]:
     return positions, buf[at:]
 
 
-@pytest.mark.parametrize("v_trans", [False, True])
-def test_a_cell_below_the_window_masked_for_every_next_token(v_trans: bool) -> None:
-    buf = _slot_file(700, 512, v_trans=v_trans)
+@pytest.mark.parametrize(("v_trans", "streams"), [(False, 1), (True, 1), (False, 2)])
+def test_a_cell_below_the_window_masked_for_every_next_token(v_trans: bool, streams: int) -> None:
+    """``streams`` 2: ``-np 2`` without a unified KV buffer, slot 0 (the other stream's count, 0, after it)."""
+    buf = _slot_file(700, 512, v_trans=v_trans, streams=streams)
     padding = windowcell.plan(buf, window=512)
     assert padding.outcome is windowcell.Outcome.PADDED
     assert padding.position == 699 - 512  # the next token (700) is 513 positions past it: masked
@@ -76,6 +83,7 @@ def test_a_cell_below_the_window_masked_for_every_next_token(v_trans: bool) -> N
     # each layer's rows: a zero row for the added cell, then the server's rows unchanged
     _, before = _windowed(buf)
     assert len(tail) - len(before) == 12 + 10 * ROW
+    assert padded.endswith(struct.pack("<I", 0)) is (streams == 2)
     assert tail.count(bytes(ROW)) >= 10 or v_trans
     assert windowcell.plan(padded, window=512).outcome is windowcell.Outcome.ALREADY  # once is enough
 
