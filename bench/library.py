@@ -84,8 +84,10 @@ alone side by side differ by 1-3%; 18 turns at N=6 put it 6% off)."""
 CACHED_GOAL = 0.99
 """Share of its previous prompt every conversation's turn after the kill -9 must reuse, through the proxy."""
 TINY, WIDE = "gemma3-270m", "8B-class KV"
+TINY_SWA = "gemma3-270m, no --swa-full"
+"""The bed's model at llama-server's own defaults: its windowed layers keep only the window."""
 """The bed's model, and the random-weight one whose KV is 128 KiB per token (``tests.support.widekv``)."""
-MODELS = {"tiny": TINY, "wide": WIDE}
+MODELS = {"tiny": TINY, "wide": WIDE, "swa": TINY_SWA}
 """``--models`` names."""
 WHOLE, BLOCKS = "whole files", "block store"
 """The sidecar's ways at the defaults: whole slot files in ``--slot-dir``, or ``--store-dir`` (slot dir on tmpfs)."""
@@ -223,7 +225,7 @@ def _server(bed: rig.Rig, slot_dir: Path, *, ram: bool, model: str) -> llamabed.
         wide = widekv.model(tokenizer_from=bed.model)
         server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=8192, model=wide, swa_full=False, alone=False)
     else:
-        server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=8192, alone=False)
+        server = bed.server(slot_dir=slot_dir, n_slots=SLOTS, ctx_size=8192, swa_full=model != TINY_SWA, alone=False)
     if not ram:
         server.kill()  # the rig starts servers with the default RAM cache: start again without it
         server.extra_args = [*server.extra_args, "--cache-ram", "0"]
@@ -281,7 +283,8 @@ follows its layout: the pair measured that, not the sidecar."""
 
 def slot_name(plan: Plan) -> str:
     """The name of a path's slot dir: of one length for every path of a pair (:data:`TAGS`)."""
-    return f"library-{plan.n}-{TAGS[plan.way]}-{int(plan.ram)}-{'wide' if plan.model == WIDE else 'tiny'}"
+    model = {WIDE: "wide", TINY_SWA: "tswa"}.get(plan.model, "tiny")
+    return f"library-{plan.n}-{TAGS[plan.way]}-{int(plan.ram)}-{model}"
 
 
 def _open(bed: rig.Rig, plan: Plan, *, staged: bool = False) -> _Open:
@@ -658,7 +661,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Choice]:
         "--models",
         type=lambda text: _names(text, MODELS),
         default=(TINY, WIDE),
-        help="models at the defaults: tiny (the bed's), wide (8B-class KV); default tiny,wide",
+        help="models at the defaults: tiny (the bed's), wide (8B-class KV), swa (the bed's without --swa-full); "
+        "default tiny,wide",
     )
     ways = {"whole": WHOLE, "blocks": BLOCKS}
     parser.add_argument(

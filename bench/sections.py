@@ -26,6 +26,7 @@ from bench import (
     scaling,
     shared_blocks,
     shared_store,
+    swa,
 )
 from bench import footprint as footprint_mod
 from bench import hashing as hashing_mod
@@ -286,6 +287,12 @@ TABLE: tuple[Section, ...] = (
         "(python -m bench.defaults)",
         _own(defaults),
         verdicts=defaults.verdicts,
+    ),
+    Section(
+        "swa",
+        "20. Sliding-window models without --swa-full: the turn after a kill -9 vs no crash",
+        _own(swa),
+        verdicts=swa.verdicts,
     ),
 )
 

@@ -230,7 +230,7 @@ def plan_restore(
     return RestorePlan(view.id, tuple(good), outcome, tuple(refusals))
 
 
-EXACT_MEMORY = frozenset({events.Memory.RECURRENT.value, events.Memory.HYBRID.value})
+EXACT_MEMORY = frozenset({events.Memory.RECURRENT.value, events.Memory.HYBRID.value, events.Memory.SWA.value})
 """Memory kinds (``Fingerprint.memory``) whose snapshots serve only requests that contain all their tokens."""
 
 

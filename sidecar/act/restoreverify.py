@@ -17,8 +17,8 @@ EFFECTIVE_SHARE = 0.5
 Outcome = outcomes.RestoreOutcome
 _VERDICTS = {
     Outcome.OK: "the slot's next request reused it",
-    Outcome.INEFFECTIVE: "the slot's next request did not reuse it: this sliding-window model needs "
-    "llama-server started with --swa-full for a restore to be reused",
+    Outcome.INEFFECTIVE: "the slot's next request did not reuse it: on this sliding-window model a restored "
+    "snapshot is reused only by a request that extends all of its tokens",
     Outcome.UNVERIFIED: "nothing decided whether the server reused it before it was lost (a restart, no "
     "readable /metrics, or other slots' tasks mixed into the server's reuse counter)",
 }
@@ -58,7 +58,7 @@ class Verifier:
         Counted ok now; on a sliding-window model counted only once that task shows whether the server reused it.
         """
         identity = self._identity()
-        sliding = identity is not None and identity.memory is events.Memory.SWA
+        sliding = identity is not None and identity.memory in (events.Memory.SWA, events.Memory.SWA_FULL)
         self.recent.append(done)
         self.unverified[done.slot] = restorerecords.Unverified(
             tokens=done.tokens,
@@ -75,8 +75,8 @@ class Verifier:
             "restore_unverified",
             slot=done.slot,
             file=done.file,
-            reason="the model uses sliding-window attention, and llama-server does not say whether it runs "
-            "with --swa-full (without it a restore succeeds and is not reused)",
+            reason="the model uses sliding-window attention: llama-server reuses a restored window only for a "
+            "request that extends all of its tokens",
             effect="shown as unverified in /status; counted in restores_total once the slot's next request "
             "shows whether the server reused it (ok) or not (ineffective)",
         )
@@ -217,12 +217,19 @@ def ineffective_hint(kind: events.Memory | None) -> str:
         )
     if kind is events.Memory.SWA:
         return (
-            "the server re-prefilled instead of reusing the restored KV: this sliding-window model needs "
-            "llama-server started with --swa-full for a restore to be reused (unless the next request was "
-            "a different conversation)"
+            "the server re-prefilled instead of reusing the restored KV: a restored sliding-window snapshot "
+            "serves only a request that holds every one of its tokens (its windowed layers cannot be cut back), "
+            "and the next request diverged before the snapshot's end (a regenerate, an edited history, another "
+            "conversation), or the snapshot held no more tokens than the window (those are re-prefilled); "
+            "with --swa-full a restore can also be cut back by less than the window"
+        )
+    if kind is events.Memory.SWA_FULL:
+        return (
+            "the server re-prefilled instead of reusing the restored KV: the next request shared few tokens with "
+            "the snapshot (a different conversation), or diverged from it more than the model's window before "
+            "its end (a restored windowed layer holds only the window, even with --swa-full)"
         )
     return (
         "the server re-prefilled instead of reusing the restored KV: the next request shared few tokens with "
-        "the snapshot (a different conversation); on a sliding-window model (Gemma 3, gpt-oss, ...) start "
-        "llama-server with --swa-full"
+        "the snapshot (a different conversation)"
     )

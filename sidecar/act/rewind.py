@@ -1,6 +1,7 @@
-"""A slot of a recurrent or hybrid model brought back to its prompt's boundary before a save.
+"""A slot of a recurrent, hybrid or sliding-window model brought back to its prompt's boundary before a save.
 
-Such a state cannot be cut back, so a snapshot that ends after the reply is
+Such a state cannot be cut back (a restored window: see
+``sidecar.snapshots.windowcell``), so a snapshot that ends after the reply is
 useless to the conversation's next turn. The :class:`Rewinder` reads the
 slot's token ids (a save to a temporary file), finds where the prompt ended
 (:mod:`.boundary`, pure) and has the server rebuild the slot up to there.
@@ -19,6 +20,8 @@ from sidecar.core import errors, events
 from sidecar.snapshots import slotfile, store
 
 log = structlog.get_logger("sidecar.engine")
+REPREFILL_SAID = 64
+"""Prompt tokens a rewind may process before it is said that the server had no checkpoint to use."""
 
 
 class Rewinder:
@@ -76,6 +79,16 @@ class Rewinder:
                 effect="a request ran on the slot meanwhile: it is saved as it holds it now",
             )
             return after if after is not None and not after.processing else view
+        if processed > REPREFILL_SAID and reused == 0:  # the server had no checkpoint to cut back from
+            log.warning(
+                "boundary_rewind_reprefilled",
+                slot=view.id,
+                processed_tokens=processed,
+                effect="llama-server had no context checkpoint near the prompt's end (or refused it) and "
+                "processed the whole prompt again to save it at its boundary: a restore of it is still reused",
+                hint="keep llama-server's context checkpoints on (--ctx-checkpoints/--swa-checkpoints > 0, the "
+                "default 32)",
+            )
         log.info(
             "slot_rewound_to_boundary",
             slot=view.id,

@@ -31,6 +31,8 @@ WEIGHED_SAVES = {
     "at least as slowly as the save stalls every slot",
 }
 """Why a held save is made now (``snapshot_hold_ended``), by what its weighing found."""
+REWOUND = (events.Memory.RECURRENT, events.Memory.HYBRID, events.Memory.SWA)
+"""Models whose restored state serves only a prompt that extends it: their slots are saved at the prompt's boundary."""
 ASLEEP = "llama-server is asleep (--sleep-idle-seconds): a save would wake it"
 
 
@@ -98,10 +100,15 @@ class Saves(part.Part):
                 return True  # saved already (an earlier save found this content): nothing to lose
             if view.signature != action.signature:  # it ran a turn since: save what it holds now
                 action = dataclasses.replace(action, signature=view.signature, tokens=view.tokens)
-            if self._sight.identity.memory in (events.Memory.RECURRENT, events.Memory.HYBRID):
+            window = self.saver.within_window(action, self._sight.identity)
+            if window is None and self._sight.identity.memory in REWOUND:
                 rewound = await self._rewinder.to_boundary(view)  # the state the next turn can use
                 if rewound.signature is not None and rewound.signature != action.signature:
                     action = dataclasses.replace(action, signature=rewound.signature, tokens=rewound.tokens)
+                window = self.saver.within_window(action, self._sight.identity)
+            if window is not None:  # nothing a restore could reuse: settled, as a slot saved already
+                self._saved(action, window)
+                return True
             others_busy = processing(fresh, None, besides=action.slot)
             record = await self.saver.save(
                 action,
@@ -185,7 +192,7 @@ class Saves(part.Part):
         if record.cause is None:
             self._sight.set_link(probe.Link(True))
             self._policy.settle(action.slot, action.signature)
-        elif record.cause in (Cause.EMPTY, Cause.BELOW_MIN_TOKENS):
+        elif record.cause in (Cause.EMPTY, Cause.BELOW_MIN_TOKENS, Cause.WITHIN_WINDOW):
             self._policy.settle(action.slot, action.signature, kept=False)
         elif record.cause is not Cause.SLOT_BUSY:  # busy: the policy proposes it again once idle
             self._policy.defer(action.slot, self._clock.monotonic() + RETRY_AFTER)

@@ -17,8 +17,9 @@ from collections.abc import Callable
 
 import structlog
 
-from sidecar.act import actions, diskroom, policy, storefault
+from sidecar.act import actions, diskroom, policy, storefault, windowsave
 from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols
+from sidecar.observe import memory
 from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.snapshot")
@@ -133,6 +134,14 @@ class Snapshotter:
         created = self._clock.wall()
         try:
             result = await self._actions.save(slot, temp)
+            if identity.memory is events.Memory.SWA:  # made reusable after a restore (see .windowsave)
+                result = await asyncio.to_thread(
+                    windowsave.apply,
+                    self._snapshots.staged_path(temp),
+                    result,
+                    model_path=identity.model_path,
+                    kind=identity.memory,
+                )
             written = Written(
                 action=action,
                 temp=temp,
@@ -390,6 +399,22 @@ class Snapshotter:
         return self._record(
             action.slot, outcomes.SaveCause.BELOW_MIN_TOKENS, action.why, tokens=action.signature.tokens
         )
+
+    def within_window(self, action: policy.Save, identity: events.Identity) -> SaveRecord | None:
+        """The record of a save not made because a sliding-window model's slot fits in its window (no restore
+        of it could be reused: there is no position below the window for the cell); None: save it."""
+        if identity.memory is not events.Memory.SWA:
+            return None
+        window = memory.window_of_file(identity.model_path)
+        if window is None or action.tokens > window.size:
+            return None
+        detail = (
+            f"the slot holds {action.tokens} tokens, no more than the model's window of {window.size}: "
+            "llama-server would re-prefill a restore of it anyway (at most that many tokens), and the "
+            "library leaves the conversation to the server's own cache"
+        )
+        log.info("snapshot_skipped", slot=action.slot, reason=detail)
+        return self._record(action.slot, outcomes.SaveCause.WITHIN_WINDOW, detail, tokens=action.tokens)
 
     def busy(self, action: policy.Save) -> SaveRecord:
         detail = (

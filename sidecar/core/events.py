@@ -76,13 +76,26 @@ class Memory(enum.StrEnum):
     ATTENTION = "attention"
     """Every layer attends: a restored state can be cut back to any shorter prefix."""
     SWA = "swa"
-    """Sliding-window attention: like ``attention`` with ``--swa-full``, else the window cannot be cut back."""
+    """Sliding-window attention (Gemma 3, gpt-oss, Llama 4's chunks): a restored window is reused only by a request
+    that extends all of it, so slots are saved at the prompt's boundary and matched by exact prefix."""
+    SWA_FULL = "swa_full"
+    """Sliding-window attention on a server seen running with ``--swa-full`` (every position kept): handled as
+    ``attention``, restores still verified by the next request."""
     RECURRENT = "recurrent"
     """A recurrent state (Mamba, RWKV): it can be extended, not cut back."""
     HYBRID = "hybrid"
     """Recurrent or convolution layers beside attention layers (Qwen3.5, LFM2, ...): extended, not cut back."""
     UNKNOWN = "unknown"
     """The model file's header could not be read: handled as ``attention``."""
+
+
+class WindowShape(enum.StrEnum):
+    """How a model's windowed layers mask (``llama_swa_type``)."""
+
+    STANDARD = "standard"
+    """A token sees the window of positions up to itself (Gemma 2/3, gpt-oss, Cohere 2, ...)."""
+    CHUNKED = "chunked"
+    """A token sees its own chunk of positions (Llama 4)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

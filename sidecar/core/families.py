@@ -118,8 +118,8 @@ class Families:
     )
     model_memory = gauge(
         "model_memory_info",
-        "1 for the memory kind of the served model, read from its GGUF header (unknown: the file was not "
-        "readable), 0 for the others.",
+        "1 for the memory kind of the served model, read from its GGUF header (swa_full: a sliding-window model "
+        "on a server seen running with --swa-full; unknown: the file was not readable), 0 for the others.",
         label("memory", events.Memory),
     )
     server_restarts = counter("server_restarts", "llama-server process restarts detected by the sidecar.")

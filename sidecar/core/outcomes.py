@@ -26,6 +26,9 @@ class SaveCause(enum.StrEnum):
     """Skipped: the slot holds fewer tokens than ``--min-tokens``; settled until it changes."""
     EMPTY = "empty"
     """Skipped: the server saved 0 tokens; settled until it changes."""
+    WITHIN_WINDOW = "within_window"
+    """Skipped: a sliding-window model's slot (no ``--swa-full``) holds no more tokens than the window, so a
+    restore of it would be re-prefilled anyway (``sidecar.snapshots.windowcell``); settled until it changes."""
     LOW_DISK = "low_disk"
     """Skipped: the filesystem would drop below ``--min-free-bytes``; tried again later."""
     SLOT_BUSY = "slot_busy"
@@ -46,7 +49,9 @@ class SaveCause(enum.StrEnum):
     snapshots are kept on (``--store-dir``, else the slot dir) is full, read-only or refuses this user."""
 
 
-SKIP_CAUSES = frozenset({SaveCause.BELOW_MIN_TOKENS, SaveCause.EMPTY, SaveCause.LOW_DISK, SaveCause.SLOT_BUSY})
+SKIP_CAUSES = frozenset(
+    {SaveCause.BELOW_MIN_TOKENS, SaveCause.EMPTY, SaveCause.WITHIN_WINDOW, SaveCause.LOW_DISK, SaveCause.SLOT_BUSY}
+)
 
 
 class SaveHold(enum.StrEnum):

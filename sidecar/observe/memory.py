@@ -5,6 +5,7 @@ Invariants and trade-offs: docs/modules.md, `sidecar/observe/memory.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import BinaryIO
 import structlog
 
 from sidecar.core import events, safeio
+from sidecar.observe import serverargs
 
 log = structlog.get_logger("sidecar.memory")
 
@@ -44,7 +46,33 @@ HYBRID = frozenset(
 )
 
 
-def classify(architecture: str | None, *, sliding_window: int = 0) -> Kind:
+CHUNKED = {"llama4": 8192}
+"""Architectures whose windowed layers attend in chunks (``LLAMA_SWA_TYPE_CHUNKED``), and the chunk the pinned
+build uses whatever the header says (``src/models/llama4.cpp``); a ``sliding_window`` of 0 turns them off."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Window:
+    """The windowed layers' reach, as llama-server will use it."""
+
+    size: int
+    shape: events.WindowShape
+
+
+def window_of(architecture: str | None, sliding_window: int | None) -> Window | None:
+    """The window of a model of ``architecture`` whose header says ``sliding_window`` (None: no key). Pure."""
+    if architecture is None or architecture in RECURRENT or architecture in HYBRID:
+        return None
+    if architecture in CHUNKED:
+        if sliding_window == 0:
+            return None
+        return Window(CHUNKED[architecture], events.WindowShape.CHUNKED)
+    if sliding_window is not None and sliding_window > 0:
+        return Window(sliding_window, events.WindowShape.STANDARD)
+    return None
+
+
+def classify(architecture: str | None, *, sliding_window: int | None = 0) -> Kind:
     """The memory kind of a model of ``architecture`` (None: unknown). Pure."""
     if architecture is None:
         return Kind.UNKNOWN
@@ -52,18 +80,59 @@ def classify(architecture: str | None, *, sliding_window: int = 0) -> Kind:
         return Kind.RECURRENT
     if architecture in HYBRID:
         return Kind.HYBRID
-    if sliding_window > 0:
+    if window_of(architecture, sliding_window) is not None:
         return Kind.SWA
     return Kind.ATTENTION
 
 
 def cuts_back(kind: Kind | None) -> bool:
-    """Whether a restored state serves a request that agrees with only part of it."""
-    return kind not in (Kind.RECURRENT, Kind.HYBRID)
+    """Whether a restored state serves a request that agrees with only part of it.
+
+    Not a windowed one: after a restore llama-server reuses it only for a prompt that extends all of
+    it (see ``sidecar.snapshots.windowcell``), with or without ``--swa-full`` for any cut deeper than
+    the window, so its snapshots are matched by exact prefix as a recurrent state's.
+    """
+    return kind not in (Kind.RECURRENT, Kind.HYBRID, Kind.SWA)
+
+
+def with_server(kind: Kind, swa_full: bool | None) -> Kind:
+    """The kind of a model served with (True), without (False) or maybe without (None) ``--swa-full``. Pure."""
+    return Kind.SWA_FULL if kind is Kind.SWA and swa_full else kind
+
+
+def of_server(model_path: str, url: str) -> Kind:
+    """:func:`of_file`, and for a sliding-window model whether the server at ``url`` runs with ``--swa-full``
+    (from its command line when it runs on this host: no reply says it). Blocking: run it in a thread."""
+    kind = of_file(model_path)
+    if kind is not Kind.SWA:
+        return kind
+    full = serverargs.swa_full_at(url)
+    said = (url, full)
+    if said not in _said_full:
+        _said_full.add(said)
+        log.info(
+            "model_window",
+            swa_full=full,
+            effect="--swa-full: handled as an attention-only model (restores still verified)"
+            if full
+            else "slots are saved at their prompt's boundary with a cell below the window, so that a restore is "
+            "reused by the conversation's next turn; snapshots are matched by exact prefix",
+            **({"reason": "no llama-server on this host listens on the upstream's port"} if full is None else {}),
+        )
+    return with_server(kind, full)
+
+
+_said_full: set[tuple[str, bool | None]] = set()
 
 
 def read(path: Path) -> Kind:
-    """The memory kind of the model file at ``path``; raises OSError or ValueError if it is not readable GGUF.
+    """The memory kind of the model file at ``path``; raises OSError or ValueError if it is not readable GGUF."""
+    return read_model(path)[0]
+
+
+def read_model(path: Path) -> tuple[Kind, Window | None]:
+    """The memory kind and window of the model file at ``path``; raises OSError or ValueError if it is not
+    readable GGUF.
 
     Only a regular file is read (a FIFO's open would never return): anything else is a ValueError.
     """
@@ -71,9 +140,13 @@ def read(path: Path) -> Kind:
         fd, _ = safeio.open_regular(path, follow=True)
     except safeio.Refused as exc:
         raise ValueError(str(exc)) from exc
+    return _read_header(fd)
+
+
+def _read_header(fd: int) -> tuple[Kind, Window | None]:
     with os.fdopen(fd, "rb") as fh:
         architecture, window = _header(fh)
-    return classify(architecture, sliding_window=window)
+    return classify(architecture, sliding_window=window), window_of(architecture, window)
 
 
 _GGUF = b"GGUF"
@@ -81,8 +154,8 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 
 
-def _header(fh: BinaryIO) -> tuple[str | None, int]:
-    """``general.architecture`` and ``<arch>.attention.sliding_window`` (0 when absent) of a GGUF file."""
+def _header(fh: BinaryIO) -> tuple[str | None, int | None]:
+    """``general.architecture`` and ``<arch>.attention.sliding_window`` (None when absent) of a GGUF file."""
     if fh.read(4) != _GGUF:
         raise ValueError("not a GGUF file (no 'GGUF' magic)")
     (version,) = struct.unpack("<I", _exact(fh, 4))
@@ -90,7 +163,7 @@ def _header(fh: BinaryIO) -> tuple[str | None, int]:
         raise ValueError(f"GGUF version {version} is too old to read")
     _, n_kv = struct.unpack("<QQ", _exact(fh, 16))
     architecture: str | None = None
-    window = 0
+    window: int | None = None
     for _ in range(n_kv):
         key = _string(fh)
         (vtype,) = struct.unpack("<I", _exact(fh, 4))
@@ -152,7 +225,7 @@ def of_file(model_path: str) -> Kind:
         key = _file_key(model_path)
         if (known := _read.get(model_path)) is not None and known[0] == key:
             return known[1]
-        kind = read(Path(model_path))
+        kind, window = read_model(Path(model_path))
     except (OSError, ValueError) as exc:
         if model_path not in _said:
             _said.add(model_path)
@@ -160,25 +233,41 @@ def of_file(model_path: str) -> Kind:
                 "model_memory_unknown",
                 model_path=model_path,
                 error=f"{type(exc).__name__}: {exc}",
-                effect="the model is handled as attention-only: on a hybrid or recurrent model (Qwen3.5, LFM2, "
-                "Mamba, ...) snapshots then end after the reply and restores may not be reused",
+                effect="the model is handled as attention-only: on a hybrid, recurrent or sliding-window model "
+                "(Qwen3.5, LFM2, Mamba, Gemma 3, gpt-oss, Llama 4, ...) snapshots then end after the reply and "
+                "restores may not be reused (the next request's reuse is still checked: nothing wrong is restored)",
                 hint="let the sidecar read the model file at the path llama-server reports (mount the model "
                 "directory read-only into the sidecar at the same path)",
             )
         return Kind.UNKNOWN
     _read.pop(model_path, None)
-    _read[model_path] = (key, kind)
+    _read[model_path] = (key, kind, window)
     while len(_read) > _READ_KEEP:
         _read.pop(next(iter(_read)))
     if model_path not in _said:
         _said.add(model_path)
-        log.info("model_memory", model_path=model_path, memory=kind.value, cuts_back=cuts_back(kind))
+        log.info(
+            "model_memory",
+            model_path=model_path,
+            memory=kind.value,
+            cuts_back=cuts_back(kind),
+            window=window.size if window is not None else None,
+            window_shape=window.shape.value if window is not None else None,
+        )
     return kind
 
 
 _READ_KEEP = 16
-_read: dict[str, tuple[tuple[int, ...], Kind]] = {}
-"""Kinds read by :func:`of_file`, by path: the file's key when read, and its kind (oldest first)."""
+_read: dict[str, tuple[tuple[int, ...], Kind, Window | None]] = {}
+"""Kinds read by :func:`of_file`, by path: the file's key when read, its kind and window (oldest first)."""
+
+
+def window_of_file(model_path: str) -> Window | None:
+    """The window of the model file at ``model_path`` as :func:`of_file` read it (None: none, or unreadable)."""
+    if of_file(model_path) is not Kind.SWA:
+        return None
+    known = _read.get(model_path)
+    return known[2] if known is not None else None
 
 
 def _file_key(model_path: str) -> tuple[int, ...]:

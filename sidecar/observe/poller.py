@@ -265,7 +265,7 @@ class Poller:
         size, params = await self._client.model_meta()
         self._adapters, self._adapters_due = None, True
         weights = await self._weights(model_path) if self._weights is not None else None
-        kind = await asyncio.to_thread(memory.of_file, model_path)
+        kind = await asyncio.to_thread(memory.of_server, model_path, self._client.url)
         return {"model_size": size, "model_params": params, "weights": weights, "memory": kind}
 
     async def _read_adapters(self, fresh: bool) -> None:

@@ -290,6 +290,10 @@ class SnapshotStore:
     def staged_bytes(self) -> int:
         return self.staged.staged_bytes()
 
+    def staged_path(self, name: str) -> Path:
+        """Where the staged file ``name`` is: in the slot dir, or the store's staging folder."""
+        return self.staged.staged_in(name).path / name
+
     def remove(self, name: str) -> None:
         self.staged.remove(name)
 

@@ -157,7 +157,7 @@ def sidecar_registry() -> CollectorRegistry:
     for n, answered in enumerate(SLOTS_RETRY_ANSWERS):
         retries.labels(answered=answered).inc(3 - n)
     memory = Gauge("model_memory_info", "The model's memory kind", ["memory"], namespace=ns, registry=registry)
-    for kind in ("attention", "swa", "recurrent", "hybrid", "unknown"):
+    for kind in ("attention", "swa", "swa_full", "recurrent", "hybrid", "unknown"):
         memory.labels(memory=kind).set(1 if kind == "attention" else 0)
     swap = Histogram("swap_duration_seconds", "Swap time", namespace=ns, registry=registry)
     for seconds in (0.12, 0.3, 0.45, 1.1):

@@ -49,6 +49,12 @@ def tiny_models(model: Path) -> dict[tinymodels.Arch, Path]:
     return {arch: tinymodels.model(arch, tokenizer_from=model) for arch in tinymodels.Arch}
 
 
+@pytest.fixture(scope="session")
+def windowed_models(model: Path) -> dict[tinymodels.Windowed, Path]:
+    """Tiny random-weight sliding-window models (gpt-oss), written once per machine (see tinymodels)."""
+    return {arch: tinymodels.windowed(arch, tokenizer_from=model) for arch in tinymodels.Windowed}
+
+
 @pytest.fixture
 def llama(llama_binary: Path, model: Path, tmp_path: Path) -> Iterator[MakeServer]:
     """Factory: `make(slot_dir=..., n_slots=1, start=True, **kw)` -> a healthy server.

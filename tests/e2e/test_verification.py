@@ -24,8 +24,8 @@ def _restart_and_reuse(
     side.wait_saved()
     server.restart(graceful=False)
     side.wait_restored()
-    # Gemma 3 is a sliding-window model and /props does not say whether --swa-full is on:
-    # the restore waits for the slot's next request, counted neither ok nor anything else yet
+    # Gemma 3 is a sliding-window model: with or without --swa-full the restore waits for the slot's next
+    # request, counted neither ok nor anything else yet
     side.wait_for(  # the round's records are published once it ends, just after its restore
         lambda: [r["result"] for r in side.status()["last_restore"]] == ["unverified"], what="an unverified restore"
     )
@@ -72,9 +72,14 @@ def test_an_effective_restore_saves_the_prefill_the_cold_turn_took(
     assert side.metric("llama_sidecar_prefill_saved_seconds_total", by="swap") == 0
 
 
-def test_restore_without_swa_full_is_reported_ineffective_naming_the_flag(
+def test_restore_without_swa_full_that_the_next_request_does_not_extend_is_reported_ineffective(
     llama: MakeServer, sidecar: MakeSidecar, slot_dir: Path
 ) -> None:
+    """A raw /completion: the slot holds the prompt and the reply, and the next prompt drops the reply.
+
+    Without --swa-full a restored window serves only a request that extends all of it (a chat's snapshot
+    ends at its prompt's boundary, ``test_sliding_window``); this one diverges before its end.
+    """
     side, _cold, warm = _restart_and_reuse(llama, sidecar, slot_dir, swa_full=False)
     assert warm["timings"]["cache_n"] == 0  # the server really re-prefilled: the fact being reported
     side.wait_for(
@@ -85,11 +90,12 @@ def test_restore_without_swa_full_is_reported_ineffective_naming_the_flag(
     assert side.metric("llama_sidecar_prefill_saved_seconds_total", by="restore") == 0  # it saved nothing
     warnings = side.log_events("restore_ineffective")
     assert len(warnings) == 1
-    assert "--swa-full" in warnings[0]["hint"]
+    assert warnings[0]["memory"] == "swa"
+    assert "holds every one of its tokens" in warnings[0]["hint"]
     assert side.metric("llama_sidecar_restores_total", slot="0", result="ok") == 0  # never counted a hit
     assert side.metric("llama_sidecar_restores_total", slot="0", result="ineffective") == 1
     assert _last_restore(side) == "ineffective"
-    assert "--swa-full" in side.status()["last_restore"][0]["detail"]
+    assert "extends all of its tokens" in side.status()["last_restore"][0]["detail"]
 
 
 def test_without_server_metrics_verification_is_off_and_said_once(

@@ -46,6 +46,22 @@ class Arch(enum.StrEnum):
     """Short-convolution (recurrent) layers with a few attention layers (LFM2)."""
 
 
+class Windowed(enum.StrEnum):
+    GPT_OSS = "gpt-oss"
+    """Every other layer attends to a window of :data:`WINDOW` positions, with attention sinks and a mixture of
+    experts (gpt-oss, ``src/models/openai-moe.cpp``)."""
+
+
+WINDOW = 128
+"""gpt-oss's window (both sizes)."""
+N_EXPERT = 4
+
+
+def windowed(arch: Windowed, *, tokenizer_from: Path, root: Path | None = None) -> Path:
+    """The path of a tiny sliding-window ``arch`` model, written on first use (as :func:`model`)."""
+    return model(arch, tokenizer_from=tokenizer_from, root=root)
+
+
 DENSE = "gemma3"
 """The test bed's own model (attention only), beside the tiny hybrids in a parametrized test."""
 
@@ -65,7 +81,7 @@ N_FF = 128
 CONTEXT = 32768
 
 _lock = threading.Lock()
-_made: dict[tuple[Arch, Path], Path] = {}
+_made: dict[tuple[Arch | Windowed, Path], Path] = {}
 
 
 def cache_dir() -> Path:
@@ -75,7 +91,7 @@ def cache_dir() -> Path:
     return root / "llama-kv-sidecar" / f"tiny-models-{version}"
 
 
-def model(arch: Arch, *, tokenizer_from: Path, root: Path | None = None) -> Path:
+def model(arch: Arch | Windowed, *, tokenizer_from: Path, root: Path | None = None) -> Path:
     """The path of a tiny ``arch`` model (with the tokenizer of ``tokenizer_from``), written on first use."""
     folder = root or cache_dir()
     key = (arch, folder)
@@ -91,7 +107,7 @@ def model(arch: Arch, *, tokenizer_from: Path, root: Path | None = None) -> Path
         return _made[key]
 
 
-def write(arch: Arch, path: Path, *, tokenizer_from: Path, seed: int = 0) -> None:
+def write(arch: Arch | Windowed, path: Path, *, tokenizer_from: Path, seed: int = 0) -> None:
     """Write a tiny ``arch`` model to ``path``."""
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch.value)
@@ -123,11 +139,13 @@ def write(arch: Arch, path: Path, *, tokenizer_from: Path, seed: int = 0) -> Non
         tensors[name] = data.astype(np.float32)
 
     weight("token_embd.weight", N_EMBD, vocab)
-    if arch is Arch.QWEN35:
+    if arch is Windowed.GPT_OSS:
+        _gpt_oss(writer, weight, vector, vocab, tensors, rng)
+    elif arch is Arch.QWEN35:
         _qwen35(writer, weight, conv, vector)
     else:
         _lfm2(writer, weight, conv, vector)
-    for il in range(N_LAYER):
+    for il in range(N_LAYER if arch is not Windowed.GPT_OSS else 0):
         weight(f"blk.{il}.ffn_gate.weight", N_EMBD, N_FF)
         weight(f"blk.{il}.ffn_up.weight", N_EMBD, N_FF)
         weight(f"blk.{il}.ffn_down.weight", N_FF, N_EMBD)
@@ -194,6 +212,44 @@ def _lfm2(writer: gguf.GGUFWriter, weight: Any, conv: Any, vector: Any) -> None:
             conv(f"blk.{il}.shortconv.conv.weight", l_cache, N_EMBD)
             weight(f"blk.{il}.shortconv.in_proj.weight", N_EMBD, 3 * N_EMBD)
             weight(f"blk.{il}.shortconv.out_proj.weight", N_EMBD, N_EMBD)
+
+
+def _gpt_oss(
+    writer: gguf.GGUFWriter,
+    weight: Any,
+    vector: Any,
+    vocab: int,
+    tensors: dict[str, np.ndarray[Any, Any]],
+    rng: np.random.Generator,
+) -> None:
+    a = "gpt-oss"
+    ff = N_FF // 2
+    writer.add_uint32(f"{a}.attention.head_count_kv", N_HEAD_KV)
+    writer.add_uint32(f"{a}.attention.sliding_window", WINDOW)
+    writer.add_uint32(f"{a}.expert_feed_forward_length", ff)
+    writer.add_uint32(f"{a}.expert_count", N_EXPERT)
+    writer.add_uint32(f"{a}.expert_used_count", 2)
+    vector("output_norm.weight", N_EMBD, 1.0)
+    weight("output.weight", N_EMBD, vocab)
+    for il in range(N_LAYER):
+        vector(f"blk.{il}.attn_norm.weight", N_EMBD, 1.0)
+        vector(f"blk.{il}.post_attention_norm.weight", N_EMBD, 1.0)
+        weight(f"blk.{il}.attn_q.weight", N_EMBD, HEAD * N_HEAD)
+        weight(f"blk.{il}.attn_k.weight", N_EMBD, HEAD * N_HEAD_KV)
+        weight(f"blk.{il}.attn_v.weight", N_EMBD, HEAD * N_HEAD_KV)
+        vector(f"blk.{il}.attn_q.bias", HEAD * N_HEAD)
+        vector(f"blk.{il}.attn_k.bias", HEAD * N_HEAD_KV)
+        vector(f"blk.{il}.attn_v.bias", HEAD * N_HEAD_KV)
+        weight(f"blk.{il}.attn_output.weight", HEAD * N_HEAD, N_EMBD)
+        vector(f"blk.{il}.attn_output.bias", N_EMBD)
+        vector(f"blk.{il}.attn_sinks.weight", N_HEAD)
+        weight(f"blk.{il}.ffn_gate_inp.weight", N_EMBD, N_EXPERT)
+        vector(f"blk.{il}.ffn_gate_inp.bias", N_EXPERT)
+        for name, ne0, ne1 in (("gate", N_EMBD, ff), ("up", N_EMBD, ff), ("down", ff, N_EMBD)):
+            # {ne0, ne1, n_expert}: numpy (n_expert, ne1, ne0); f32, as the CPU backend's MoE wants
+            data = rng.standard_normal((N_EXPERT, ne1, ne0)) * 0.05
+            tensors[f"blk.{il}.ffn_{name}_exps.weight"] = data.astype(np.float32)
+            tensors[f"blk.{il}.ffn_{name}_exps.bias"] = (rng.standard_normal((N_EXPERT, ne1)) * 0.05).astype(np.float32)
 
 
 def _copy_tokenizer(writer: gguf.GGUFWriter, source: Path) -> int:

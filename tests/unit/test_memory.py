@@ -42,6 +42,8 @@ def _tokens(n: int) -> bytes:
         ("gemma3", 512, events.Memory.SWA),
         ("qwen3", 0, events.Memory.ATTENTION),
         ("llama", 0, events.Memory.ATTENTION),
+        ("gpt-oss", 128, events.Memory.SWA),
+        ("llama4", 0, events.Memory.SWA),  # chunked attention, no key needed
     ],
 )
 def test_kind_from_the_header(tmp_path: Path, arch: str, window: int, kind: events.Memory) -> None:
@@ -54,7 +56,7 @@ def test_kind_from_the_header(tmp_path: Path, arch: str, window: int, kind: even
     if window:
         kv.append((f"{arch}.attention.sliding_window", 4, struct.pack("<I", window)))
     assert memory.read(_gguf(tmp_path / "m.gguf", kv)) is kind
-    assert memory.cuts_back(kind) is (kind not in (events.Memory.HYBRID, events.Memory.RECURRENT))
+    assert memory.cuts_back(kind) is (kind not in (events.Memory.HYBRID, events.Memory.RECURRENT, events.Memory.SWA))
 
 
 def test_an_unreadable_file_is_unknown_and_handled_as_attention(tmp_path: Path) -> None:
@@ -104,19 +106,44 @@ def test_a_hybrid_is_never_told_to_use_swa_full() -> None:
     for kind in (events.Memory.HYBRID, events.Memory.RECURRENT):
         assert "start llama-server with --swa-full" not in restorer.ineffective_hint(kind)
         assert "cannot be cut back" in restorer.ineffective_hint(kind)
-    assert "--swa-full" in restorer.ineffective_hint(events.Memory.SWA)
+    assert "extends all" not in restorer.ineffective_hint(events.Memory.SWA)
+    assert "holds every one of its tokens" in restorer.ineffective_hint(events.Memory.SWA)
+
+
+@pytest.mark.parametrize(
+    ("arch", "window", "found"),
+    [
+        ("gemma3", 512, memory.Window(512, events.WindowShape.STANDARD)),
+        ("gpt-oss", 128, memory.Window(128, events.WindowShape.STANDARD)),
+        ("llama4", None, memory.Window(8192, events.WindowShape.CHUNKED)),  # the build's chunk, whatever the key
+        ("llama4", 4096, memory.Window(8192, events.WindowShape.CHUNKED)),
+        ("llama4", 0, None),  # a key of 0 turns chunked attention off
+        ("qwen35", 512, None),
+        ("llama", None, None),
+    ],
+)
+def test_the_window_from_the_header(arch: str, window: int | None, found: memory.Window | None) -> None:
+    assert memory.window_of(arch, window) == found
+    assert (memory.classify(arch, sliding_window=window) is events.Memory.SWA) is (found is not None)
+
+
+def test_the_window_of_a_model_file_is_read_with_its_kind(tmp_path: Path) -> None:
+    kv = [("general.architecture", 8, _str("gemma3")), ("gemma3.attention.sliding_window", 4, struct.pack("<I", 512))]
+    path = _gguf(tmp_path / "w.gguf", kv)
+    assert memory.window_of_file(str(path)) == memory.Window(512, events.WindowShape.STANDARD)
+    assert memory.window_of_file(str(tmp_path / "missing.gguf")) is None
 
 
 def test_a_model_file_is_read_once_until_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _gguf(tmp_path / "m.gguf", [("general.architecture", 8, _str("qwen35"))])
     reads: list[Path] = []
-    real = memory.read
+    real = memory.read_model
 
-    def counted(p: Path) -> events.Memory:
+    def counted(p: Path) -> tuple[events.Memory, memory.Window | None]:
         reads.append(p)
         return real(p)
 
-    monkeypatch.setattr(memory, "read", counted)
+    monkeypatch.setattr(memory, "read_model", counted)
     assert memory.of_file(str(path)) is events.Memory.HYBRID
     assert memory.of_file(str(path)) is events.Memory.HYBRID
     assert len(reads) == 1  # a restarted server's poll does not walk the header again

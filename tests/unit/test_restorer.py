@@ -292,7 +292,7 @@ async def test_a_restore_on_a_sliding_window_model_is_counted_only_once_its_next
     assert bed.value("llama_sidecar_restores_total", slot="0", result=verdict) == 1
     assert _counted(bed, "0") == 1
     assert bed.restorer.last[0].result == verdict
-    assert ("--swa-full" in bed.restorer.last[0].detail) is (verdict == "ineffective")
+    assert ("extends all of its tokens" in bed.restorer.last[0].detail) is (verdict == "ineffective")
 
 
 @pytest.mark.parametrize(("reused", "verdict"), [(500, "ok"), (3, "ineffective")])
