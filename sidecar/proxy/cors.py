@@ -55,7 +55,7 @@ class Origins:
         return asked
 
     async def _ask(self, origin: str | None) -> Headers | None:
-        sent = [("Origin", origin)] if origin is not None else []
+        sent = [upclient.OWN_AGENT, ("Origin", origin)] if origin is not None else [upclient.OWN_AGENT]
         try:
             async with asyncio.timeout(ASK_TIMEOUT):
                 up = await self._client.request("GET", "/health", sent, b"")

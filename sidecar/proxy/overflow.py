@@ -48,7 +48,7 @@ class Overflow:
     async def exceeds(self, path: str, body: bytes, headers: list[tuple[str, str]]) -> bool:
         """True if llama-server would refuse this prompt as over its context size; False if not, or unknown."""
         sent = [(name, value) for name, value in headers if name.lower() in ("authorization", "x-api-key")]
-        sent.append(("Content-Type", "application/json"))
+        sent += [upclient.OWN_AGENT, ("Content-Type", "application/json")]
         try:
             async with asyncio.timeout(ASK_TIMEOUT):
                 tokens = await self._count(path, body, sent)

@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.act import gate
 from sidecar.core import config, metrics, tries
-from sidecar.proxy import listener, relay
+from sidecar.proxy import listener, relay, upclient
 
 
 @dataclasses.dataclass(slots=True)
@@ -46,6 +46,10 @@ class Arrived:
     raw_path: str
     headers: list[tuple[str, str]]
     body: bytes
+
+
+def _asked(arrived: Arrived) -> bool:
+    return (upclient.OWN_AGENT[0].lower(), upclient.OWN_AGENT[1]) in [(k.lower(), v) for k, v in arrived.headers]
 
 
 class Upstream:
@@ -58,7 +62,12 @@ class Upstream:
         self.prefill_crashes = 0
 
     def paths(self) -> list[str]:
-        return [a.raw_path for a in self.arrived]
+        """The paths of the clients' requests that reached it (not the proxy's own questions: ``asked``)."""
+        return [a.raw_path for a in self.arrived if not _asked(a)]
+
+    def asked(self) -> list[str]:
+        """The paths of the proxy's own questions (a stream's CORS headers, its prompt's token count)."""
+        return [a.raw_path for a in self.arrived if _asked(a)]
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         body = await request.read()
