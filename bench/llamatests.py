@@ -77,11 +77,25 @@ def _wrapper(folder: Path, mode: str) -> Path:
 
 
 def run(
-    mode: str, tests: Path, files: list[str], work: Path, *, server: str, model: str, keyword: str
+    mode: str,
+    tests: Path,
+    files: list[str],
+    work: Path,
+    *,
+    server: str,
+    model: str,
+    keyword: str,
+    preload: bool = True,
 ) -> dict[str, str]:
-    """Run the suite (``files``, relative to its folder) once; each test id's outcome."""
-    copy = work / f"suite-{mode}"
+    """Run the suite (``files``, relative to its folder) once; each test id's outcome.
+
+    ``preload``: with the suite's conftest.py, which starts every preset once first; else with
+    ``bench/llamaplugin.py`` instead (the CI test: see there)."""
+    copy = work / mode / "tools" / "server" / "tests"
     shutil.copytree(tests, copy)
+    for sibling in tests.parent.parent.iterdir():  # the suite's relative paths (../../../tools/mtmd) resolve
+        if sibling.name != "server":
+            (copy.parent.parent / sibling.name).symlink_to(sibling)
     (copy / "tmp").mkdir(exist_ok=True)
     report = work / f"{mode}.xml"
     sidecar = Path(sys.executable).with_name("llama-kv-sidecar")
@@ -94,12 +108,15 @@ def run(
         "LLAMATESTS_WORK": str(work),
         "LLAMA_CACHE": str(copy / "tmp"),
         "PORT": str(_free_port()),
+        "PYTHONPATH": str(REPO_ROOT),  # bench.llamaplugin
     }
     env.pop("DEBUG", None)
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN", "--durations=15"]
     argv += [f"--junitxml={report}", f"--timeout={TIMEOUT}", "-o", "junit_family=xunit1", *files]
     if keyword:
         argv += ["-k", keyword]
+    if not preload:
+        argv += ["--noconftest", "-p", "bench.llamaplugin"]
     log = (work / f"{mode}.log").open("w", encoding="utf-8")
     with log:
         subprocess.run(argv, cwd=copy, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)

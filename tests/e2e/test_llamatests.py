@@ -25,7 +25,9 @@ def test_llama_cpps_server_tests_end_the_same_through_the_sidecar(tmp_path: Path
     server, model = llamatests.server_and_model()
     found = {}
     for mode in ("direct", "sidecar"):
-        found[mode] = llamatests.run(mode, tests, FILES, tmp_path, server=server, model=model, keyword=KEYWORD)
+        found[mode] = llamatests.run(
+            mode, tests, FILES, tmp_path, server=server, model=model, keyword=KEYWORD, preload=False
+        )
     assert len(found["direct"]) >= 25, f"the suite ran too few tests: {found['direct']}\n{_tail(tmp_path)}"
     passed = [t for t, outcome in found["direct"].items() if outcome == "passed"]
     assert len(passed) >= 20, f"direct, too few passed: {found['direct']}"

@@ -127,7 +127,7 @@ def test_a_prompt_over_the_context_gets_the_servers_400_not_a_stream(
             # The one slot busy: the request waits in llama-server's queue, past the proxy's first keep-alive.
             busy = threading.Thread(
                 target=_exchange,
-                args=(server.url, "POST", "/completion", {"prompt": "Once upon", "n_predict": 48}),
+                args=(server.url, "POST", "/completion", {"prompt": "Once upon", "n_predict": 24}),
                 daemon=True,
             )
             busy.start()
