@@ -71,10 +71,10 @@ class KeepAlive:
         self._poke.set()
 
     async def _run(self, delay: float) -> None:
-        _, allowed, refused = await asyncio.gather(
-            asyncio.sleep(delay), self._origins.headers(self._request.headers.get("Origin")), self._refused()
+        _, allowed = await asyncio.gather(
+            asyncio.sleep(delay), self._origins.headers(self._request.headers.get("Origin"))
         )
-        if refused:
+        if await self._refused():  # asked only of a stream still waiting: one answered at once costs nothing
             return  # llama-server answers this one at once, with a status a stream's 200 would hide
         try:
             self._writing = True
