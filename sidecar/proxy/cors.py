@@ -38,6 +38,7 @@ class Origins:
         self._client = client
         self._clock = clock
         self._known: collections.OrderedDict[str, tuple[float, Headers]] = collections.OrderedDict()
+        self._asking: dict[str, asyncio.Future[Headers | None]] = {}
 
     async def headers(self, origin: str | None) -> Headers:
         """The CORS headers llama-server sends a request with this ``Origin`` (None: the request had none)."""
@@ -45,7 +46,12 @@ class Origins:
         found = self._known.get(key)
         if found is not None and self._clock() - found[0] < FRESH:
             return found[1]
-        asked = await self._ask(origin)
+        asking = self._asking.get(key)
+        if asking is None:  # one question per origin at a time: a thousand requests at once ask once
+            asking = asyncio.ensure_future(self._ask(origin))
+            self._asking[key] = asking
+            asking.add_done_callback(lambda _: self._asking.pop(key, None))
+        asked = await asyncio.shield(asking)
         if asked is None:
             return found[1] if found is not None else ()
         self._known[key] = (self._clock(), asked)

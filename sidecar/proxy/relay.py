@@ -153,7 +153,7 @@ class Relay:
         try:
             response, outcome = await self._serve(request, kind)
             if not response.prepared:
-                response.headers.setdefault("Server", keepalive.SERVER)  # as llama-server's answers say
+                await self._as_the_servers(request, response)
         except asyncio.CancelledError:
             outcome = outcomes.ProxyOutcome.CANCELLED
             raise
@@ -161,6 +161,13 @@ class Relay:
             self._metrics.proxy_inflight.dec()
             self._counted[kind.route, outcome].inc()
         return response
+
+    async def _as_the_servers(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
+        """The proxy's own answer (a refusal, a 503) with the headers llama-server puts on every answer: its
+        ``Server``, and the CORS headers it gives this request's ``Origin`` (asked of it: see :mod:`cors`)."""
+        response.headers.setdefault("Server", keepalive.SERVER)
+        if not any(name in response.headers for name in cors.HEADERS):
+            response.headers.extend(await self._origins.headers(request.headers.get("Origin")))
 
     async def _serve(
         self, request: web.BaseRequest, kind: routes.Request

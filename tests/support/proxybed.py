@@ -54,24 +54,29 @@ def _asked(arrived: Arrived) -> bool:
 
 class Upstream:
     def __init__(self) -> None:
-        self.arrived: list[Arrived] = []
+        self.everything: list[Arrived] = []
+        """Every request that reached it: the clients' (``arrived``) and the proxy's own questions (``asked``)."""
         self.hung_up = asyncio.Event()
         self.step = asyncio.Event()
         self.dropped = 0
         self.loading_sent = 0
         self.prefill_crashes = 0
 
+    @property
+    def arrived(self) -> list[Arrived]:
+        """The clients' requests that reached it (not the proxy's own questions: ``asked``)."""
+        return [a for a in self.everything if not _asked(a)]
+
     def paths(self) -> list[str]:
-        """The paths of the clients' requests that reached it (not the proxy's own questions: ``asked``)."""
-        return [a.raw_path for a in self.arrived if not _asked(a)]
+        return [a.raw_path for a in self.arrived]
 
     def asked(self) -> list[str]:
-        """The paths of the proxy's own questions (a stream's CORS headers, its prompt's token count)."""
-        return [a.raw_path for a in self.arrived if _asked(a)]
+        """The paths of the proxy's own questions (CORS headers, a prompt's token count)."""
+        return [a.raw_path for a in self.everything if _asked(a)]
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         body = await request.read()
-        self.arrived.append(Arrived(request.method, request.raw_path, list(request.headers.items()), body))
+        self.everything.append(Arrived(request.method, request.raw_path, list(request.headers.items()), body))
         path = request.query.get("fake", "")
         if path == "hang":
             try:
