@@ -14,8 +14,10 @@ The suite's Python needs are the ``llamatests`` extra (``pip install -e '.[test,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -119,8 +121,32 @@ def run(
         argv += ["--noconftest", "-p", "bench.llamaplugin"]
     log = (work / f"{mode}.log").open("w", encoding="utf-8")
     with log:
-        subprocess.run(argv, cwd=copy, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+        # A session of its own: whatever stops this run (a timeout, ^C) takes the suite's servers with it.
+        suite = subprocess.Popen(argv, cwd=copy, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            suite.wait()
+        finally:
+            _end(suite)
     return outcomes(report)
+
+
+def _end(suite: subprocess.Popen[bytes]) -> None:
+    """Stop the suite's process group: SIGTERM (servers and sidecars end cleanly), SIGKILL 10 s later."""
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(suite.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            suite.wait(wait)
+            if sig is signal.SIGTERM and not _group_alive(suite.pid):
+                return
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _free_port() -> int:

@@ -13,10 +13,10 @@ import pytest
 
 from bench import llamatests
 
-FILES = ["unit/test_security.py", "unit/test_tokenize.py"]
-"""The upstream test files run here (about a minute each way on 2 idle cores)."""
-KEYWORD = "not local_media_file and not cors_proxy"
-"""Left out for time: media files (the local model has no vision) and the MCP CORS proxy (an outbound request)."""
+FILES = ["unit/test_security.py"]
+"""The upstream test file run here: CORS, API keys and public endpoints, what the proxy answers or passes on."""
+KEYWORD = "(cors and not cors_proxy) or public_endpoint or incorrect_api_key"
+"""Its tests that generate nothing (a server start each, and a few requests): the CI budget."""
 
 
 @pytest.mark.timeout(900)
@@ -28,9 +28,9 @@ def test_llama_cpps_server_tests_end_the_same_through_the_sidecar(tmp_path: Path
         found[mode] = llamatests.run(
             mode, tests, FILES, tmp_path, server=server, model=model, keyword=KEYWORD, preload=False
         )
-    assert len(found["direct"]) >= 25, f"the suite ran too few tests: {found['direct']}\n{_tail(tmp_path)}"
+    assert len(found["direct"]) >= 15, f"the suite ran too few tests: {found['direct']}\n{_tail(tmp_path)}"
     passed = [t for t, outcome in found["direct"].items() if outcome == "passed"]
-    assert len(passed) >= 20, f"direct, too few passed: {found['direct']}"
+    assert len(passed) >= 15, f"direct, too few passed: {found['direct']}"
     bad, _ = llamatests.compare(found["direct"], found["sidecar"], llamatests.ALLOWED)
     assert not bad, "\n".join(bad) + "\n" + _tail(tmp_path)
 
