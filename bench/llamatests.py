@@ -197,6 +197,10 @@ def tally(found: dict[str, str]) -> str:
     return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no results"
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def server_and_model() -> tuple[str, str]:
     """The pinned llama-server binary (built once per machine) and the local model file."""
     server = subprocess.run(
@@ -211,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="keyword", default="", help="pytest -k expression, passed to both runs")
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs' logs and reports in this folder")
     ns = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)  # unwind to the `finally` that stops the suite's servers
     server, model = server_and_model()
     tests = sources()
     work = Path(tempfile.mkdtemp(prefix="llamatests-")) if ns.keep is None else ns.keep
