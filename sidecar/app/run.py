@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 import sidecar
 from sidecar.act import gate, report, spawn
 from sidecar.app import agentcheck, figures, history, server, storelog
-from sidecar.core import config, errors, events, logfold, metrics, mounts, protocols
+from sidecar.core import config, errors, events, logfold, metrics, mounts, protocols, rates
 from sidecar.launch import argv, supervisor
 from sidecar.library import placer, ramtier, reads, tokens
 from sidecar.observe import upstream, weights
@@ -228,7 +228,7 @@ async def _run(
             await handle.close()
             raise
         try:
-            proxy = await _start_proxy(settings, parts, stats)
+            proxy = await _start_proxy(settings, parts, stats, client.rates)
         except BaseException:
             for loop_ in parts.loops.values():
                 loop_.close()  # never started: no "coroutine was never awaited" at exit
@@ -533,7 +533,9 @@ async def _start_agent(settings: config.ServerSettings, engines: agentcheck.Know
     return agent
 
 
-async def _start_proxy(settings: config.Settings, parts: _Parts, stats: metrics.Metrics) -> listener.Listener | None:
+async def _start_proxy(
+    settings: config.Settings, parts: _Parts, stats: metrics.Metrics, ledger: rates.Ledger
+) -> listener.Listener | None:
     if settings.proxy.host is None:
         return None
     restore_gate = parts.restore_gate
@@ -545,6 +547,7 @@ async def _start_proxy(settings: config.Settings, parts: _Parts, stats: metrics.
         upstream=settings.upstream,
         settings=settings.proxy,
         admin_token=settings.server.admin_token,
+        rates=None if settings.upstream.router else ledger,
         pinner=parts.library,
         admit=parts.admit,
         on_leave=functools.partial(parts.quiet, relay.QUIET_SECONDS) if parts.quiet is not None else None,

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.core import config, errors, events, protocols
+from sidecar.core import config, errors, events, protocols, rates
 
 _T = TypeVar("_T")
 
@@ -50,6 +50,8 @@ class LlamaClient:
         self._action_timeout = aiohttp.ClientTimeout(total=settings.action_timeout, connect=settings.connect_timeout)
         self.total_slots: int | None = None
         """The slot count the last /props announced: a /slots reply listing more is refused."""
+        self.rates = rates.Ledger()
+        """The windows of llama-server's rate gauges this client's /metrics reads ended (see :mod:`rates`)."""
 
     @property
     def url(self) -> str:
@@ -182,6 +184,7 @@ class LlamaClient:
                     values[sample.name] = sample.value
         except ValueError as exc:
             raise errors.UpstreamProtocolError(f"/metrics is not Prometheus text: {exc}", endpoint="/metrics") from exc
+        self.rates.read(headers.get("Process-Start-Time-Unix"), values)
         start: float | None = None
         try:
             start = float(headers.get("Process-Start-Time-Unix", ""))

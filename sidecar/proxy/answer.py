@@ -91,6 +91,8 @@ async def relay(
         return response, await _as_event(request, response, up, first)
     if first.whole is not None:
         whole = web.Response(status=up.status, reason=up.reason, body=first.whole, headers=headers)
+        if request.method == "HEAD" and up.length is not None:
+            whole.headers["Content-Length"] = str(up.length)  # the length of the GET's body, as llama-server says
         ended = Ended(up.status, outcomes.ProxyOutcome.OK, sse.cached_tokens(first.whole) if counted else None)
         try:
             await whole.prepare(request)

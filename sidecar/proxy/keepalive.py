@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from sidecar.core import tasks
-from sidecar.proxy import sse
+from sidecar.proxy import cors, sse
 
 HEADERS_AFTER = 0.05
 """Seconds after a streamed request's arrival at which its headers are sent, if its first event has not come."""
 EVERY = 1.0
 """Seconds between two keep-alives: below any read timeout a client sets (the SDKs' default is 600 s)."""
+SERVER = "llama.cpp"
+"""The ``Server`` header llama-server sends (cpp-httplib's default headers in ``server-http.cpp``)."""
 PROBE: web.RequestKey[Callable[[], None]] = web.RequestKey("llama_sidecar_keepalive")
 """The request's key for :meth:`KeepAlive.poke`, which the listener calls to see whether the client is still there."""
 
@@ -29,8 +31,21 @@ PROBE: web.RequestKey[Callable[[], None]] = web.RequestKey("llama_sidecar_keepal
 class KeepAlive:
     """One streamed request's headers and keep-alives, sent by a task of their own until :meth:`stop`."""
 
-    def __init__(self, request: web.BaseRequest, api: sse.Api, *, delay: float, every: float = EVERY) -> None:
+    def __init__(
+        self,
+        request: web.BaseRequest,
+        api: sse.Api,
+        *,
+        delay: float,
+        origins: cors.Origins,
+        too_long: Callable[[], Awaitable[bool]] | None = None,
+        every: float = EVERY,
+    ) -> None:
+        """``too_long``: True if llama-server will refuse the prompt as over its context size (see
+        :mod:`overflow`): then no keep-alive is sent, and the client gets llama-server's own answer."""
         self._request = request
+        self._origins = origins
+        self._too_long = too_long
         self._api = api
         self._every = every
         self._response: web.StreamResponse | None = None
@@ -56,10 +71,14 @@ class KeepAlive:
         self._poke.set()
 
     async def _run(self, delay: float) -> None:
-        await asyncio.sleep(delay)
+        _, allowed = await asyncio.gather(
+            asyncio.sleep(delay), self._origins.headers(self._request.headers.get("Origin"))
+        )
+        if await self._refused():  # asked only of a stream still waiting: one answered at once costs nothing
+            return  # llama-server answers this one at once, with a status a stream's 200 would hide
         try:
             self._writing = True
-            self._response = await self._prepare()
+            self._response = await self._prepare(allowed)
             while not self._stopping:
                 self._writing = False
                 with contextlib.suppress(TimeoutError):
@@ -73,13 +92,16 @@ class KeepAlive:
         finally:
             self._writing = False
 
-    async def _prepare(self) -> web.StreamResponse:
+    async def _refused(self) -> bool:
+        return self._too_long is not None and await self._too_long()
+
+    async def _prepare(self, allowed: cors.Headers) -> web.StreamResponse:
+        # The headers llama-server sends on a stream (server-http.cpp), its CORS headers as it answers this Origin.
         response = web.StreamResponse(status=200)
         response.content_type = "text/event-stream"
-        response.headers["Cache-Control"] = "no-cache"
+        response.headers["Server"] = SERVER
+        response.headers.extend(allowed)
         response.headers["X-Accel-Buffering"] = "no"  # as llama-server sends it: a proxy in front passes each event on
-        if origin := self._request.headers.get("Origin"):
-            response.headers["Access-Control-Allow-Origin"] = origin  # as llama-server answers a browser's request
         if self.header is not None:
             response.headers[self.header[0]] = self.header[1]
             self._header_sent = True

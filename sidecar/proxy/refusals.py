@@ -26,8 +26,18 @@ def error(status: int, message: str, kind: str, *, headers: dict[str, str] | Non
     return web.json_response(body, status=status, headers=headers)
 
 
-def bad_path() -> web.Response:
+def bad_path(target: str) -> web.Response:
+    """A target the proxy does not forward: llama-server's own ``404`` for a path (no route of its holds it, and
+    its handler for unknown paths answers so: ``server-http.cpp``), a ``400`` for a target that is no path."""
+    if target.startswith("/"):
+        return not_found()
     return error(400, BAD_PATH, "invalid_request_error")
+
+
+def not_found() -> web.Response:
+    """llama-server's answer to a path it has no route for, byte for byte (``server-http.cpp``'s error handler)."""
+    body = b'{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}'
+    return web.Response(status=404, body=body, content_type="application/json", charset="utf-8")
 
 
 def refused(kind: routes.Request) -> web.Response:

@@ -21,7 +21,22 @@ from aiohttp import web
 
 from sidecar.act import gate
 from sidecar.core import apikeys, config, metrics, outcomes, protocols, tries
-from sidecar.proxy import answer, bodies, held, keepalive, passon, predict, refusals, routes, sse, tickets, upclient
+from sidecar.core import rates as rates_of
+from sidecar.proxy import (
+    answer,
+    bodies,
+    cors,
+    held,
+    keepalive,
+    overflow,
+    passon,
+    predict,
+    refusals,
+    routes,
+    sse,
+    tickets,
+    upclient,
+)
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -94,6 +109,7 @@ class Relay:
         upstream: config.UpstreamSettings,
         settings: config.ProxySettings,
         admin_token: str | None,
+        rates: rates_of.Ledger | None = None,
         clock: protocols.Clock | None = None,
         pinner: Pinner | None = None,
         admit: Admit | None = None,
@@ -101,10 +117,15 @@ class Relay:
         on_leave: Callable[[], None] | None = None,
     ) -> None:
         """``on_leave``: called when a client leaves a request sent to llama-server before its answer began
-        (the sidecar's poller holds its reads, so that llama-server sees the client gone)."""
+        (the sidecar's poller holds its reads, so that llama-server sees the client gone).
+        ``rates``: the windows of llama-server's rate gauges the sidecar's own /metrics reads ended; a client's
+        ``GET /metrics`` is answered with the gauges as if those reads had not been made (see :mod:`rates`)."""
+        self._rates = rates
         self._pinner = pinner
         self._on_leave = on_leave
         self._client = client
+        self._origins = cors.Origins(client)
+        self._overflow = overflow.Overflow(client)
         self._gate = restore_gate
         self._metrics = stats
         self._api_key = upstream.api_key
@@ -131,6 +152,8 @@ class Relay:
         self._metrics.proxy_inflight.inc()
         try:
             response, outcome = await self._serve(request, kind)
+            if not response.prepared:
+                await self._as_the_servers(request, response)
         except asyncio.CancelledError:
             outcome = outcomes.ProxyOutcome.CANCELLED
             raise
@@ -139,11 +162,18 @@ class Relay:
             self._counted[kind.route, outcome].inc()
         return response
 
+    async def _as_the_servers(self, request: web.BaseRequest, response: web.StreamResponse) -> None:
+        """The proxy's own answer (a refusal, a 503) with the headers llama-server puts on every answer: its
+        ``Server``, and the CORS headers it gives this request's ``Origin`` (asked of it: see :mod:`cors`)."""
+        response.headers.setdefault("Server", keepalive.SERVER)
+        if not any(name in response.headers for name in cors.HEADERS):
+            response.headers.extend(await self._origins.headers(request.headers.get("Origin")))
+
     async def _serve(
         self, request: web.BaseRequest, kind: routes.Request
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         if kind.verdict is routes.Verdict.BAD_PATH:
-            return refusals.bad_path(), outcomes.ProxyOutcome.INVALID
+            return refusals.bad_path(request.raw_path), outcomes.ProxyOutcome.INVALID
         needs_admin = kind.verdict in (routes.Verdict.SLOT_ACTION, routes.Verdict.UNKNOWN)
         address, now = request.remote or "", self._clock.monotonic()
         if needs_admin and (wait := self._tries.wait(address, now)) > 0:
@@ -155,17 +185,20 @@ class Relay:
         if needs_admin and not admin:
             if self._admin_token and "Authorization" in request.headers:
                 self._tries.failed(address, now)  # a token was offered for an admin-only request: a wrong one
+            if kind.verdict is routes.Verdict.UNKNOWN:
+                return refusals.not_found(), outcomes.ProxyOutcome.REFUSED  # what llama-server answers it
             return refusals.refused(kind), outcomes.ProxyOutcome.REFUSED
         if needs_admin:
             self._tries.succeeded(address)
         headers = passon.to_server(request.headers.items(), admin=admin, api_key=self._api_key)
+        await _go_on(request)
         body, refusal = await bodies.read(
             request, self._bodies, limit=self._settings.max_body_bytes, timeout=self._settings.body_timeout
         )
         if refusal is not None:
             return refusal
         try:
-            keep = self._keep_alive(request, kind, body, now)
+            keep = self._keep_alive(request, kind, body, now, headers)
             if keep is None:
                 return await self._dispatch(request, kind, headers, body, admin=admin, owner=owner)
             try:
@@ -177,7 +210,12 @@ class Relay:
             self._bodies.give(len(body))
 
     def _keep_alive(
-        self, request: web.BaseRequest, kind: routes.Request, body: bytes, arrived: float
+        self,
+        request: web.BaseRequest,
+        kind: routes.Request,
+        body: bytes,
+        arrived: float,
+        headers: list[tuple[str, str]],
     ) -> keepalive.KeepAlive | None:
         """The keep-alive of a streamed completion (see :mod:`keepalive`); None for any other request."""
         if kind.route is not outcomes.Route.COMPLETION or kind.path not in routes.STREAMING_ROUTES:
@@ -185,7 +223,12 @@ class Relay:
         if not sse.asks_stream(body):
             return None
         delay = keepalive.HEADERS_AFTER - (self._clock.monotonic() - arrived)
-        return keepalive.KeepAlive(request, sse.api_of(request.raw_path), delay=max(delay, 0.0))
+        too_long = (
+            None if self._admit is not None else functools.partial(self._overflow.exceeds, kind.path, body, headers)
+        )
+        return keepalive.KeepAlive(
+            request, sse.api_of(request.raw_path), delay=max(delay, 0.0), origins=self._origins, too_long=too_long
+        )
 
     async def _dispatch(
         self,
@@ -422,6 +465,10 @@ class Relay:
     ) -> tuple[web.StreamResponse, outcomes.ProxyOutcome]:
         clean = False
         try:
+            if self._rates is not None and first.whole is not None and _is_scrape(request, up):
+                first = answer.First(
+                    rates_of.for_client(self._rates, up.header("process-start-time-unix"), first.whole)
+                )
             started = await keep.stop() if keep is not None else None
             headers = passon.to_client(up.headers)
             if placement is not None and placement.header and self._settings.prefix_header:
@@ -439,6 +486,24 @@ class Relay:
                     self._client.open_spare()  # llama-server closed this one: the next request finds a new one ready
             else:
                 up.close()  # a cut or cancelled answer: llama-server sees the connection drop and stops the task
+
+
+def _is_scrape(request: web.BaseRequest, up: upclient.Answer) -> bool:
+    """A client's read of llama-server's own ``/metrics`` (a plain server's: no ``?model=``), answered."""
+    return (
+        request.method == "GET"
+        and up.status == 200
+        and request.raw_path.partition("?")[2] == ""
+        and _classify("GET", request.raw_path).path == "/metrics"
+    )
+
+
+async def _go_on(request: web.BaseRequest) -> None:
+    """The interim ``100 Continue`` a client that sent ``Expect: 100-continue`` waits for before its body
+    (llama-server's cpp-httplib sends it; aiohttp's low-level server leaves it to the handler)."""
+    if request.version >= (1, 1) and request.headers.get("Expect", "").lower() == "100-continue":
+        with contextlib.suppress(ConnectionError):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
 async def _read_all(up: upclient.Answer) -> tuple[web.Response, bytes]:

@@ -20,6 +20,8 @@ from sidecar.core import tasks
 PAUSE_BYTES = 1 << 18
 """Bytes of an answer read and not yet taken by the relay at which reading pauses, until they are taken."""
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+OWN_AGENT = ("User-Agent", "llama-kv-sidecar-proxy")
+"""The header of the proxy's own questions to llama-server (CORS headers, token counts), not a client's request."""
 
 
 class ForwardError(Exception):

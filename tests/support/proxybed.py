@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.act import gate
 from sidecar.core import config, metrics, tries
-from sidecar.proxy import listener, relay
+from sidecar.proxy import listener, relay, upclient
 
 
 @dataclasses.dataclass(slots=True)
@@ -48,21 +48,35 @@ class Arrived:
     body: bytes
 
 
+def _asked(arrived: Arrived) -> bool:
+    return (upclient.OWN_AGENT[0].lower(), upclient.OWN_AGENT[1]) in [(k.lower(), v) for k, v in arrived.headers]
+
+
 class Upstream:
     def __init__(self) -> None:
-        self.arrived: list[Arrived] = []
+        self.everything: list[Arrived] = []
+        """Every request that reached it: the clients' (``arrived``) and the proxy's own questions (``asked``)."""
         self.hung_up = asyncio.Event()
         self.step = asyncio.Event()
         self.dropped = 0
         self.loading_sent = 0
         self.prefill_crashes = 0
 
+    @property
+    def arrived(self) -> list[Arrived]:
+        """The clients' requests that reached it (not the proxy's own questions: ``asked``)."""
+        return [a for a in self.everything if not _asked(a)]
+
     def paths(self) -> list[str]:
         return [a.raw_path for a in self.arrived]
 
+    def asked(self) -> list[str]:
+        """The paths of the proxy's own questions (CORS headers, a prompt's token count)."""
+        return [a.raw_path for a in self.everything if _asked(a)]
+
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         body = await request.read()
-        self.arrived.append(Arrived(request.method, request.raw_path, list(request.headers.items()), body))
+        self.everything.append(Arrived(request.method, request.raw_path, list(request.headers.items()), body))
         path = request.query.get("fake", "")
         if path == "hang":
             try:
