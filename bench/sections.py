@@ -34,6 +34,7 @@ from bench import restore as restore_mod
 from bench import stall as stall_mod
 from bench import swap as swap_mod
 from bench import ttft as ttft_mod
+from bench import turns as turns_mod
 
 
 def say(text: str) -> None:
@@ -278,6 +279,12 @@ TABLE: tuple[Section, ...] = (
         "18. Swap speed: a conversation swapped into a slot from a whole file vs from the block store",
         _own(swap_mod),
         verdicts=swap_mod.verdicts,
+    ),
+    Section(
+        "turns",
+        "19. The block store at chat-size turns: written and stored over the KV, RAM staging when idle",
+        _own(turns_mod),
+        verdicts=turns_mod.verdicts,
     ),
 )
 

@@ -109,3 +109,19 @@ def test_a_prompt_prefilled_at_once_is_full_blocks_and_its_tail_finer_pieces_sha
         made = s._recipes.read("a")
         keys = next(p for p in made.parts if p.region is parts.Region.KEYS)
         assert [b.size for b in keys.blocks][:2] == [16 + 12 + 64 * shape.k_row, 64 * shape.k_row]  # headers first
+
+
+def test_a_store_written_with_whole_ranges_only_still_restores_and_its_full_ranges_are_found() -> None:
+    """A store of the version before (every range one block, the tail too) rebuilds as it did, and the
+    next save of the conversation writes only the range it ended in and what is new."""
+    shape = slotfiles.Shape()
+    per_cell = shape.layers * (shape.k_row + shape.v_row)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        sequence = list(range(900, 1200))
+        old = store.BlockStore(folder / "store", clock=clocks.reading(lambda: 1.0), tokens=TOKENS, fine=TOKENS)
+        _save(old, folder, "before", sequence[:150], shape)
+        new = store.BlockStore(folder / "store", clock=clocks.reading(lambda: 2.0), tokens=TOKENS, fine=FINE)
+        new.reassemble("before", folder / "again.bin")
+        assert (folder / "again.bin").read_bytes() == slotfiles.slot_file(sequence[:150], shape)
+        assert _save(new, folder, "after", sequence[:170], shape) == per_cell * (170 - 128)
