@@ -97,11 +97,15 @@ def _written(pid: int) -> int:
     raise rig.BenchError(f"/proc/{pid}/io has no write_bytes")
 
 
+OWN_PREFIX = ".llama-kv-sidecar"
+"""The sidecar's lock and the slot dir's weights record: a few bytes, not staged KV."""
+
+
 def _files(folder: Path) -> dict[str, int]:
-    """Regular files in ``folder`` (not links, not folders) and their sizes."""
+    """Regular files in ``folder`` (not links, not folders, not the sidecar's own records) and their sizes."""
     out: dict[str, int] = {}
     for entry in os.scandir(folder):
-        if entry.is_file(follow_symlinks=False):
+        if entry.is_file(follow_symlinks=False) and not entry.name.startswith(OWN_PREFIX):
             out[entry.name] = entry.stat(follow_symlinks=False).st_size
     return out
 
