@@ -126,9 +126,10 @@ Held = Callable[[str, int], bool]
 def _pieces(view: memoryview, part: parts.Part, held: Held) -> Iterator[tuple[memoryview | bytearray, str]]:
     """The bytes of each block of ``part``, in order, each with its sha256 when it was taken already ("" if not)."""
     fine = part.fine or ((),) * len(part.cuts)
+    last = max((i for i, split in enumerate(fine) if split), default=-1)
     pos = 0
-    for cut, split in zip(part.cuts, fine, strict=True):
-        digest, cuts = _choose(view, part, pos, cut, split, held) if split else ("", (cut,))
+    for i, (cut, split) in enumerate(zip(part.cuts, fine, strict=True)):
+        digest, cuts = _choose(view, part, pos, cut, split, held, last=i == last) if split else ("", (cut,))
         at = pos
         for piece in cuts:
             yield _column(view, part, at, piece), digest
@@ -137,19 +138,23 @@ def _pieces(view: memoryview, part: parts.Part, held: Held) -> Iterator[tuple[me
 
 
 def _choose(
-    view: memoryview, part: parts.Part, pos: int, cut: int, split: tuple[int, ...], held: Held
+    view: memoryview, part: parts.Part, pos: int, cut: int, split: tuple[int, ...], held: Held, *, last: bool
 ) -> tuple[str, tuple[int, ...]]:
     """How to store a cut that has a finer split: (its digest, (cut,)) or ("", the split).
 
     One block if the store holds it; else the pieces if the store holds the first of them (the range was
-    the tail of an earlier save: only the pieces it lacks are new); else one block (new bytes: fewer,
-    larger blocks). Every byte is in exactly one block either way: the choice changes what is written,
-    never what is rebuilt.
+    the tail of an earlier save: only the pieces it lacks are new); else, new bytes, one block (fewer,
+    larger blocks), but for the ``last`` full range of the layer: its pieces, since a conversation
+    sharing this one's prompt most often parts from it there (the end of a system prompt, just before the
+    first turn) and then finds the pieces before that point. Every byte is in exactly one block either
+    way: the choice changes what is written, never what is rebuilt.
     """
     with _released(_column(view, part, pos, cut)) as whole:
         digest = hashlib.sha256(whole).hexdigest()
         if held(digest, len(whole)):
             return digest, (cut,)
+    if last:
+        return "", split
     with _released(_column(view, part, pos, split[0])) as first:
         if held(hashlib.sha256(first).hexdigest(), len(first)):
             return "", split

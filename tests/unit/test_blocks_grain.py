@@ -108,7 +108,22 @@ def test_a_prompt_prefilled_at_once_is_full_blocks_and_its_tail_finer_pieces_sha
         assert _save(s, folder, "b", [*prompt, 9, 9, 9, 9], shape) == per_cell * (150 - 144 + 4)
         made = s._recipes.read("a")
         keys = next(p for p in made.parts if p.region is parts.Region.KEYS)
-        assert [b.size for b in keys.blocks][:2] == [16 + 12 + 64 * shape.k_row, 64 * shape.k_row]  # headers first
+        # the first range one block (headers first), the last full one in pieces, then the tail's pieces
+        assert [b.size // shape.k_row for b in keys.blocks] == [64, *[8] * 8, 8, 8, 8, 1]
+        assert keys.blocks[0].size == 16 + 12 + 64 * shape.k_row
+
+
+def test_a_conversation_parting_from_a_shared_prompt_in_its_last_full_range_writes_from_the_piece_it_parts_in() -> None:
+    """The last full range of a new file is stored in pieces: another conversation sharing the prompt up to
+    a point inside it finds the pieces before that point (a whole block would differ)."""
+    shape = slotfiles.Shape()
+    per_cell = shape.layers * (shape.k_row + shape.v_row)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        s = store.BlockStore(folder / "store", clock=clocks.reading(lambda: 1.0), tokens=TOKENS, fine=FINE)
+        prompt = list(range(6000, 6110))  # parts at 110: inside the range 64..127, full in both files
+        _save(s, folder, "a", [*prompt, *range(20)], shape)
+        assert _save(s, folder, "b", [*prompt, *range(50, 70)], shape) == per_cell * (130 - 104)
 
 
 def test_a_store_written_with_whole_ranges_only_still_restores_and_its_full_ranges_are_found() -> None:
