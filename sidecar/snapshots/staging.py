@@ -25,9 +25,10 @@ from sidecar.snapshots.directory import PROBE_PREFIX, TEMP_PREFIX, Directory
 
 SPARE = f"{TEMP_PREFIX}restore-spare.bin"
 """The rebuild kept for its pages (see the module docstring)."""
-SPARE_SECONDS = 5.0
-"""How long a spare waits for the next rebuild before it is deleted: a swap per turn of a busy host reuses
-it, and the slot dir (RAM) is empty once no restore came for that long."""
+SPARE_SECONDS = 30.0
+"""How long a spare waits for the next rebuild before it is deleted: an agent's or a busy host's swap per turn
+reuses it (a turn on a loaded 2-core machine took well over 5 s), and the slot dir (RAM) is empty once no
+restore came for that long."""
 
 
 class Staging:
