@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.blocks import kvcache, parts, store
+from sidecar.blocks import blockdir, kvcache, parts, store
 from tests.support import clocks, slotfiles
 
 TOKENS, FINE = 64, 8
@@ -140,3 +140,22 @@ def test_a_store_written_with_whole_ranges_only_still_restores_and_its_full_rang
         new.reassemble("before", folder / "again.bin")
         assert (folder / "again.bin").read_bytes() == slotfiles.slot_file(sequence[:150], shape)
         assert _save(new, folder, "after", sequence[:170], shape) == per_cell * (170 - 128)
+
+
+def test_collection_after_saves_in_pieces_keeps_every_block_a_recipe_names_and_nothing_else() -> None:
+    shape = slotfiles.Shape(v_trans=True, v_row=32, el=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        s = store.BlockStore(folder / "store", clock=clocks.reading(lambda: 1.0), tokens=TOKENS, fine=FINE)
+        sequence = list(range(300, 600))
+        for i, end in enumerate((70, 95, 140, 200)):
+            _save(s, folder, f"s{i}", sequence[:end], shape)
+        assert s.drop("s0")
+        assert s.drop("s2")
+        s.collect()
+        named = set().union(*(s._recipes.read(n).digests() for n in s.names()))
+        held = {d for d, _, _ in blockdir.BlockDir(s.root / "blocks").entries() if d}
+        assert held == named
+        for name, end in (("s1", 95), ("s3", 200)):
+            s.reassemble(name, folder / "back.bin")
+            assert (folder / "back.bin").read_bytes() == slotfiles.slot_file(sequence[:end], shape)
