@@ -36,6 +36,7 @@ from bench import restore as restore_mod
 from bench import stall as stall_mod
 from bench import swap as swap_mod
 from bench import ttft as ttft_mod
+from bench import turns as turns_mod
 
 
 def say(text: str) -> None:
@@ -293,6 +294,12 @@ TABLE: tuple[Section, ...] = (
         "20. Sliding-window models without --swa-full: the turn after a kill -9 vs no crash",
         _own(swa),
         verdicts=swa.verdicts,
+    ),
+    Section(
+        "turns",
+        "21. The block store at chat-size turns: written and stored over the KV, RAM staging when idle",
+        _own(turns_mod),
+        verdicts=turns_mod.verdicts,
     ),
 )
 

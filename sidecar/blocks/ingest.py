@@ -2,7 +2,9 @@
 
 The file is mapped (``mmap``), cut by :func:`layout.plan`, and each block
 hashed where it lies (a run's blocks are slices of the mapping; a grid's
-are gathered row piece by row piece). A block the store holds is counted,
+are gathered row piece by row piece). A full K/V range is one block, or
+its finer pieces when the store holds the first of them (see
+:func:`_choose`). A block the store holds is counted,
 not written; the others are written once each (see
 :class:`~sidecar.blocks.blockdir.BlockDir`). Only once every block is
 durable is the recipe committed: a crash anywhere before leaves blocks no
@@ -13,11 +15,12 @@ store lacks. The caller holds the store's lock shared meanwhile (see
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import xxhash
 
@@ -56,7 +59,14 @@ class Ingested:
 
 
 def ingest(
-    blocks: blockdir.BlockDir, recipes: recipedir.RecipeDir, name: str, source: int, *, now: float, tokens: int
+    blocks: blockdir.BlockDir,
+    recipes: recipedir.RecipeDir,
+    name: str,
+    source: int,
+    *,
+    now: float,
+    tokens: int,
+    fine: int = layout.FINE,
 ) -> Ingested:
     """Store the regular file open at ``source`` (a descriptor) as recipe ``name``."""
     recipes.of(name)  # a bad name fails before any block is written
@@ -66,16 +76,16 @@ def ingest(
         with memoryview(mapped if mapped is not None else b"") as view:
             if mapped is not None:
                 mapped.madvise(mmap.MADV_SEQUENTIAL)
-            cut = layout.plan(view, chunking.cuts, tokens=tokens)
+            cut = layout.plan(view, chunking.cuts, tokens=tokens, fine=fine)
             checksum = xxhash.xxh3_128(view).hexdigest()
             made_parts: list[recipe.Part] = []
             written = written_bytes = 0
             regions: dict[parts.Region, list[int]] = {}
             for part in cut.parts:
                 made: list[recipe.Block] = []
-                for data in _pieces(view, part):
+                for data, known in _pieces(view, part, blocks.holds):
                     try:
-                        digest = hashlib.sha256(data).hexdigest()
+                        digest = known or hashlib.sha256(data).hexdigest()
                         new = blocks.put(digest, data)
                     finally:  # also when the write fails (a full disk): a slice left unreleased pins the mapping
                         length = len(data)
@@ -109,21 +119,66 @@ def ingest(
     )
 
 
-def _pieces(view: memoryview, part: parts.Part) -> Iterator[memoryview | bytearray]:
-    """The bytes of each block of ``part``, in order."""
+Held = Callable[[str, int], bool]
+"""Whether the store holds the block of this digest and size."""
+
+
+def _pieces(view: memoryview, part: parts.Part, held: Held) -> Iterator[tuple[memoryview | bytearray, str]]:
+    """The bytes of each block of ``part``, in order, each with its sha256 when it was taken already ("" if not)."""
+    fine = part.fine or ((),) * len(part.cuts)
+    last = max((i for i, split in enumerate(fine) if split), default=-1)
+    pos = 0
+    for i, (cut, split) in enumerate(zip(part.cuts, fine, strict=True)):
+        digest, cuts = _choose(view, part, pos, cut, split, held, last=i == last) if split else ("", (cut,))
+        at = pos
+        for piece in cuts:
+            yield _column(view, part, at, piece), digest
+            at += piece
+        pos += cut
+
+
+def _choose(
+    view: memoryview, part: parts.Part, pos: int, cut: int, split: tuple[int, ...], held: Held, *, last: bool
+) -> tuple[str, tuple[int, ...]]:
+    """How to store a cut that has a finer split: (its digest, (cut,)) or ("", the split).
+
+    One block if the store holds it; else the pieces if the store holds the first of them (the range was
+    the tail of an earlier save: only the pieces it lacks are new); else, new bytes, one block (fewer,
+    larger blocks), but for the ``last`` full range of the layer: its pieces, since a conversation
+    sharing this one's prompt most often parts from it there (the end of a system prompt, just before the
+    first turn) and then finds the pieces before that point. Every byte is in exactly one block either
+    way: the choice changes what is written, never what is rebuilt.
+    """
+    with _released(_column(view, part, pos, cut)) as whole:
+        digest = hashlib.sha256(whole).hexdigest()
+        if held(digest, len(whole)):
+            return digest, (cut,)
+    if last:
+        return "", split
+    with _released(_column(view, part, pos, split[0])) as first:
+        if held(hashlib.sha256(first).hexdigest(), len(first)):
+            return "", split
+    return digest, (cut,)
+
+
+@contextlib.contextmanager
+def _released(data: memoryview | bytearray) -> Iterator[memoryview | bytearray]:
+    """``data``, released at the end (a slice left unreleased pins the mapping)."""
+    try:
+        yield data
+    finally:
+        if isinstance(data, memoryview):
+            data.release()
+
+
+def _column(view: memoryview, part: parts.Part, at: int, cut: int) -> memoryview | bytearray:
+    """The bytes of the block ``cut`` bytes wide at ``at`` bytes into ``part`` (into each row of a grid)."""
     if isinstance(part, parts.Run):
-        pos = part.offset
-        for cut in part.cuts:
-            yield view[pos : pos + cut]
-            pos += cut
-        return
+        return view[part.offset + at : part.offset + at + cut]
     width = sum(part.cuts)
-    col = 0
-    for cut in part.cuts:
-        out = bytearray(cut * part.rows)
-        src = part.offset + col
-        for row in range(part.rows):
-            out[row * cut : (row + 1) * cut] = view[src : src + cut]
-            src += width
-        yield out
-        col += cut
+    out = bytearray(cut * part.rows)
+    src = part.offset + at
+    for row in range(part.rows):
+        out[row * cut : (row + 1) * cut] = view[src : src + cut]
+        src += width
+    return out

@@ -53,7 +53,40 @@ def groups(positions: Sequence[int], tokens: int) -> tuple[int, ...]:
     return tuple(cuts)
 
 
-def section(buf: memoryview, pos: int, tokens: int) -> tuple[list[parts.Part], int] | None:
+Grains = tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]
+"""Cells per block, and per block its finer split (``()``: none; all of it ``()`` when no block has one)."""
+
+
+def grains(positions: Sequence[int], tokens: int, fine: int) -> Grains:
+    """The blocks of :func:`groups` at ``tokens``, each range it does not fill cut at ``fine`` instead.
+
+    A range a save fills only in part is the tail of a growing conversation: cut at ``tokens`` it would be
+    written whole again at the next save, ``tokens`` - ``fine`` more positions per layer than a turn adds
+    (a 90-token turn wrote 218 positions' worth on average). Cut at ``fine``, the next save finds every
+    ``fine`` piece but the last, partial one. A full range keeps one block, with its ``fine`` split beside
+    it: the ingest stores it as those pieces when the store holds the first of them (the range grew there
+    save by save), else as one block (a prompt prefilled at once). ``fine`` must divide ``tokens``
+    (else no range is split), so the pieces of a range line up with the range in every file.
+    """
+    coarse = groups(positions, tokens)
+    if not 0 < fine < tokens or tokens % fine:
+        return coarse, ()
+    cuts: list[int] = []
+    alternatives: list[tuple[int, ...]] = []
+    at = 0
+    for n in coarse:
+        split = groups(positions[at : at + n], fine)
+        at += n
+        if n == tokens:
+            cuts.append(n)
+            alternatives.append(split if len(split) > 1 else ())
+        else:
+            cuts.extend(split)
+            alternatives.extend(() for _ in split)
+    return tuple(cuts), tuple(alternatives) if any(alternatives) else ()
+
+
+def section(buf: memoryview, pos: int, tokens: int, fine: int = 0) -> tuple[list[parts.Part], int] | None:
     """The parts of one KV cache written by ``llama_kv_cache::state_write`` at ``pos``, and its end."""
     size = len(buf)
     if pos + 4 > size:
@@ -71,7 +104,7 @@ def section(buf: memoryview, pos: int, tokens: int) -> tuple[list[parts.Part], i
         pos += 4
         if cells == 0:
             continue
-        stream = _stream(buf, pos, cells, tokens)
+        stream = _stream(buf, pos, cells, tokens, fine)
         if stream is None:
             return None
         found, pos = stream
@@ -93,13 +126,13 @@ def _tiled(pieces: list[parts.Part], start: int, end: int) -> list[parts.Part]:
     return tiled
 
 
-def _stream(buf: memoryview, pos: int, cells: int, tokens: int) -> tuple[list[parts.Part], int] | None:
+def _stream(buf: memoryview, pos: int, cells: int, tokens: int, fine: int) -> tuple[list[parts.Part], int] | None:
     for ext in (False, True):
         meta = _meta(buf, pos, cells, ext)
         if meta is None:
             continue
         meta_end, positions = meta
-        data = _data(buf, meta_end, cells, groups(positions, tokens))
+        data = _data(buf, meta_end, cells, grains(positions, tokens, fine))
         if data is not None:
             pieces, end = data
             return [parts.Run(pos, (meta_end - pos,), parts.Region.CELLS), *pieces], end
@@ -128,7 +161,13 @@ def _meta(buf: memoryview, pos: int, cells: int, ext: bool) -> tuple[int, Sequen
     return pos, positions
 
 
-def _data(buf: memoryview, pos: int, cells: int, blocks: tuple[int, ...]) -> tuple[list[parts.Part], int] | None:
+def _scaled(blocks: Grains, size: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """The grains in bytes, ``size`` bytes a cell."""
+    cuts, fine = blocks
+    return tuple(n * size for n in cuts), tuple(tuple(n * size for n in split) for split in fine)
+
+
+def _data(buf: memoryview, pos: int, cells: int, blocks: Grains) -> tuple[list[parts.Part], int] | None:
     """The K and V pieces of ``state_write_data`` at ``pos``; None if it does not parse as one."""
     size = len(buf)
     if pos + _DATA.size > size:
@@ -143,7 +182,8 @@ def _data(buf: memoryview, pos: int, cells: int, blocks: tuple[int, ...]) -> tup
         if row is None or pos + _KROW.size + row * cells > size:
             return None
         pieces.append(parts.Run(pos, (_KROW.size,), parts.Region.GLUE))
-        pieces.append(parts.Run(pos + _KROW.size, tuple(n * row for n in blocks), parts.Region.KEYS))
+        cuts, fine = _scaled(blocks, row)
+        pieces.append(parts.Run(pos + _KROW.size, cuts, parts.Region.KEYS, fine))
         pos += _KROW.size + row * cells
     for _ in range(n_layer):  # a layer without V (``if (!v) continue``) writes nothing: stop at what parses
         found = _v_layer(buf, pos, cells, blocks, bool(v_trans))
@@ -161,19 +201,15 @@ def _row_header(buf: memoryview, pos: int) -> int | None:
     return row if 0 <= kind <= MAX_TYPE and 1 <= row <= MAX_ROW else None
 
 
-def _v_layer(
-    buf: memoryview, pos: int, cells: int, blocks: tuple[int, ...], trans: bool
-) -> tuple[list[parts.Part], int] | None:
+def _v_layer(buf: memoryview, pos: int, cells: int, blocks: Grains, trans: bool) -> tuple[list[parts.Part], int] | None:
     size = len(buf)
     if not trans:
         row = _row_header(buf, pos)
         if row is None or pos + _KROW.size + row * cells > size:
             return None
         head = parts.Run(pos, (_KROW.size,), parts.Region.GLUE)
-        return [
-            head,
-            parts.Run(pos + _KROW.size, tuple(n * row for n in blocks), parts.Region.VALUES),
-        ], pos + _KROW.size + row * cells
+        cuts, fine = _scaled(blocks, row)
+        return [head, parts.Run(pos + _KROW.size, cuts, parts.Region.VALUES, fine)], pos + _KROW.size + row * cells
     if pos + _VTRANS.size > size:
         return None
     kind, el, rows = _VTRANS.unpack_from(buf, pos)
@@ -181,4 +217,5 @@ def _v_layer(
     if not (0 <= kind <= MAX_TYPE and 1 <= el <= 16 and 1 <= rows <= MAX_ROW) or end > size:
         return None
     head = parts.Run(pos, (_VTRANS.size,), parts.Region.GLUE)
-    return [head, parts.Grid(pos + _VTRANS.size, rows, tuple(n * el for n in blocks), parts.Region.VALUES)], end
+    cuts, fine = _scaled(blocks, el)
+    return [head, parts.Grid(pos + _VTRANS.size, rows, cuts, parts.Region.VALUES, fine)], end

@@ -39,6 +39,9 @@ class Run:
     offset: int
     cuts: tuple[int, ...]
     region: Region
+    fine: tuple[tuple[int, ...], ...] = ()
+    """Empty, or per cut its finer split (``()``: none): the ingest stores cut ``i`` as the blocks of
+    ``fine[i]`` instead of one block when the store holds the first of them (see ``ingest``)."""
 
     @property
     def length(self) -> int:
@@ -53,6 +56,8 @@ class Grid:
     rows: int
     cuts: tuple[int, ...]
     region: Region
+    fine: tuple[tuple[int, ...], ...] = ()
+    """As :attr:`Run.fine`, in bytes of a row."""
 
     @property
     def length(self) -> int:

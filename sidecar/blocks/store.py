@@ -27,11 +27,16 @@ class Usage:
 
 
 class BlockStore:
-    def __init__(self, root: Path, *, clock: protocols.Clock, tokens: int = layout.TOKENS) -> None:
-        """``tokens``: cells per K/V block (see :data:`layout.TOKENS`); a store keeps one value for life."""
+    def __init__(
+        self, root: Path, *, clock: protocols.Clock, tokens: int = layout.TOKENS, fine: int = layout.FINE
+    ) -> None:
+        """``tokens``: cells per K/V block (see :data:`layout.TOKENS`); ``fine``: cells per block of a range
+        filled in part or grown save by save (:data:`layout.FINE`). Either may change between runs: a file
+        cut otherwise only dedups less against what the store holds, and rebuilds the same."""
         self.root = root
         self._clock = clock
         self._tokens = tokens
+        self._fine = fine
         (root / "blocks").mkdir(parents=True, exist_ok=True)
         (root / "recipes").mkdir(exist_ok=True)
         self._recipes = recipedir.RecipeDir(root / "recipes")
@@ -49,6 +54,7 @@ class BlockStore:
                     fd,
                     now=self._clock.wall(),
                     tokens=self._tokens,
+                    fine=self._fine,
                 )
         finally:
             os.close(fd)

@@ -5,7 +5,9 @@ small pages, where allocating a file's pages is most of a rebuild's cost (261 MB
 writing into a new file, 0.04-0.08 s over a spare's pages, Linux 6.18): the next rebuild overwrites
 it in place. One spare at most (a second rebuild given back is deleted), so the slot dir still holds
 at most one file of the sidecar's beyond what the server saves or restores; it is dropped when a save
-would lack room for it, before a restart's rebuilds ahead, and at start-up (a ``.tmp-`` name).
+would lack room for it, before a restart's rebuilds ahead, at start-up (a ``.tmp-`` name), and once no
+rebuild took it for ``SPARE_SECONDS``: a burst of swaps reuses it, an idle sidecar holds no RAM in the
+slot dir.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +25,10 @@ from sidecar.snapshots.directory import PROBE_PREFIX, TEMP_PREFIX, Directory
 
 SPARE = f"{TEMP_PREFIX}restore-spare.bin"
 """The rebuild kept for its pages (see the module docstring)."""
+SPARE_SECONDS = 30.0
+"""How long a spare waits for the next rebuild before it is deleted: an agent's or a busy host's swap per turn
+reuses it (a turn on a loaded 2-core machine took well over 5 s), and the slot dir (RAM) is empty once no
+restore came for that long."""
 
 
 class Staging:
@@ -32,6 +39,11 @@ class Staging:
         self._prefix = prefix
         self.keeps_spare = directory.blocks is not None and mounts.tmpfs_of_small_pages(directory.staging.path)
         """Whether a rebuild given back is kept as the spare whose pages the next one reuses."""
+        self.spare_seconds = SPARE_SECONDS
+        """Seconds a spare is kept unused (:data:`SPARE_SECONDS`)."""
+        self._spare_lock = threading.Lock()
+        self._spare_kept = 0
+        """Counts the spares kept: a timer deletes the spare only if none was kept after the one it was set for."""
 
     def staged_bytes(self) -> int:
         """Bytes of the files staged in the slot dir now (RAM on a tmpfs): what is there, not what was counted."""
@@ -126,11 +138,23 @@ class Staging:
         path = self._dir.staging.path
         if os.path.lexists(path / SPARE):
             return False
-        try:
-            os.rename(path / name, path / SPARE)
-        except OSError:
-            return False
+        with self._spare_lock:  # against a timer deleting the spare it was set for meanwhile
+            try:
+                os.rename(path / name, path / SPARE)
+            except OSError:
+                return False
+            self._spare_kept += 1
+            kept = self._spare_kept
+        timer = threading.Timer(self.spare_seconds, self._expire_spare, args=(kept,))
+        timer.daemon = True  # an exit does not wait for it: the start-up after removes ``.tmp-`` names
+        timer.start()
         return True
+
+    def _expire_spare(self, kept: int) -> None:
+        """Delete the spare if it is still the one kept as number ``kept`` (no later one was kept since)."""
+        with self._spare_lock:
+            if kept == self._spare_kept:
+                self.drop_spare()
 
     def drop_spare(self) -> bool:
         """Delete the spare; True if there was one."""

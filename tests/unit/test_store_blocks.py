@@ -11,7 +11,7 @@ import pytest
 
 from sidecar.core import errors, events, outcomes
 from sidecar.snapshots import manifest, retention, slotdir, staging, store, upgrade
-from tests.support import clocks
+from tests.support import clocks, wait
 from tests.support.told import Told
 
 FP = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
@@ -206,3 +206,20 @@ def test_no_spare_is_kept_where_pages_are_cheap(dirs: tuple[Path, Path]) -> None
     name = snaps.stage(record)
     snaps.unstage(name, record)
     assert list(dirs[0].iterdir()) == []
+
+
+def test_a_spare_no_rebuild_takes_is_deleted_so_an_idle_slot_dir_holds_nothing(dirs: tuple[Path, Path]) -> None:
+    """RAM staging is empty once idle: the spare waits ``spare_seconds`` for a rebuild, then goes."""
+    snaps = _open(dirs)
+    snaps.staged.keeps_spare = True  # as on a tmpfs of small pages
+    snaps.staged.spare_seconds = 0.2
+    one = _commit(snaps, _bytes(7))
+    two = _commit(snaps, _bytes(8, 5000))
+
+    snaps.unstage(snaps.stage(one), one)
+    assert sorted(p.name for p in dirs[0].iterdir()) == [staging.SPARE]
+    taken = snaps.stage(two)  # a rebuild within the wait takes the spare's pages
+    assert sorted(p.name for p in dirs[0].iterdir()) == [taken]
+    snaps.unstage(taken, two)  # kept again, waiting anew
+    wait.wait_until(lambda: not any(dirs[0].iterdir()), timeout=10, what="the spare deleted once unused")
+    assert snaps.usage().staged_bytes == 0
