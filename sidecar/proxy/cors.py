@@ -17,6 +17,7 @@ import collections
 import time
 from collections.abc import Callable
 
+from sidecar.core import tasks
 from sidecar.proxy import upclient
 
 HEADERS = ("access-control-allow-origin", "access-control-allow-credentials")
@@ -48,7 +49,10 @@ class Origins:
             return found[1]
         asking = self._asking.get(key)
         if asking is None:  # one question per origin at a time: a thousand requests at once ask once
-            asking = asyncio.ensure_future(self._ask(origin))
+            asking = tasks.watch(
+                asyncio.create_task(self._ask(origin), name="proxy-cors-ask"),
+                effect="this origin's CORS headers are not known: the proxy's own answers to it carry none",
+            )
             self._asking[key] = asking
             asking.add_done_callback(lambda _: self._asking.pop(key, None))
         asked = await asyncio.shield(asking)
