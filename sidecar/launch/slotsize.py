@@ -11,12 +11,9 @@ reads the header.
 from __future__ import annotations
 
 import dataclasses
-import os
-import struct
 from pathlib import Path
-from typing import BinaryIO
 
-from sidecar.core import safeio
+from sidecar.core import gguf
 
 TYPE_BYTES: dict[str, float] = {
     "f32": 4.0,
@@ -56,12 +53,7 @@ def slot_bytes(shape: Shape, *, ctx_size: int, cache_type_k: str = "f16", cache_
 
 def of_model(path: Path) -> Shape:
     """The KV shape of the GGUF model at ``path``; raises OSError or ValueError if it cannot be read."""
-    try:
-        fd, _ = safeio.open_regular(path, follow=True)
-    except safeio.Refused as exc:
-        raise ValueError(str(exc)) from exc
-    with os.fdopen(fd, "rb") as fh:
-        keys = _keys(fh)
+    keys = gguf.read_keys(path)
     arch = keys.get("general.architecture")
     if not isinstance(arch, str):
         raise ValueError("no general.architecture in the GGUF header")
@@ -94,72 +86,3 @@ def of_model(path: Path) -> Shape:
         value_length=number("attention.value_length", head_size),
         context_length=number("context_length", 4096),
     )
-
-
-_GGUF = b"GGUF"
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-_MAX_KEYS = 1 << 16
-
-
-def _keys(fh: BinaryIO) -> dict[str, object]:
-    """The header's scalar and string values, and its arrays of integers (other arrays skipped)."""
-    if fh.read(4) != _GGUF:
-        raise ValueError("not a GGUF file (no 'GGUF' magic)")
-    (version,) = struct.unpack("<I", _exact(fh, 4))
-    if version < 2:
-        raise ValueError(f"GGUF version {version} is too old to read")
-    _, n_kv = struct.unpack("<QQ", _exact(fh, 16))
-    if n_kv > _MAX_KEYS:
-        raise ValueError(f"GGUF header claims {n_kv} keys")
-    found: dict[str, object] = {}
-    for _ in range(n_kv):
-        key = _string(fh)
-        (vtype,) = struct.unpack("<I", _exact(fh, 4))
-        if vtype in _SCALARS:
-            fmt = _SCALARS[vtype]
-            found[key] = struct.unpack(fmt, _exact(fh, struct.calcsize(fmt)))[0]
-        elif vtype == _STRING:
-            found[key] = _string(fh)
-        elif vtype == _ARRAY:
-            item, count = struct.unpack("<IQ", _exact(fh, 12))
-            if item in _SCALARS and item not in (6, 7, 12) and count <= 4096:
-                fmt = _SCALARS[item]
-                found[key] = list(struct.unpack(f"<{count}{fmt[1]}", _exact(fh, count * struct.calcsize(fmt))))
-            else:
-                for _ in range(count):
-                    _skip(fh, item)
-        else:
-            raise ValueError(f"GGUF value type {vtype} is unknown")
-    return found
-
-
-def _skip(fh: BinaryIO, vtype: int) -> None:
-    if vtype in _SCALARS:
-        fh.seek(struct.calcsize(_SCALARS[vtype]), 1)
-    elif vtype == _STRING:
-        (n,) = struct.unpack("<Q", _exact(fh, 8))
-        fh.seek(n, 1)
-    elif vtype == _ARRAY:
-        item, count = struct.unpack("<IQ", _exact(fh, 12))
-        if item in _SCALARS:
-            fh.seek(count * struct.calcsize(_SCALARS[item]), 1)
-        else:
-            for _ in range(count):
-                _skip(fh, item)
-    else:
-        raise ValueError(f"GGUF value type {vtype} is unknown")
-
-
-def _exact(fh: BinaryIO, n: int) -> bytes:
-    data = fh.read(n)
-    if len(data) != n:
-        raise ValueError("GGUF header ends early")
-    return data
-
-
-def _string(fh: BinaryIO) -> str:
-    (n,) = struct.unpack("<Q", _exact(fh, 8))
-    if n > 1 << 30:
-        raise ValueError("GGUF string too long")
-    return _exact(fh, n).decode("utf-8", errors="replace")

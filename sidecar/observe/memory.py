@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import struct
 from pathlib import Path
-from typing import BinaryIO
 
 import structlog
 
-from sidecar.core import events, safeio
+from sidecar.core import events, gguf
 from sidecar.observe import serverargs
 
 log = structlog.get_logger("sidecar.memory")
@@ -136,79 +134,13 @@ def read_model(path: Path) -> tuple[Kind, Window | None]:
 
     Only a regular file is read (a FIFO's open would never return): anything else is a ValueError.
     """
-    try:
-        fd, _ = safeio.open_regular(path, follow=True)
-    except safeio.Refused as exc:
-        raise ValueError(str(exc)) from exc
-    return _read_header(fd)
-
-
-def _read_header(fd: int) -> tuple[Kind, Window | None]:
-    with os.fdopen(fd, "rb") as fh:
-        architecture, window = _header(fh)
+    found = gguf.read_keys(path)
+    architecture = found.get("general.architecture")
+    if not isinstance(architecture, str):
+        architecture = None
+    value = found.get(f"{architecture}.attention.sliding_window") if architecture is not None else None
+    window = int(value) if isinstance(value, int | float) else None
     return classify(architecture, sliding_window=window), window_of(architecture, window)
-
-
-_GGUF = b"GGUF"
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-
-
-def _header(fh: BinaryIO) -> tuple[str | None, int | None]:
-    """``general.architecture`` and ``<arch>.attention.sliding_window`` (None when absent) of a GGUF file."""
-    if fh.read(4) != _GGUF:
-        raise ValueError("not a GGUF file (no 'GGUF' magic)")
-    (version,) = struct.unpack("<I", _exact(fh, 4))
-    if version < 2:
-        raise ValueError(f"GGUF version {version} is too old to read")
-    _, n_kv = struct.unpack("<QQ", _exact(fh, 16))
-    architecture: str | None = None
-    window: int | None = None
-    for _ in range(n_kv):
-        key = _string(fh)
-        (vtype,) = struct.unpack("<I", _exact(fh, 4))
-        if key == "general.architecture" and vtype == _STRING:
-            architecture = _string(fh)
-        elif architecture is not None and key == f"{architecture}.attention.sliding_window" and vtype in _SCALARS:
-            window = int(_scalar(fh, vtype))
-        else:
-            _skip(fh, vtype)
-    return architecture, window
-
-
-def _exact(fh: BinaryIO, n: int) -> bytes:
-    data = fh.read(n)
-    if len(data) != n:
-        raise ValueError("GGUF header ends early")
-    return data
-
-
-def _string(fh: BinaryIO) -> str:
-    (n,) = struct.unpack("<Q", _exact(fh, 8))
-    return _exact(fh, n).decode("utf-8", errors="replace")
-
-
-def _scalar(fh: BinaryIO, vtype: int) -> float | int | bool:
-    fmt = _SCALARS[vtype]
-    value: float | int | bool = struct.unpack(fmt, _exact(fh, struct.calcsize(fmt)))[0]
-    return value
-
-
-def _skip(fh: BinaryIO, vtype: int) -> None:
-    if vtype in _SCALARS:
-        fh.seek(struct.calcsize(_SCALARS[vtype]), 1)
-    elif vtype == _STRING:
-        (n,) = struct.unpack("<Q", _exact(fh, 8))
-        fh.seek(n, 1)
-    elif vtype == _ARRAY:
-        item, count = struct.unpack("<IQ", _exact(fh, 12))
-        if item in _SCALARS:
-            fh.seek(count * struct.calcsize(_SCALARS[item]), 1)
-        else:
-            for _ in range(count):
-                _skip(fh, item)
-    else:
-        raise ValueError(f"GGUF value type {vtype} is unknown")
 
 
 _said: set[str] = set()
