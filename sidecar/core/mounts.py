@@ -28,26 +28,24 @@ def small_pages(mountinfo: str, path: Path, shmem_enabled: str = "") -> bool:
     (the last such line: a later mount hides an earlier one); ``shmem_enabled``
     forcing huge pages on every tmpfs (``[force]``) counts as huge.
     """
-    best: tuple[int, bool] | None = None
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if " - " not in line or len(fields) < 5:
-            continue
-        point = Path(_unescape(fields[4]))
-        if path != point and point not in path.parents:
-            continue
-        after = line.split(" - ", 1)[1].split()
-        fstype, options = (after[0], after[2] if len(after) > 2 else "") if after else ("", "")
-        small = fstype == "tmpfs" and not any(o in _HUGE for o in options.split(","))
-        depth = len(point.parts)
-        if best is None or depth >= best[0]:
-            best = (depth, small)
-    return best is not None and best[1] and "[force]" not in shmem_enabled
+    mount = _holding(mountinfo, path)
+    if mount is None:
+        return False
+    fstype_, options = mount
+    small = fstype_ == "tmpfs" and not any(o in _HUGE for o in options.split(","))
+    return small and "[force]" not in shmem_enabled
 
 
 def fstype(mountinfo: str, path: Path) -> str | None:
     """The filesystem type of the mount holding ``path`` (absolute, resolved); None if no line covers it. Pure."""
-    best: tuple[int, str] | None = None
+    mount = _holding(mountinfo, path)
+    return None if mount is None else mount[0]
+
+
+def _holding(mountinfo: str, path: Path) -> tuple[str, str] | None:
+    """The filesystem type and super options of the mount holding ``path``: the one whose mount point is the
+    longest prefix of it, the last such line (a later mount hides an earlier one); None if no line covers it."""
+    best: tuple[int, tuple[str, str]] | None = None
     for line in mountinfo.splitlines():
         fields = line.split()
         if " - " not in line or len(fields) < 5:
@@ -56,9 +54,11 @@ def fstype(mountinfo: str, path: Path) -> str | None:
         if path != point and point not in path.parents:
             continue
         after = line.split(" - ", 1)[1].split()
+        if not after:
+            continue
         depth = len(point.parts)
-        if after and (best is None or depth >= best[0]):
-            best = (depth, after[0])
+        if best is None or depth >= best[0]:
+            best = (depth, (after[0], after[2] if len(after) > 2 else ""))
     return None if best is None else best[1]
 
 
