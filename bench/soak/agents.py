@@ -71,19 +71,10 @@ class ProbedChat(agents.Chat):
                 choice.finish_reason is not None,
             )
             return reply, top, common
-        text, cached, prompt, finished = "", -1, 0, False
         with self.client.chat.completions.with_streaming_response.create(
             **common, stream=True, stream_options={"include_usage": True}
         ) as response:
-            for chunk in response.parse():
-                for choice in chunk.choices:
-                    text += choice.delta.content or ""
-                    finished = finished or choice.finish_reason is not None
-                if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
-                    cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
-                    prompt = chunk.usage.prompt_tokens
-            header = response.headers.get(agents.PREFIX, "")
-        return agents.Reply(text, cached, prompt, header, finished), {}, common
+            return agents.chat_stream(response), {}, common
 
 
 def _top(content: Any) -> dict[str, float]:

@@ -177,19 +177,23 @@ class Chat(Api):
                 raw.headers.get("X-Llama-Sidecar-Prefix", ""),
                 answer.choices[0].finish_reason is not None,
             )
-        text, cached, prompt, finished = "", -1, 0, False
         with self.client.chat.completions.with_streaming_response.create(
             **common, temperature=0, stream=True, stream_options={"include_usage": True}
         ) as response:
-            for chunk in response.parse():
-                for choice in chunk.choices:
-                    text += choice.delta.content or ""
-                    finished = finished or choice.finish_reason is not None
-                if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
-                    cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
-                    prompt = chunk.usage.prompt_tokens
-            header = response.headers.get(PREFIX, "")
-        return Reply(text, cached, prompt, header, finished)
+            return chat_stream(response)
+
+
+def chat_stream(response: Any) -> Reply:
+    """The reply of a streamed Chat Completion (an SDK's ``with_streaming_response``), read to its end."""
+    text, cached, prompt, finished = "", -1, 0, False
+    for chunk in response.parse():
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finished = finished or choice.finish_reason is not None
+        if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
+            cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
+            prompt = chunk.usage.prompt_tokens
+    return Reply(text, cached, prompt, response.headers.get(PREFIX, ""), finished)
 
 
 class Messages(Api):
