@@ -23,7 +23,7 @@ import pytest
 from tests.support.llamabed import MakeServer, make_prompt
 from tests.support.sidecarbed import MakeSidecar, proxied
 
-LONG = 400
+LONG = 800
 """Prompt tokens of a streamed request whose prefill outlasts the proxy's 50 ms before it sends the headers."""
 
 
@@ -64,13 +64,17 @@ def test_a_stream_the_proxy_answers_itself_has_the_servers_cors_headers(
 ) -> None:
     server = llama(slot_dir=tmp_path, extra_args=cors)
     _, proxy = proxied(sidecar, server, tmp_path)
-    prompt = make_prompt(server.url, LONG, seed=7)
+    seeds = iter(range(7, 100))
     for route, first in (("/v1/chat/completions", b": keep-alive"), ("/v1/messages", b"event: ping")):
         for origin in ("http://evil.com", "http://localhost:5173"):
             sent = {"Origin": origin} if origin else {}
-            body = _stream_body(prompt)
+            # A prompt of its own for each request: no cache of the server's can shorten the prefill below
+            # the proxy's 50 ms (llama-server's Anthropic route does not pass cache_prompt on: the same
+            # prompt sent direct first would be served from the cache at once).
+            body = _stream_body(make_prompt(server.url, LONG, seed=next(seeds)))
             status, direct, _ = _exchange(server.url, "POST", route, body, sent)
             assert status == 200
+            body = _stream_body(make_prompt(server.url, LONG, seed=next(seeds)))
             status, through, streamed = _exchange(proxy, "POST", route, body, sent)
             assert status == 200
             assert streamed.startswith(first), f"the proxy did not answer {route} itself: {streamed[:80]!r}"
