@@ -60,7 +60,7 @@ def test_one_service_runs_the_launcher_with_the_flags_the_sidecar_does_not_add(c
     server = _launched(sidecar["command"])
     assert server[0] == "/app/llama-server"  # where the base image (deploy/Dockerfile) puts it
     assert server[server.index("--model") + 1] == "/models/model.gguf"
-    assert "--swa-full" in server
+    assert "--swa-full" not in server  # sliding-window models are reused without it
     # The launcher adds these itself (a RAM staging dir, llama-server's metrics).
     assert {"--slot-save-path", "--metrics"}.isdisjoint(server)
     # The one command: no sidecar flag; the proxy takes llama-server's own --host/--port.
@@ -97,7 +97,8 @@ def test_the_beside_file_runs_llama_server_in_a_container_of_its_own(beside: dic
     server = services["llama-server"]
     command: list[str] = server["command"]
     assert command[command.index("--slot-save-path") + 1] == "/slots"
-    assert {"--metrics", "--swa-full"} <= set(command)
+    assert "--metrics" in command
+    assert "--swa-full" not in command  # sliding-window models are reused without it
     assert server["restart"] == "unless-stopped"
     assert "/health" in " ".join(server["healthcheck"]["test"])
     assert server["image"].startswith("ghcr.io/ggml-org/llama.cpp:server-b")
