@@ -6,7 +6,7 @@ import dataclasses
 import json
 import random
 
-from bench import footprint, goals, hashing, hybrid, price_figures, price_turns, proxy, restore, rig, stall
+from bench import footprint, goals, hashing, hybrid_chat, price_figures, price_turns, proxy, restore, rig, stall
 
 MIB = 1 << 20
 
@@ -135,17 +135,17 @@ def test_the_proxy_results_come_back_from_results_json() -> None:
     assert again.proxy == _proxy(2.0)
 
 
-def _hybrid(*, proxy_reuse: int, proxy_ms: float) -> hybrid.Result:
+def _hybrid(*, proxy_reuse: int, proxy_ms: float) -> hybrid_chat.Result:
     """Two chats, two turns each and one after the kill -9, on one model in the three modes."""
 
-    def run(mode: str, reuse: int, ms: float) -> hybrid.Run:
-        turns = [hybrid.Turn(c, t, ms if t > 1 else 500.0, reuse if t > 1 else 0, 1000 * t, 1000 * (t - 1))
+    def run(mode: str, reuse: int, ms: float) -> hybrid_chat.Run:
+        turns = [hybrid_chat.Turn(c, t, ms if t > 1 else 500.0, reuse if t > 1 else 0, 1000 * t, 1000 * (t - 1))
                  for t in (1, 2) for c in (0, 1)]  # fmt: skip
-        after = [hybrid.Turn(1, 3, ms, reuse * 2, 3000, 2000), hybrid.Turn(0, 3, ms, reuse * 2, 3000, 2000)]
-        return hybrid.Run("qwen35", mode, turns, after)
+        after = [hybrid_chat.Turn(1, 3, ms, reuse * 2, 3000, 2000), hybrid_chat.Turn(0, 3, ms, reuse * 2, 3000, 2000)]
+        return hybrid_chat.Run("qwen35", mode, turns, after)
 
-    return hybrid.Result(1000, [run(hybrid.ALONE, 995, 40.0), run(hybrid.BESIDE, 995, 41.0),
-                                run(hybrid.PROXY, proxy_reuse, proxy_ms)])  # fmt: skip
+    return hybrid_chat.Result(1000, [run(hybrid_chat.ALONE, 995, 40.0), run(hybrid_chat.BESIDE, 995, 41.0),
+                                run(hybrid_chat.PROXY, proxy_reuse, proxy_ms)])  # fmt: skip
 
 
 def test_hybrid_turns_that_reuse_nothing_through_the_proxy_are_missed_and_fail_the_run() -> None:
