@@ -8,8 +8,8 @@
     (a mutable dataclass's fields, an annotated attribute of a plain class) and the public
     attributes its methods assign on ``self``.
 
-  What does not count is data that never changes once made: the fields of a frozen dataclass
-  (a record: a reader reads them as a row, not as behaviour), ``ClassVar`` annotations, and
+  What does not count is data that never changes once made: the fields of a frozen dataclass or
+  of a NamedTuple (a record: a reader reads them as a row, not as behaviour), ``ClassVar`` annotations, and
   names assigned at class level without an annotation (the members of an enum, the entries of a
   declared table such as the metric families).
 
@@ -38,7 +38,10 @@ def _named(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-def _frozen_dataclass(node: ast.ClassDef) -> bool:
+def _frozen_record(node: ast.ClassDef) -> bool:
+    """A frozen dataclass or a NamedTuple: its fields never change once made."""
+    if any(ast.unparse(base).endswith("NamedTuple") for base in node.bases):
+        return True
     for decorator in node.decorator_list:
         if isinstance(decorator, ast.Call) and ast.unparse(decorator.func).endswith("dataclass"):
             for keyword in decorator.keywords:
@@ -54,7 +57,7 @@ def _public(name: str) -> bool:
 def public_names(node: ast.ClassDef) -> set[str]:
     """The class's public names under the rule of this module's docstring."""
     names: set[str] = set()
-    frozen = _frozen_dataclass(node)
+    frozen = _frozen_record(node)
     for item in node.body:
         if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and _public(item.name):
             names.add(item.name)
@@ -150,6 +153,7 @@ def _class(source: str) -> ast.ClassDef:
             {"total"},
         ),
         ("@dataclasses.dataclass\nclass M:\n    a: int\n    _b: int\n    def grow(self) -> None: ...", {"a", "grow"}),
+        ("class T(typing.NamedTuple):\n    a: int\n    b: str", set()),
         ("class E(enum.StrEnum):\n    A = 'a'\n    B = 'b'", set()),
         ("class K:\n    LIMIT: ClassVar[int] = 3\n    def __init__(self) -> None:\n        self.n = 0\n", {"n"}),
         (
