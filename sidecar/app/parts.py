@@ -16,7 +16,7 @@ from typing import Any
 from sidecar.act import gate, report
 from sidecar.core import config
 from sidecar.library import reads
-from sidecar.proxy import relay
+from sidecar.proxy import placing
 from sidecar.shared import service
 
 
@@ -31,10 +31,10 @@ class Parts:
     """The tasks that watch the server(s), by name."""
     restore_gate: gate.Gate
     """Where the proxy holds completion requests."""
-    admit: relay.Admit | None = None
+    admit: placing.Admit | None = None
     """Router mode: which model's gate a request waits at."""
     shared: service.SharedStore | None = None
-    library: relay.Pinner | None = None
+    library: placing.Pinner | None = None
     slots_reader: reads.SlotsReader | None = None
     """The library's read of /slots on a routed request's path (closed after the proxy)."""
     quiet: Callable[[float], None] | None = None
