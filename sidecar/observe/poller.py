@@ -55,6 +55,8 @@ class Poller:
         self.last_up: events.Observation | None = None
         self._identity: tuple[events.Identity, bool] | None = None
         self._model: tuple[str, dict[str, Any]] | None = None
+        self._facts_due: events.Identity | None = None
+        """A process or model seen afresh: its facts are read at the end of this poll (:meth:`_read_facts`)."""
         self._adapters: tuple[events.Adapter, ...] | None = None
         self._adapters_due = True
         self._counters: events.Counters | None = None
@@ -154,6 +156,8 @@ class Poller:
             self._slots_read_at = read_at
         else:
             slots = self._slots  # /metrics shows no activity since /slots was read: nothing changed
+        await self._read_facts()
+        identity = self._identity[0] if self._identity else None
         if problem != self._problem and problem and not self._denied:
             log.warning("slots_unreadable", error=problem)
         self._problem = problem
@@ -208,6 +212,7 @@ class Poller:
     async def _refresh_after_restart(self, obs: events.Observation) -> events.Observation:
         """Re-read identity and counters so the old process's values are not carried on."""
         fresh = await self._read_identity_and_counters(refresh_model=True)
+        await self._read_facts()
         identity, sleeping = self._identity if self._identity else (None, False)
         return events.Observation(
             at=obs.at,
@@ -241,11 +246,14 @@ class Poller:
         try:
             identity, sleeping = await self._client.props()
             if refresh_model or self._model is None or self._model[0] != identity.model_path:
-                self._model = (identity.model_path, await self._model_facts(identity.model_path))
-                # The facts take a while (the weights' checksum, the GGUF header): with a short
-                # --sleep-idle-seconds the server may have fallen asleep since, and the /slots read
-                # that follows would wake it. /props never wakes it: ask again.
-                identity, sleeping = await self._client.props()
+                # The model's facts take a while (the weights' checksum, the GGUF header): they are read at
+                # the end of the poll, after /slots and /lora-adapters. Each of those is a task that restarts
+                # --sleep-idle-seconds' count, so right after a load they go first, as a client's would;
+                # and a server that falls asleep while the facts are read is not woken by them.
+                self._model, self._facts_due = None, identity
+                self._adapters, self._adapters_due = None, True
+                self._identity = (identity, sleeping)
+                return
             facts = {**self._model[1], "adapters": self._adapters}
             self._identity = (dataclasses.replace(identity, **facts), sleeping)
         except errors.UpstreamIsRouter as exc:
@@ -264,10 +272,23 @@ class Poller:
         except errors.UpstreamError as exc:
             self._unreadable("props_unreadable", exc)
 
+    async def _read_facts(self) -> None:
+        """The facts of a process or model seen afresh this poll, added to its identity."""
+        identity, self._facts_due = self._facts_due, None
+        if identity is None or self._identity is None:
+            return
+        try:
+            self._model = (identity.model_path, await self._model_facts(identity.model_path))
+        except errors.UpstreamError as exc:
+            self._identity = None  # no identity without its facts (the weights' checksum): read again next poll
+            self._unreadable("props_unreadable", exc)
+            return
+        facts = {**self._model[1], "adapters": self._adapters}
+        self._identity = (dataclasses.replace(self._identity[0], **facts), self._identity[1])
+
     async def _model_facts(self, model_path: str) -> dict[str, Any]:
         """Size, parameter count and weights checksum: read once per server process."""
         size, params = await self._client.model_meta()
-        self._adapters, self._adapters_due = None, True
         weights = await self._weights(model_path) if self._weights is not None else None
         kind = await asyncio.to_thread(memory.of_server, model_path, self._client.url)
         return {"model_size": size, "model_params": params, "weights": weights, "memory": kind}

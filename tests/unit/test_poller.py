@@ -133,14 +133,26 @@ class FallsAsleepWhileFactsAreRead(MemLlama):
     """llama-server with a short --sleep-idle-seconds: asleep by the time the model's facts are read."""
 
     async def model_meta(self) -> tuple[int | None, int | None]:
+        self.calls.append(("model_meta", None))
         self.sleeping = True
         return None, None
 
 
-async def test_a_server_that_fell_asleep_while_its_model_was_read_is_not_woken(tmp_path: Path) -> None:
+async def test_a_server_just_up_has_its_slots_read_before_the_model_facts_and_is_not_woken_after(
+    tmp_path: Path,
+) -> None:
+    """/slots and /lora-adapters restart --sleep-idle-seconds' count: read right after the load, as a client's
+    request would be, and not after the facts (the weights' checksum), which can outlast a short count."""
     server = FallsAsleepWhileFactsAreRead(tmp_path)
     watcher = make_poller(server)
     obs, reads = await slot_reads(watcher, server)
+    names = server.names()
+    assert reads == 1
+    assert obs.slots is not None
+    assert obs.identity is not None
+    assert names.index("slots") < names.index("model_meta")
+    assert names.index("adapters") < names.index("model_meta")
+    obs, reads = await slot_reads(watcher, server)
     assert obs.sleeping
     assert reads == 0  # /slots is a task on llama-server's loop: reading it would wake the server
-    assert "adapters" not in server.names()  # /lora-adapters too
+    assert server.names().count("adapters") == 1
