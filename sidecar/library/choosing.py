@@ -37,6 +37,9 @@ from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.library")
 
+PLACE_TRIES = 3
+"""Placements of one request when the slot it was given is taken before its content is saved (a request
+llama-server had queued started there): past them it goes as it came (``Unrouted.SWAP``)."""
 RECHECK = 0.5
 """Seconds between two reads of ``/slots`` for a request held while every slot is busy: a slot a client of
 llama-server's own ran in frees with no word to the placer (one that a routed request held frees at once)."""
@@ -235,31 +238,37 @@ class Chooser:
         how its chain was found; ``early``: the read of ``/slots`` sent when the request came in."""
         by_ram = timing[2] is outcomes.RouteBy.RAM_TURN
         again = functools.partial(self._route, request, chain, packed, turn, within, owner, by_ram=by_ram)
-        since = self._book.ends
-        route = await again(early=early if by_ram else None)
-        if isinstance(route, filling.Route) and (route.decision.slot is None or self._book.queue.locked()):
-            route = await self._held(again, since)  # no slot now, or requests held before it: it waits its turn
-        if not isinstance(route, filling.Route):
-            return route
-        decision = route.decision
-        if decision.slot is None:  # held past the bound: llama-server queues it (see _held)
-            return Plan(verdict.Planned(decision.source, None), chain, turn, b"", owner)  # b"": forwarded as it came
-        state = self._book.slot(decision.slot)
-        ticket.reserve(decision.slot)
-        state.used = self._clock.monotonic()
-        source = decision.source
-        restored: int | None = None
-        try:
-            restored, source = await self._filler.fill(request, route, state, owner)
-        finally:
-            if restored is None:
-                ticket.unreserve()
-                if decision.source is not outcomes.Source.COLD:
-                    state.holds(())  # unknown now: the restore may or may not have run
-        if restored is None:
+        for attempt in range(PLACE_TRIES):
+            since = self._book.ends
+            route = await again(early=early if by_ram and attempt == 0 else None)
+            if isinstance(route, filling.Route) and (route.decision.slot is None or self._book.queue.locked()):
+                route = await self._held(again, since)  # no slot now, or requests held before it: it waits its turn
+            if not isinstance(route, filling.Route):
+                return route
+            decision = route.decision
+            if decision.slot is None:  # held past the bound: llama-server queues it (see _held)
+                return Plan(verdict.Planned(decision.source, None), chain, turn, b"", owner)  # b"": as it came
+            state = self._book.slot(decision.slot)
+            ticket.reserve(decision.slot)
+            state.used = self._clock.monotonic()
+            source = decision.source
+            restored: int | None = None
+            try:
+                restored, source = await self._filler.fill(request, route, state, owner)
+            finally:
+                if restored is None:
+                    ticket.unreserve()
+                    if decision.source is not outcomes.Source.COLD:
+                        state.holds(())  # unknown now: the restore may or may not have run
+            if restored is not None:
+                break
+            if attempt + 1 < PLACE_TRIES and await self._taken(decision.slot):
+                continue  # a request llama-server queued took the slot between its read and its save: placed again
             self._tally.unrouted(
                 outcomes.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
             )
+            return outcomes.Unrouted.SWAP
+        else:  # pragma: no cover - the loop returns or breaks on its last attempt
             return outcomes.Unrouted.SWAP
         log.debug(
             "request_routed",
@@ -279,6 +288,14 @@ class Chooser:
                 owner, route.views, slot=decision.slot, keep=source is not outcomes.Source.COLD
             )
         return Plan(planned, chain, turn, prompt.pinned(request, decision.slot) or b"", owner, placed)
+
+    async def _taken(self, slot: int) -> bool:
+        """Whether ``slot`` runs a request now (its save was skipped as busy: another request took it)."""
+        polled, _ = self._engine.seen()
+        if polled is None:
+            return False
+        obs = await self._book.fresh(polled)
+        return obs is not None and any(v.id == slot and v.processing for v in obs.slots or ())
 
     async def _held(
         self, again: Callable[[], Awaitable[filling.Route | outcomes.Unrouted | None]], since: int

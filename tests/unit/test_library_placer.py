@@ -789,3 +789,29 @@ async def test_a_swap_that_fails_leaves_its_request_holding_no_slot(bed: Bed) ->
         assert ticket.slot is None
     assert bed.actions()[-1][0] == "restore"
     assert bed.value("llama_sidecar_conversation_unrouted_total", reason="swap") == 1
+
+
+async def test_a_slot_taken_between_its_read_and_its_save_sends_the_request_elsewhere_not_unpinned(
+    bed: Bed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request llama-server had queued may start in the slot the placer chose before its content is saved: the
+    save is skipped as busy, and the request is placed again (another slot, or held), never sent unpinned."""
+    for name in ("A", "B"):  # A in slot 0, the least recently used; both in no snapshot
+        async with bed.request(name):
+            pass
+    real = bed.engine.slots.save
+    taken: list[int] = []
+
+    async def taken_first(action: Any) -> bool:
+        if not taken:
+            taken.append(action.slot)
+            bed.server.set_slot(action.slot, processing=True)  # a queued request started there
+            return False  # as the engine answers a save of a busy slot
+        return await real(action)
+
+    monkeypatch.setattr(bed.engine.slots, "save", taken_first)
+    async with bed.request("C") as slot:
+        assert slot == 1, "placed again, in the slot still idle (B's, saved first)"
+    assert taken == [0]
+    assert bed.actions() == [("save", 1)]
+    assert bed.value("llama_sidecar_conversation_unrouted_total", reason="swap") == 0
