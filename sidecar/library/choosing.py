@@ -180,6 +180,8 @@ class Chooser:
         which says whether another client's turn ran there since (the slot then holds another prompt, and
         its content must be saved before it is given away).
         """
+        if self._book.queue.locked():
+            return None  # requests are held for a slot: it takes its turn behind them, as llama-server would queue it
         text = request.text.encode() if request.kind is prompt.Kind.TEXT else b""
         if self._continued(turn, text, owner) is None:
             return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,22 +71,30 @@ def test_three_conversations_on_two_slots_each_next_turn_reuses_its_previous_pro
         threading.Thread(target=_talk, args=(url, chats[n], n, range(TURNS), seen[n], errors), daemon=True)
         for n in range(CLIENTS)
     ]
+    began = time.monotonic()
     for client in clients:
         client.start()
     for client in clients:
         client.join(timeout=200)
+    joined = time.monotonic()
     assert not any(client.is_alive() for client in clients), "a conversation did not end in 200 s"
     assert errors == []
     side.wait_for(
         lambda: all(side.metric(UNSAVED, slot=str(slot)) == 0 for slot in (0, 1)),
         what="every slot's content saved",
     )
+    saved = time.monotonic()
     server.restart(graceful=False)
     side.wait_restored(slot=0)
     side.wait_restored(slot=1)
+    restored = time.monotonic()
     for n in range(CLIENTS):  # one more turn each, in a row: two come back from the restore, one from the library
         _talk(url, chats[n], n, range(TURNS, TURNS + 1), seen[n], errors)
     assert errors == []
+    print(
+        f"turns {joined - began:.1f} s, saved {saved - joined:.1f} s, restart and restore {restored - saved:.1f} s, "
+        f"last turns {time.monotonic() - restored:.1f} s"
+    )
     lost: list[str] = []
     for n, turns in enumerate(seen):
         assert len(turns) == TURNS + 1, turns
