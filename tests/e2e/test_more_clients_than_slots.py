@@ -27,15 +27,24 @@ CLIENTS = 3
 TURNS = 3
 ANSWER = 48
 """Tokens each answer generates: long enough that two turns run while a third arrives."""
+FOLLOW_UP = 160
+"""Tokens of each follow-up (a tool's output): past one block (128 tokens), so a conversation's newest snapshot
+always holds a block more of its next prompt than its older ones (the library tells snapshots apart by blocks)."""
 WARM = 0.99
 UNSAVED = "llama_sidecar_slot_unsaved_since_timestamp_seconds"
 
 
 def _talk(
-    url: str, messages: list[dict[str, Any]], n: int, turns: range, seen: list[tuple[int, int, int]], errors: list[str]
+    url: str,
+    messages: list[dict[str, Any]],
+    follow_ups: list[str],
+    n: int,
+    turns: range,
+    seen: list[tuple[int, int, int]],
+    errors: list[str],
 ) -> None:
-    """Turns ``turns`` of one client's conversation ``messages``, in a row; ``seen`` gets (turn, cache_n, prompt
-    tokens) of each."""
+    """Turns ``turns`` of one client's conversation ``messages``, in a row, each answer followed by the next of
+    ``follow_ups``; ``seen`` gets (turn, cache_n, prompt tokens) of each."""
     for turn in turns:
         body = {"model": "m", "messages": messages, "max_tokens": ANSWER, "temperature": 0, "ignore_eos": True}
         try:
@@ -49,7 +58,7 @@ def _talk(
         timings = answer["timings"]
         seen.append((turn, int(timings["cache_n"]), int(timings["cache_n"]) + int(timings["prompt_n"])))
         messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"] or ""})
-        messages.append({"role": "user", "content": f"Conversation {n}, question {turn}: and the next record?"})
+        messages.append({"role": "user", "content": follow_ups[turn]})
 
 
 @pytest.mark.timeout(300)
@@ -65,10 +74,15 @@ def test_three_conversations_on_two_slots_each_next_turn_reuses_its_previous_pro
         ]
         for n in range(CLIENTS)
     ]
+    follow_ups = [
+        [make_prompt(server.url, FOLLOW_UP, seed=600 + 10 * n + t) for t in range(TURNS + 1)] for n in range(CLIENTS)
+    ]
     seen: list[list[tuple[int, int, int]]] = [[] for _ in range(CLIENTS)]
     errors: list[str] = []
     clients = [
-        threading.Thread(target=_talk, args=(url, chats[n], n, range(TURNS), seen[n], errors), daemon=True)
+        threading.Thread(
+            target=_talk, args=(url, chats[n], follow_ups[n], n, range(TURNS), seen[n], errors), daemon=True
+        )
         for n in range(CLIENTS)
     ]
     began = time.monotonic()
@@ -89,7 +103,7 @@ def test_three_conversations_on_two_slots_each_next_turn_reuses_its_previous_pro
     side.wait_restored(slot=1)
     restored = time.monotonic()
     for n in range(CLIENTS):  # one more turn each, in a row: two come back from the restore, one from the library
-        _talk(url, chats[n], n, range(TURNS, TURNS + 1), seen[n], errors)
+        _talk(url, chats[n], follow_ups[n], n, range(TURNS, TURNS + 1), seen[n], errors)
     assert errors == []
     print(
         f"turns {joined - began:.1f} s, saved {saved - joined:.1f} s, restart and restore {restored - saved:.1f} s, "
