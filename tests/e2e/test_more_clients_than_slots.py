@@ -24,8 +24,8 @@ from tests.support.llamabed import MakeServer, http_json, make_prompt
 from tests.support.sidecarbed import MakeSidecar, proxied
 
 CLIENTS = 3
-TURNS = 3
-ANSWER = 48
+TURNS = 2
+ANSWER = 32
 """Tokens each answer generates: long enough that two turns run while a third arrives."""
 FOLLOW_UP = 160
 """Tokens of each follow-up (a tool's output): past one block (128 tokens), so a conversation's newest snapshot
