@@ -315,7 +315,8 @@ OPTIONS: tuple[schema.Option, ...] = (
         "LLAMA_SIDECAR_PROXY_HOLD_SECONDS",
         ("proxy.hold_seconds",),
         "longest a completion request waits at the proxy for llama-server to be back and restored; "
-        "then 503 with Retry-After",
+        "then 503 with Retry-After (also the longest a routed request is held for a slot while every slot "
+        "reads busy; then it goes unpinned)",
         "SEC",
         parse.number(float),
     ),

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
@@ -35,6 +36,13 @@ from sidecar.proxy import tickets
 from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.library")
+
+PLACE_TRIES = 3
+"""Placements of one request when the slot it was given is taken before its content is saved (a request
+llama-server had queued started there): past them it goes as it came (``Unrouted.SWAP``)."""
+RECHECK = 0.5
+"""Seconds between two reads of ``/slots`` for a request held while every slot is busy: a slot a client of
+llama-server's own ran in frees with no word to the placer (one that a routed request held frees at once)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,7 +72,10 @@ class Chooser:
         tally: tally.Tally,
         ram: ramuse.RamUse,
         fetcher: fetching.Fetcher | None,
+        hold_seconds: float = 120.0,
     ) -> None:
+        """``hold_seconds``: the longest a request waits for a slot while every one reads busy (:meth:`_held`)."""
+        self._hold = hold_seconds
         self._engine = engine
         self._tokenizer = tokenizer
         self._snapshots = snapshots
@@ -169,6 +180,8 @@ class Chooser:
         which says whether another client's turn ran there since (the slot then holds another prompt, and
         its content must be saved before it is given away).
         """
+        if self._book.queue.locked():
+            return None  # requests are held for a slot: it takes its turn behind them, as llama-server would queue it
         text = request.text.encode() if request.kind is prompt.Kind.TEXT else b""
         if self._continued(turn, text, owner) is None:
             return None
@@ -226,30 +239,38 @@ class Chooser:
         """Place a request by its ids; ``timing``: when its placement started, the seconds its tokens took, and
         how its chain was found; ``early``: the read of ``/slots`` sent when the request came in."""
         by_ram = timing[2] is outcomes.RouteBy.RAM_TURN
-        route = await self._route(
-            request, chain, packed, turn, within, owner, by_ram=by_ram, early=early if by_ram else None
-        )
-        if not isinstance(route, filling.Route):
-            return route
-        decision = route.decision
-        if decision.slot is None:  # every slot busy: llama-server queues it as it would without the sidecar
-            return Plan(verdict.Planned(decision.source, None), chain, turn, b"", owner)  # b"": forwarded as it came
-        state = self._book.slot(decision.slot)
-        ticket.reserve(decision.slot)
-        state.used = self._clock.monotonic()
-        source = decision.source
-        restored: int | None = None
-        try:
-            restored, source = await self._filler.fill(request, route, state, owner)
-        finally:
-            if restored is None:
-                ticket.unreserve()
-                if decision.source is not outcomes.Source.COLD:
-                    state.holds(())  # unknown now: the restore may or may not have run
-        if restored is None:
+        again = functools.partial(self._route, request, chain, packed, turn, within, owner, by_ram=by_ram)
+        for attempt in range(PLACE_TRIES):
+            since = self._book.ends
+            route = await again(early=early if by_ram and attempt == 0 else None)
+            if isinstance(route, filling.Route) and (route.decision.slot is None or self._book.queue.locked()):
+                route = await self._held(again, since)  # no slot now, or requests held before it: it waits its turn
+            if not isinstance(route, filling.Route):
+                return route
+            decision = route.decision
+            if decision.slot is None:  # held past the bound: llama-server queues it (see _held)
+                return Plan(verdict.Planned(decision.source, None), chain, turn, b"", owner)  # b"": as it came
+            state = self._book.slot(decision.slot)
+            ticket.reserve(decision.slot)
+            state.used = self._clock.monotonic()
+            source = decision.source
+            restored: int | None = None
+            try:
+                restored, source = await self._filler.fill(request, route, state, owner)
+            finally:
+                if restored is None:
+                    ticket.unreserve()
+                    if decision.source is not outcomes.Source.COLD:
+                        state.holds(())  # unknown now: the restore may or may not have run
+            if restored is not None:
+                break
+            if attempt + 1 < PLACE_TRIES and await self._taken(decision.slot):
+                continue  # a request llama-server queued took the slot between its read and its save: placed again
             self._tally.unrouted(
                 outcomes.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
             )
+            return outcomes.Unrouted.SWAP
+        else:  # pragma: no cover - the loop returns or breaks on its last attempt
             return outcomes.Unrouted.SWAP
         log.debug(
             "request_routed",
@@ -269,6 +290,46 @@ class Chooser:
                 owner, route.views, slot=decision.slot, keep=source is not outcomes.Source.COLD
             )
         return Plan(planned, chain, turn, prompt.pinned(request, decision.slot) or b"", owner, placed)
+
+    async def _taken(self, slot: int) -> bool:
+        """Whether ``slot`` runs a request now (its save was skipped as busy: another request took it)."""
+        polled, _ = self._engine.seen()
+        if polled is None:
+            return False
+        obs = await self._book.fresh(polled)
+        return obs is not None and any(v.id == slot and v.processing for v in obs.slots or ())
+
+    async def _held(
+        self, again: Callable[[], Awaitable[filling.Route | outcomes.Unrouted | None]], since: int
+    ) -> filling.Route | outcomes.Unrouted | None:
+        """Place a request no slot can take now (every slot it could go to is busy) once one frees.
+
+        It is not sent unpinned: llama-server would give it the first slot to free, and run it over what
+        the request that ran there left, which no snapshot may hold yet. Held instead, as llama-server
+        queues a request while every slot is busy, and placed again, first in first out, once a request
+        ends (or at the next read of ``/slots``, :data:`RECHECK`): the slot it then takes has its content
+        saved first if it changed. A streamed request gets its keep-alives meanwhile (``proxy.keepalive``).
+        Bounded by ``hold_seconds``: past it (the slots read busy all along) it goes as it came.
+        """
+        started = self._clock.monotonic()
+        async with self._book.queue:
+            while True:
+                route = await again()
+                if not isinstance(route, filling.Route) or route.decision.slot is not None:
+                    if self._clock.monotonic() - started >= RECHECK:
+                        log.debug("request_held_for_a_slot", seconds=round(self._clock.monotonic() - started, 3))
+                    return route
+                if self._clock.monotonic() - started >= self._hold:
+                    log.warning(
+                        "request_held_for_a_slot_too_long",
+                        seconds=round(self._clock.monotonic() - started, 1),
+                        effect="every slot read busy all along: the request goes to llama-server unpinned, which "
+                        "may give it a slot whose conversation is not saved yet",
+                        hint="see /status for the slots' requests; raise --proxy-hold-seconds for long generations",
+                    )
+                    return route
+                await self._book.freed(since, RECHECK)
+                since = self._book.ends
 
     async def _route(
         self,

@@ -112,6 +112,7 @@ class Placer:
             tally=self._tally,
             ram=use,
             fetcher=fetcher,
+            hold_seconds=hold_seconds,
         )
         engine.follow(self)  # the engine tells the placer, which asks it: one of the two exists first
 
@@ -185,7 +186,7 @@ class Placer:
             async with self._placed(raw_path, body, owner, ticket) as placed:
                 yield placed
         finally:
-            self._book.live.discard(ticket)
+            self._book.ended(ticket)
 
     @contextlib.asynccontextmanager
     async def _placed(self, raw_path: str, body: bytes, owner: str, ticket: tickets.Ticket) -> AsyncIterator[Placed]:

@@ -41,7 +41,9 @@ class Entry:
 class Decision:
     source: outcomes.Source
     slot: int | None
-    """The slot to pin the request to; None: let the server pick (every slot busy)."""
+    """The slot to pin the request to; None: none now (every slot it could go to is busy). The request is held
+    and placed again once a slot frees, never sent unpinned: llama-server would give it the first slot to
+    free, over content no snapshot may hold yet."""
     entry: Entry | None = None
     """With ``Source.LIBRARY`` or ``Source.SHARED``: the snapshot to restore into ``slot`` first; with
     ``Source.RAM``: what the server's RAM cache holds (``file`` empty)."""
@@ -88,6 +90,8 @@ def route(
         if victim is not None:
             return Decision(outcomes.Source.LIBRARY, victim.slot, best_entry, victim.dirty, entry_blocks)
     if best_slot is not None and slot_blocks > 0:
+        if best_slot.busy:  # held until it frees: pinned there now, it would run over what the request there leaves
+            return Decision(outcomes.Source.SLOT, None, blocks=slot_blocks)
         # Another conversation that shares only a prefix (an agent's system prompt) cuts the slot back to it:
         # what the slot held past it, if unsaved, is saved first (llama-server keeps no copy in RAM when it
         # keeps more than half of the slot). The slot's own conversation, continued or edited, is not saved.

@@ -7,6 +7,7 @@ Each slot's state is a :class:`.slotstate.SlotState`; a slot is busy while a liv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Collection
 from typing import Any
@@ -39,6 +40,13 @@ class SlotBook:
         end: the event loop keeps no strong reference to a task."""
         self.live: set[tickets.Ticket] = set()
         """The requests inside ``Placer.pin``: a slot is pinned while one of them reserves it (:meth:`pinned`)."""
+        self.queue = asyncio.Lock()
+        """Held by the request placed next among those no slot could take (every one busy): they are placed in the
+        order they came (an ``asyncio.Lock`` wakes its waiters first in, first out), as llama-server queues them."""
+        self.ends = 0
+        """Requests inside ``Placer.pin`` that ended so far: a held request waits for the next (:meth:`freed`)."""
+        self._freed = asyncio.Event()
+        """Set when a request the placer knew of ended: a slot may have freed."""
         snapshots.subscribe(self._committed)
 
     # ---- what the engine tells: listeners.SlotListener -----------------------------------
@@ -82,6 +90,25 @@ class SlotBook:
             return
         if seen is not None:  # read idle after the routed request: a later change is another client's
             state.seen, state.routed_since = seen, False
+
+    # ---- requests held for a slot -------------------------------------------------------
+
+    def ended(self, ticket: tickets.Ticket) -> None:
+        """A request inside ``Placer.pin`` ended: the slot it held may be free, a held request is placed again."""
+        self.live.discard(ticket)
+        self.ends += 1
+        self._freed.set()
+
+    async def freed(self, since: int, within: float) -> None:
+        """Return once a request the placer knew of ended after :attr:`ends` was ``since``, or after ``within``
+        seconds (a slot a client of llama-server's own ran in frees with no word to the placer: the next read of
+        ``/slots`` shows it)."""
+        if self.ends != since:
+            return
+        self._freed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await self._freed.wait()
 
     # ---- reads of /slots ------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from sidecar.core import outcomes
 from sidecar.library import routing
 from sidecar.snapshots import retention
@@ -42,10 +44,30 @@ def test_the_slots_own_next_turn_saves_nothing_first_though_it_drops_the_slots_l
     assert routing.route(request, [held(0, turns, dirty=True)], []).save_first  # not known to continue it
 
 
-def test_a_busy_slot_holding_the_prefix_still_wins_over_a_cold_start() -> None:
+def test_a_busy_slot_holding_the_prefix_is_waited_for_not_pinned_nor_left_for_a_cold_start() -> None:
     slots = [held(0, chain("a", 5), busy=True), held(1)]
     got = routing.route(chain("a", 6), slots, [])
-    assert (got.source, got.slot) == (outcomes.Source.SLOT, 0)
+    assert (got.source, got.slot, got.blocks) == (outcomes.Source.SLOT, None, 5)  # held until slot 0 frees
+
+
+def test_a_request_is_never_pinned_to_a_busy_slot() -> None:
+    """Pinned to a slot a request runs in, it would run over what that request leaves, which no snapshot holds
+    yet: whatever the slots and the library hold, a decision names an idle slot or none (held until one frees)."""
+    shapes = [(), chain("a", 3), chain("a", 6), chain("b", 4), (*chain("a", 2), *chain("x", 4))]
+    library = [[], [routing.Entry("a.bin", chain("a", 8))], [routing.Entry("b.bin", chain("b", 9))]]
+    ram = [None, routing.Entry("", chain("a", 7))]
+    held_back = 0
+    for first, second in itertools.product(shapes, repeat=2):
+        for busy in itertools.product((False, True), repeat=2):
+            slots = [held(0, first, busy=busy[0], dirty=True), held(1, second, busy=busy[1], used=1.0, dirty=True)]
+            for entries, in_ram in itertools.product(library, ram):
+                got = routing.route(chain("a", 9), slots, entries, ram=in_ram)
+                assert got.slot is None or not slots[got.slot].busy, (slots, entries, in_ram, got)
+                held_back += got.slot is None
+                if not all(busy):
+                    continue
+                assert got.slot is None, "every slot busy: nothing pinned, nothing sent unpinned either"
+    assert held_back > 0
 
 
 def test_library_prefix_is_swapped_into_the_least_recently_used_idle_slot() -> None:
@@ -133,4 +155,4 @@ def test_a_shared_prefix_must_beat_both_the_slots_and_the_library_to_be_fetched(
 def test_a_shared_prefix_with_no_idle_slot_to_fetch_into_is_not_fetched() -> None:
     slots = [held(0, chain("a", 2), busy=True)]
     got = routing.route(chain("a", 9), slots, [], shared=routing.Entry("blobs/a", chain("a", 9)))
-    assert (got.source, got.slot) == (outcomes.Source.SLOT, 0)
+    assert (got.source, got.slot) == (outcomes.Source.SLOT, None)  # held until slot 0 frees

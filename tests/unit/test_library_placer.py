@@ -207,20 +207,58 @@ async def test_a_slot_being_swapped_is_busy_and_its_conversation_waits_for_the_s
 
     swap = asyncio.create_task(turn("A"))  # A is in the library only: swapped into slot 1 (B's)
     await restoring.wait()
-    same = asyncio.create_task(turn("A"))  # the same conversation: waits for the swap, then runs there
+    same = asyncio.create_task(turn("A"))  # the same conversation: held until the swap's request ends, then there
     bed.server.set_slot(0, processing=True)  # a request from elsewhere takes the other slot
     await bed.poll()
-    other = asyncio.create_task(turn("D"))  # a new one: never the slot being swapped, so no slot at all
+    other = asyncio.create_task(turn("D"))  # a new one: never the slot being swapped, so no slot now: held
     for _ in range(20):
         await asyncio.sleep(0)  # let both route while the restore is held
-    assert await other is None  # forwarded unpinned: llama-server queues it
-    assert order == ["D:None"]
+    assert order == [], "nothing placed, nothing sent unpinned while every slot is busy"
     release.set()
     assert await swap == 1
     assert await same == 1
+    assert await other == 1  # slot 0 still runs the other client's request: slot 1, once A's requests ended
     assert order.index("restored into 1") < order.index("A:1")
-    assert order.count("A:1") == 2
+    assert order == ["restored into 1", "A:1", "A:1", "D:1"]
     assert [a for a in bed.actions() if a[0] == "restore"] == [("restore", 1)]
+    assert bed.actions()[-1] == ("save", 1), "A's turns saved before D took the slot"
+
+
+async def test_with_every_slot_busy_a_request_is_held_then_placed_in_the_first_to_free_its_content_saved_first(
+    bed: Bed,
+) -> None:
+    """Sent unpinned, llama-server would give it the first slot to free and run it over a turn no snapshot holds."""
+    for name in ("A", "B"):
+        async with bed.request(name):
+            pass
+    going = {name: asyncio.Event() for name in ("A", "B")}
+    done = {name: asyncio.Event() for name in ("A", "B")}
+    order: list[str] = []
+
+    async def turn(name: str) -> int | None:
+        async with bed.request(name, then=("and then?",)) as slot:
+            order.append(f"{name}:{slot}")
+            if name in going:
+                assert slot is not None
+                bed.server.set_slot(slot, processing=True)
+                going[name].set()
+                await done[name].wait()
+            return slot
+
+    runs = {name: asyncio.create_task(turn(name)) for name in ("A", "B")}
+    await asyncio.gather(going["A"].wait(), going["B"].wait())
+    saves = len(bed.actions())
+    third = asyncio.create_task(turn("C"))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not third.done(), "held while both slots run a request: not sent unpinned"
+    done["B"].set()  # B's turn ends: its slot frees, with B's turn in no snapshot yet
+    assert await runs["B"] == 1
+    assert await third == 1
+    assert bed.actions()[saves:] == [("save", 1)], "B's turn saved before C took its slot"
+    assert order == ["A:0", "B:1", "C:1"]
+    done["A"].set()
+    assert await runs["A"] == 0
 
 
 # ---- the shared store on the request path -----------------------------------------------
@@ -751,3 +789,29 @@ async def test_a_swap_that_fails_leaves_its_request_holding_no_slot(bed: Bed) ->
         assert ticket.slot is None
     assert bed.actions()[-1][0] == "restore"
     assert bed.value("llama_sidecar_conversation_unrouted_total", reason="swap") == 1
+
+
+async def test_a_slot_taken_between_its_read_and_its_save_sends_the_request_elsewhere_not_unpinned(
+    bed: Bed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request llama-server had queued may start in the slot the placer chose before its content is saved: the
+    save is skipped as busy, and the request is placed again (another slot, or held), never sent unpinned."""
+    for name in ("A", "B"):  # A in slot 0, the least recently used; both in no snapshot
+        async with bed.request(name):
+            pass
+    real = bed.engine.slots.save
+    taken: list[int] = []
+
+    async def taken_first(action: Any) -> bool:
+        if not taken:
+            taken.append(action.slot)
+            bed.server.set_slot(action.slot, processing=True)  # a queued request started there
+            return False  # as the engine answers a save of a busy slot
+        return await real(action)
+
+    monkeypatch.setattr(bed.engine.slots, "save", taken_first)
+    async with bed.request("C") as slot:
+        assert slot == 1, "placed again, in the slot still idle (B's, saved first)"
+    assert taken == [0]
+    assert bed.actions() == [("save", 1)]
+    assert bed.value("llama_sidecar_conversation_unrouted_total", reason="swap") == 0
