@@ -35,8 +35,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import rig, section
-from bench.beds import llamabed, net, tinymodels, widekvswa
+from bench import beds, rig, section
+from bench.beds import llamabed, net, tinymodels
 from bench.hybrid import Chat, Turn
 
 REUSED = 0.99
@@ -74,7 +74,7 @@ def models(bed: rig.Rig, keys: Sequence[str] = tuple(MODELS)) -> list[tuple[str,
     paths = {
         "gemma3": lambda: bed.model,
         "gpt-oss": lambda: tinymodels.windowed(tinymodels.Windowed.GPT_OSS, tokenizer_from=bed.model),
-        "wide": lambda: widekvswa.model(tokenizer_from=bed.model),
+        "wide": lambda: beds.widekvswa.model(tokenizer_from=bed.model),
     }
     return [(MODELS[key], paths[key]()) for key in keys]
 
@@ -154,7 +154,7 @@ def rewind_cost(trials: list[Trial], model: str = WIDE) -> str:
     seconds = rig.median([t.rewind_s for t in mine])
     share = rig.median([t.rewind_s * 1000 / t.turns_ms for t in mine])
     return (
-        f"swa: the rewind before a save at 8B-class KV ({model}, {widekvswa.KV_BYTES_PER_TOKEN // 1024} KiB per "
+        f"swa: the rewind before a save at 8B-class KV ({model}, {beds.widekvswa.KV_BYTES_PER_TOKEN // 1024} KiB per "
         f"token were every layer global): {seconds:.2f} s, {share:.1%} of the two turns' time through the proxy "
         f"(medians of {len(mine)} trials: " + ", ".join(f"{t.rewind_s:.2f} s" for t in mine) + ")"
     )
