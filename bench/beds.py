@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from tests.support import haproxybed, llamabed, net, nodechats, s3bed, sharednodes, sidecarbed, tinymodels, wait, widekv
+from tests.support import (
+    haproxybed,
+    llamabed,
+    net,
+    nodechats,
+    s3bed,
+    sharednodes,
+    sidecarbed,
+    tinymodels,
+    wait,
+    widekv,
+    widekvswa,
+)
 
 __all__ = [
     "haproxybed",
@@ -15,4 +27,5 @@ __all__ = [
     "tinymodels",
     "wait",
     "widekv",
+    "widekvswa",
 ]

@@ -1,8 +1,11 @@
 """Sliding-window models at llama-server's defaults (no ``--swa-full``): the turn after a kill -9, vs no crash.
 
-On Gemma 3 (the bed's gemma3-270m: a window of 512 in 5 of every 6 layers)
-and a tiny random-weight gpt-oss (``tests.support.tinymodels``: a window of
-128 in every other layer, attention sinks, a mixture of experts), both
+On Gemma 3 (the bed's gemma3-270m: a window of 512 in 5 of every 6 layers),
+a tiny random-weight gpt-oss (``tests.support.tinymodels``: a window of 128
+in every other layer, attention sinks, a mixture of experts) and a
+random-weight Gemma 3 with an 8B-class KV (``tests.support.widekvswa``: 32
+layers x 8 KV heads x 128 dims, 128 KiB per token were every layer global;
+a window of 1,024 in 5 of every 6 layers, as Gemma 3 4B-27B), all
 without ``--swa-full``, as people run them: a chat conversation (a first
 message of ``tokens`` tokens, an 8-token reply sent back as the server wrote
 it) sends its second turn, side by side on two fresh servers with one slot:
@@ -19,17 +22,20 @@ prompt, and takes <= 1.1x the same turn on llama-server alone with no crash
 boundary cost (``slot_rewound_to_boundary``: seconds, and as a share of the
 two turns' time through the proxy), and the cell added to each slot file.
 
-Run alone with ``python -m bench.swa [--quick]``.
+Run alone with ``python -m bench.swa [--quick] [--models gemma3,gpt-oss,wide]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from bench import rig, section
+from bench import beds, rig, section
 from bench.beds import llamabed, net, tinymodels
 from bench.hybrid_chat import Chat, Turn
 
@@ -39,6 +45,8 @@ TIME_GOAL = 1.1
 """That turn's time over the same turn on llama-server alone with no crash."""
 CTX = 8192
 MARGIN = 3
+WIDE = "gemma3 8B-class KV (random)"
+"""The model whose rewind cost is the section's reported figure."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,9 +66,17 @@ class Trial:
         return self.restored.ttft_ms / self.alone.ttft_ms
 
 
-def models(bed: rig.Rig) -> list[tuple[str, Path]]:
-    gpt_oss = tinymodels.windowed(tinymodels.Windowed.GPT_OSS, tokenizer_from=bed.model)
-    return [("gemma3-270m", bed.model), ("gpt-oss (tiny)", gpt_oss)]
+MODELS = {"gemma3": "gemma3-270m", "gpt-oss": "gpt-oss (tiny)", "wide": WIDE}
+"""``--models`` keys and the names the tables use."""
+
+
+def models(bed: rig.Rig, keys: Sequence[str] = tuple(MODELS)) -> list[tuple[str, Path]]:
+    paths = {
+        "gemma3": lambda: bed.model,
+        "gpt-oss": lambda: tinymodels.windowed(tinymodels.Windowed.GPT_OSS, tokenizer_from=bed.model),
+        "wide": lambda: beds.widekvswa.model(tokenizer_from=bed.model),
+    }
+    return [(MODELS[key], paths[key]()) for key in keys]
 
 
 def _trial(bed: rig.Rig, name: str, model: Path, *, tokens: int, seed: int, proxy_first: bool, say: rig.Say) -> Trial:
@@ -99,10 +115,10 @@ def _trial(bed: rig.Rig, name: str, model: Path, *, tokens: int, seed: int, prox
     return trial
 
 
-def run(bed: rig.Rig, *, quick: bool, say: rig.Say) -> list[Trial]:
+def run(bed: rig.Rig, *, quick: bool, say: rig.Say, keys: Sequence[str] = tuple(MODELS)) -> list[Trial]:
     tokens, trials = (1500, 3) if quick else (3000, 5)
     out: list[Trial] = []
-    for name, path in models(bed):
+    for name, path in models(bed, keys):
         for n in range(trials):
             out.append(_trial(bed, name, path, tokens=tokens, seed=500 + n, proxy_first=n % 2 == 0, say=say))
     return out
@@ -130,8 +146,23 @@ def judged(trials: list[Trial]) -> list[tuple[str, str, bool]]:
     return out
 
 
+def rewind_cost(trials: list[Trial], model: str = WIDE) -> str:
+    """The rewind's cost on ``model``: seconds per save and share of the turns' time (medians over the trials)."""
+    mine = [t for t in trials if t.model == model and t.turns_ms > 0]
+    if not mine:
+        return f"swa: rewind at 8B-class KV: no trial of {model}"
+    seconds = rig.median([t.rewind_s for t in mine])
+    share = rig.median([t.rewind_s * 1000 / t.turns_ms for t in mine])
+    return (
+        f"swa: the rewind before a save at 8B-class KV ({model}, {beds.widekvswa.KV_BYTES_PER_TOKEN // 1024} KiB per "
+        f"token were every layer global): {seconds:.2f} s, {share:.1%} of the two turns' time through the proxy "
+        f"(medians of {len(mine)} trials: " + ", ".join(f"{t.rewind_s:.2f} s" for t in mine) + ")"
+    )
+
+
 def verdicts(trials: list[Trial]) -> list[str]:
-    return [f"{'MET' if met else 'MISSED':6}  {goal}: {measured}" for goal, measured, met in judged(trials)]
+    judged_lines = [f"{'MET' if met else 'MISSED':6}  {goal}: {measured}" for goal, measured, met in judged(trials)]
+    return [*judged_lines, f"{'REPORT':6}  {rewind_cost(trials)}"]
 
 
 def table(trials: list[Trial]) -> str:
@@ -153,19 +184,29 @@ def table(trials: list[Trial]) -> str:
     return note + rig.table(head, rows, digits=2) + "\n\n" + "\n".join(verdicts(trials))
 
 
-def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[list[Trial], str]:
-    trials = run(bed, quick=quick, say=say)
+def measure(bed: rig.Rig, *, quick: bool, say: rig.Say, keys: Sequence[str] = tuple(MODELS)) -> tuple[list[Trial], str]:
+    trials = run(bed, quick=quick, say=say, keys=keys)
     return trials, table(trials)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``--models gemma3,gpt-oss,wide`` (the default: all three) picks the models; the other options are every
+    section's (``--quick``, ``--out``, ``--threads``)."""
+    chosen = argparse.ArgumentParser(add_help=False)
+    chosen.add_argument("--models", default=",".join(MODELS))
+    ns, rest = chosen.parse_known_args(argv)
+    keys = [key for key in ns.models.split(",") if key]
+    unknown = [key for key in keys if key not in MODELS]
+    if unknown or not keys:
+        print(f"--models: {', '.join(unknown) or 'none given'}; choose among {', '.join(MODELS)}", file=sys.stderr)
+        return 2
     return section.main(
-        argv,
+        rest,
         name="swa",
         doc=__doc__,
         title="Sliding-window models without --swa-full: the turn after a kill -9",
         quick_help="first messages of ~1,500 tokens, 3 trials per model",
-        measure=measure,
+        measure=functools.partial(measure, keys=keys),
         missed=lambda trials, quick: any(not met for _, _, met in judged(trials)),
     )
 

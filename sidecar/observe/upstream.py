@@ -67,6 +67,11 @@ class LlamaClient:
             return path
         return path + ("&" if "?" in path else "?") + self._query
 
+    def _bound(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A POST body with the model it is for, for a model view (a router routes a POST by its body's
+        ``model``, and refuses one without it)."""
+        return payload if self.model is None else {**payload, "model": self.model}
+
     async def models(self) -> dict[str, events.ModelStatus]:
         """The router's models and their states (``GET /models``), by name."""
         body = _as_dict(await self._json("GET", "/models", self._timeout), "/models")
@@ -234,13 +239,13 @@ class LlamaClient:
 
     async def apply_template(self, body: dict[str, Any]) -> str:
         """The prompt text a chat request becomes (``/apply-template`` takes the chat request's own body)."""
-        return _field(_as_dict(await self._json("POST", "/apply-template", self._timeout, body), "/apply-template"),
-                      "prompt", str, "/apply-template")  # fmt: skip
+        answer = await self._json("POST", self._at("/apply-template"), self._timeout, self._bound(body))
+        return _field(_as_dict(answer, "/apply-template"), "prompt", str, "/apply-template")
 
     async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         """The token ids a completion of ``text`` starts from (with BOS and special tokens, as completions do)."""
-        body = {"content": text, "add_special": add_special, "parse_special": True}
-        answer = _as_dict(await self._json("POST", "/tokenize", self._timeout, body), "/tokenize")
+        body = self._bound({"content": text, "add_special": add_special, "parse_special": True})
+        answer = _as_dict(await self._json("POST", self._at("/tokenize"), self._timeout, body), "/tokenize")
         ids = _field(answer, "tokens", list, "/tokenize")
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise errors.UpstreamProtocolError(
@@ -253,10 +258,8 @@ class LlamaClient:
 
         The slot's state then ends at exactly ``ids`` (the sampled token is never evaluated).
         """
-        payload: dict[str, Any] = {"prompt": ids, "n_predict": 1, "id_slot": slot, "cache_prompt": True}
-        if self.model is not None:
-            payload["model"] = self.model
-        body = _as_dict(await self._json("POST", "/completion", self._action_timeout, payload), "/completion")
+        payload = self._bound({"prompt": ids, "n_predict": 1, "id_slot": slot, "cache_prompt": True})
+        body = _as_dict(await self._json("POST", self._at("/completion"), self._action_timeout, payload), "/completion")
         timings = body.get("timings")
         if not isinstance(timings, dict):
             raise errors.UpstreamProtocolError("/completion answered without timings", endpoint="/completion")

@@ -117,6 +117,7 @@ class Fleet:
             settings=self._settings,
             clock=self._clock,
             weights=self._weights,
+            prompts=client,  # a recurrent, hybrid or sliding-window model's slots are saved at the prompt's boundary
         )
         member = Member(model, watched.engine, watched.gate)
         context = contextvars.copy_context()

@@ -588,6 +588,22 @@ async def test_every_read_and_action_names_the_model_and_never_autoloads(fake: F
     assert [seen.query["action"] for seen in fake.seen if seen.method == "POST"] == ["save", "restore"]
 
 
+async def test_the_rewinds_calls_name_the_model_and_never_autoload(fake: FakeLlama, connect: Connect) -> None:
+    """A router refuses a POST whose body names no model: a windowed or hybrid model's rewind to its prompt's
+    boundary (a template, a tokenize, a completion) must name the model, or its slots are saved past the reply."""
+    fake.json("POST", "/apply-template", {"prompt": "<start>x"})
+    fake.json("POST", "/tokenize", {"tokens": [2, 7]})
+    fake.json("POST", "/completion", {"timings": {"prompt_n": 1, "cache_n": 1}})
+    client = bound(connect, "alpha")
+    assert await client.apply_template({"messages": [{"role": "user", "content": "x"}]}) == "<start>x"
+    assert await client.tokenize("x") == [2, 7]
+    assert await client.complete_ids(0, [2, 7]) == (1, 1)
+    assert len(fake.seen) == 3
+    for seen in fake.seen:
+        assert json.loads(seen.body)["model"] == "alpha", seen
+        assert seen.query.get("autoload") == "false", seen
+
+
 async def test_a_plain_client_sends_no_model(fake: FakeLlama, connect: Connect) -> None:
     fake.json("GET", "/slots", SLOTS)
     await connect().slots()
