@@ -28,9 +28,9 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 import sidecar
-from sidecar.act import gate, report, spawn
 from sidecar.app import agentcheck, figures, history, server, storelog
 from sidecar.core import config, errors, events, logfold, metrics, mounts, protocols, rates
+from sidecar.engine import gate, report, spawn
 from sidecar.launch import argv, supervisor
 from sidecar.library import placer, ramtier, reads, tokens
 from sidecar.observe import upstream, weights

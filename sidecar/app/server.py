@@ -27,9 +27,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 import sidecar
-from sidecar.act import lifecycle, report
 from sidecar.app import figures, history, page, view
 from sidecar.core import config, events, parse, protocols, tries
+from sidecar.engine import lifecycle, report
 from sidecar.launch import supervisor
 from sidecar.snapshots import store
 

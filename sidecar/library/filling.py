@@ -13,9 +13,9 @@ import time
 
 import structlog
 
-from sidecar.act import policy
 from sidecar.core import events, metrics, outcomes
 from sidecar.library import fetching, prompt, ramtier, ramuse, routing, seams, slotbook, slotstate
+from sidecar.save import policy
 from sidecar.shared import records
 from sidecar.snapshots import manifest, store
 

@@ -135,7 +135,7 @@ class Ticket:
     slot: int | None = None
     """The slot the library reserved or pinned it to, while it holds it; None otherwise."""
     within: frozenset[int] | None = None
-    """The slots restored so far by the restore round that let it through early (:mod:`sidecar.act.early`);
+    """The slots restored so far by the restore round that let it through early (:mod:`sidecar.restore.early`);
     None: let through by an open gate."""
     whole_round: bool = False
     """Let through early but placed only after the whole restore round (:attr:`Move.LATER`)."""

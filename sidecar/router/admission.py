@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 import structlog
 
-from sidecar.act import lifecycle
 from sidecar.core import config, errors, events, metrics, outcomes, protocols, tasks
+from sidecar.engine import lifecycle
 from sidecar.observe import upstream
 from sidecar.proxy import refusals, relay
 from sidecar.router import fleet

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 
 import structlog
 
-from sidecar.act import engine, gate, lifecycle, report, restorer, savings, spawn
 from sidecar.core import config, errors, events, metrics, protocols, redact
+from sidecar.engine import engine, gate, lifecycle, report, spawn
 from sidecar.observe import poller, upstream
+from sidecar.restore import restorer, savings
 from sidecar.router import plan
 from sidecar.snapshots import store
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from sidecar.act import report
 from sidecar.core import config
+from sidecar.engine import report
 from sidecar.snapshots import store
 from tests.support.fakellama import FakeLlama, SaveFault, SaveKind
 from tests.support.faultbed import Sidecar, make_settings, run_sidecar

@@ -14,8 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from sidecar.act import actions, diskroom, policy, snapshotter
 from sidecar.core import config, events, metrics, outcomes
+from sidecar.save import diskroom, policy, snapshotter
+from sidecar.slots import actions
 from sidecar.snapshots import store
 from tests.support import clocks
 from tests.unit import memllama

@@ -11,9 +11,10 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import engine, policy, probe, saves, slotservice, snapshotter
 from sidecar.core import config, errors, events, hashing, metrics, outcomes
+from sidecar.engine import engine, probe, saves, slotservice
 from sidecar.observe import poller
+from sidecar.save import policy, snapshotter
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
 from tests.unit import memllama

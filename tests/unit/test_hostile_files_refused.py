@@ -20,8 +20,10 @@ import pytest
 import xxhash
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import actions, report, restorer
 from sidecar.core import errors, events, hashing, metrics, protocols, safeio
+from sidecar.engine import report
+from sidecar.restore import restorer
+from sidecar.slots import actions
 from sidecar.snapshots import manifest, store
 from tests.support import clocks, told
 from tests.unit import memllama

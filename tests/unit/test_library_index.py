@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.act import policy
 from sidecar.core import events, outcomes
 from sidecar.library import prompt, routing
+from sidecar.save import policy
 from sidecar.snapshots import manifest, slotfile, store
 from tests.support import clocks
 from tests.support.told import Told

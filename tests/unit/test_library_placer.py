@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import engine
 from sidecar.core import config, errors, events, metrics, outcomes, protocols
+from sidecar.engine import engine
 from sidecar.library import fetching, placer, prompt, ramtier, turns
 from sidecar.observe import memory, poller
 from sidecar.proxy import answer, tickets

@@ -1,4 +1,4 @@
-"""Rebuilding ahead (sidecar.act.ahead): how many files fit, and the restorer taking them, never a stale one."""
+"""Rebuilding ahead (sidecar.restore.ahead): how many files fit, and the restorer taking them, never a stale one."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import actions, ahead, restoreplan, restorer
 from sidecar.core import hashing, metrics
+from sidecar.restore import ahead, plan, restorer
+from sidecar.slots import actions
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
 from tests.unit import memllama
@@ -258,8 +259,8 @@ class _Wants:
         self._bed, self._file = bed, file
         self._done: set[str] = set()
 
-    async def next_step(self, pending: tuple[int, ...]) -> restoreplan.Step:
-        return restoreplan.plan(pending, (self._file,), self._bed.snapshots.snapshots(), done=self._done)[0]
+    async def next_step(self, pending: tuple[int, ...]) -> plan.Step:
+        return plan.plan(pending, (self._file,), self._bed.snapshots.snapshots(), done=self._done)[0]
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         self._done.add(record.file)

@@ -10,8 +10,9 @@ import pytest
 import structlog.testing
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import actions, restorer
 from sidecar.core import events, metrics, outcomes, protocols
+from sidecar.restore import restorer
+from sidecar.slots import actions
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
 from tests.unit import memllama

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import structlog
 
-from sidecar.act import boundary, rewind, saves
 from sidecar.core import errors, events, protocols
+from sidecar.engine import saves
+from sidecar.save import boundary, rewind
 
 MARKER = [7, 8, 9]
 PROMPT = [*range(100, 300), *MARKER]

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import actions, policy, snapshotter
 from sidecar.core import config, errors, events, metrics, outcomes, protocols
+from sidecar.save import policy, snapshotter
+from sidecar.slots import actions
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
 from tests.unit import memllama

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from sidecar.act import policy
 from sidecar.core import errors, events, hashing, outcomes, safeio
+from sidecar.restore import plan
+from sidecar.save import policy
 from sidecar.snapshots import commit as checks
 from sidecar.snapshots import manifest, store, storeevents
 from tests.support import clocks
@@ -334,7 +335,7 @@ def test_a_clock_stepped_back_neither_deletes_nor_hides_the_new_snapshot(tmp_pat
     assert [(m.file, reason) for m, reason in doomed] == [(before.file, outcomes.GcReason.KEEP)]
     view = events.SlotView(id=0, n_ctx=4096, processing=False, task=None, tokens=0)
     identity = events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10)
-    assert policy.plan_restore(view, snaps.snapshots(0), identity).candidates == (after, before)
+    assert plan.plan_restore(view, snaps.snapshots(0), identity).candidates == (after, before)
     # The byte cap too takes the older generation first.
     capped = policy.select_for_deletion(
         [before, dataclasses.replace(after, slot=0), commit(snaps, 1)],

@@ -9,9 +9,9 @@ import prometheus_client
 import pytest
 import structlog
 
-from sidecar.act import policy, snapshotter, windowsave
 from sidecar.core import config, events, metrics, outcomes, protocols
 from sidecar.observe import memory
+from sidecar.save import policy, snapshotter, windowsave
 from sidecar.snapshots import windowcell
 
 ROW = 8
