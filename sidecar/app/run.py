@@ -76,7 +76,7 @@ async def main(
         store_dir=settings.snapshots.store_dir,
     )
     if snapshots.blocks is not None:  # measured at each scrape: what is staged now, never a stale count
-        stats.store_staged.set_function(snapshots.staged_bytes)
+        stats.store_staged.set_function(snapshots.staged.staged_bytes)
     problem = snapshots.check_writable()
     if problem:
         raise errors.ConfigError(problem + ": create it, or fix --slot-dir / LLAMA_SIDECAR_SLOT_DIR")
@@ -318,7 +318,7 @@ async def _load(settings: config.Settings, snapshots: store.SnapshotStore, stats
             spare="until then the last file rebuilt for a restore is kept (one slot file of RAM, in "
             "store_staged_bytes) so the next rebuild writes over its pages instead of allocating new ones",
         )
-    for finding in await asyncio.to_thread(snapshots.scan, clean=True):
+    for finding in await asyncio.to_thread(snapshots.loader.scan, clean=True):
         log.info("slot_dir_cleaned", finding=finding)
     log.info(
         "snapshots_loaded",

@@ -77,10 +77,10 @@ class Consumer(part.Part):
             self._sight.server.adopted = True
             self._adopt_existing(obs.slots)
         self._policy.observe(obs.slots, obs.at, read_at=obs.slots_at)
-        self._restorer.observe(obs, self._sight.identity)
+        self._restorer.verifier.observe(obs, self._sight.identity)
         self._saves.export_unsaved()
-        if self._restorer.unverified:
-            self._restorer.judge(obs)
+        if self._restorer.verifier.unverified:
+            self._restorer.verifier.judge(obs)
         self._gate.see(lifecycle.Up(obs.at, ready=True))  # opens unless a round is owed (the runner opens it then)
         self._wake.set()
 
@@ -119,7 +119,7 @@ class Consumer(part.Part):
         self._policy.reset()
         self._sight.server = self._sight.server.renewed(at=at, new_process=new_process)
         self._listeners.emptied()
-        self._restorer.forget_pending()
+        self._restorer.verifier.forget_pending()
         self._gate.see(lifecycle.Emptied())
 
     def _say_state(self, obs: events.Observation) -> None:

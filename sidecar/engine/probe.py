@@ -46,7 +46,7 @@ def not_supported(slot_dir: str) -> Link:
 
 async def probe(slot_actions: actions.SlotActions, snapshots: store.SnapshotStore, slot: int) -> Link:
     """Have the server save ``slot`` (idle and never used) under a probe name; hold ``slot_actions.lock``."""
-    name = snapshots.probe_name()
+    name = snapshots.writer.probe_name()
     try:
         async with asyncio.timeout(PROBE_SECONDS):
             await slot_actions.save(slot, name)
@@ -65,8 +65,8 @@ async def probe(slot_actions: actions.SlotActions, snapshots: store.SnapshotStor
     except errors.UpstreamError as exc:
         log.warning("slot_dir_probe_failed", error=str(exc), effect="the next save proves or disproves the link")
         return UNKNOWN
-    seen = await asyncio.to_thread(snapshots.exists, name)
-    await asyncio.to_thread(snapshots.remove, name)
+    seen = await asyncio.to_thread(snapshots.staged.exists, name)
+    await asyncio.to_thread(snapshots.staged.remove, name)
     if seen:
         return Link(True)
     return Link(

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from sidecar.core import config, events
 from sidecar.restore import restorer, savings
-from sidecar.save import snapshotter
+from sidecar.save import records
 
 CHECK_GRACE = 5.0
 """Seconds past its deadline a snapshot file's check may run before the sidecar counts as stuck."""
@@ -43,7 +43,7 @@ class Status:
     link_ok: bool | None
     """Whether the server is known to write into the slot dir (None: not yet known)."""
     link_problem: str
-    last_snapshot: snapshotter.SaveRecord | None
+    last_snapshot: records.SaveRecord | None
     last_restore: tuple[restorer.RestoreRecord, ...]
     progress_at: float
     """Monotonic time, in seconds, when the engine last finished handling a poll (its start before the first)."""
@@ -70,7 +70,7 @@ class SaveReply:
     """Outcome of an admin's save of one slot."""
 
     ok: bool
-    record: snapshotter.SaveRecord | None
+    record: records.SaveRecord | None
 
 
 class Engines(Protocol):

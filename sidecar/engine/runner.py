@@ -81,7 +81,7 @@ class Runner(part.Part):
             if self._gate.life.restore_owed or latest is None or not self._sight.ready(latest):
                 return  # the server restarted, slept or went away meanwhile
             if isinstance(action, policy.Skip):
-                self._saves.saver.skip(action)
+                self._saves.saver.records.skip(action)
                 self._policy.settle(action.slot, action.signature, kept=False)
             elif not self._saves.hold(action, latest.slots or (), latest.counters):
                 await self._saves.save(action)
@@ -107,7 +107,7 @@ class Runner(part.Part):
         if self._gate.life.restore_owed or self._sight.latest is None or down:
             # Rebuilt ahead only while the server is seen down or loading: a round follows its return. Not for
             # a model the router runs no server for (unloaded): it may not load for hours, and RAM holds them.
-            await self._restorer.precheck(rebuild=health in (events.Health.DOWN, events.Health.LOADING))
+            await self._restorer.checks.precheck(rebuild=health in (events.Health.DOWN, events.Health.LOADING))
 
     async def _restore(self, obs: events.Observation) -> bool:
         """The restore round; False if the server did not answer /slots (the next poll tries again)."""
@@ -140,14 +140,19 @@ class Runner(part.Part):
         if obs is None or not self._sight.ready(obs) or self._sight.identity is None:
             return []
         await self._restorer.restore_all(self._sight.identity, healthy_at=None, counters=obs.counters)
-        return self._restorer.last
+        return self._restorer.verifier.last
 
     async def _probe(self) -> None:
         """Prove once per server process that the server writes into our slot dir."""
         obs = self._sight.latest
         slots = obs.slots if obs is not None else None
         target = next(
-            (v for v in slots or () if v.virgin and not v.processing and v.id not in self._restorer.unverified), None
+            (
+                v
+                for v in slots or ()
+                if v.virgin and not v.processing and v.id not in self._restorer.verifier.unverified
+            ),
+            None,
         )
         if target is None:
             return  # the first real save will prove or disprove the link
@@ -168,4 +173,4 @@ class Runner(part.Part):
         """When the current pass began, or its newest file check ended; None between passes."""
         if self._working_since is None:
             return None
-        return max(self._working_since, self._restorer.checked_at)
+        return max(self._working_since, self._restorer.checks.checked_at)

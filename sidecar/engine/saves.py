@@ -16,7 +16,7 @@ import structlog
 from sidecar.core import config, errors, events, hashing, outcomes
 from sidecar.engine import part, probe
 from sidecar.restore import savings
-from sidecar.save import policy, rewind, snapshotter, stallweigh
+from sidecar.save import policy, records, rewind, snapshotter, stallweigh
 
 log = structlog.get_logger("sidecar.engine")
 AGE_CHECK_EVERY = 30.0
@@ -91,7 +91,7 @@ class Saves(part.Part):
             # Newer than the poll's listing (carried over while other slots generate): the policy follows it.
             self._policy.observe([view], self._clock.monotonic(), read_at=read_at)
             if view.processing:
-                self.saver.busy(action)
+                self.saver.records.busy(action)
                 return False
             if self.hold(action, fresh, None):
                 return False
@@ -102,12 +102,12 @@ class Saves(part.Part):
                 return True  # saved already (an earlier save found this content): nothing to lose
             if view.signature != action.signature:  # it ran a turn since: save what it holds now
                 action = dataclasses.replace(action, signature=view.signature, tokens=view.tokens)
-            window = self.saver.within_window(action, self._sight.identity)
+            window = self.saver.records.within_window(action, self._sight.identity)
             if window is None and self._sight.identity.memory in REWOUND:
                 rewound = await self._rewinder.to_boundary(view)  # the state the next turn can use
                 if rewound.signature is not None and rewound.signature != action.signature:
                     action = dataclasses.replace(action, signature=rewound.signature, tokens=rewound.tokens)
-                window = self.saver.within_window(action, self._sight.identity)
+                window = self.saver.records.within_window(action, self._sight.identity)
             if window is not None:  # nothing a restore could reuse: settled, as a slot saved already
                 self._saved(action, window)
                 return True
@@ -189,7 +189,7 @@ class Saves(part.Part):
         counters = latest.counters if latest is not None else None
         return savings.measured_rate(counters) if counters is not None else None
 
-    def _saved(self, action: policy.Save, record: snapshotter.SaveRecord) -> None:
+    def _saved(self, action: policy.Save, record: records.SaveRecord) -> None:
         """What the outcome of a save means for the slot and the link."""
         if record.cause is None:
             self._sight.set_link(probe.Link(True))
@@ -250,7 +250,7 @@ class Saves(part.Part):
         async with self._actions.lock:
             await self.saver.commit_pending(pause=0.0 if quiet else hashing.PACE, written_before=before)
 
-    def _committed_later(self, written: snapshotter.Written, record: snapshotter.SaveRecord) -> None:
+    def _committed_later(self, written: snapshotter.Written, record: records.SaveRecord) -> None:
         """A save whose commit waited: it was taken as saved; if the commit failed, the slot is due again."""
         if written.epoch != self._sight.server.epoch:
             return  # a save of an earlier server process: its slots are gone
@@ -267,7 +267,7 @@ class Saves(part.Part):
             return
         self._next_age_check = now + min(AGE_CHECK_EVERY, self._max_age / 4)
         async with self._actions.lock:
-            await self.saver.collect_garbage()
+            await self.saver.garbage.collect()
 
     def export_unsaved(self) -> None:
         """Each slot's oldest unsaved change as Unix time (0: none), from the policy's monotonic one; the

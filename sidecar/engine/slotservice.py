@@ -103,7 +103,7 @@ class SlotService(part.Part):
 
         That is the slot's next task: it judges the restore or swap that put tokens there, if one waits.
         """
-        self._restorer.answered(slot, reused)
+        self._restorer.verifier.answered(slot, reused)
 
     def follow(self, listener: listeners.SlotListener) -> None:
         """Tell ``listener`` each time the engine changes what the slots hold (a restart, a restore round)."""

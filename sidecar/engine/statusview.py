@@ -36,18 +36,18 @@ class StatusView(part.Part):
             identity=self._sight.identity,
             link_ok=self._sight.server.link.ok,
             link_problem=self._sight.server.link.problem,
-            last_snapshot=self._saves.saver.last,
-            last_restore=tuple(self._restorer.last),
+            last_snapshot=self._saves.saver.records.last,
+            last_restore=tuple(self._restorer.verifier.last),
             # The older of the two: the last poll handled, and the start of the action runner's
             # current pass or the end of its last file check (a hung disk or call stops the runner,
             # not the polls).
             progress_at=min(self._consumer.handled_at, self._runner.progress() or self._consumer.handled_at),
             acting=self._runner.progress() is not None or self._runner.acting(),
             restore_gate=self._gate.life.closed_because,
-            saved=self._restorer.savings.totals(),
-            recent=tuple(self._restorer.recent),
+            saved=self._restorer.verifier.savings.totals(),
+            recent=tuple(self._restorer.verifier.recent),
             slot_since=self._slot_since(),
-            check=self._restorer.checking,
+            check=self._restorer.checks.checking,
             low_disk=self._saves.saver.low_disk,
         )
 
@@ -62,7 +62,7 @@ class StatusView(part.Part):
         if view is None or view.signature is None:
             return None
         ok = await self._saves.save(policy.Save(view.id, view.signature, view.tokens, policy.SaveReason.MANUAL))
-        return report.SaveReply(ok, self._saves.saver.last)
+        return report.SaveReply(ok, self._saves.saver.records.last)
 
     async def restore_now(self) -> list[restorer.RestoreRecord]:
         """An admin's restore round into the slots that are empty now."""

@@ -115,7 +115,7 @@ class Ahead:
         await self.discard()
         if not records:
             return
-        await asyncio.to_thread(self._snapshots.drop_spare)  # its room goes to the files rebuilt ahead
+        await asyncio.to_thread(self._snapshots.staged.drop_spare)  # its room goes to the files rebuilt ahead
         try:
             room = await asyncio.to_thread(self._room, self._snapshots.staging)
         except OSError as exc:
@@ -169,13 +169,13 @@ class Ahead:
     async def _rebuild(self, record: manifest.Manifest, *, failed: str) -> bool:
         """Rebuild ``record`` into the slot dir, ready to :meth:`take`; False (``failed`` logged) if not."""
         try:
-            name = await asyncio.to_thread(self._snapshots.stage, record)
+            name = await asyncio.to_thread(self._snapshots.staged.stage, record)
         except errors.SnapshotError as exc:  # its restore tries it again, and decides what to do with it
             log.warning(failed, slot=record.slot, file=record.file, error=str(exc))
             return False
         stamp = self._stamp(name)
         if stamp is None:
-            await asyncio.to_thread(self._snapshots.unstage, name, record)
+            await asyncio.to_thread(self._snapshots.staged.unstage, name, record)
             return False
         self._ready[record.file] = Ready(name, record, stamp)
         return True
@@ -210,7 +210,7 @@ class Ahead:
         ready = self._ready.pop(name, None) if name is not None else None
         if ready is not None:
             self._stats.restore_ahead.labels(outcomes.RestoreAhead.UNUSED.value).inc()
-            await asyncio.to_thread(self._snapshots.unstage, ready.name, ready.record)
+            await asyncio.to_thread(self._snapshots.staged.unstage, ready.name, ready.record)
 
     async def displaced(self, slot: int, record: manifest.Manifest) -> bool:
         """Give back the file rebuilt ahead for ``slot`` now that ``record``, another snapshot, goes there (one a
@@ -231,7 +231,7 @@ class Ahead:
             return False
         del self._ready[found.record.file]
         self._stats.restore_ahead.labels(outcomes.RestoreAhead.UNUSED.value).inc()
-        await asyncio.to_thread(self._snapshots.unstage, found.name, found.record)
+        await asyncio.to_thread(self._snapshots.staged.unstage, found.name, found.record)
         log.info(
             "restore_ahead_displaced",
             slot=slot,
@@ -262,7 +262,7 @@ class Ahead:
         left, self._ready, self._swap_file = list(self._ready.values()), {}, None
         for ready in left:
             self._stats.restore_ahead.labels(outcomes.RestoreAhead.UNUSED.value).inc()
-            await asyncio.to_thread(self._snapshots.unstage, ready.name, ready.record)
+            await asyncio.to_thread(self._snapshots.staged.unstage, ready.name, ready.record)
         if left:
             log.info(
                 "restore_ahead_unused",

@@ -80,14 +80,14 @@ class FileChecks:
         self._acts.mark()
         self.checking = records.Check(candidate.file, self._clock.monotonic() + hashing.deadline_for(candidate.bytes))
         try:
-            await asyncio.to_thread(self._snapshots.check, candidate)
+            await asyncio.to_thread(self._snapshots.curator.check, candidate)
             stamp = await asyncio.to_thread(self._stamp, candidate.file)
         except errors.SnapshotError as exc:
             if exc.reason not in outcomes.BAD_CONTENT:  # unreadable now, not proven bad: keep it
                 log.warning("snapshot_unreadable", slot=candidate.slot, file=candidate.file, error=str(exc))
                 return False
             log.error("snapshot_corrupt", slot=candidate.slot, file=candidate.file, reason=exc.reason, error=str(exc))
-            await asyncio.to_thread(self._snapshots.quarantine, candidate.file, exc.reason, detail=str(exc))
+            await asyncio.to_thread(self._snapshots.curator.quarantine, candidate.file, exc.reason, detail=str(exc))
             self._checked.pop(candidate.file, None)
             return False
         if stamp is not None:

@@ -14,7 +14,7 @@ from sidecar.snapshots import manifest
 log = structlog.get_logger("sidecar.restore")
 Outcome = outcomes.RestoreOutcome
 RECENT = 20
-"""Restores and swaps kept in :attr:`sidecar.restore.restorer.Restorer.recent`."""
+"""Restores and swaps kept in :attr:`sidecar.restore.verify.Verifier.recent`."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

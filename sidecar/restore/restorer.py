@@ -10,11 +10,10 @@ what counts as ``ok``: ``docs/modules.md``.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 
 from sidecar.core import events, metrics, protocols
-from sidecar.restore import ahead, filechecks, records, rounds, savings, send, verify
+from sidecar.restore import ahead, filechecks, records, rounds, send, verify
 from sidecar.slots import actions
 from sidecar.snapshots import manifest, store
 
@@ -48,8 +47,13 @@ class Restorer:
         self._ahead = rebuilt_ahead if rebuilt_ahead is not None else ahead.Ahead(snapshots, stats)
         acts = records.Acts()
         tally = records.Tally(stats=stats, clock=clock)
-        self._checks = filechecks.FileChecks(snapshots=snapshots, clock=clock, rebuilt_ahead=self._ahead, acts=acts)
-        self._verifier = verify.Verifier(stats=stats, clock=clock, identity=identity, tally=tally)
+        self.checks = filechecks.FileChecks(snapshots=snapshots, clock=clock, rebuilt_ahead=self._ahead, acts=acts)
+        """The files' size and checksum checks: ahead while the server loads (``precheck``), the file being
+        checked now (``checking``) and when the last check ended (``checked_at``, for liveness)."""
+        self.verifier = verify.Verifier(stats=stats, clock=clock, identity=identity, tally=tally)
+        """The verdict on each restore (``observe``, ``answered``, ``judge``, ``forget_pending``), the newest
+        round's records (``last``), those awaiting a verdict (``unverified``), the ``savings`` and the
+        ``recent`` restores."""
         sender = send.Sender(
             slot_actions=slot_actions,
             snapshots=snapshots,
@@ -58,54 +62,19 @@ class Restorer:
             rebuilt_ahead=self._ahead,
             acts=acts,
             tally=tally,
-            verifier=self._verifier,
+            verifier=self.verifier,
         )
         self._round = rounds.Round(
             slot_actions=slot_actions,
             snapshots=snapshots,
             identity=identity,
-            checks=self._checks,
+            checks=self.checks,
             rebuilt_ahead=self._ahead,
             acts=acts,
             tally=tally,
             sender=sender,
-            verifier=self._verifier,
+            verifier=self.verifier,
         )
-
-    @property
-    def last(self) -> list[RestoreRecord]:
-        """The newest restore round's records, by slot."""
-        return self._verifier.last
-
-    @property
-    def unverified(self) -> dict[int, Unverified]:
-        """Restores waiting for their verification (the slot's next task), by slot."""
-        return self._verifier.unverified
-
-    @property
-    def savings(self) -> savings.Savings:
-        """Prefill seconds the effective restores and swaps saved."""
-        return self._verifier.savings
-
-    @property
-    def recent(self) -> collections.deque[Done]:
-        """The newest restores and swaps that put tokens back, oldest first."""
-        return self._verifier.recent
-
-    @property
-    def checking(self) -> Check | None:
-        """The file being checked now; None between checks."""
-        return self._checks.checking
-
-    @property
-    def checked_at(self) -> float:
-        """Monotonic time the last check ended (progress, for liveness)."""
-        return self._checks.checked_at
-
-    async def precheck(self, *, rebuild: bool = False) -> None:
-        """Check the newest good snapshot of every slot now, so the restore round does not hash (see
-        :meth:`filechecks.FileChecks.precheck`)."""
-        await self._checks.precheck(rebuild=rebuild)
 
     @property
     def ahead(self) -> bool:
@@ -144,19 +113,3 @@ class Restorer:
     def refusal(self, candidate: manifest.Manifest, *, n_ctx: int) -> str:
         """Why ``candidate`` cannot go into a slot of ``n_ctx`` on the running server; "" if it can."""
         return self._round.refusal(candidate, n_ctx=n_ctx)
-
-    def observe(self, obs: events.Observation, identity: events.Identity | None) -> None:
-        """Follow the server's measured prefill rate (fresh counters only); price what waited for it."""
-        self._verifier.observe(obs, identity)
-
-    def answered(self, slot: int, reused: int) -> None:
-        """The slot's next task reused ``reused`` prompt tokens, as its own answer says: judge its restore."""
-        self._verifier.answered(slot, reused)
-
-    def judge(self, obs: events.Observation) -> None:
-        """Judge the unverified restores whose slot has run a task that started after the restore."""
-        self._verifier.judge(obs)
-
-    def forget_pending(self) -> None:
-        """The restored slots are gone (a restart, a wake-up): count the restores nothing decided."""
-        self._verifier.forget_pending()

@@ -70,7 +70,7 @@ class Sender:
         await self._ahead.drop_swap()  # another swap's: one rebuild of ours in the slot dir at a time
         self._acts.mark()
         try:
-            return await asyncio.to_thread(self._snapshots.stage, candidate), True
+            return await asyncio.to_thread(self._snapshots.staged.stage, candidate), True
         except errors.SnapshotError as exc:
             if exc.reason not in outcomes.BAD_CONTENT:
                 log.warning(
@@ -91,16 +91,16 @@ class Sender:
                 "every snapshot that does not name the bad block still restores",
                 hint="check the --store-dir disk; a block changed or vanished outside the sidecar",
             )
-            await asyncio.to_thread(self._snapshots.quarantine, candidate.file, exc.reason, detail=str(exc))
+            await asyncio.to_thread(self._snapshots.curator.quarantine, candidate.file, exc.reason, detail=str(exc))
             return None, False
 
     def give_back(self, staged: str, candidate: manifest.Manifest) -> None:
-        """Delete what :meth:`stage` staged, off the restore's path: freeing a large file takes a while (a
+        """Delete what :meth:`Staging.stage` staged, off the restore's path: freeing a large file takes a while (a
         quarter of a second for 300 MB on tmpfs, on a busy machine), and the next slot or request waits."""
         if staged == candidate.file:
             return
         task = tasks.watch(
-            asyncio.create_task(asyncio.to_thread(self._snapshots.unstage, staged, candidate), name="give-back"),
+            asyncio.create_task(asyncio.to_thread(self._snapshots.staged.unstage, staged, candidate), name="give-back"),
             effect="a staged rebuild stays in the slot dir until the sidecar's next start-up",
         )
         self._giving_back.add(task)
@@ -121,7 +121,7 @@ class Sender:
         """The restore call itself, right after ``before`` was read; then look for a racing request.
 
         ``path_started``: when the slot's restore began (its first read), for the log's ``path_seconds``.
-        ``filename``: what the server reads, the snapshot's file or its staged rebuild (see :meth:`stage`).
+        ``filename``: what the server reads, the snapshot's file or its staged rebuild (see :meth:`Staging.stage`).
         """
         started = time.perf_counter()
         self._acts.mark()

@@ -79,7 +79,7 @@ class DiskRoom:
             need=estimate.bytes,
             free=estimate.free_bytes,
             floor=min_free,
-            in_use=self._snapshots.in_use(),
+            in_use=self._snapshots.recency.in_use(),
             last_used=self._snapshots.last_used,
             blocks=blocks,
         )
@@ -114,8 +114,8 @@ class DiskRoom:
     async def delete(self, doomed: Sequence[tuple[manifest.Manifest, outcomes.GcReason]]) -> None:
         """Delete each snapshot, counted and logged with its reason, then the blocks none names any more."""
         for record, reason in doomed:
-            await asyncio.to_thread(self._snapshots.delete, record)
+            await asyncio.to_thread(self._snapshots.curator.delete, record)
             self._stats.gc_deleted.labels(reason.value).inc()
             log.info("snapshot_deleted", file=record.file, slot=record.slot, reason=reason.value)
         if doomed:
-            await asyncio.to_thread(self._snapshots.collect_blocks)
+            await asyncio.to_thread(self._snapshots.curator.collect_blocks)

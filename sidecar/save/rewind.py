@@ -44,7 +44,7 @@ class Rewinder:
         if self._prompts is None or view.signature is None:
             return view
         started = time.perf_counter()
-        temp = self._snapshots.temp_name(view.id)
+        temp = self._snapshots.writer.temp_name(view.id)
         try:
             marker = await self._generation_marker()
             if not marker:
@@ -62,7 +62,7 @@ class Rewinder:
             return view
         finally:
             with contextlib.suppress(OSError):
-                await asyncio.to_thread(self._snapshots.remove, temp)
+                await asyncio.to_thread(self._snapshots.staged.remove, temp)
         ids = slotfile.unpack_ids(held.data)
         keep = boundary.target(boundary.prompt_end(ids, marker), len(ids))
         if keep is None:

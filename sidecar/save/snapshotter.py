@@ -1,6 +1,7 @@
 """Taking snapshots: disk floor, the server's save, the store's commit, retention.
 
-Every attempt ends in one ``SaveRecord``. A save nobody waits for, made while another slot
+Every attempt ends in one ``SaveRecord`` (:mod:`.records`); retention runs after each commit
+(:mod:`.garbage`). A save nobody waits for, made while another slot
 generates, leaves its checksum and commit until no slot is processing; commits keep the order of the
 saves.
 
@@ -18,35 +19,15 @@ from collections.abc import Callable
 import structlog
 
 from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols
-from sidecar.observe import memory
-from sidecar.save import diskroom, policy, storefault, windowsave
+from sidecar.save import diskroom, garbage, policy, records, storefault, windowsave
 from sidecar.slots import actions
-from sidecar.snapshots import manifest, slotfile, store
+from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.snapshot")
 BACKGROUND = frozenset({policy.SaveReason.IDLE, policy.SaveReason.PERIODIC})
 """Saves nobody waits for: while other slots generate, their commit waits (see the module docstring)."""
-COVERED_KEEP = 4096
-"""Answers of ``_covers`` remembered (snapshots never change once committed)."""
 COMMIT_WAIT = 60.0
 """Longest a commit waits for a moment when no slot is processing, in seconds after the server's save."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SaveRecord:
-    """One save attempt; the newest is shown in /status."""
-
-    slot: int
-    result: outcomes.SaveResult
-    cause: outcomes.SaveCause | None
-    """Why the save did not end ``ok``; None when it did."""
-    detail: str
-    """The committed file, or what went wrong and what to do."""
-    at: float
-    """Unix time of the attempt's end."""
-    seconds: float
-    tokens: int
-    bytes: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,18 +61,20 @@ class Snapshotter:
         stats: metrics.Metrics,
         settings: config.SnapshotSettings,
         clock: protocols.Clock,
-        committed_later: Callable[[Written, SaveRecord], None] = lambda written, record: None,
+        committed_later: Callable[[Written, records.SaveRecord], None] = lambda written, record: None,
     ) -> None:
         """``committed_later`` is called with each pending save once its commit ended (``record.result``
         says how)."""
         self._actions = slot_actions
         self._snapshots = snapshots
         self._stats = stats
-        self._covered: dict[tuple[str, str], bool] = {}
         self._room = diskroom.DiskRoom(snapshots=snapshots, stats=stats, settings=settings)
         self._settings = settings
         self._clock = clock
-        self.last: SaveRecord | None = None
+        self.records = records.Records(stats=stats, clock=clock)
+        """Every save attempt's record, counted; the newest kept (``records.last``)."""
+        self.garbage = garbage.Collector(snapshots=snapshots, settings=settings, clock=clock, room=self._room)
+        """Retention, applied after each commit."""
         self._low_disk = False
         self._unwritable: storefault.Episode | None = None
         """The disk the snapshots are kept on refused a save's write (see :mod:`~sidecar.save.storefault`)."""
@@ -117,7 +100,7 @@ class Snapshotter:
         epoch: int = 0,
         prefill_rate: float | None = None,
         owner: str = apikeys.NOBODY,
-    ) -> SaveRecord | Written:
+    ) -> records.SaveRecord | Written:
         """Save one slot: the caller holds the action lock and has just read the slot idle.
 
         ``others_busy``: another slot was processing at that read. A save in the background (idle,
@@ -129,8 +112,8 @@ class Snapshotter:
         below = await self._below_floor(action, fingerprint)
         if below is not None:
             return below
-        temp = self._snapshots.temp_name(slot)
-        await asyncio.to_thread(self._snapshots.place_save, temp, self._room.staging_bytes(action.tokens))
+        temp = self._snapshots.writer.temp_name(slot)
+        await asyncio.to_thread(self._snapshots.staged.place_save, temp, self._room.staging_bytes(action.tokens))
         started = time.perf_counter()
         created = self._clock.wall()
         try:
@@ -138,7 +121,7 @@ class Snapshotter:
             if identity.memory is events.Memory.SWA:  # made reusable after a restore (see .windowsave)
                 result = await asyncio.to_thread(
                     windowsave.apply,
-                    self._snapshots.staged_path(temp),
+                    self._snapshots.staged.staged_path(temp),
                     result,
                     model_path=identity.model_path,
                     kind=identity.memory,
@@ -158,11 +141,13 @@ class Snapshotter:
             if result.tokens > 0:  # the server's own time: the call's also holds its wait for the loop
                 self.pace = (result.server_ms / 1000 if result.server_ms > 0 else written.call_seconds) / result.tokens
             if others_busy and action.reason in BACKGROUND:
-                await asyncio.to_thread(self._snapshots.check_written, temp, tokens=result.tokens, written=result.bytes)
+                await asyncio.to_thread(
+                    self._snapshots.writer.check_written, temp, tokens=result.tokens, written=result.bytes
+                )
                 self._defer(written)
                 return written
         except (errors.SnapshotError, errors.UpstreamError) as exc:
-            return self._failed(slot, exc, time.perf_counter() - started)
+            return self.records.failed(slot, exc, time.perf_counter() - started)
         await self.commit_pending()
         return await self._commit(written)
 
@@ -207,13 +192,13 @@ class Snapshotter:
             f"restorable) once no slot is processing, or after {COMMIT_WAIT:.0f} s",
         )
 
-    async def _commit(self, written: Written, *, pause: float = 0.0) -> SaveRecord:
+    async def _commit(self, written: Written, *, pause: float = 0.0) -> records.SaveRecord:
         slot, result = written.action.slot, written.result
         waited = self._clock.monotonic() - written.written_at
         started = time.perf_counter()
         try:
             committed = await asyncio.to_thread(
-                self._snapshots.commit,
+                self._snapshots.writer.commit,
                 written.temp,
                 slot=slot,
                 tokens=result.tokens,
@@ -230,7 +215,7 @@ class Snapshotter:
             fault = storefault.classify(exc)
             if fault is not None:
                 return await self._refused(slot, fault, exc, seconds)
-            return self._failed(slot, exc, seconds)
+            return self.records.failed(slot, exc, seconds)
         self._writable_again()
         seconds = written.call_seconds + time.perf_counter() - started
         self._stats.snapshot_duration.observe(seconds)
@@ -248,24 +233,24 @@ class Snapshotter:
             save_seconds=round(written.call_seconds, 4),
             waited_seconds=round(waited, 3),
         )
-        record = self._record(
+        record = self.records.record(
             slot, None, committed.file, seconds=seconds, tokens=committed.tokens, size=committed.bytes
         )
-        await self.collect_garbage()
+        await self.garbage.collect()
         return record
 
-    async def _below_floor(self, action: policy.Save, fingerprint: manifest.Fingerprint) -> SaveRecord | None:
+    async def _below_floor(self, action: policy.Save, fingerprint: manifest.Fingerprint) -> records.SaveRecord | None:
         """The record of a save the disk cannot take now (unmeasurable, refused, or below the floor even once
         the least recently used snapshots made room); None: go on."""
         slot = action.slot
         free = await asyncio.to_thread(self._snapshots.free_bytes)
         if isinstance(free, str):
-            return self._fail(slot, outcomes.SaveCause.SLOT_DIR, free, 0.0)
+            return self.records.fail(slot, outcomes.SaveCause.SLOT_DIR, free, 0.0)
         if self._unwritable is not None and not await self._may_write(self._unwritable, free):
             episode = self._unwritable
             self._unwritable = dataclasses.replace(episode, skipped=episode.skipped + 1)
             detail = f"skipped without a save call: {episode.detail}"
-            return self._record(
+            return self.records.record(
                 slot,
                 outcomes.SaveCause.STORE_UNWRITABLE,
                 detail,
@@ -298,7 +283,7 @@ class Snapshotter:
                 f"{estimate.disk.value} disk below the free-space floor: {estimate.free_bytes} bytes free, the save "
                 f"would write about {estimate.bytes}, --min-free-bytes is {min_free}"
             )
-            return self._record(slot, outcomes.SaveCause.LOW_DISK, detail, tokens=action.tokens)
+            return self.records.record(slot, outcomes.SaveCause.LOW_DISK, detail, tokens=action.tokens)
         self._low_disk = False
         return None
 
@@ -306,13 +291,13 @@ class Snapshotter:
         """Whether a save may be tried while the disk refused the last one (free space back, a probe written)."""
         if not storefault.worth_probing(episode, free_bytes=free_bytes):
             return False
-        return await asyncio.to_thread(self._snapshots.probe_write) is None
+        return await asyncio.to_thread(self._snapshots.writer.probe_write) is None
 
     async def _refused(
         self, slot: int, fault: outcomes.StoreFault, exc: errors.SnapshotError, seconds: float
-    ) -> SaveRecord:
+    ) -> records.SaveRecord:
         """The record of a commit the disk refused; saves are skipped until it may take one again."""
-        await asyncio.to_thread(self._snapshots.collect_blocks)  # the failed ingest's new blocks
+        await asyncio.to_thread(self._snapshots.curator.collect_blocks)  # the failed ingest's new blocks
         usage = await asyncio.to_thread(self._snapshots.usage)
         first = self._unwritable is None
         self._unwritable = storefault.Episode(fault, usage.free_bytes, str(exc))
@@ -332,7 +317,7 @@ class Snapshotter:
             )
         self._stats.snapshot_write_errors.labels(fault.value).inc()  # after the line: a count comes with its reason
         detail = f"the disk of {keeps} refused the save ({fault.value}): {exc}; {storefault.HINTS[fault]}"
-        return self._record(slot, outcomes.SaveCause.STORE_UNWRITABLE, detail, seconds=seconds)
+        return self.records.record(slot, outcomes.SaveCause.STORE_UNWRITABLE, detail, seconds=seconds)
 
     def _writable_again(self) -> None:
         if self._unwritable is None:
@@ -345,107 +330,3 @@ class Snapshotter:
             skipped=episode.skipped,
             effect="saves go on as before",
         )
-
-    def _failed(self, slot: int, exc: errors.SnapshotError | errors.UpstreamError, seconds: float) -> SaveRecord:
-        """The record of a save or commit that raised ``exc``."""
-        if isinstance(exc, errors.UpstreamNotSupported):
-            detail = f"{exc}: start llama-server with --slot-save-path set to the sidecar's --slot-dir"
-            return self._fail(slot, outcomes.SaveCause.NOT_SUPPORTED, detail, seconds)
-        if isinstance(exc, errors.UpstreamError):
-            return self._fail(slot, outcomes.SaveCause.SERVER, str(exc), seconds)
-        if exc.reason == outcomes.SnapshotProblem.EMPTY:
-            log.info("snapshot_skipped_empty", slot=slot, reason=str(exc))
-            return self._record(slot, outcomes.SaveCause.EMPTY, str(exc), seconds=seconds)
-        cause = (
-            outcomes.SaveCause.NOT_LINKED
-            if exc.reason == outcomes.SnapshotProblem.MISSING
-            else outcomes.SaveCause.CHECK
-        )
-        return self._fail(slot, cause, str(exc), seconds)
-
-    async def collect_garbage(self) -> None:
-        doomed = await asyncio.to_thread(
-            policy.select_for_deletion,
-            self._snapshots.snapshots(),
-            keep_per_slot=self._settings.keep_per_slot,
-            max_bytes=self._settings.max_bytes,
-            max_age=self._settings.max_age,
-            now=self._clock.wall(),
-            in_use=self._snapshots.in_use(),
-            last_used=self._snapshots.last_used,
-            covers=self._covers,
-            blocks=None if self._snapshots.blocks is None else self._snapshots.blocks.digests,
-        )
-        await self._room.delete(doomed)
-
-    def _covers(self, newer: manifest.Manifest, older: manifest.Manifest) -> bool:
-        """Whether ``newer``'s file holds every token of ``older``, to the token (read from its head; cached)."""
-        if older.index is None or older.index.whole is None or newer.tokens < older.tokens:
-            return False
-        key = (newer.file, older.file)
-        known = self._covered.get(key)
-        if known is None:
-            try:
-                held = self._snapshots.read_tokens(newer)
-            except (OSError, slotfile.SlotFileError):
-                return False  # unreadable now: not proven, so the older one stays
-            known = slotfile.whole_hash(held.data[: older.tokens * 4]) == older.index.whole
-            if len(self._covered) > COVERED_KEEP:
-                self._covered.clear()
-            self._covered[key] = known
-        return known
-
-    def skip(self, action: policy.Skip) -> SaveRecord:
-        log.info("snapshot_skipped", slot=action.slot, reason=action.why)
-        return self._record(
-            action.slot, outcomes.SaveCause.BELOW_MIN_TOKENS, action.why, tokens=action.signature.tokens
-        )
-
-    def within_window(self, action: policy.Save, identity: events.Identity) -> SaveRecord | None:
-        """The record of a save not made because a sliding-window model's slot fits in its window (no restore
-        of it could be reused: there is no position below the window for the cell); None: save it."""
-        if identity.memory is not events.Memory.SWA:
-            return None
-        window = memory.window_of_file(identity.model_path)
-        if window is None or action.tokens > window.size:
-            return None
-        detail = (
-            f"the slot holds {action.tokens} tokens, no more than the model's window of {window.size}: "
-            "llama-server would re-prefill a restore of it anyway (at most that many tokens), and the "
-            "library leaves the conversation to the server's own cache"
-        )
-        log.info("snapshot_skipped", slot=action.slot, reason=detail)
-        return self._record(action.slot, outcomes.SaveCause.WITHIN_WINDOW, detail, tokens=action.tokens)
-
-    def busy(self, action: policy.Save) -> SaveRecord:
-        detail = (
-            "the slot was processing a request when read right before the save: nothing is sent to a busy "
-            "slot (the server would hold the call until the request ends); it is saved once idle"
-        )
-        log.info("snapshot_skipped_busy", slot=action.slot, reason=action.reason.value)
-        return self._record(action.slot, outcomes.SaveCause.SLOT_BUSY, detail, tokens=action.tokens)
-
-    def _fail(self, slot: int, cause: outcomes.SaveCause, detail: str, seconds: float) -> SaveRecord:
-        log.error("snapshot_failed", slot=slot, cause=cause.value, error=detail)
-        return self._record(slot, cause, detail, seconds=seconds)
-
-    def _record(
-        self,
-        slot: int,
-        cause: outcomes.SaveCause | None,
-        detail: str,
-        *,
-        seconds: float = 0.0,
-        tokens: int = 0,
-        size: int = 0,
-        result: outcomes.SaveResult | None = None,
-    ) -> SaveRecord:
-        """``result``: None, the cause's (``ok`` without one, ``skipped`` or ``failed``)."""
-        if result is None and cause is None:
-            result = outcomes.SaveResult.OK
-        elif result is None:
-            result = outcomes.SaveResult.SKIPPED if cause in outcomes.SKIP_CAUSES else outcomes.SaveResult.FAILED
-        self._stats.snapshots.labels(str(slot), result.value).inc()
-        self._stats.count_model(self._stats.model_snapshots, result.value)
-        self.last = SaveRecord(slot, result, cause, detail, self._clock.wall(), seconds, tokens, size)
-        return self.last

@@ -51,9 +51,9 @@ class SlotActions:
 
     def sweep(self) -> list[str]:
         """Remove the files of abandoned saves that have appeared since; returns their names."""
-        found = [name for name in self._leftovers if self._snapshots.exists(name)]
+        found = [name for name in self._leftovers if self._snapshots.staged.exists(name)]
         for name in found:
-            self._snapshots.remove(name)
+            self._snapshots.staged.remove(name)
             del self._leftovers[name]
             log.info("abandoned_file_removed", file=name, reason="the server wrote it after its save call gave up")
         return found
@@ -64,7 +64,7 @@ class SlotActions:
             return await call(slot, filename)
         except (errors.UpstreamError, asyncio.CancelledError):
             if writes:  # the server may still run the save later: remove the file now and when it shows up
-                self._snapshots.remove(filename)
+                self._snapshots.staged.remove(filename)
                 self._leftovers[filename] = None
                 while len(self._leftovers) > LEFTOVERS_KEPT:
                     del self._leftovers[next(iter(self._leftovers))]

@@ -1,18 +1,18 @@
 """The snapshot directory: one view of the slot dir (or the block store) over its parts. Blocking I/O.
 
-:class:`SnapshotStore` lists the committed snapshots and hands out its parts: :class:`Writer` (commits),
-:class:`Loader` (scans), :class:`Curator` (checks, quarantine, deletion), :class:`Staging` (the server's files).
+:class:`SnapshotStore` lists the committed snapshots and hands out its parts, which callers use directly:
+:class:`Writer` (commits), :class:`Loader` (scans), :class:`Curator` (checks, quarantine, deletion),
+:class:`Staging` (the server's files), :class:`recency.Recency` (last use, in-use holds).
 Invariants and trade-offs: docs/modules.md, `sidecar/snapshots/store.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-from sidecar.core import apikeys, outcomes, protocols
+from sidecar.core import protocols
 from sidecar.snapshots import backing, manifest, recency, slotdir, slotfile, spill, storeevents
 from sidecar.snapshots.curator import QUARANTINE_KEEP, Curator
 from sidecar.snapshots.directory import FILE_MODE, PROBE_PREFIX, QUARANTINE_SUFFIX, TEMP_PREFIX, Directory
@@ -103,6 +103,8 @@ class SnapshotStore:
         """Scans and re-reads of the manifests on disk."""
         self.writer = Writer(self._dir, self.staged, self.model)
         """Commits."""
+        self.recency = self._dir.recency
+        """When each snapshot was last used, and those in use now (kept off retention)."""
 
     def for_model(self, model: str | None) -> SnapshotStore:
         """A view of the same directory and index that lists and writes only ``model``'s snapshots.
@@ -172,19 +174,6 @@ class SnapshotStore:
         """Unix time ``file`` was last used: committed, or touched (kept across restarts as its manifest's mtime)."""
         return self._dir.recency.last_used(file, self._dir.index.get(file))
 
-    def touch(self, file: str) -> None:
-        """Note that a snapshot was used now (restored into a slot for a request)."""
-        self._dir.recency.touch(file)
-
-    @contextlib.contextmanager
-    def using(self, file: str) -> Iterator[None]:
-        """Keep retention off ``file`` while the block runs."""
-        with self._dir.recency.using(file):
-            yield
-
-    def in_use(self) -> frozenset[str]:
-        return self._dir.recency.in_use()
-
     def usage(self) -> Usage:
         """Bytes and files in the slot dir and free space; never raises (see ``Usage.problem``)."""
         measured = self._dir.fs.measure()
@@ -227,99 +216,6 @@ class SnapshotStore:
     def dir_identity(self) -> tuple[int, int] | None:
         """(device, inode) of the slot dir, None while it is missing: tells a dir put back from a new one."""
         return self._dir.fs.identity()
-
-    # ---- the parts' methods, for callers given the whole store -----------------------
-
-    def scan(self, *, clean: bool) -> list[str]:
-        return self.loader.scan(clean=clean)
-
-    def refresh(self, name: str) -> None:
-        self.loader.refresh(name)
-
-    def temp_name(self, slot: int) -> str:
-        return self.writer.temp_name(slot)
-
-    def probe_name(self) -> str:
-        return self.writer.probe_name()
-
-    def probe_write(self) -> str | None:
-        return self.writer.probe_write()
-
-    def commit(
-        self,
-        temp: str,
-        *,
-        slot: int,
-        tokens: int,
-        written: int,
-        task: int | None,
-        fingerprint: manifest.Fingerprint,
-        pause: float = 0.0,
-        created: float | None = None,
-        prefill_rate: float | None = None,
-        owner: str = apikeys.NOBODY,
-    ) -> manifest.Manifest:
-        return self.writer.commit(
-            temp,
-            slot=slot,
-            tokens=tokens,
-            written=written,
-            task=task,
-            fingerprint=fingerprint,
-            pause=pause,
-            created=created,
-            prefill_rate=prefill_rate,
-            owner=owner,
-        )
-
-    def check_written(self, temp: str, *, tokens: int, written: int) -> None:
-        self.writer.check_written(temp, tokens=tokens, written=written)
-
-    def check(self, record: manifest.Manifest) -> None:
-        self.curator.check(record)
-
-    def quarantine(self, file: str, reason: str, *, detail: str = "") -> None:
-        self.curator.quarantine(file, reason, detail=detail)
-
-    def delete(self, record: manifest.Manifest) -> bool:
-        return self.curator.delete(record)
-
-    def collect_blocks(self) -> None:
-        self.curator.collect_blocks()
-
-    def staged_bytes(self) -> int:
-        return self.staged.staged_bytes()
-
-    def staged_path(self, name: str) -> Path:
-        """Where the staged file ``name`` is: in the slot dir, or the store's staging folder."""
-        return self.staged.staged_in(name).path / name
-
-    def remove(self, name: str) -> None:
-        self.staged.remove(name)
-
-    def exists(self, name: str) -> bool:
-        return self.staged.exists(name)
-
-    def place_save(self, temp: str, estimated_bytes: int) -> outcomes.StagingFallback | None:
-        return self.staged.place_save(temp, estimated_bytes)
-
-    def read_tokens(self, record: manifest.Manifest) -> slotfile.SlotTokens:
-        return self.staged.read_tokens(record)
-
-    def stage(self, record: manifest.Manifest) -> str:
-        return self.staged.stage(record)
-
-    def unstage(self, name: str, record: manifest.Manifest) -> None:
-        self.staged.unstage(name, record)
-
-    def drop_spare(self) -> bool:
-        return self.staged.drop_spare()
-
-    def whole_file(self, record: manifest.Manifest) -> Path:
-        return self.staged.whole_file(record)
-
-    def release_whole(self, path: Path, record: manifest.Manifest) -> None:
-        self.staged.release_whole(path, record)
 
 
 class ModelStore(SnapshotStore):

@@ -108,7 +108,7 @@ class Watcher:
                 await self.check_dir()
                 next_check = loop.time() + CHECK_EVERY
             if loop.time() >= next_rescan:
-                await asyncio.to_thread(self._snapshots.scan, clean=False)
+                await asyncio.to_thread(self._snapshots.loader.scan, clean=False)
                 await self.update_gauges()
                 next_rescan = loop.time() + RESCAN_EVERY
 
@@ -120,7 +120,7 @@ class Watcher:
         for name in names:
             path = Path(name)
             if path.parent == self._snapshots.dir:
-                await asyncio.to_thread(self._snapshots.refresh, path.name)
+                await asyncio.to_thread(self._snapshots.loader.refresh, path.name)
         await self.update_gauges()
 
     async def check_dir(self) -> None:
@@ -139,7 +139,7 @@ class Watcher:
                     f"and checks every {CHECK_EVERY:g} s for the directory to come back",
                     hint="restore the directory (or its volume mount) at this path",
                 )
-                await asyncio.to_thread(self._snapshots.scan, clean=False)
+                await asyncio.to_thread(self._snapshots.loader.scan, clean=False)
                 await self.update_gauges()
             return
         if self._lock is not None and not self._lock.holds():
@@ -159,7 +159,7 @@ class Watcher:
             log.warning("slot_dir_unwatchable", slot_dir=str(self._snapshots.dir), error=str(exc))
             return
         self._dir_id = current
-        await asyncio.to_thread(self._snapshots.scan, clean=False)
+        await asyncio.to_thread(self._snapshots.loader.scan, clean=False)
         await self.update_gauges()
         log.info(
             "slot_dir_back" if self._lost else "slot_dir_replaced",

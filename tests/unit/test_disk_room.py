@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from sidecar.core import config, events, metrics, outcomes
-from sidecar.save import diskroom, policy, snapshotter
+from sidecar.save import diskroom, policy, records, snapshotter
 from sidecar.slots import actions
 from sidecar.snapshots import store
 from tests.support import clocks
@@ -36,11 +36,11 @@ class Bed:
     capacity: int = 1 << 40
     staging_free: int = 1 << 40
 
-    async def save(self, slot: int, task: int, tokens: int = TOKENS) -> snapshotter.SaveRecord:
+    async def save(self, slot: int, task: int, tokens: int = TOKENS) -> records.SaveRecord:
         self.server.set_slot(slot, task=task, tokens=tokens)
         action = policy.Save(slot, events.SlotContent(task, tokens), tokens, policy.SaveReason.IDLE)
         record = await self.saver.save(action, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX)
-        assert isinstance(record, snapshotter.SaveRecord)
+        assert isinstance(record, records.SaveRecord)
         return record
 
     def files(self) -> list[str]:
@@ -122,7 +122,7 @@ async def test_a_disk_at_the_floor_deletes_the_least_recently_used_and_saves(
     for slot, task in ((0, 1), (1, 2), (0, 3), (1, 4)):  # four conversations, two per slot
         assert (await bed.save(slot, task)).result is R.OK
     oldest, second, newest0, newest1 = (bed.snapshots.snapshots()[i].file for i in (3, 2, 1, 0))
-    bed.snapshots.touch(oldest)  # restored since: used more recently than the slot-1 conversation
+    bed.snapshots.recency.touch(oldest)  # restored since: used more recently than the slot-1 conversation
     bed.capacity = bed.used() + FLOOR + 400_000  # a new 1 MB conversation: one snapshot must go
     with capture_logs() as logs:
         record = await bed.save(0, task=5)
@@ -137,7 +137,7 @@ async def test_a_disk_at_the_floor_deletes_the_least_recently_used_and_saves(
     assert line["free_bytes_after"] - line["free_bytes_before"] >= line["freed_bytes"] > 400_000
     assert "--max-bytes" in line["hint"]
     for m in bed.snapshots.snapshots():
-        bed.snapshots.check(m)  # what stays is whole
+        bed.snapshots.curator.check(m)  # what stays is whole
 
 
 @pytest.mark.parametrize("blocks", [False, True], ids=["whole-files", "block-store"])
@@ -164,7 +164,7 @@ async def test_a_snapshot_in_use_is_never_deleted_for_space(tmp_path: Path, monk
         await bed.save(slot, task)
     oldest, middle, _ = (m.file for m in reversed(bed.snapshots.snapshots()))
     bed.capacity = bed.used() + FLOOR + 400_000
-    with bed.snapshots.using(oldest):
+    with bed.snapshots.recency.using(oldest):
         assert (await bed.save(0, task=4)).result is R.OK
     assert oldest in bed.files()
     assert middle not in bed.files()

@@ -341,14 +341,14 @@ async def test_files_are_checked_while_the_server_loads_not_once_it_is_up(
     bed.server.run_turn(0, task=1, tokens=500)
     await bed.cycle()
     await bed.cycle(after=3.0)
-    check = bed.snapshots.check
+    check = bed.snapshots.curator.check
     checked: list[events.Health] = []
 
     def recorded_verify(record: manifest.Manifest) -> None:
         checked.append(bed.server.health_state)
         check(record)
 
-    monkeypatch.setattr(bed.snapshots, "check", recorded_verify)
+    monkeypatch.setattr(bed.snapshots.curator, "check", recorded_verify)
     bed.server.health_state = events.Health.DOWN  # killed
     await bed.cycle(after=1.0)
     bed.server.health_state = events.Health.LOADING

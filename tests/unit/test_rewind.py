@@ -48,7 +48,15 @@ class Server:
     async def view(self, slot: int) -> events.SlotView | None:
         return events.SlotView(slot, 4096, False, 2, len(self.held))
 
-    # the snapshot store's part
+    # the snapshot store's parts: its writer's temp names, its staging's removal
+    @property
+    def writer(self) -> Server:
+        return self
+
+    @property
+    def staged(self) -> Server:
+        return self
+
     def temp_name(self, slot: int) -> str:
         return f".tmp-{slot}.bin"
 
