@@ -88,7 +88,7 @@ class Fleet:
         # The engines see their models down on their own; the list is kept as it was.
         self.gate.see(lifecycle.Up(at, ready=False))
         try:
-            listed = await self._client.models()
+            listed = await self._client.router.models()
         except errors.UpstreamError as exc:
             log.warning("router_models_unreadable", error=str(exc), effect="the engines running stay as they are")
             return

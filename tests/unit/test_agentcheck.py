@@ -134,6 +134,10 @@ class _Router:
     async def health(self) -> tuple[events.Health, str]:
         return events.Health.OK, ""
 
+    @property
+    def router(self) -> _Router:  # the router-mode calls are the client's part: the same fake
+        return self
+
     async def models(self) -> list[str]:
         raise errors.UpstreamUnavailable("not listed in this test", endpoint="/models")
 

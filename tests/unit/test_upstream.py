@@ -596,13 +596,13 @@ async def test_a_plain_client_sends_no_model(fake: FakeLlama, connect: Connect) 
 
 async def test_the_router_list_parses_unknown_states_as_unknown(fake: FakeLlama, connect: Connect) -> None:
     fake.json("GET", "/models", {"data": [{"id": "a", "status": {"value": "teleporting"}}]})
-    assert await connect().models() == {"a": events.ModelStatus.UNKNOWN}
+    assert await connect().router.models() == {"a": events.ModelStatus.UNKNOWN}
 
 
 async def test_a_malformed_router_list_is_a_protocol_error(fake: FakeLlama, connect: Connect) -> None:
     fake.json("GET", "/models", {"data": [{"id": 7, "status": {}}]})
     with pytest.raises(errors.UpstreamProtocolError, match="/models"):
-        await connect().models()
+        await connect().router.models()
 
 
 async def test_a_router_is_recognised_by_its_props(fake: FakeLlama, connect: Connect) -> None:
