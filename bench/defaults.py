@@ -5,7 +5,7 @@ with the same arguments, at the server's defaults (its RAM prompt cache on), ``-
 conversations than slots (N=6; and N=20 without ``--quick``): one alone, one started by
 ``llama-kv-sidecar run -- <that same command>`` with no sidecar flag (the proxy takes the command's
 ``--port``, llama-server saves into a RAM staging dir, the block store lives in the state dir, given by
-``XDG_STATE_HOME``). The turns are taken side by side as in the ``library`` section (:func:`library._rounds`)
+``XDG_STATE_HOME``). The turns are taken side by side as in the ``library`` section (:func:`library_paths._rounds`)
 and judged the same way: the median over the timed turns of each turn through the one command ÷ the same
 turn alone, at most :data:`library.DEFAULTS_PRICE`; a missed goal prints MISSED and the bench exits non-zero.
 """
@@ -20,12 +20,12 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from bench import library, rig, section
+from bench import library, library_paths, rig, section
 from bench.beds import net, wait
 from sidecar.launch import argv as launch_argv
 
 WAY = "defaults"
-"""The label of the one command's path (a way of :class:`library.Plan`)."""
+"""The label of the one command's path (a way of :class:`library_paths.Plan`)."""
 
 
 class OneCommand:
@@ -71,43 +71,43 @@ class OneCommand:
         shutil.rmtree(self.state, ignore_errors=True)
 
 
-def pair(bed: rig.Rig, n: int, *, tokens: int, rounds: int, say: rig.Say) -> library.Point:
+def pair(bed: rig.Rig, n: int, *, tokens: int, rounds: int, say: rig.Say) -> library_paths.Point:
     """llama-server alone and the one command in front of the same command, their turns side by side."""
-    plan = library.Plan(n, tokens, rounds, ram=True)
-    alone = library._open(bed, plan)
+    plan = library_paths.Plan(n, tokens, rounds, ram=True)
+    alone = library_paths._open(bed, plan)
     assert alone.server is not None
     work = Path(tempfile.mkdtemp(prefix="llama-kv-bench-defaults-"))
     one = None
     try:
         one = OneCommand(alone.server.args(), work, bed.log_dir)
-        ours = library._Open(library.Plan(n, tokens, rounds, ram=True, way=WAY), work, url=one.url)
-        ours.chats = [library._Chat(i, chat.messages[1]["content"]) for i, chat in enumerate(alone.chats)]
-        library._rounds([alone, ours], say)
-        direct = library.Run(n, library.DIRECT, alone.times)
-        proxied = library.Run(n, library.PROXY, ours.times, way=WAY)
-        return library.Point(n, direct, proxied, ram=True)
+        ours = library_paths._Open(library_paths.Plan(n, tokens, rounds, ram=True, way=WAY), work, url=one.url)
+        ours.chats = [library_paths._Chat(i, chat.messages[1]["content"]) for i, chat in enumerate(alone.chats)]
+        library_paths._rounds([alone, ours], say)
+        direct = library_paths.Run(n, library_paths.DIRECT, alone.times)
+        proxied = library_paths.Run(n, library_paths.PROXY, ours.times, way=WAY)
+        return library_paths.Point(n, direct, proxied, ram=True)
     finally:
         if one is not None:
             one.stop()
-        library._close(alone)
+        library_paths._close(alone)
         shutil.rmtree(work, ignore_errors=True)
 
 
-def verdicts(points: list[library.Point]) -> list[str]:
+def verdicts(points: list[library_paths.Point]) -> list[str]:
     lines = []
     for p in points:
         price = p.paired_price
         lines.append(
             ("MET  " if price <= library.DEFAULTS_PRICE else "MISSED ")
             + f"the one command costs a turn at most {library.DEFAULTS_PRICE}x llama-server alone at the server's "
-            f"defaults (N={p.conversations} on {library.SLOTS} slots; the median of each turn's ratio to the same "
-            f"turn alone, side by side): {price:.3f}x (median turn {rig.median(p.proxy.warm):.3f} s against "
+            f"defaults (N={p.conversations} on {library_paths.SLOTS} slots; the median of each turn's ratio to the "
+            f"same turn alone, side by side): {price:.3f}x (median turn {rig.median(p.proxy.warm):.3f} s against "
             f"{rig.median(p.direct.warm):.3f} s alone; {rig.busy()})"
         )
     return lines
 
 
-def table(points: list[library.Point]) -> str:
+def table(points: list[library_paths.Point]) -> str:
     rows = [
         (p.conversations, rig.median(p.direct.warm), rig.median(p.proxy.warm), p.paired_price, len(p.proxy.warm))
         for p in points
@@ -115,7 +115,7 @@ def table(points: list[library.Point]) -> str:
     return rig.table(("N", "alone s", "one command s", "paired x", "turns"), rows)
 
 
-def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[list[library.Point], str]:
+def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[list[library_paths.Point], str]:
     """``quick``: N=6 only, first messages of 400 tokens, the turns of one warm round; else N=6 and 20, 1,000."""
     tokens = 400 if quick else 1000
     sizes = [6] if quick else [6, 20]
@@ -125,7 +125,7 @@ def measure(bed: rig.Rig, *, quick: bool, say: rig.Say) -> tuple[list[library.Po
         points.append(pair(bed, n, tokens=tokens, rounds=rounds, say=say))
         say("so far:\n" + table(points))
     head = (
-        f"llama-kv-sidecar run -- <llama-server {library.SLOTS} slots, its RAM cache on> with no sidecar flag, "
+        f"llama-kv-sidecar run -- <llama-server {library_paths.SLOTS} slots, its RAM cache on> with no sidecar flag, "
         "against the same command alone\n\n"
     )
     return points, head + table(points) + "\n\n" + "\n".join(verdicts(points))

@@ -49,7 +49,7 @@ import math
 from typing import Any
 
 from bench import agents as agents_mod
-from bench import footprint, hashing, restart, restore, rig, scaling, stall, ttft
+from bench import footprint, hashing, hybrid_chat, price_figures, restart, restore, rig, scaling, stall, ttft
 from bench import hybrid as hybrid_mod
 from bench import price as price_mod
 from bench import proxy as proxy_mod
@@ -86,8 +86,8 @@ class Results:
     checksums: hashing.Checksums | None = None
     proxy: proxy_mod.Result | None = None
     agents: list[agents_mod.Api] | None = None
-    hybrid: hybrid_mod.Result | None = None
-    price: price_mod.Result | None = None
+    hybrid: hybrid_chat.Result | None = None
+    price: price_figures.Result | None = None
 
     def as_json(self) -> dict[str, Any]:
         def dump(value: Any) -> Any:

@@ -54,333 +54,37 @@ Run alone with ``python -m bench.nodes [--quick]``.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
-import functools
 import json
-import math
 import random
-import re
 import secrets
 import statistics
 import sys
 import time
-import urllib.request
-from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import REPO_ROOT, rig
-from bench.beds import haproxybed, llamabed, net, nodechats, s3bed
-
-NODES = ("node-a", "node-b")
-SHIPPED, ROUND_ROBIN = "shipped config", "round robin"
-FIRST_TOKENS = 1500
-"""A first message long enough that fetching its snapshot beats prefilling it."""
-AGENT_SYSTEM_TOKENS, AGENT_FIRST_TOKENS, TOOL_TOKENS, ANSWER_TOKENS = 2000, 700, 300, 128
-"""A coding agent's conversation: a system prompt shared by the agent's conversations (its instructions and
-tools) and a first message, ~2,700 tokens together (Claude Code's and Codex's prompts, trimmed to one tool or their
-shell tools, are 2.7K and 2.6K: ``tests/support/agentclis.py``); each returning turn adds a tool's output and the
-answer before it. An answer of 128 tokens is a tool call with a sentence before it (a file read, a shell command),
-the shortest kind of turn an agent CLI makes: edits and explanations run to hundreds of tokens, which would
-divide a move's fixed cost further."""
-SLOTS = 4
-CTX = 8192
-"""Tokens per slot: an agent's conversation grows by ~450 a turn from ~2,700."""
-WARM = 0.9
-WARM_GOAL, CACHED_GOAL, TIME_GOAL, SPREAD_GOAL = 0.95, 0.90, 1.5, 1.5
-LISTING_EXPIRES = 5.0
-"""Seconds a node reuses its listing of the shared store (``sidecar.shared.catalog.REFRESH_EVERY``)."""
-BUCKET = "llama-kv-bench"
-
-
-class Node:
-    def __init__(self, name: str, server: llamabed.LlamaServer, side: Any, proxy: int, agent: int) -> None:
-        self.name, self.server, self.side, self.proxy, self.agent = name, server, side, proxy, agent
-
-    def fetched(self) -> float:
-        return nodechats.fetches(self.side)
-
-    def settled(self) -> bool:
-        return nodechats.settled(self.side)
-
-
-Chat = nodechats.Chat
-
-
-def _warm(chat: Chat, turn: int) -> bool:
-    """Turn ``turn`` (0-based) reused at least :data:`WARM` of the turn before's prompt, and no fetch served it."""
-    return chat.reused(turn) >= WARM and not chat.fetched[turn]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Phase:
-    name: str
-    spread: dict[str, int]
-    """Conversations per node, by the node of their first turn."""
-    returning: int
-    warm: int
-    fetched: int
-    reused: float
-    """Tokens reused over the previous prompts, all returning turns."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Result:
-    conversations: int
-    turns: int
-    phases: list[Phase]
-    dead: str
-    moved_reused: list[float]
-    moved_fetched: int
-    moved_seconds: list[float]
-    stayed_seconds: list[float]
-    moved_before_seconds: list[float]
-    """The moved conversations' turn before the kill, on their own node."""
-    moved_server_seconds: list[float] = dataclasses.field(default_factory=list)
-    """llama-server's own time for the moved conversations' turn (its answer's prompt and generation timings)."""
-    stayed_server_seconds: list[float] = dataclasses.field(default_factory=list)
-    moved_steps: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    """Where each moved turn's placement went on the surviving node, from its log: seconds per step."""
-    stayed_placing: list[float] = dataclasses.field(default_factory=list)
-    """Seconds the surviving node took to place each turn of the conversations that stayed."""
-    burst: dict[str, int] = dataclasses.field(default_factory=dict)
-    """The requests of one session sent at once through the shipped config, per node that took them."""
-    factor: float = SPREAD_GOAL
-    """The shipped config's ``hash-balance-factor``, over 100."""
-    paired: list[float] = dataclasses.field(default_factory=list)
-    """Each moved turn over the turns that stayed sent just before and after it (:func:`_paired`)."""
-    agents: Kill | None = None
-    """The agents' conversations (:data:`ANSWER_TOKENS` a turn) after the same kill: the users' case."""
-    load: str = ""
-    """The machine's load when the node was killed."""
-    short: Kill | None = None
-    """The short conversations after the kill (the fields above, with their turn's sizes)."""
-
-    @property
-    def burst_bound(self) -> int:
-        """The most requests of the burst a node may take: the factor times the mean, rounded up."""
-        return math.ceil(self.factor * sum(self.burst.values()) / len(NODES))
-
-    @property
-    def uneven_odds(self) -> float:
-        """How often a fair coin per conversation splits the shipped config's conversations at least as unevenly."""
-        spread = self.phases[0].spread
-        n, top = sum(spread.values()), max(spread.values())
-        tail = sum(math.comb(n, k) for k in range(n + 1) if max(k, n - k) >= top)
-        return tail / (1 << n)
-
-    @property
-    def time_ratio(self) -> float:
-        """The short turns' figure (the worst case): the median of the moved turns, each over its neighbours that
-        stayed."""
-        return statistics.median(self.paired) if self.paired else float("nan")
-
-    @property
-    def kills(self) -> list[tuple[str, Kill]]:
-        short = Kill(
-            self.moved_reused, self.moved_fetched, self.moved_seconds, self.stayed_seconds,
-            self.paired, self.moved_server_seconds, self.stayed_server_seconds, self.moved_steps, self.stayed_placing,
-        )  # fmt: skip
-        return [("short turns", self.short or short)] + ([("agents' turns", self.agents)] if self.agents else [])
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Kill:
-    """One kind of conversation after the kill: those that moved to the survivor, and those that stayed."""
-
-    moved_reused: list[float]
-    moved_fetched: int
-    moved_seconds: list[float]
-    stayed_seconds: list[float]
-    paired: list[float]
-    """Each moved turn over the turns of the same kind that stayed, sent just before and after it."""
-    moved_server_seconds: list[float]
-    stayed_server_seconds: list[float]
-    moved_steps: list[dict[str, float]]
-    stayed_placing: list[float]
-    prompt_tokens: int = 0
-    """The median prompt of the turn after the kill."""
-    answer_tokens: int = 0
-    same: list[float] = dataclasses.field(default_factory=list)
-    """:attr:`paired` with the same generation time on both sides (``_paired(same_generation=True)``)."""
-
-    @property
-    def ratio(self) -> float:
-        return statistics.median(self.paired) if self.paired else float("nan")
-
-    @property
-    def same_ratio(self) -> float:
-        """The goal's figure: the median of :attr:`same`."""
-        return statistics.median(self.same) if self.same else float("nan")
-
-
-def round_robin(config: str) -> str:
-    """The bed's config with round robin in place of the conversation's hash."""
-    config, n = re.subn(r"(?m)^    balance hash .*$", "    balance roundrobin", config)
-    if n != 1:
-        raise rig.BenchError("the shipped config has no 'balance hash' line")
-    return re.sub(r"(?m)^    hash-(type|balance-factor) .*\n", "", config)
-
-
-BURST = 8
-"""Requests of one session sent at once through the shipped config, to see its bounded load at work."""
-
-
-def balance_factor() -> float:
-    """The shipped config's ``hash-balance-factor``, over 100."""
-    found = re.search(r"(?m)^    hash-balance-factor (\d+)$", haproxybed.CONFIG.read_text())
-    if found is None:
-        raise rig.BenchError("the shipped config has no 'hash-balance-factor' line")
-    return int(found.group(1)) / 100
-
-
-def _burst(url: str, n: int) -> dict[str, int]:
-    """``n`` short requests of one session sent at once through ``url``: how many each node took."""
-    body = json.dumps({"messages": [{"role": "user", "content": "Say one word."}], "max_tokens": 16}).encode()
-
-    def send() -> str:
-        headers = {"content-type": "application/json", "x-session-id": "one-agent"}
-        req = urllib.request.Request(url + "/v1/chat/completions", data=body, headers=headers)
-        with urllib.request.urlopen(req, timeout=600) as resp:
-            resp.read()
-            return str(resp.headers["x-node"])
-
-    with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        took = list(pool.map(lambda _: send(), range(n)))
-    return {node: took.count(node) for node in NODES if node in took}
-
-
-def _ready(side: Any) -> Callable[[], bool]:
-    return lambda: bool(side.get("/readyz")[0] == 200)
-
-
-def _settle(nodes: list[Node]) -> None:
-    for node in nodes:
-        node.side.wait_for(node.settled, timeout=300, what=f"{node.name}'s slots saved and uploaded")
-    time.sleep(LISTING_EXPIRES + 0.5)
-
-
-def _round(chats: list[Chat], url: str, nodes: dict[str, Node], order: random.Random | None) -> list[Chat]:
-    """One turn of each conversation, in ``order`` (else as listed); the conversations in the order sent."""
-    todo = list(chats)
-    if order is not None:
-        order.shuffle(todo)
-    for chat in todo:
-        chat.turn(url, {name: node.fetched for name, node in nodes.items()})
-    return todo
-
-
-def _paired(sent: list[Chat], moved: list[Chat], turn: int, *, same_generation: bool = False) -> list[float]:
-    """Each moved conversation's turn ``turn`` over that of the conversations that stayed sent nearest before and
-    after it: the same turn on the same node, side by side in time (what the machine's load does to one does it
-    to the other).
-
-    ``same_generation``: the moved turn counted with its neighbours' generation time in place of its own. Both
-    generate the same number of tokens from a cache of the same length, work the move does not change; on a
-    shared machine its time swings from 2 s to 58 s with the other work, and buried the move's cost (as the
-    proxy's price section counts a proxied turn with the direct turn's compute). What the move changes stays:
-    the placement, the download and swap, the prompt tokens the survivor re-reads, the balancer."""
-    ratios = []
-    for i, chat in enumerate(sent):
-        if chat not in moved:
-            continue
-        before = [c for c in reversed(sent[:i]) if c not in moved][:1]
-        after = [c for c in sent[i + 1 :] if c not in moved][:1]
-        if before or after:
-            stayed = before + after
-            took = chat.seconds[turn]
-            if same_generation:
-                took += statistics.mean(c.generation_seconds[turn] for c in stayed) - chat.generation_seconds[turn]
-            ratios.append(took / statistics.mean(c.seconds[turn] for c in stayed))
-    return ratios
-
-
-def _phase(name: str, chats: list[Chat], turns: int) -> Phase:
-    spread = {node: sum(c.nodes[0] == node for c in chats) for node in NODES}
-    returning = [(c, t) for c in chats for t in range(1, turns)]
-    return Phase(
-        name,
-        spread,
-        len(returning),
-        sum(_warm(c, t) for c, t in returning),
-        sum(c.fetched[t] for c, t in returning),
-        sum(c.cached[t] for c, t in returning) / sum(c.prompts[t - 1] for c, t in returning),
-    )
-
-
-def _steps(side: Any, since: float) -> list[dict[str, float]]:
-    """From ``side``'s log after Unix time ``since``: each placement in the order of the requests, in seconds (the
-    whole placement, and for one served from the shared store its steps: tokenize, lookup, download, swap)."""
-
-    def after(event: str) -> list[dict[str, Any]]:
-        return [e for e in side.log_events(event) if datetime.fromisoformat(e["timestamp"]).timestamp() >= since]
-
-    routed = after("request_routed")
-    found = [e for e in after("shared_prefix_found") if e["verdict"] == "fetch"]
-    swaps = {e["file"]: float(e["seconds"]) for e in after("conversation_swapped_in")}
-    shared = iter(zip(found, after("shared_snapshot_fetched"), strict=False))
-    steps = []
-    for placed in routed:
-        step = {"placement": float(placed["seconds"])}
-        if placed["source"] == "shared" and (pair := next(shared, None)) is not None:
-            looked, fetched = pair
-            step |= {
-                "tokenize": float(placed.get("tokenize_seconds", 0.0)),
-                "lookup": float(looked["lookup_seconds"]),
-                "download": float(fetched["seconds"]),
-                "swap": swaps.get(fetched["file"], float("nan")),
-            }
-        steps.append(step)
-    return steps
-
-
-def _kill(sent: list[Chat], kind: list[Chat], dead: str, turn: int, steps: list[dict[str, float]]) -> Kill:
-    """The conversations of ``kind`` after the kill: those whose turn before was on ``dead`` against the others.
-    ``steps``: the survivor's placements, one per conversation of ``sent`` in that order."""
-    moved = [c for c in kind if c.nodes[turn - 1] == dead]
-    stayed = [c for c in kind if c not in moved]
-    placed = dict(zip((id(c) for c in sent), steps, strict=False)) if len(steps) == len(sent) else {}
-    return Kill(
-        [c.reused(turn) for c in moved],
-        sum(c.fetched[turn] for c in moved),
-        [c.seconds[turn] for c in moved],
-        [c.seconds[turn] for c in stayed],
-        _paired([c for c in sent if c in kind], moved, turn),
-        [c.server_seconds[turn] for c in moved],
-        [c.server_seconds[turn] for c in stayed],
-        [placed[id(c)] for c in moved if id(c) in placed and "download" in placed[id(c)]],
-        [placed[id(c)]["placement"] for c in stayed if id(c) in placed],
-        int(statistics.median(c.prompts[turn] for c in kind)),
-        int(statistics.median(c.answered[turn] for c in kind)),
-        _paired([c for c in sent if c in kind], moved, turn, same_generation=True),
-    )
-
-
-def _tool_output(outputs: list[str], sent: int) -> str:
-    """The user message after the agent's turn ``sent`` (1-based): the output of the tool that turn called."""
-    return "Tool output:\n" + outputs[sent - 1]
-
-
-def agent_chats(url: str, count: int, turns: int) -> list[Chat]:
-    """``count`` coding agents' conversations (:data:`AGENT_SYSTEM_TOKENS` and the others), two agents' system
-    prompts between them; their tools' outputs for ``turns`` turns made ahead (with ``url``'s tokenizer, the node
-    that is killed later)."""
-    systems = [llamabed.make_prompt(url, AGENT_SYSTEM_TOKENS, seed=700 + a) for a in range(2)]
-    chats = []
-    for n in range(count):
-        tools = [llamabed.make_prompt(url, TOOL_TOKENS, seed=10_000 + 100 * n + t) for t in range(turns + 1)]
-        chats.append(
-            Chat(
-                n,
-                llamabed.make_prompt(url, AGENT_FIRST_TOKENS, seed=800 + n),
-                system=systems[n % 2],
-                answer_tokens=ANSWER_TOKENS,
-                follow=functools.partial(_tool_output, tools),
-            )
-        )
-    return chats
+from bench import REPO_ROOT, nodes_steps, rig
+from bench.beds import haproxybed, llamabed, net, s3bed
+from bench.nodes_result import (
+    AGENT_FIRST_TOKENS,
+    AGENT_SYSTEM_TOKENS,
+    ANSWER_TOKENS,
+    BUCKET,
+    CACHED_GOAL,
+    CTX,
+    FIRST_TOKENS,
+    NODES,
+    ROUND_ROBIN,
+    SHIPPED,
+    SLOTS,
+    TIME_GOAL,
+    TOOL_TOKENS,
+    WARM_GOAL,
+    Kill,
+    Result,
+)
+from bench.nodes_steps import BURST, Chat, Node, agent_chats, balance_factor, round_robin
 
 
 def run(bed: rig.Rig, *, conversations: int, agents: int, turns: int, say: rig.Say) -> Result:
@@ -402,7 +106,7 @@ def run(bed: rig.Rig, *, conversations: int, agents: int, turns: int, say: rig.S
                 "--shared-store": store,
             }
             side = bed.sidecar_with(server, slot_dir, options, env=s3.env())
-            side.wait_for(_ready(side), timeout=120, what=f"{name} ready")
+            side.wait_for(nodes_steps.ready(side), timeout=120, what=f"{name} ready")
             nodes[name] = Node(name, server, side, proxy, agent)
         ports = {name: (node.proxy, node.agent) for name, node in nodes.items()}
         for way in (SHIPPED, ROUND_ROBIN):
@@ -415,7 +119,7 @@ def run(bed: rig.Rig, *, conversations: int, agents: int, turns: int, say: rig.S
             for name in NODES:
                 balancer.wait_status(name, "UP", timeout=120)
         shipped, robin = balancers
-        burst = _burst(shipped.url, BURST)
+        burst = nodes_steps.burst(shipped.url, BURST)
         say(f"  a burst of {BURST} requests of one session: {burst}")
         url0 = nodes[NODES[0]].server.url
         # Round robin first: the kill -9 ends the shipped config's phase.
@@ -429,21 +133,21 @@ def run(bed: rig.Rig, *, conversations: int, agents: int, turns: int, say: rig.S
             both = chats[way] + (coding if way == SHIPPED else [])
             for t in range(turns):
                 if t:
-                    _settle(list(nodes.values()))
-                _round(both, balancer.url, nodes, random.Random(t) if t else None)
+                    nodes_steps.settle(list(nodes.values()))
+                nodes_steps.take_round(both, balancer.url, nodes, random.Random(t) if t else None)
                 say(f"  {way}: turn {t + 1} of {turns} sent by {len(both)} conversations")
         mine = chats[SHIPPED]
         dead = nodes[mine[0].nodes[-1]]
         alive = next(node for node in nodes.values() if node is not dead)
-        _settle(list(nodes.values()))
+        nodes_steps.settle(list(nodes.values()))
         dead.server.kill()
         shipped.wait_status(dead.name, "DOWN", timeout=60)
         killed, load = time.time(), rig.busy()
-        sent = _round(mine + coding, shipped.url, nodes, random.Random(turns))
-        steps = _steps(alive.side, killed)
+        sent = nodes_steps.take_round(mine + coding, shipped.url, nodes, random.Random(turns))
+        steps = nodes_steps.placement_steps(alive.side, killed)
         if len(steps) != len(sent):
             say(f"  {alive.name} logged {len(steps)} placements for {len(sent)} turns: no steps per turn")
-        brief, agentic = (_kill(sent, kind, dead.name, turns, steps) for kind in (mine, coding))
+        brief, agentic = (nodes_steps.kill(sent, kind, dead.name, turns, steps) for kind in (mine, coding))
         say(
             f"  after the kill -9 of {dead.name}: {len(brief.moved_seconds)} conversations and "
             f"{len(agentic.moved_seconds)} agents' moved, {len(brief.stayed_seconds)} and "
@@ -452,7 +156,7 @@ def run(bed: rig.Rig, *, conversations: int, agents: int, turns: int, say: rig.S
         return Result(
             conversations,
             turns,
-            [_phase(SHIPPED, mine, turns), _phase(ROUND_ROBIN, chats[ROUND_ROBIN], turns)],
+            [nodes_steps.phase(SHIPPED, mine, turns), nodes_steps.phase(ROUND_ROBIN, chats[ROUND_ROBIN], turns)],
             dead.name,
             brief.moved_reused,
             brief.moved_fetched,

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bench import rig, section
 from bench.beds import llamabed, net, tinymodels
-from bench.hybrid import Chat, Turn
+from bench.hybrid_chat import Chat, Turn
 
 REUSED = 0.99
 """Share of the previous prompt the turn after a kill -9 must reuse."""

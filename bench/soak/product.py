@@ -72,57 +72,57 @@ class Product:
         max_bytes: int,
         save_hold: float,
     ) -> None:
-        self.binary, self.model, self.work, self.store = binary, model, work, store
+        self._binary, self._model, self._work, self.store = binary, model, work, store
         self.slot_dir = work / "slots"
         self.slot_dir.mkdir(parents=True, exist_ok=True)
-        self.s3_env, self.max_bytes, self.save_hold = s3_env, max_bytes, save_hold
-        self.proxy_port = net.free_port()
-        self.status_port = net.free_port()
-        self.log_path = work / "sidecar.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self._s3_env, self._max_bytes, self._save_hold = s3_env, max_bytes, save_hold
+        self._proxy_port = net.free_port()
+        self._status_port = net.free_port()
+        self._log_path = work / "sidecar.log"
+        self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     @property
     def url(self) -> str:
         """Where the clients send their requests: the proxy."""
-        return f"http://127.0.0.1:{self.proxy_port}"
+        return f"http://127.0.0.1:{self._proxy_port}"
 
     @property
-    def status_url(self) -> str:
-        return f"http://127.0.0.1:{self.status_port}"
+    def _status_url(self) -> str:
+        return f"http://127.0.0.1:{self._status_port}"
 
-    def argv(self) -> list[str]:
-        server = [str(self.binary), "-m", str(self.model), "-np", str(SLOTS), "-c", str(SLOTS * CTX_PER_SLOT)]
+    def _argv(self) -> list[str]:
+        server = [str(self._binary), "-m", str(self._model), "-np", str(SLOTS), "-c", str(SLOTS * CTX_PER_SLOT)]
         server += ["-t", "2", "--swa-full"] + ([] if llamabed.cpu_has_amx() else ["--no-repack"])
         return [
             sys.executable, "-m", "sidecar", "run",
-            "--proxy-listen", f"127.0.0.1:{self.proxy_port}",
-            "--listen", f"127.0.0.1:{self.status_port}",
+            "--proxy-listen", f"127.0.0.1:{self._proxy_port}",
+            "--listen", f"127.0.0.1:{self._status_port}",
             "--slot-dir", str(self.slot_dir),
             "--store-dir", str(self.store),
             "--shared-store", f"s3://{BUCKET}/node-a",
-            "--max-bytes", str(self.max_bytes),
+            "--max-bytes", str(self._max_bytes),
             "--min-free-bytes", str(MIN_FREE),
-            "--save-hold-seconds", str(self.save_hold),
+            "--save-hold-seconds", str(self._save_hold),
             "--log-format", "json",
             "--", *server,
         ]  # fmt: skip
 
     def start(self) -> None:
         """Start it (not waited for: see :meth:`wait_ready`)."""
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv(),
+        with self._log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                self._argv(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=child_env(self.s3_env),
+                env=child_env(self._s3_env),
             )
         self.starts += 1
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
 
     def wait_ready(self, timeout: float = 180.0) -> None:
         """Until ``/readyz`` answers 200 (its llama-server up, the restore round done)."""
@@ -130,17 +130,17 @@ class Product:
 
     def _ready(self) -> bool:
         try:
-            return _get(self.status_url + "/readyz", timeout=2.0)[0] == 200
+            return _get(self._status_url + "/readyz", timeout=2.0)[0] == 200
         except OSError:
             return False
 
     def _exited(self) -> str | None:
-        if self.proc is None or self.proc.poll() is None:
+        if self._proc is None or self._proc.poll() is None:
             return None
-        return f"the sidecar exited with status {self.proc.returncode}; its log: {self.log_path}"
+        return f"the sidecar exited with status {self._proc.returncode}; its log: {self._log_path}"
 
-    def status(self) -> dict[str, Any]:
-        code, body = _get(self.status_url + "/status")
+    def _status(self) -> dict[str, Any]:
+        code, body = _get(self._status_url + "/status")
         if code != 200:
             raise RuntimeError(f"/status answered HTTP {code}")
         result: dict[str, Any] = json.loads(body)
@@ -149,7 +149,7 @@ class Product:
     def child_pid(self) -> int | None:
         """The running llama-server's pid, or None (not running, or the sidecar does not answer)."""
         try:
-            pid = self.status()["launcher"]["pid"]
+            pid = self._status()["launcher"]["pid"]
         except (OSError, RuntimeError, KeyError, TypeError, ValueError):
             return None
         return int(pid) if pid else None
@@ -157,24 +157,24 @@ class Product:
     def metric(self, name: str, **labels: str) -> float | None:
         """A metric's value now (summed over matching labels); None when the sidecar does not answer."""
         try:
-            code, body = _get(self.status_url + "/metrics")
+            code, body = _get(self._status_url + "/metrics")
         except OSError:
             return None
         return sample(parse_metrics(body.decode()), name, **labels) if code == 200 else None
 
     def kill9(self) -> None:
         """``kill -9`` of the sidecar alone (its llama-server must go with it by itself)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
 
     def sigterm(self, timeout: float = 90.0) -> tuple[int, float]:
         """SIGTERM, as a service manager stops it: its exit status and the seconds it took."""
-        assert self.proc is not None
+        assert self._proc is not None
         started = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
+        self._proc.send_signal(signal.SIGTERM)
         try:
-            code = self.proc.wait(timeout)
+            code = self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.close()
             code = -9
@@ -182,9 +182,9 @@ class Product:
 
     def usage(self) -> dict[str, float]:
         """The sidecar's resident memory, open files and threads now ({} when it is not running)."""
-        if self.proc is None or self.proc.poll() is not None:
+        if self._proc is None or self._proc.poll() is not None:
             return {}
-        pid = self.proc.pid
+        pid = self._proc.pid
         with contextlib.suppress(OSError, KeyError, ValueError):  # gone, or a zombie (no VmRSS)
             fields = dict(
                 line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
@@ -198,12 +198,12 @@ class Product:
 
     def close(self) -> None:
         """Kill it and its process group (its llama-server too), whatever state it is in."""
-        if self.proc is not None:
+        if self._proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(self._proc.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            self.proc.wait()
+                self._proc.kill()
+            self._proc.wait()
 
 
 def servers_of(slot_dir: Path) -> list[int]:

@@ -16,7 +16,7 @@ MIN_JUDGED = 5
 """Turns after a first turn a run must have judged: fewer, and its invariants held for nothing."""
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Figures:
     seed: int
     minutes: float

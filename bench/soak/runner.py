@@ -67,24 +67,26 @@ class Tally:
 
 class Run:
     def __init__(self, *, seed: int, minutes: float, say: Callable[[str], None], clients: int = WORKERS) -> None:
-        self.seed, self.minutes, self.say, self.clients = seed, minutes, say, clients
-        self.events = schedule.plan(seed, minutes * 60.0)
-        self.tally = Tally()
-        self.rng = random.Random(seed + 1)
-        self.stop = threading.Event()
-        self.agents: list[agents.Agent] = []
-        self.busy: set[int] = set()
-        self.pool_lock = threading.Lock()
-        self.next_n = 0
-        self.start = 0.0
-        self.clock: Callable[[], float] = lambda: time.monotonic() - self.start
-        self.doer: faults.Faults | None = None
-        self.reference = ""
-        self.shared = ""
+        self._seed, self._minutes, self._say, self._clients = seed, minutes, say, clients
+        self._events = schedule.plan(seed, minutes * 60.0)
+        self._tally = Tally()
+        self._rng = random.Random(seed + 1)
+        self._stop = threading.Event()
+        self._agents: list[agents.Agent] = []
+        self._busy: set[int] = set()
+        self._pool_lock = threading.Lock()
+        self._next_n = 0
+        self._start = 0.0
+        self._clock: Callable[[], float] = lambda: time.monotonic() - self._start
+        self._doer: faults.Faults | None = None
+        self._reference = ""
+        self._shared = ""
 
     def run(self, stack: contextlib.ExitStack) -> report.Figures:
         work = Path(tempfile.mkdtemp(prefix="llama-kv-soak-"))
-        self.say(f"soak: seed {self.seed}, {self.minutes:g} min, {len(self.events)} faults scheduled; files in {work}")
+        self._say(
+            f"soak: seed {self._seed}, {self._minutes:g} min, {len(self._events)} faults scheduled; files in {work}"
+        )
         binary, model = llamabed.cached_binary(), llamabed.model_path()
         s3 = s3bed.S3Server(work / "s3")
         stack.callback(s3.stop)
@@ -106,33 +108,33 @@ class Run:
         rig.start()
         reference.wait_healthy()
         rig.wait_ready()
-        self.reference = reference.url
-        shared = agents.preamble(reference.url, self.seed)
-        self.shared = shared
-        self.rig = rig
+        self._reference = reference.url
+        shared = agents.preamble(reference.url, self._seed)
+        self._shared = shared
+        self._rig = rig
         for _ in range(CONVERSATIONS):
             self._add()
         doer = faults.Faults(
-            rig=rig, s3=s3, disk=disk, clock=self._now, say=self.say, leave=self._leave, burst=self._burst
+            rig=rig, s3=s3, disk=disk, clock=self._now, say=self._say, leave=self._leave, burst=self._burst
         )
         stack.callback(doer.undo_all)
-        self.doer = doer
-        self.start = time.monotonic()
-        threads = [threading.Thread(target=self._client, name=f"client-{i}", daemon=True) for i in range(self.clients)]
+        self._doer = doer
+        self._start = time.monotonic()
+        threads = [threading.Thread(target=self._client, name=f"client-{i}", daemon=True) for i in range(self._clients)]
         threads.append(threading.Thread(target=self._sampler, name="sampler", daemon=True))
         for thread in threads:
             thread.start()
         try:
             self._schedule(doer)
         finally:
-            self.stop.set()
+            self._stop.set()
             doer.undo_all()
             doer.settle()
             for thread in threads:
                 thread.join(timeout=900)
         code, took = rig.sigterm()
         doer.seen.sigterm_status.append(code)
-        self.say(f"final SIGTERM: exit status {code} after {took:.1f} s")
+        self._say(f"final SIGTERM: exit status {code} after {took:.1f} s")
         left = product.servers_of(rig.slot_dir)
         doer.seen.orphans += len(left)
         verify = subprocess.run(
@@ -142,22 +144,22 @@ class Run:
         summary = (verify.stdout.strip().splitlines() or [verify.stderr.strip()[-300:]])[-1]
         seen = doer.seen
         return report.Figures(
-            seed=self.seed,
-            minutes=self.minutes,
-            events=self.events,
+            seed=self._seed,
+            minutes=self._minutes,
+            events=self._events,
             faults_done=dict(seen.done),
             faults_skipped=dict(seen.skipped),
-            turns=dict(self.tally.turns),
-            errors_allowed=self.tally.errors_allowed,
-            errors_cut=self.tally.errors_cut,
-            clients=self.clients,
-            errors=self.tally.errors,
-            kv_checks=self.tally.kv_checks,
-            kv_wrong=self.tally.kv_wrong,
-            kv_worst=self.tally.kv_worst,
-            reuse_beyond=self.tally.reuse_beyond,
-            peaks=self.tally.peaks,
-            breaches=invariants.breaches(self.tally.peaks, invariants.Bounds(), BUDGET),
+            turns=dict(self._tally.turns),
+            errors_allowed=self._tally.errors_allowed,
+            errors_cut=self._tally.errors_cut,
+            clients=self._clients,
+            errors=self._tally.errors,
+            kv_checks=self._tally.kv_checks,
+            kv_wrong=self._tally.kv_wrong,
+            kv_worst=self._tally.kv_worst,
+            reuse_beyond=self._tally.reuse_beyond,
+            peaks=self._tally.peaks,
+            breaches=invariants.breaches(self._tally.peaks, invariants.Bounds(), BUDGET),
             orphans=seen.orphans,
             sigterm_status=seen.sigterm_status,
             back_seconds=seen.back_seconds,
@@ -165,67 +167,67 @@ class Run:
             verify_summary=summary,
             store=store_check(store),
             budget=BUDGET,
-            notes=[*seen.notes, *self.tally.notes],
+            notes=[*seen.notes, *self._tally.notes],
             rss_growth=self._rss_growth(),
         )
 
     def _now(self) -> float:
-        return self.clock()
+        return self._clock()
 
     # ---- the schedule ---------------------------------------------------------------------
 
     def _schedule(self, doer: faults.Faults) -> None:
         steps: list[tuple[float, int, schedule.Event]] = []
-        for event in self.events:
+        for event in self._events:
             steps.append((event.at, 1, event))
             if event.seconds:
                 steps.append((event.at + event.seconds, 0, event))
         steps.sort(key=lambda step: (step[0], step[1]))
         for at, begins, event in steps:
-            wait = at - self.clock()
+            wait = at - self._clock()
             if wait > 0:
                 time.sleep(wait)
             if begins:
                 doer.begin(event)
             else:
                 doer.end(event)
-        time.sleep(max(0.0, self.minutes * 60.0 - self.clock()))
+        time.sleep(max(0.0, self._minutes * 60.0 - self._clock()))
 
     # ---- the clients ----------------------------------------------------------------------
 
     def _add(self) -> agents.Agent:
-        with self.pool_lock:
-            n = self.next_n
-            self.next_n += 1
-        agent = agents.new_agent(self.rig.url, self.reference, self.shared, n, self.seed)
-        with self.pool_lock:
-            self.agents.append(agent)
+        with self._pool_lock:
+            n = self._next_n
+            self._next_n += 1
+        agent = agents.new_agent(self._rig.url, self._reference, self._shared, n, self._seed)
+        with self._pool_lock:
+            self._agents.append(agent)
         return agent
 
     def _take(self, chat_only: bool = False) -> agents.Agent | None:
-        with self.pool_lock:
+        with self._pool_lock:
             idle = [
-                a for a in self.agents
-                if not a.retired and a.conversation.n not in self.busy
+                a for a in self._agents
+                if not a.retired and a.conversation.n not in self._busy
                 and (not chat_only or isinstance(a.api, agents.ProbedChat))
             ]  # fmt: skip
             if not idle:
                 return None
             fresh = [a for a in idle if not a.done]
-            agent = fresh[0] if fresh else self.rng.choice(idle)
-            self.busy.add(agent.conversation.n)
+            agent = fresh[0] if fresh else self._rng.choice(idle)
+            self._busy.add(agent.conversation.n)
             return agent
 
     def _give(self, agent: agents.Agent) -> None:
-        with self.pool_lock:
-            self.busy.discard(agent.conversation.n)
-            live = [a for a in self.agents if not a.retired]
+        with self._pool_lock:
+            self._busy.discard(agent.conversation.n)
+            live = [a for a in self._agents if not a.retired]
         if agent.retired and len(live) < CONVERSATIONS:
             self._add()
 
     def _client(self) -> None:
-        rng = random.Random(self.rng.random())
-        while not self.stop.is_set():
+        rng = random.Random(self._rng.random())
+        while not self._stop.is_set():
             agent = self._take()
             if agent is None:
                 time.sleep(0.1)
@@ -237,36 +239,36 @@ class Run:
             time.sleep(rng.uniform(*THINK))
 
     def _turn(self, agent: agents.Agent, rng: random.Random) -> None:
-        windows_before = len(self.tally_windows())
-        sent = agent.send(self.clock)
+        windows_before = len(self._tally_windows())
+        sent = agent.send(self._clock)
         if sent.reply is None or not sent.reply.complete:
             why = sent.error or "the answer did not end as its API ends one"
-            outages = self.doer_outages()
-            with self.tally.lock:
+            outages = self._doer_outages()
+            with self._tally.lock:
                 if invariants.error_allowed(sent.started, sent.ended, outages):
-                    self.tally.errors_allowed += 1
+                    self._tally.errors_allowed += 1
                 elif invariants.error_allowed(sent.started, sent.ended, self._server_kills()):
-                    self.tally.errors_cut.append(f"{sent.started:.1f}-{sent.ended:.1f} s conversation "
+                    self._tally.errors_cut.append(f"{sent.started:.1f}-{sent.ended:.1f} s conversation "
                                                  f"{agent.conversation.n} ({agent.api.name}): {why}")  # fmt: skip
                 else:
-                    self.say(f"{sent.ended:7.1f} s  conversation {agent.conversation.n}: ERROR {why}")
-                    self.tally.errors.append(f"{sent.started:.1f}-{sent.ended:.1f} s conversation "
+                    self._say(f"{sent.ended:7.1f} s  conversation {agent.conversation.n}: ERROR {why}")
+                    self._tally.errors.append(f"{sent.started:.1f}-{sent.ended:.1f} s conversation "
                                              f"{agent.conversation.n} ({agent.api.name}): {why}")  # fmt: skip
             return
-        windows = self.tally_windows()
+        windows = self._tally_windows()
         verdict = invariants.classify(
             agent.done, started=sent.started, cached=sent.reply.cached, windows=windows, allowance=ALLOWANCE
         )
         beyond = invariants.reuse_beyond_history(agent.done, sent.reply.cached)
-        self.say(
+        self._say(
             f"{sent.ended:7.1f} s  conversation {agent.conversation.n:<3} {agent.api.name:<19} "
             f"reused {sent.reply.cached:>5} of {sent.reply.prompt:>5}: {verdict.value}"
         )
-        with self.tally.lock:
-            self.tally.turns[verdict] += 1
-            self.tally.reuse_beyond += beyond
+        with self._tally.lock:
+            self._tally.turns[verdict] += 1
+            self._tally.reuse_beyond += beyond
             if verdict is invariants.Verdict.LOST:
-                self.tally.notes.append(
+                self._tally.notes.append(
                     f"LOST: {sent.started:.1f} s conversation {agent.conversation.n} ({agent.api.name}) reused "
                     f"{sent.reply.cached} of {sent.reply.prompt}; its previous prompt {agent.done[-1].prompt}"
                 )
@@ -279,38 +281,38 @@ class Run:
         assert sent.body is not None
         assert sent.reply is not None
         try:
-            want = agents.reference_top(self.reference, sent.body)
+            want = agents.reference_top(self._reference, sent.body)
         except (OSError, RuntimeError) as exc:
-            with self.tally.lock:
-                self.tally.notes.append(f"a reference check failed: {exc}")
+            with self._tally.lock:
+                self._tally.notes.append(f"a reference check failed: {exc}")
             return
         if not want:
             return
         moved = invariants.kv_distance(sent.top, want)
-        with self.tally.lock:
-            self.tally.kv_checks += 1
-            self.tally.kv_worst = max(self.tally.kv_worst, moved)
+        with self._tally.lock:
+            self._tally.kv_checks += 1
+            self._tally.kv_worst = max(self._tally.kv_worst, moved)
             if moved > invariants.WRONG_KV_NATS:
-                self.tally.kv_wrong.append(
+                self._tally.kv_wrong.append(
                     f"{sent.started:.1f} s conversation {agent.conversation.n}: first token moved {moved:.2f} nats "
                     f"(reused {sent.reply.cached} of {sent.reply.prompt}); product {sent.top}, reference {want}"
                 )
 
-    def tally_windows(self) -> list[invariants.Window]:
-        return self.doer.seen.windows_now() if self.doer is not None else []
+    def _tally_windows(self) -> list[invariants.Window]:
+        return self._doer.seen.windows_now() if self._doer is not None else []
 
     def _server_kills(self) -> list[tuple[float, float]]:
-        return [(w.at, w.at) for w in self.tally_windows() if w.fault is schedule.Fault.SERVER_KILL]
+        return [(w.at, w.at) for w in self._tally_windows() if w.fault is schedule.Fault.SERVER_KILL]
 
-    def doer_outages(self) -> list[tuple[float, float]]:
-        return self.doer.outages_now(self.clock()) if self.doer is not None else []
+    def _doer_outages(self) -> list[tuple[float, float]]:
+        return self._doer.outages_now(self._clock()) if self._doer is not None else []
 
     def _leave(self) -> str | None:
         agent = self._take(chat_only=True)
         if agent is None:
             return None
         try:
-            return f"conversation {agent.conversation.n}: " + agents.leave_mid_stream(self.rig.url, agent)
+            return f"conversation {agent.conversation.n}: " + agents.leave_mid_stream(self._rig.url, agent)
         finally:
             self._give(agent)
 
@@ -322,29 +324,29 @@ class Run:
     # ---- resources ------------------------------------------------------------------------
 
     def _sampler(self) -> None:
-        while not self.stop.wait(SAMPLE_EVERY):
+        while not self._stop.wait(SAMPLE_EVERY):
             try:
                 self._sample()
             except Exception as exc:  # a sample lost is said, and the next one is taken
-                with self.tally.lock:
-                    self.tally.notes.append(f"a resource sample failed: {exc.__class__.__name__}: {exc}")
+                with self._tally.lock:
+                    self._tally.notes.append(f"a resource sample failed: {exc.__class__.__name__}: {exc}")
 
     def _sample(self) -> None:
-        now = dict(self.rig.usage())
-        staged = self.rig.metric("llama_sidecar_store_staged_bytes")
+        now = dict(self._rig.usage())
+        staged = self._rig.metric("llama_sidecar_store_staged_bytes")
         if staged is not None:
             now["staged_bytes"] = staged
-        now["store_bytes"] = float(product.store_bytes(self.rig.store))
-        with self.tally.lock:
+        now["store_bytes"] = float(product.store_bytes(self._rig.store))
+        with self._tally.lock:
             for name, value in now.items():
-                self.tally.peaks[name] = max(self.tally.peaks.get(name, 0.0), value)
+                self._tally.peaks[name] = max(self._tally.peaks.get(name, 0.0), value)
             if "rss_bytes" in now:
-                self.tally.rss.append((self.clock(), self.rig.starts, now["rss_bytes"]))
+                self._tally.rss.append((self._clock(), self._rig.starts, now["rss_bytes"]))
 
     def _rss_growth(self) -> float | None:
         """RSS at the end of the longest-lived sidecar process over its RSS a third into its life."""
         by_start: dict[int, list[tuple[float, float]]] = collections.defaultdict(list)
-        for at, start, rss in self.tally.rss:
+        for at, start, rss in self._tally.rss:
             by_start[start].append((at, rss))
         if not by_start:
             return None

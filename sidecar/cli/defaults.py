@@ -21,7 +21,7 @@ import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from sidecar.cli import options
+from sidecar.cli import options, parsing
 from sidecar.core import config, errors, mounts, parse
 from sidecar.launch import argv as launch_argv
 from sidecar.launch import places, slotsize
@@ -64,8 +64,8 @@ def prepared(
 def _state_dir(done: Prepared, ns: argparse.Namespace, env: Mapping[str, str]) -> Path:
     """The state dir, created and checked, its lock held (one sidecar per state dir)."""
     given = done.settings.launch.state_dir
-    raw = options.raw_value(ns, options.STATE_DIR)
-    flag = options.STATE_DIR.flag if raw is None or raw[1] is options.Source.FLAG else options.STATE_DIR.env
+    raw = parsing.raw_value(ns, options.STATE_DIR)
+    flag = options.STATE_DIR.flag if raw is None or raw[1] is parsing.Source.FLAG else options.STATE_DIR.env
     path = (given if given is not None else places.default_state_dir(env)).resolve()
     if given is None:  # the XDG base dir (~/.local/state) may not exist yet on a fresh machine
         places.parents(path)
@@ -91,8 +91,8 @@ def _beside(done: Prepared, ns: argparse.Namespace, env: Mapping[str, str]) -> N
 
 def _launching(done: Prepared, ns: argparse.Namespace, command: list[str], env: Mapping[str, str]) -> None:
     settings = done.settings
-    given = options.raw_value(ns, options.SERVER)
-    named = options.SERVER.flag if given is not None and given[1] is options.Source.FLAG else options.SERVER.env
+    given = parsing.raw_value(ns, options.SERVER)
+    named = options.SERVER.flag if given is not None and given[1] is parsing.Source.FLAG else options.SERVER.env
     if given is not None:
         launch_argv.plan(command, slot_dir=Path("/"), proxy=False, port=1, sidecar_has_key=True, server_given=named)
     settings = _adopt_key(settings, command)
@@ -126,7 +126,7 @@ def _launching(done: Prepared, ns: argparse.Namespace, command: list[str], env: 
     router = settings.upstream.router if settings.upstream.router is not None else launch.router
     upstream = dataclasses.replace(settings.upstream, url=launch.url, router=router)
     proxy_settings = settings.proxy
-    if launch.cache_ram_bytes is not None and options.raw_value(ns, options.SERVER_CACHE_RAM) is None:
+    if launch.cache_ram_bytes is not None and parsing.raw_value(ns, options.SERVER_CACHE_RAM) is None:
         # The library routes below llama-server's RAM cache: its size is known from the arguments.
         proxy_settings = dataclasses.replace(proxy_settings, server_cache_ram_bytes=launch.cache_ram_bytes)
     done.settings = dataclasses.replace(settings, upstream=upstream, proxy=proxy_settings)
@@ -145,9 +145,9 @@ def _directories(
     slots = state / places.SLOTS
     staging, note, convert = places.Staging.GIVEN.value, "", None
     slot_dir = snap.slot_dir
-    if slot_dir == options.PENDING_SLOT_DIR and store is None:  # whole files persist: on disk, never in RAM
+    if slot_dir == parsing.PENDING_SLOT_DIR and store is None:  # whole files persist: on disk, never in RAM
         slot_dir, staging = places.subdir(state, places.SLOTS), places.Staging.DISK.value
-    elif slot_dir == options.PENDING_SLOT_DIR:
+    elif slot_dir == parsing.PENDING_SLOT_DIR:
         sized = _slot_bytes(command, env)
         if sized is not None:
             snap = dataclasses.replace(snap, staging_bytes_per_token=sized[1])

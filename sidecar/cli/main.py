@@ -6,7 +6,7 @@
 started elsewhere.
 
 Flags win over environment variables, which win over defaults (the table
-of flags is in ``options``). Parsing and validation happen here only; the
+of options is ``options``, read by ``parsing``). Parsing and validation happen here only; the
 rest of the package receives a frozen ``config.Settings``.
 """
 
@@ -23,8 +23,8 @@ import uvloop
 
 import sidecar
 from sidecar.app import run as app
-from sidecar.cli import defaults, options
-from sidecar.core import errors, logs, outcomes, parse, protocols
+from sidecar.cli import defaults, options, parsing, schema
+from sidecar.core import errors, logs, outcomes, protocols
 from sidecar.launch import places
 from sidecar.shared import connect, gc
 from sidecar.snapshots import dirlock, store, storeevents
@@ -51,51 +51,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir; the sidecar restarts it when it ends and stops it after the final snapshots. Without '--', "
         "beside a llama-server started elsewhere (--server, --slot-dir).",
     )
-    options.add(run, options.OPTIONS)
+    parsing.add(run, schema.Command.RUN)
 
     ls = sub.add_parser(
         "ls",
         help="list the snapshots in a slot dir by conversation (short hash of its token chain; '-' when not "
         "indexed), slot, tokens, size and last use, most recent first",
     )
-    options.add(ls, [options.STATE_DIR, options.SLOT_DIR, options.STORE_DIR])
-    ls.add_argument("--json", action="store_true", help="print the manifests as JSON lines")
-    ls.add_argument("--model", metavar="NAME", help="router mode (--router): only this model's snapshots")
+    parsing.add(ls, schema.Command.LS)
     verify = sub.add_parser("verify", help="re-hash every snapshot and report (and quarantine) bad ones")
-    options.add(verify, [options.STATE_DIR, options.SLOT_DIR, options.STORE_DIR])
-    verify.add_argument("--dry-run", action="store_true", help="report bad files without quarantining them")
+    parsing.add(verify, schema.Command.VERIFY)
     collect = sub.add_parser(
         "gc",
         help="apply retention to the shared store: unpublish old snapshots, delete their objects after a grace period",
     )
-    options.add(collect, [options.SHARED_STORE])
-    collect.add_argument(
-        "--max-age",
-        type=parse.number(float, zero_ok=True),
-        default=0.0,
-        metavar="SEC",
-        help="unpublish snapshots uploaded more than SEC seconds ago; 0 = no age limit (default 0)",
-    )
-    collect.add_argument(
-        "--max-bytes",
-        type=parse.number(int, zero_ok=True),
-        default=0,
-        metavar="N",
-        help="then unpublish the oldest until the snapshots kept hold at most N bytes; 0 = no cap (default 0)",
-    )
-    collect.add_argument(
-        "--grace",
-        type=parse.number(float, zero_ok=True),
-        default=gc.GRACE,
-        metavar="SEC",
-        help="delete an unpublished snapshot's object only SEC seconds later, so downloads in flight finish "
-        f"(default {gc.GRACE:g})",
-    )
-    collect.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
+    parsing.add(collect, schema.Command.GC)
     return parser
 
 
-settings_from = options.settings_from
+settings_from = parsing.settings_from
 
 
 class _Listed(storeevents.Silent):
@@ -124,10 +98,10 @@ class _Verified(storeevents.Silent):
 
 
 def _open_store(ns: argparse.Namespace, *, read_only: bool, events: storeevents.StoreEvents) -> store.SnapshotStore:
-    slot_dir = options.checked_value(ns, options.SLOT_DIR)
-    store_dir = options.checked_value(ns, options.STORE_DIR)
+    slot_dir = parsing.checked_value(ns, options.SLOT_DIR)
+    store_dir = parsing.checked_value(ns, options.STORE_DIR)
     if slot_dir is None:  # the snapshots of a sidecar run with the defaults: its state dir's
-        state = options.checked_value(ns, options.STATE_DIR) or places.default_state_dir(os.environ).resolve()
+        state = parsing.checked_value(ns, options.STATE_DIR) or places.default_state_dir(os.environ).resolve()
         has_store = (state / places.STORE).is_dir()
         if store_dir is None and not has_store and not (state / places.SLOTS).is_dir():
             raise errors.ConfigError(
@@ -216,7 +190,7 @@ def _verify(ns: argparse.Namespace) -> int:
 
 
 def _gc(ns: argparse.Namespace) -> int:
-    where = options.checked_value(ns, options.SHARED_STORE)
+    where = parsing.checked_value(ns, options.SHARED_STORE)
     if where is None:
         raise errors.ConfigError(f"{options.SHARED_STORE.flag} (or {options.SHARED_STORE.env}) is required")
 
@@ -276,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _verify(ns)
         if ns.command == "gc":
             return _gc(ns)
-        given = options.settings_from(ns, launching=command is not None)
+        given = parsing.settings_from(ns, launching=command is not None)
         with defaults.prepared(ns, given, command, os.environ) as done:
             settings = done.settings
             folding = logs.configure(fmt=settings.logs.format, level=settings.logs.level, secrets=settings.secrets())

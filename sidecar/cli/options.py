@@ -1,70 +1,26 @@
-"""The settings of ``llama-kv-sidecar run``: one table of flag, environment variable and field.
+"""The options of every command as one table: flag, environment variable, settings field, help, commands.
 
-Each row of :data:`OPTIONS` names a flag, the environment variable that
-stands in for it, and the ``config.Settings`` field it sets. The flags are
-added to argparse with the default ``None``; :func:`settings_from` then
-takes each field from its flag, else from its environment variable, else
-leaves it to the default written in ``config.py``. The help text shows that
-default and the variable's name, so nothing is written twice.
+Each row of :data:`TABLE` is a ``schema.Option``: its flag, the environment variable that stands in
+for it (run's options), the ``config.Settings`` field(s) it sets, its help, and the commands that
+take it (``run``, ``ls``, ``verify``, ``gc``). A setting's default is written once, in ``config.py``:
+the row reads it from there (``schema.Option.default``); a command's own flag (``gc --grace``) that
+sets no settings field carries its default here. The parser is built from this table and read back
+by :mod:`sidecar.cli.parsing`; docs/configuration.md and the unit tests are held to it.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import enum
 import os
-import typing
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-from sidecar.core import config, errors, location, logs, parse
+from sidecar.cli import schema, toolflags
+from sidecar.core import location, logs, parse
 from sidecar.shared import connect
 
-_GROUPS: dict[str, type[Any]] = {
-    name: kind
-    for name, kind in typing.get_type_hints(config.Settings).items()
-    if isinstance(kind, type) and dataclasses.is_dataclass(kind)
-}
-"""The groups of ``config.Settings`` by field name: ``{"upstream": config.UpstreamSettings, ...}``."""
+STORES = frozenset({schema.Command.RUN, schema.Command.LS, schema.Command.VERIFY})
+"""The commands that open the snapshots: ``run``, and ``ls`` and ``verify`` beside it."""
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Option:
-    flag: str
-    env: str
-    fields: tuple[str, ...]
-    """``group.name`` of the ``config.Settings`` field(s) the option sets."""
-    help: str
-    metavar: str | None = None
-    convert: Callable[[str], Any] = str
-    """Turns the text into a value; argparse reports its errors (exit 2)."""
-    check: Callable[[Any], Any] | None = None
-    """Validates the parsed value; raises ``errors.ConfigError``. Returns a tuple for several fields."""
-    choices: tuple[str, ...] | None = None
-    switch: bool = False
-    """A flag without a value; the variable takes 1/0, true/false, yes/no, on/off."""
-
-    @property
-    def dest(self) -> str:
-        return self.flag.removeprefix("--").replace("-", "_")
-
-
-def _default(field: str) -> Any:
-    group, name = field.split(".")
-    found = {f.name: f.default for f in dataclasses.fields(_GROUPS[group])}
-    return found[name]
-
-
-def _shown_default(option: Option) -> str:
-    defaults = [_default(field) for field in option.fields]
-    if option.switch or any(d is None or d is dataclasses.MISSING for d in defaults):
-        return ""
-    return f" (default {':'.join(str(d) for d in defaults)})"
-
-
-SLOT_DIR = Option(
+SLOT_DIR = schema.Option(
     "--slot-dir",
     "LLAMA_SIDECAR_SLOT_DIR",
     ("snapshots.slot_dir",),
@@ -75,8 +31,9 @@ SLOT_DIR = Option(
     metavar="DIR",
     convert=Path,
     check=Path.resolve,
+    commands=STORES,
 )
-STORE_DIR = Option(
+STORE_DIR = schema.Option(
     "--store-dir",
     "LLAMA_SIDECAR_STORE_DIR",
     ("snapshots.store_dir",),
@@ -87,8 +44,9 @@ STORE_DIR = Option(
     metavar="DIR",
     convert=Path,
     check=Path.resolve,
+    commands=STORES,
 )
-SHARED_STORE = Option(
+SHARED_STORE = schema.Option(
     "--shared-store",
     "LLAMA_SIDECAR_SHARED_STORE",
     ("shared.location",),
@@ -98,9 +56,10 @@ SHARED_STORE = Option(
     "pip install 'llama-kv-sidecar[s3]' (default: off)",
     "URL",
     check=lambda url: connect.require_client(location.parse(url, os.environ)),
+    commands=frozenset({schema.Command.RUN, schema.Command.GC}),
 )
 
-STATE_DIR = Option(
+STATE_DIR = schema.Option(
     "--state-dir",
     "LLAMA_SIDECAR_STATE_DIR",
     ("launch.state_dir",),
@@ -110,8 +69,9 @@ STATE_DIR = Option(
     metavar="DIR",
     convert=Path,
     check=Path.resolve,
+    commands=STORES,
 )
-NO_PROXY = Option(
+NO_PROXY = schema.Option(
     "--no-proxy",
     "LLAMA_SIDECAR_NO_PROXY",
     ("launch.proxy",),
@@ -121,7 +81,7 @@ NO_PROXY = Option(
     check=lambda off: not off,
     switch=True,
 )
-WHOLE_FILES = Option(
+WHOLE_FILES = schema.Option(
     "--whole-files",
     "LLAMA_SIDECAR_WHOLE_FILES",
     ("launch.whole_files",),
@@ -131,7 +91,7 @@ WHOLE_FILES = Option(
     switch=True,
 )
 
-PROXY_LISTEN = Option(
+PROXY_LISTEN = schema.Option(
     "--proxy-listen",
     "LLAMA_SIDECAR_PROXY_LISTEN",
     ("proxy.host", "proxy.port"),
@@ -142,7 +102,7 @@ PROXY_LISTEN = Option(
     check=parse.proxy_listen,
 )
 
-SERVER_CACHE_RAM = Option(
+SERVER_CACHE_RAM = schema.Option(
     "--server-cache-ram-bytes",
     "LLAMA_SIDECAR_SERVER_CACHE_RAM_BYTES",
     ("proxy.server_cache_ram_bytes",),
@@ -154,7 +114,7 @@ SERVER_CACHE_RAM = Option(
 )
 """The size of llama-server's RAM prompt cache; in launcher mode taken from the child's ``--cache-ram``."""
 
-SERVER = Option(
+SERVER = schema.Option(
     "--server",
     "LLAMA_SIDECAR_SERVER",
     ("upstream.url",),
@@ -162,14 +122,14 @@ SERVER = Option(
     "URL",
     check=parse.url,
 )
-OPTIONS: tuple[Option, ...] = (
+OPTIONS: tuple[schema.Option, ...] = (
     SERVER,
     STATE_DIR,
     NO_PROXY,
     WHOLE_FILES,
     SLOT_DIR,
     STORE_DIR,
-    Option(
+    schema.Option(
         "--listen",
         "LLAMA_SIDECAR_LISTEN",
         ("server.host", "server.port"),
@@ -177,7 +137,7 @@ OPTIONS: tuple[Option, ...] = (
         "HOST:PORT",
         check=parse.listen,
     ),
-    Option(
+    schema.Option(
         "--poll-interval",
         "LLAMA_SIDECAR_POLL_INTERVAL",
         ("poll.interval",),
@@ -185,7 +145,7 @@ OPTIONS: tuple[Option, ...] = (
         "SEC",
         parse.number(float),
     ),
-    Option(
+    schema.Option(
         "--idle-seconds",
         "LLAMA_SIDECAR_IDLE_SECONDS",
         ("snapshots.idle_seconds",),
@@ -193,7 +153,7 @@ OPTIONS: tuple[Option, ...] = (
         "SEC",
         parse.number(float, zero_ok=True),
     ),
-    Option(
+    schema.Option(
         "--snapshot-interval",
         "LLAMA_SIDECAR_SNAPSHOT_INTERVAL",
         ("snapshots.interval",),
@@ -201,7 +161,7 @@ OPTIONS: tuple[Option, ...] = (
         "SEC",
         parse.number(float),
     ),
-    Option(
+    schema.Option(
         "--save-hold-seconds",
         "LLAMA_SIDECAR_SAVE_HOLD_SECONDS",
         ("snapshots.hold_seconds",),
@@ -214,7 +174,7 @@ OPTIONS: tuple[Option, ...] = (
         "SEC",
         parse.number(float, zero_ok=True),
     ),
-    Option(
+    schema.Option(
         "--max-unsaved-seconds",
         "LLAMA_SIDECAR_MAX_UNSAVED_SECONDS",
         ("snapshots.max_unsaved_seconds",),
@@ -228,7 +188,7 @@ OPTIONS: tuple[Option, ...] = (
         "SEC",
         parse.number(float, zero_ok=True),
     ),
-    Option(
+    schema.Option(
         "--min-tokens",
         "LLAMA_SIDECAR_MIN_TOKENS",
         ("snapshots.min_tokens",),
@@ -236,7 +196,7 @@ OPTIONS: tuple[Option, ...] = (
         "N",
         parse.number(int, zero_ok=True),
     ),
-    Option(
+    schema.Option(
         "--api-key",
         "LLAMA_API_KEY",
         ("upstream.api_key", "upstream.keys"),
@@ -246,7 +206,7 @@ OPTIONS: tuple[Option, ...] = (
         "KEY",
         check=parse.first_key,
     ),
-    Option(
+    schema.Option(
         "--api-key-file",
         "LLAMA_API_KEY_FILE",
         ("upstream.api_key", "upstream.keys"),
@@ -256,7 +216,7 @@ OPTIONS: tuple[Option, ...] = (
         "FILE",
         check=parse.key_file,
     ),
-    Option(
+    schema.Option(
         "--admin-token",
         "LLAMA_SIDECAR_ADMIN_TOKEN",
         ("server.admin_token",),
@@ -265,7 +225,7 @@ OPTIONS: tuple[Option, ...] = (
         "TOKEN",
         check=parse.admin_token,
     ),
-    Option(
+    schema.Option(
         "--admin-token-file",
         "LLAMA_SIDECAR_ADMIN_TOKEN_FILE",
         ("server.admin_token",),
@@ -273,7 +233,7 @@ OPTIONS: tuple[Option, ...] = (
         "FILE",
         check=parse.token_file,
     ),
-    Option(
+    schema.Option(
         "--status-requires-token",
         "LLAMA_SIDECAR_STATUS_REQUIRES_TOKEN",
         ("server.status_requires_token",),
@@ -281,7 +241,7 @@ OPTIONS: tuple[Option, ...] = (
         convert=parse.switch,
         switch=True,
     ),
-    Option(
+    schema.Option(
         "--keep-per-slot",
         "LLAMA_SIDECAR_KEEP_PER_SLOT",
         ("snapshots.keep_per_slot",),
@@ -289,7 +249,7 @@ OPTIONS: tuple[Option, ...] = (
         "N",
         parse.number(int),
     ),
-    Option(
+    schema.Option(
         "--max-bytes",
         "LLAMA_SIDECAR_MAX_BYTES",
         ("snapshots.max_bytes",),
@@ -297,7 +257,7 @@ OPTIONS: tuple[Option, ...] = (
         "N",
         parse.number(int, zero_ok=True),
     ),
-    Option(
+    schema.Option(
         "--max-age",
         "LLAMA_SIDECAR_MAX_AGE",
         ("snapshots.max_age",),
@@ -305,7 +265,7 @@ OPTIONS: tuple[Option, ...] = (
         "SEC",
         parse.number(float, zero_ok=True),
     ),
-    Option(
+    schema.Option(
         "--min-free-bytes",
         "LLAMA_SIDECAR_MIN_FREE_BYTES",
         ("snapshots.min_free_bytes",),
@@ -315,7 +275,7 @@ OPTIONS: tuple[Option, ...] = (
         "N",
         parse.number(int, zero_ok=True),
     ),
-    Option(
+    schema.Option(
         "--final-timeout",
         "LLAMA_SIDECAR_FINAL_TIMEOUT",
         ("snapshots.final_timeout",),
@@ -323,7 +283,7 @@ OPTIONS: tuple[Option, ...] = (
         "SEC",
         parse.number(float),
     ),
-    Option(
+    schema.Option(
         "--request-timeout",
         "LLAMA_SIDECAR_REQUEST_TIMEOUT",
         ("upstream.request_timeout",),
@@ -331,7 +291,7 @@ OPTIONS: tuple[Option, ...] = (
         "SEC",
         parse.number(float),
     ),
-    Option(
+    schema.Option(
         "--action-timeout",
         "LLAMA_SIDECAR_ACTION_TIMEOUT",
         ("upstream.action_timeout",),
@@ -339,7 +299,7 @@ OPTIONS: tuple[Option, ...] = (
         "SEC",
         parse.number(float),
     ),
-    Option(
+    schema.Option(
         "--router",
         "LLAMA_SIDECAR_ROUTER",
         ("upstream.router",),
@@ -350,7 +310,7 @@ OPTIONS: tuple[Option, ...] = (
         switch=True,
     ),
     PROXY_LISTEN,
-    Option(
+    schema.Option(
         "--proxy-hold-seconds",
         "LLAMA_SIDECAR_PROXY_HOLD_SECONDS",
         ("proxy.hold_seconds",),
@@ -359,7 +319,7 @@ OPTIONS: tuple[Option, ...] = (
         "SEC",
         parse.number(float),
     ),
-    Option(
+    schema.Option(
         "--proxy-max-body-bytes",
         "LLAMA_SIDECAR_PROXY_MAX_BODY_BYTES",
         ("proxy.max_body_bytes",),
@@ -368,7 +328,7 @@ OPTIONS: tuple[Option, ...] = (
         parse.number(int),
     ),
     SERVER_CACHE_RAM,
-    Option(
+    schema.Option(
         "--no-proxy-prefix-header",
         "LLAMA_SIDECAR_NO_PROXY_PREFIX_HEADER",
         ("proxy.prefix_header",),
@@ -378,7 +338,7 @@ OPTIONS: tuple[Option, ...] = (
         check=lambda off: not off,
         switch=True,
     ),
-    Option(
+    schema.Option(
         "--proxy-max-inflight-body-bytes",
         "LLAMA_SIDECAR_PROXY_MAX_INFLIGHT_BODY_BYTES",
         ("proxy.max_inflight_body_bytes",),
@@ -388,7 +348,7 @@ OPTIONS: tuple[Option, ...] = (
         "N",
         parse.number(int),
     ),
-    Option(
+    schema.Option(
         "--proxy-body-timeout",
         "LLAMA_SIDECAR_PROXY_BODY_TIMEOUT",
         ("proxy.body_timeout",),
@@ -397,7 +357,7 @@ OPTIONS: tuple[Option, ...] = (
         "SEC",
         parse.number(float),
     ),
-    Option(
+    schema.Option(
         "--proxy-max-connections",
         "LLAMA_SIDECAR_PROXY_MAX_CONNECTIONS",
         ("proxy.max_connections",),
@@ -408,7 +368,7 @@ OPTIONS: tuple[Option, ...] = (
         parse.number(int),
     ),
     SHARED_STORE,
-    Option(
+    schema.Option(
         "--agent-check-listen",
         "LLAMA_SIDECAR_AGENT_CHECK_LISTEN",
         ("server.agent_host", "server.agent_port"),
@@ -418,14 +378,14 @@ OPTIONS: tuple[Option, ...] = (
         "HOST:PORT",
         check=parse.agent_listen,
     ),
-    Option(
+    schema.Option(
         "--log-format",
         "LLAMA_SIDECAR_LOG_FORMAT",
         ("logs.format",),
         "json, console, or auto (console on a terminal)",
         choices=logs.FORMATS,
     ),
-    Option(
+    schema.Option(
         "--log-level",
         "LLAMA_SIDECAR_LOG_LEVEL",
         ("logs.level",),
@@ -433,107 +393,13 @@ OPTIONS: tuple[Option, ...] = (
         choices=("debug", "info", "warning", "error"),
     ),
 )
+"""The options of ``run``: each sets a settings field, and an environment variable stands in for it."""
 
 
-def add(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
-    """Add ``options`` to ``parser`` with the default None, their help naming default and variable."""
-    for option in options:
-        text = f"{option.help}{_shown_default(option)} [{option.env}]".replace("%", "%%")
-        if option.switch and option.flag.startswith("--no-"):
-            # argparse's BooleanOptionalAction reads a flag spelt --no-X as its own negative form (False)
-            parser.add_argument(option.flag, action="store_const", const=True, default=None, help=text)
-        elif option.switch:
-            parser.add_argument(option.flag, action=argparse.BooleanOptionalAction, default=None, help=text)
-        else:
-            parser.add_argument(
-                option.flag,
-                default=None,
-                type=option.convert,
-                choices=option.choices,
-                metavar=option.metavar,
-                help=text,
-            )
+TABLE: tuple[schema.Option, ...] = OPTIONS + toolflags.OWN
+"""Every option of every command, in the order each command's help lists them."""
 
 
-class Source(enum.IntEnum):
-    ENV = 1
-    FLAG = 2
-
-
-def raw_value(ns: argparse.Namespace, option: Option) -> tuple[Any, Source] | None:
-    """The option's parsed value and where it came from; None when neither flag nor variable is set.
-
-    An empty variable counts as unset (``LLAMA_API_KEY=`` in a Compose file means no key).
-    """
-    parsed = getattr(ns, option.dest, None)
-    if parsed is not None:
-        return parsed, Source.FLAG
-    text = os.environ.get(option.env, "")
-    if not text:
-        return None
-    try:
-        parsed = option.convert(text)
-    except argparse.ArgumentTypeError as exc:
-        raise errors.ConfigError(f"{option.env}={text!r} is not valid for {option.flag}: {exc}") from None
-    if option.choices is not None and parsed not in option.choices:
-        raise errors.ConfigError(f"{option.env}={text!r}: {option.flag} is one of {', '.join(option.choices)}")
-    return parsed, Source.ENV
-
-
-def checked_value(ns: argparse.Namespace, option: Option) -> Any:
-    """The option's value after its check, or None."""
-    found = raw_value(ns, option)
-    if found is None:
-        return None
-    return option.check(found[0]) if option.check is not None else found[0]
-
-
-PENDING_SLOT_DIR = Path("/")
-"""The slot dir of launcher-mode settings until the launcher picks it (see ``settings_from``)."""
-
-
-def settings_from(ns: argparse.Namespace, *, launching: bool = False) -> config.Settings:
-    """Settings of ``run``: each field from its flag, else its variable, else config.py's default.
-
-    Two options that set the same field (``--api-key`` and ``--api-key-file``) may not both be
-    given at the same level; a flag wins over a variable. ``launching``: launcher mode, where the
-    slot dir may be left to the launcher (:data:`PENDING_SLOT_DIR` until it is picked).
-    """
-    winners: dict[tuple[str, ...], tuple[Source, Option, Any]] = {}
-    for option in OPTIONS:
-        found = raw_value(ns, option)
-        if found is None:
-            continue
-        parsed, source = found
-        before = winners.get(option.fields)
-        if before is not None and before[0] == source:
-            named = (before[1].flag, option.flag) if source is Source.FLAG else (before[1].env, option.env)
-            raise errors.ConfigError(f"{named[0]} and {named[1]} are both set: give one of them")
-        if before is None or source > before[0]:
-            winners[option.fields] = (source, option, parsed)
-    groups: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
-    for fields, (_, option, parsed) in winners.items():
-        checked = option.check(parsed) if option.check is not None else parsed
-        if checked is None:
-            continue
-        for field, part in zip(fields, checked if len(fields) > 1 else (checked,), strict=True):
-            group, name = field.split(".")
-            groups[group][name] = part
-    if "slot_dir" not in groups["snapshots"]:
-        if not launching:
-            raise errors.ConfigError(
-                f"{SLOT_DIR.flag} (or {SLOT_DIR.env}) is required beside a llama-server started elsewhere: its "
-                "--slot-save-path; or let the sidecar start it: llama-kv-sidecar run -- llama-server ARGS..."
-            )
-        groups["snapshots"]["slot_dir"] = PENDING_SLOT_DIR
-    settings = config.Settings(**{name: _GROUPS[name](**fields) for name, fields in groups.items()})
-    if settings.server.status_requires_token and not settings.server.admin_token:
-        raise errors.ConfigError(
-            "--status-requires-token needs an admin token: set --admin-token-file (or --admin-token)"
-        )
-    if settings.upstream.router and settings.shared.location is not None:
-        raise errors.ConfigError(
-            "--shared-store is not offered with --router: snapshots are shared between plain llama-servers"
-            " only; drop one of the two"
-        )
-    return settings
+def of(command: schema.Command) -> tuple[schema.Option, ...]:
+    """The options ``command`` takes, in the table's order."""
+    return tuple(option for option in TABLE if command in option.commands)

@@ -242,6 +242,10 @@ class Poller:
             identity, sleeping = await self._client.props()
             if refresh_model or self._model is None or self._model[0] != identity.model_path:
                 self._model = (identity.model_path, await self._model_facts(identity.model_path))
+                # The facts take a while (the weights' checksum, the GGUF header): with a short
+                # --sleep-idle-seconds the server may have fallen asleep since, and the /slots read
+                # that follows would wake it. /props never wakes it: ask again.
+                identity, sleeping = await self._client.props()
             facts = {**self._model[1], "adapters": self._adapters}
             self._identity = (dataclasses.replace(identity, **facts), sleeping)
         except errors.UpstreamIsRouter as exc:

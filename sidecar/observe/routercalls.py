@@ -7,15 +7,22 @@ its timeouts, its checks of every reply).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from sidecar.core import errors, events
 from sidecar.observe import replies
 
-Json = Callable[[str, str, aiohttp.ClientTimeout], Awaitable[Any]]
-"""A GET of the client: its reply's parsed JSON."""
+
+class Json(Protocol):
+    """A call of the client: its reply's parsed JSON."""
+
+    def __call__(
+        self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None
+    ) -> Awaitable[Any]: ...
+
+
 Request = Callable[[str, str, aiohttp.ClientTimeout, Any], Awaitable[tuple[int, Mapping[str, str], str]]]
 """A call of the client with a JSON payload: its reply's status, headers and text."""
 

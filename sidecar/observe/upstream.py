@@ -18,7 +18,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.core import config, errors, events, protocols, rates
-from sidecar.observe import replies, routercalls
+from sidecar.observe import promptcalls, replies, routercalls
 
 _ACTIVITY = (
     "llamacpp:n_decode_total",
@@ -53,6 +53,10 @@ class LlamaClient:
             self._json, self._request, timeout=self._timeout, action_timeout=self._action_timeout
         )
         """Router mode's own calls: the models listed and their states, a model loaded."""
+        self.prompts = promptcalls.PromptCalls(
+            self._json, timeout=self._timeout, action_timeout=self._action_timeout, model=model
+        )
+        """The calls about prompts: a chat's template, token ids and their pieces, ids run on a slot."""
 
     @property
     def url(self) -> str:
@@ -219,55 +223,6 @@ class LlamaClient:
             bytes=replies.field(body, keys[1], int, endpoint),
             server_ms=float(server_ms) if isinstance(server_ms, int | float) else 0.0,
         )
-
-    async def apply_template(self, body: dict[str, Any]) -> str:
-        """The prompt text a chat request becomes (``/apply-template`` takes the chat request's own body)."""
-        answer = replies.as_dict(await self._json("POST", "/apply-template", self._timeout, body), "/apply-template")
-        return replies.field(answer, "prompt", str, "/apply-template")
-
-    async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
-        """The token ids a completion of ``text`` starts from (with BOS and special tokens, as completions do)."""
-        body = {"content": text, "add_special": add_special, "parse_special": True}
-        answer = replies.as_dict(await self._json("POST", "/tokenize", self._timeout, body), "/tokenize")
-        ids = replies.field(answer, "tokens", list, "/tokenize")
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise errors.UpstreamProtocolError(
-                "/tokenize answered something other than token ids", endpoint="/tokenize"
-            )
-        return ids
-
-    async def complete_ids(self, slot: int, ids: list[int]) -> tuple[int, int]:
-        """Run ``ids`` on ``slot`` and sample one token; returns the server's (processed, reused) prompt tokens.
-
-        The slot's state then ends at exactly ``ids`` (the sampled token is never evaluated).
-        """
-        payload: dict[str, Any] = {"prompt": ids, "n_predict": 1, "id_slot": slot, "cache_prompt": True}
-        if self.model is not None:
-            payload["model"] = self.model
-        body = replies.as_dict(await self._json("POST", "/completion", self._action_timeout, payload), "/completion")
-        timings = body.get("timings")
-        if not isinstance(timings, dict):
-            raise errors.UpstreamProtocolError("/completion answered without timings", endpoint="/completion")
-        processed, reused = timings.get("prompt_n"), timings.get("cache_n")
-        return (processed if isinstance(processed, int) else 0, reused if isinstance(reused, int) else 0)
-
-    async def pieces(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[tuple[int, bytes]]:
-        """The token ids of ``text`` and the bytes each stands for (``/tokenize`` with ``with_pieces``)."""
-        body = {"content": text, "add_special": add_special, "parse_special": parse_special, "with_pieces": True}
-        answer = replies.as_dict(await self._json("POST", "/tokenize", self._timeout, body), "/tokenize")
-        out: list[tuple[int, bytes]] = []
-        for entry in replies.field(answer, "tokens", list, "/tokenize"):
-            token = entry.get("id") if isinstance(entry, dict) else None
-            piece = entry.get("piece") if isinstance(entry, dict) else None
-            if not isinstance(token, int) or isinstance(token, bool):
-                raise errors.UpstreamProtocolError("/tokenize answered a piece without an id", endpoint="/tokenize")
-            if isinstance(piece, str):
-                out.append((token, piece.encode()))
-            elif isinstance(piece, list) and all(isinstance(b, int) and 0 <= b < 256 for b in piece):
-                out.append((token, bytes(piece)))
-            else:
-                raise errors.UpstreamProtocolError("/tokenize answered a piece that is no text", endpoint="/tokenize")
-        return out
 
     async def _json(self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None) -> Any:
         _, _, text = await self._request(method, path, timeout, payload)

@@ -8,7 +8,6 @@ Invariants and trade-offs: docs/modules.md, `sidecar/proxy/tickets.py`.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 
@@ -119,31 +118,39 @@ def replay(replays: int, *, gated: bool) -> Replay:
     return Replay.SUSPECT if replays == 2 else Replay.RESEND
 
 
-@dataclasses.dataclass(slots=True, eq=False)
 class Ticket:
     """One request's admission: where it is (:attr:`stage`), the slot it holds, its deadline at the gate.
 
+    Its public face is what the proxy and the library read (:attr:`deadline`, :attr:`stage`,
+    :attr:`slot`, :attr:`within`, :attr:`prepares`) and the moves they make; how it was made
+    (routed, gated) and what it counts (replays, a wait for the whole round) stay inside.
     Compared and hashed by identity: a live set of tickets holds each request once."""
 
-    deadline: float = math.inf
-    """Monotonic time after which it waits no more at the gate (``--proxy-hold-seconds`` after it arrived)."""
-    routed: bool = True
-    """The library places it (a completion, with the library on)."""
-    gated: bool = True
-    """It waits at the restore gate (a completion): a lost connection may be sent once more after a restart."""
-    stage: Stage = Stage.HELD
-    slot: int | None = None
-    """The slot the library reserved or pinned it to, while it holds it; None otherwise."""
-    within: frozenset[int] | None = None
-    """The slots restored so far by the restore round that let it through early (:mod:`sidecar.restore.early`);
-    None: let through by an open gate."""
-    whole_round: bool = False
-    """Let through early but placed only after the whole restore round (:attr:`Move.LATER`)."""
-    replays: int = 0
-    """Connections llama-server closed before the answer's first event."""
+    __slots__ = ("_gated", "_replays", "_routed", "_whole_round", "deadline", "slot", "stage", "within")
+
+    def __init__(self, deadline: float = math.inf, *, routed: bool = True, gated: bool = True) -> None:
+        """``routed``: the library places it (a completion, with the library on). ``gated``: it waits at the
+        restore gate (a completion), so a lost connection may be sent once more after a restart."""
+        self.deadline = deadline
+        """Monotonic time after which it waits no more at the gate (``--proxy-hold-seconds`` after it arrived)."""
+        self._routed = routed
+        self._gated = gated
+        self.stage = Stage.HELD
+        self.slot: int | None = None
+        """The slot the library reserved or pinned it to, while it holds it; None otherwise."""
+        self.within: frozenset[int] | None = None
+        """The slots restored so far by the restore round that let it through early (:mod:`sidecar.restore.early`);
+        None: let through by an open gate."""
+        self._whole_round = False
+        """Let through early but placed only after the whole restore round (:attr:`Move.LATER`)."""
+        self._replays = 0
+        """Connections llama-server closed before the answer's first event."""
+
+    def __repr__(self) -> str:
+        return f"Ticket(stage={self.stage.value}, slot={self.slot}, within={self.within}, routed={self._routed})"
 
     def _move(self, move: Move) -> None:
-        self.stage = after(self.stage, move, routed=self.routed)
+        self.stage = after(self.stage, move, routed=self._routed)
 
     def let_through(self, within: frozenset[int] | None) -> None:
         """The gate lets it on (``within``: the restored slots, if a running round let it through early)."""
@@ -165,14 +172,14 @@ class Ticket:
     def place(self) -> None:
         """The placement is done; the request is sent next."""
         self._move(Move.PLACE)
-        self.whole_round = False
+        self._whole_round = False
 
     def later(self) -> None:
         """Let through early, it waits for the whole restore round now."""
         if self.slot is not None:
             raise IllegalMove(f"later while slot {self.slot} is reserved")
         self._move(Move.LATER)
-        self.whole_round = True
+        self._whole_round = True
         self.within = None
 
     def send(self) -> None:
@@ -183,14 +190,14 @@ class Ticket:
         self._move(Move.CLOSED)
         self.slot = None
         self.within = None
-        return Resume.REPLACE if self.routed else Resume.WAIT
+        return Resume.REPLACE if self._routed else Resume.WAIT
 
     def lost(self) -> Replay:
         """llama-server closed the connection before the answer's first event (the request stays sent)."""
         if self.stage is not Stage.FORWARDED:
             raise IllegalMove(f"lost from {self.stage.value}")
-        self.replays += 1
-        return replay(self.replays, gated=self.gated)
+        self._replays += 1
+        return replay(self._replays, gated=self._gated)
 
     def first_event(self) -> None:
         self._move(Move.FIRST_EVENT)
@@ -204,4 +211,4 @@ class Ticket:
     @property
     def prepares(self) -> bool:
         """Whether it reads its token ids while it waits at the gate (not once it waits for the whole round)."""
-        return self.routed and not self.whole_round
+        return self._routed and not self._whole_round

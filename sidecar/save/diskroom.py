@@ -58,7 +58,7 @@ class DiskRoom:
         newest = next((m for m in self._snapshots.snapshots(action.slot) if m.fingerprint == fingerprint), None)
         held = 0 if newest is None else newest.tokens
         fixed = floor.fixed_bytes(self._sizes(fingerprint))
-        room = self._snapshots.staging_room()
+        room = self._snapshots.disk.staging_room()
         return floor.block_store(
             whole_bytes=whole,
             new_bytes=floor.tail_bytes(tokens=action.tokens, held_tokens=held, whole_bytes=whole, fixed=fixed),
@@ -87,7 +87,7 @@ class DiskRoom:
             return estimate
         freed = await asyncio.to_thread(policy.freed_bytes, known, victims, blocks=blocks)
         await self.delete([(record, outcomes.GcReason.SPACE) for record in victims])
-        free = await asyncio.to_thread(self._snapshots.free_bytes)
+        free = await asyncio.to_thread(self._snapshots.disk.free_bytes)
         after = estimate if isinstance(free, str) else dataclasses.replace(estimate, free_bytes=free)
         where = self.where(estimate.disk)
         log.warning(
@@ -109,7 +109,7 @@ class DiskRoom:
 
     def where(self, disk: floor.Disk) -> Path:
         """The directory on the filesystem a floor check measured."""
-        return self._snapshots.keeps if disk == floor.Disk.STORE else self._snapshots.dir
+        return self._snapshots.disk.keeps if disk == floor.Disk.STORE else self._snapshots.dir
 
     async def delete(self, doomed: Sequence[tuple[manifest.Manifest, outcomes.GcReason]]) -> None:
         """Delete each snapshot, counted and logged with its reason, then the blocks none names any more."""

@@ -243,7 +243,7 @@ class Snapshotter:
         """The record of a save the disk cannot take now (unmeasurable, refused, or below the floor even once
         the least recently used snapshots made room); None: go on."""
         slot = action.slot
-        free = await asyncio.to_thread(self._snapshots.free_bytes)
+        free = await asyncio.to_thread(self._snapshots.disk.free_bytes)
         if isinstance(free, str):
             return self.records.fail(slot, outcomes.SaveCause.SLOT_DIR, free, 0.0)
         if self._unwritable is not None and not await self._may_write(self._unwritable, free):
@@ -298,10 +298,10 @@ class Snapshotter:
     ) -> records.SaveRecord:
         """The record of a commit the disk refused; saves are skipped until it may take one again."""
         await asyncio.to_thread(self._snapshots.curator.collect_blocks)  # the failed ingest's new blocks
-        usage = await asyncio.to_thread(self._snapshots.usage)
+        usage = await asyncio.to_thread(self._snapshots.disk.usage)
         first = self._unwritable is None
         self._unwritable = storefault.Episode(fault, usage.free_bytes, str(exc))
-        keeps = self._snapshots.keeps
+        keeps = self._snapshots.disk.keeps
         if first:
             log.error(
                 "snapshot_store_unwritable",
@@ -325,7 +325,7 @@ class Snapshotter:
         episode, self._unwritable = self._unwritable, None
         log.info(
             "snapshot_store_writable_again",
-            directory=str(self._snapshots.keeps),
+            directory=str(self._snapshots.disk.keeps),
             reason=episode.fault.value,
             skipped=episode.skipped,
             effect="saves go on as before",

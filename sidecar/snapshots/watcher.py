@@ -70,7 +70,7 @@ class Watcher:
         """The block store's running totals last added to the metrics."""
 
     def start(self) -> None:
-        self._dir_id = self._snapshots.dir_identity()
+        self._dir_id = self._snapshots.disk.dir_identity()
         self._observe()
 
     def _observe(self) -> None:
@@ -125,7 +125,7 @@ class Watcher:
 
     async def check_dir(self) -> None:
         """Notice the slot dir going away or coming back, and recover; never raises for the filesystem."""
-        current = await asyncio.to_thread(self._snapshots.dir_identity)
+        current = await asyncio.to_thread(self._snapshots.disk.dir_identity)
         unchanged = current is not None and current == self._dir_id and not self._lost
         if unchanged and (self._lock is None or self._lock.holds()):
             return
@@ -146,12 +146,12 @@ class Watcher:
             try:
                 await asyncio.to_thread(self._lock.acquire)
             except (errors.ConfigError, OSError) as exc:
-                self._snapshots.block(str(exc))
+                self._snapshots.disk.block(str(exc))
                 if not self._lost:
                     self._lost = True
                     log.error("slot_dir_taken", slot_dir=str(self._snapshots.dir), error=str(exc))
                 return
-            self._snapshots.block("")
+            self._snapshots.disk.block("")
         await self.stop()
         try:
             self._observe()
@@ -169,7 +169,7 @@ class Watcher:
         self._lost = False
 
     async def update_gauges(self) -> None:
-        usage = await asyncio.to_thread(self._snapshots.usage)
+        usage = await asyncio.to_thread(self._snapshots.disk.usage)
         if usage.problem:
             return  # reported by the store; the last good figures stay
         self._metrics.disk_used.set(usage.used_bytes)

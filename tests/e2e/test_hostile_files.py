@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from sidecar.app import run
+from sidecar.app import signals
 from tests.support.llamabed import MakeServer, complete, make_prompt
 from tests.support.sidecarbed import MakeSidecar, bin_of, manifests
 
@@ -120,5 +120,5 @@ def test_a_hostile_file_is_refused_and_the_sidecar_keeps_saving_restoring_and_st
         f"SIGTERM to exit {stopped_in:.2f} s (exit {code})"
     )
     assert code == 0
-    assert stopped_in < FINAL_TIMEOUT + run.EXIT_MARGIN
+    assert stopped_in < FINAL_TIMEOUT + signals.EXIT_MARGIN
     assert peak < 256 << 10  # the gigabyte manifest was never read

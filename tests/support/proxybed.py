@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.core import config, metrics, tries
 from sidecar.engine import gate
-from sidecar.proxy import listener, relay, upclient
+from sidecar.proxy import listener, placing, relay, upclient
 
 
 @dataclasses.dataclass(slots=True)
@@ -177,7 +177,7 @@ async def run_proxy(
     admin_token: str | None = None,
     api_key: str | None = None,
     gate_open: bool = True,
-    pinner: relay.Pinner | None = None,
+    pinner: placing.Pinner | None = None,
     admin_tries: tries.Tries | None = None,
 ) -> AsyncIterator[Proxy]:
     registry = CollectorRegistry()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.cli import main as cli
-from sidecar.cli import options
+from sidecar.cli import parsing
 from sidecar.core import apikeys, errors, parse
 from sidecar.library import prompt
 from sidecar.snapshots import manifest
@@ -73,7 +73,7 @@ def test_the_flags_keep_every_key_for_the_proxy_and_send_the_first(tmp_path: Pat
     key_file = tmp_path / "keys"
     key_file.write_text("# pool: ops\nsk-ops\n# pool:\nsk-mine\n")
     ns = cli.build_parser().parse_args(["run", "--slot-dir", str(tmp_path), "--api-key-file", str(key_file)])
-    settings = options.settings_from(ns)
+    settings = parsing.settings_from(ns)
     assert settings.upstream.api_key == "sk-ops"
     assert settings.upstream.keys is not None
     assert settings.upstream.keys.check("sk-mine", None) == apikeys.owner_of(key="sk-mine")

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from bench import defaults, library
+from bench import defaults, library_paths
 from sidecar.launch import argv as launch_argv
 
 
-def point(alone: float, ours: float, n: int = 6) -> library.Point:
+def point(alone: float, ours: float, n: int = 6) -> library_paths.Point:
     rounds = [[alone] * n, [alone] * n]
-    direct = library.Run(n, library.DIRECT, rounds)
-    proxied = library.Run(n, library.PROXY, [[ours] * n, [ours] * n], way=defaults.WAY)
-    return library.Point(n, direct, proxied, ram=True)
+    direct = library_paths.Run(n, library_paths.DIRECT, rounds)
+    proxied = library_paths.Run(n, library_paths.PROXY, [[ours] * n, [ours] * n], way=defaults.WAY)
+    return library_paths.Point(n, direct, proxied, ram=True)
 
 
 def test_the_one_command_within_3_percent_of_llama_server_alone_is_met_above_it_missed() -> None:

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import random
 
-from bench import footprint, goals, hashing, hybrid, price, proxy, restore, rig, stall
+from bench import footprint, goals, hashing, hybrid_chat, price_figures, price_turns, proxy, restore, rig, stall
 
 MIB = 1 << 20
 
@@ -135,17 +135,17 @@ def test_the_proxy_results_come_back_from_results_json() -> None:
     assert again.proxy == _proxy(2.0)
 
 
-def _hybrid(*, proxy_reuse: int, proxy_ms: float) -> hybrid.Result:
+def _hybrid(*, proxy_reuse: int, proxy_ms: float) -> hybrid_chat.Result:
     """Two chats, two turns each and one after the kill -9, on one model in the three modes."""
 
-    def run(mode: str, reuse: int, ms: float) -> hybrid.Run:
-        turns = [hybrid.Turn(c, t, ms if t > 1 else 500.0, reuse if t > 1 else 0, 1000 * t, 1000 * (t - 1))
+    def run(mode: str, reuse: int, ms: float) -> hybrid_chat.Run:
+        turns = [hybrid_chat.Turn(c, t, ms if t > 1 else 500.0, reuse if t > 1 else 0, 1000 * t, 1000 * (t - 1))
                  for t in (1, 2) for c in (0, 1)]  # fmt: skip
-        after = [hybrid.Turn(1, 3, ms, reuse * 2, 3000, 2000), hybrid.Turn(0, 3, ms, reuse * 2, 3000, 2000)]
-        return hybrid.Run("qwen35", mode, turns, after)
+        after = [hybrid_chat.Turn(1, 3, ms, reuse * 2, 3000, 2000), hybrid_chat.Turn(0, 3, ms, reuse * 2, 3000, 2000)]
+        return hybrid_chat.Run("qwen35", mode, turns, after)
 
-    return hybrid.Result(1000, [run(hybrid.ALONE, 995, 40.0), run(hybrid.BESIDE, 995, 41.0),
-                                run(hybrid.PROXY, proxy_reuse, proxy_ms)])  # fmt: skip
+    return hybrid_chat.Result(1000, [run(hybrid_chat.ALONE, 995, 40.0), run(hybrid_chat.BESIDE, 995, 41.0),
+                                run(hybrid_chat.PROXY, proxy_reuse, proxy_ms)])  # fmt: skip
 
 
 def test_hybrid_turns_that_reuse_nothing_through_the_proxy_are_missed_and_fail_the_run() -> None:
@@ -186,25 +186,25 @@ def test_a_quick_stall_run_of_one_round_is_split_in_halves_to_decide() -> None:
     assert goals.exit_code(far) == 1
 
 
-def _price(*, turn_ms: float, first_ms: float, crashed_ms: float, quick: bool = False) -> price.Result:
+def _price(*, turn_ms: float, first_ms: float, crashed_ms: float, quick: bool = False) -> price_figures.Result:
     rng = random.Random(7)
 
     def around(value: float, n: int = 12) -> list[float]:
         return [value * rng.uniform(0.99, 1.01) for _ in range(n)]
 
     apis = [
-        price.Api(
+        price_figures.Api(
             name,
-            {price.DIRECT: around(200.0), price.PROXY: around(turn_ms)},
-            {price.DIRECT: around(100.0), price.PROXY: around(first_ms)},
+            {price_figures.DIRECT: around(200.0), price_figures.PROXY: around(turn_ms)},
+            {price_figures.DIRECT: around(100.0), price_figures.PROXY: around(first_ms)},
             5000.0,
         )
-        for name in price.APIS
+        for name in price_turns.APIS
     ]
     direct = around(1.0, 100)
     non_routed = [proxy.Latency("POST /tokenize", direct, [d + 0.4 for d in direct], 500.0)]
-    crash = price.Crash(2000, around(crashed_ms, 3), around(200.0, 3), [2000] * 3, [2000] * 3)
-    return price.Result(2000, apis, non_routed, crash, quick)
+    crash = price_figures.Crash(2000, around(crashed_ms, 3), around(200.0, 3), [2000] * 3, [2000] * 3)
+    return price_figures.Result(2000, apis, non_routed, crash, quick)
 
 
 def test_the_proxys_price_goals_are_met_or_missed_and_fail_the_run() -> None:
@@ -240,12 +240,16 @@ def test_the_proxys_price_is_taken_per_pair_and_per_order_not_from_one_median_ov
         base = 100.0 + 3.0 * i
         direct.append(base)
         proxied.append(base + 1.0 + (17.0 if i % 2 else -17.0))  # odd pairs: the proxy's turn went second
-    same = {price.DIRECT: direct, price.PROXY: direct}
-    streamed = price.Api("chat completions", same, {price.DIRECT: direct, price.PROXY: proxied}, 0.0)
+    same = {price_figures.DIRECT: direct, price_figures.PROXY: direct}
+    streamed = price_figures.Api(
+        "chat completions", same, {price_figures.DIRECT: direct, price_figures.PROXY: proxied}, 0.0
+    )
     assert abs(streamed.added() - 1.0) < 1e-9
     assert rig.median([p - d for d, p in zip(direct, proxied, strict=True)]) in (18.0, -16.0)
     assert streamed.ratio() == 1.0  # its non-streamed turns: the same both ways
-    turns = price.Api("chat completions", {price.DIRECT: direct, price.PROXY: proxied}, same, 0.0)
+    turns = price_figures.Api(
+        "chat completions", {price_figures.DIRECT: direct, price_figures.PROXY: proxied}, same, 0.0
+    )
     ratios = [p / d for d, p in zip(direct, proxied, strict=True)]
     assert turns.ratio() == (rig.median(ratios[0::2]) + rig.median(ratios[1::2])) / 2
     assert abs(turns.ratio() - 1.0) < 0.01
@@ -257,11 +261,14 @@ def test_the_first_byte_with_the_servers_compute_taken_out_is_paired_and_not_rea
     compute = [400.0 + rng.uniform(-50.0, 50.0) for _ in range(30)]  # the server's own, per turn
     direct = [c + 80.0 for c in compute]
     proxied = [c + 82.0 + rng.uniform(-40.0, 40.0) for c in compute]  # its compute swings on its own as well
-    outside = {price.DIRECT: [d - c for d, c in zip(direct, compute, strict=True)], price.PROXY: [82.0] * 30}
-    api = price.Api("responses", {}, {price.DIRECT: direct, price.PROXY: proxied}, 0.0, outside)
+    outside = {
+        price_figures.DIRECT: [d - c for d, c in zip(direct, compute, strict=True)],
+        price_figures.PROXY: [82.0] * 30,
+    }
+    api = price_figures.Api("responses", {}, {price_figures.DIRECT: direct, price_figures.PROXY: proxied}, 0.0, outside)
     assert api.outside() == 2.0
     assert abs(api.added() - 2.0) > 1.0  # the swing the diagnostic takes out
-    older = price.Api("responses", {}, {price.DIRECT: direct, price.PROXY: proxied}, 0.0)
+    older = price_figures.Api("responses", {}, {price_figures.DIRECT: direct, price_figures.PROXY: proxied}, 0.0)
     assert older.outside() != older.outside()  # NaN: a results.json from before the column says nothing
 
 
@@ -279,20 +286,20 @@ def test_a_proxied_turn_of_the_same_work_is_judged_with_the_direct_turns_compute
     proxy_compute = [150.0 + rng.uniform(-50.0, 50.0) for _ in range(n)]
     direct = [c + 20.0 for c in direct_compute]
     proxied = [c + 21.5 for c in proxy_compute]
-    same = {price.DIRECT: [40] * n, price.PROXY: [40 + price.SAME_WORK_TOKENS] * n}
-    compute = {price.DIRECT: direct_compute, price.PROXY: proxy_compute}
-    ms = {price.DIRECT: direct, price.PROXY: proxied}
+    same = {price_figures.DIRECT: [40] * n, price_figures.PROXY: [40 + price_figures.SAME_WORK_TOKENS] * n}
+    compute = {price_figures.DIRECT: direct_compute, price_figures.PROXY: proxy_compute}
+    ms = {price_figures.DIRECT: direct, price_figures.PROXY: proxied}
     outside = {way: [t - c for t, c in zip(ms[way], compute[way], strict=True)] for way in ms}
-    api = price.Api("chat completions", ms, ms, 0.0, outside, compute, same, same)
+    api = price_figures.Api("chat completions", ms, ms, 0.0, outside, compute, same, same)
     assert abs(api.first_added() - 1.5) < 1e-9
-    plus = {price.DIRECT: direct, price.PROXY: [d + 1.5 for d in direct]}
-    assert abs(api.turn_ratio() - price._paired(plus, slice(None), price._ratio)) < 1e-12
+    plus = {price_figures.DIRECT: direct, price_figures.PROXY: [d + 1.5 for d in direct]}
+    assert abs(api.turn_ratio() - price_figures._paired(plus, slice(None), price_figures._ratio)) < 1e-12
     assert abs(api.added() - 1.5) > 2.0  # as measured, the server's swing buries the proxy's 1.5 ms
     assert api.different_work() == 0
-    more = {price.DIRECT: [40] * n, price.PROXY: [40] * (n - 1) + [240]}
-    heavier = price.Api("chat completions", ms, ms, 0.0, outside, compute, more, more)
-    assert price._swapped(ms, compute, more)[-1] == proxied[-1]  # kept as measured
-    assert price._swapped(ms, compute, more)[0] == direct[0] + 1.5
+    more = {price_figures.DIRECT: [40] * n, price_figures.PROXY: [40] * (n - 1) + [240]}
+    heavier = price_figures.Api("chat completions", ms, ms, 0.0, outside, compute, more, more)
+    assert price_figures._swapped(ms, compute, more)[-1] == proxied[-1]  # kept as measured
+    assert price_figures._swapped(ms, compute, more)[0] == direct[0] + 1.5
     assert heavier.different_work() == 2  # one pair of each kind
     result = dataclasses.replace(_price(turn_ms=202.0, first_ms=101.0, crashed_ms=220.0), apis=[api])
     back = goals.results_from_json(json.loads(json.dumps(goals.Results(price=result).as_json()))).price

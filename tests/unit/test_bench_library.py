@@ -8,18 +8,18 @@ import dataclasses
 
 import pytest
 
-from bench import library
+from bench import library, library_paths
 
 
 def _run(
     path: str, turn: float, after: list[float], *, way: str = "", prefill: list[float] | None = None
-) -> library.Run:
+) -> library_paths.Run:
     """Two rounds of every conversation (the first one cold), then the turn after the kill -9 of each.
 
     ``prefill``: each of those turns' re-prefill in seconds (default: 0.05 s where it reused anything, else 30 s).
     """
     n = len(after)
-    return library.Run(
+    return library_paths.Run(
         n,
         path,
         [[2.0] * n, [turn] * n],
@@ -31,14 +31,16 @@ def _run(
 
 
 def _point(
-    proxy_turn: float, proxy_after: list[float], *, way: str = library.WHOLE, prefill: list[float] | None = None
-) -> library.Point:
+    proxy_turn: float, proxy_after: list[float], *, way: str = library_paths.WHOLE, prefill: list[float] | None = None
+) -> library_paths.Point:
     n = len(proxy_after)
-    direct = _run(library.DIRECT, 1.0, [0.0] * n)
-    return library.Point(n, direct, _run(library.PROXY, proxy_turn, proxy_after, way=way, prefill=prefill), ram=True)
+    direct = _run(library_paths.DIRECT, 1.0, [0.0] * n)
+    return library_paths.Point(
+        n, direct, _run(library_paths.PROXY, proxy_turn, proxy_after, way=way, prefill=prefill), ram=True
+    )
 
 
-def _kill_line(point: library.Point, *, kind: str = "goal") -> str:
+def _kill_line(point: library_paths.Point, *, kind: str = "goal") -> str:
     """The kill -9 verdict (``goal``: MET or MISSED) or its ``report`` line."""
     lines = [line for line in library.verdicts([point]) if "after a kill -9" in line or "after the kill -9" in line]
     assert len(lines) == 2, lines
@@ -73,16 +75,17 @@ def test_a_conversation_that_left_unsaved_within_the_bound_meets_the_goal_and_th
 
 
 def test_a_bound_of_zero_leaves_only_the_share() -> None:
-    proxy = library.Run(3, library.PROXY, [[2.0] * 3, [1.0] * 3], way=library.WHOLE, after_kill=[1.0, 0.92, 1.0],
-                        after_kill_seconds=[0.1] * 3, after_kill_prefill=[0.05, 0.4, 0.05], bound=0.0)  # fmt: skip
-    line = _kill_line(library.Point(3, _run(library.DIRECT, 1.0, [0.0] * 3), proxy, ram=True))
+    proxy = library_paths.Run(3, library_paths.PROXY, [[2.0] * 3, [1.0] * 3], way=library_paths.WHOLE,
+                              after_kill=[1.0, 0.92, 1.0], after_kill_seconds=[0.1] * 3,
+                              after_kill_prefill=[0.05, 0.4, 0.05], bound=0.0)  # fmt: skip
+    line = _kill_line(library_paths.Point(3, _run(library_paths.DIRECT, 1.0, [0.0] * 3), proxy, ram=True))
     assert line.startswith("MISSED ")
     assert "2 of 3" in line
 
 
 def test_the_price_at_the_defaults_is_judged_beside_the_kill_and_each_way_on_its_own() -> None:
     whole = _point(1.02, [1.0] * 6)
-    blocks = _point(1.05, [1.0] * 6, way=library.BLOCKS)
+    blocks = _point(1.05, [1.0] * 6, way=library_paths.BLOCKS)
     lines = library.verdicts([whole, blocks])
     assert [line.split()[0] for line in lines] == ["MET", "MET", "REPORT", "MISSED", "MET", "REPORT"]
     assert "whole files, N=6:" in lines[0]
@@ -92,34 +95,34 @@ def test_the_price_at_the_defaults_is_judged_beside_the_kill_and_each_way_on_its
 
 def test_the_price_at_the_defaults_is_the_median_of_each_turns_ratio_to_the_same_turn_alone() -> None:
     """Turns far apart in length: three pairs 1% apart and one 10%, the medians of the two paths 5.5% apart."""
-    direct = library.Run(4, library.DIRECT, [[2.0] * 4, [1.0, 2.0, 2.0, 3.0]])
-    proxy = library.Run(4, library.PROXY, [[2.0] * 4, [1.01, 2.02, 2.2, 3.03]])
-    point = library.Point(4, direct, proxy, ram=True)
+    direct = library_paths.Run(4, library_paths.DIRECT, [[2.0] * 4, [1.0, 2.0, 2.0, 3.0]])
+    proxy = library_paths.Run(4, library_paths.PROXY, [[2.0] * 4, [1.01, 2.02, 2.2, 3.03]])
+    point = library_paths.Point(4, direct, proxy, ram=True)
     assert point.paired_price == pytest.approx(1.01)
     assert 1 / point.speedup == pytest.approx(1.055)
     (line,) = library.verdicts([point])
     assert line.startswith("MET ")
     assert "(1.010x; the ratio of the two medians 1.055x)" in line
-    slower = library.Run(4, library.PROXY, [[2.0] * 4, [1.05, 2.1, 2.1, 3.15]])
-    (line,) = library.verdicts([library.Point(4, direct, slower, ram=True)])
+    slower = library_paths.Run(4, library_paths.PROXY, [[2.0] * 4, [1.05, 2.1, 2.1, 3.15]])
+    (line,) = library.verdicts([library_paths.Point(4, direct, slower, ram=True)])
     assert line.startswith("MISSED ")
 
 
 def test_without_a_kill_round_there_is_no_kill_verdict() -> None:
-    direct = library.Run(6, library.DIRECT, [[2.0] * 6, [1.0] * 6])
-    proxy = library.Run(6, library.PROXY, [[2.0] * 6, [0.5] * 6])
-    lines = library.verdicts([library.Point(6, direct, proxy, ram=False)])
+    direct = library_paths.Run(6, library_paths.DIRECT, [[2.0] * 6, [1.0] * 6])
+    proxy = library_paths.Run(6, library_paths.PROXY, [[2.0] * 6, [0.5] * 6])
+    lines = library.verdicts([library_paths.Point(6, direct, proxy, ram=False)])
     assert len(lines) == 1
     assert lines[0].startswith("MET  library beats llama-server alone")
 
 
 def test_the_table_at_the_defaults_shows_both_paths_warm_after_the_kill_and_the_sidecars_counters() -> None:
     point = _point(1.0, [1.0, 0.5, 1.0])
-    proxy = library.Run(
-        3, library.PROXY, point.proxy.rounds, way=library.WHOLE, after_kill=point.proxy.after_kill,
+    proxy = library_paths.Run(
+        3, library_paths.PROXY, point.proxy.rounds, way=library_paths.WHOLE, after_kill=point.proxy.after_kill,
         after_kill_seconds=point.proxy.after_kill_seconds, figures={"left unsaved": 2.0, "left unsaved end": 2.0},
     )  # fmt: skip
-    text = library.table([library.Point(3, point.direct, proxy, ram=True)], tokens=1000)
+    text = library.table([library_paths.Point(3, point.direct, proxy, ram=True)], tokens=1000)
     assert "0/3" in text
     assert "2/3" in text
     assert "2/2" in text
@@ -128,17 +131,22 @@ def test_the_table_at_the_defaults_shows_both_paths_warm_after_the_kill_and_the_
 
 def test_the_options_pick_models_and_ways_by_name_and_refuse_others() -> None:
     _, choice = library.parse(["--defaults-only", "--models", "wide", "--ways", "blocks", "--conversations", "6,20"])
-    assert choice == library.Choice((6, 20), True, (library.WIDE,), (library.BLOCKS,), library.STAGING, "")
+    assert choice == library.Choice(
+        (6, 20), True, (library_paths.WIDE,), (library_paths.BLOCKS,), library_paths.STAGING, ""
+    )
     _, default = library.parse([])
-    assert default.ways == (library.WHOLE, library.BLOCKS)
+    assert default.ways == (library_paths.WHOLE, library_paths.BLOCKS)
     assert not default.defaults_only
     with pytest.raises(argparse.ArgumentTypeError):
         library._names("tiny,huge", library.MODELS)
 
 
 def test_the_two_llama_servers_of_a_pair_run_with_slot_dirs_named_at_one_length() -> None:
-    """Command lines one byte apart put 1.5-3.5% between the two servers' own prompt times (``library.TAGS``)."""
-    alone = library.Plan(20, 400, 3, ram=True)
-    names = {way: library.slot_name(dataclasses.replace(alone, way=way)) for way in ("", library.WHOLE, library.BLOCKS)}
+    """Command lines one byte apart put 1.5-3.5% between the two servers' own prompt times (``library_paths.TAGS``)."""
+    alone = library_paths.Plan(20, 400, 3, ram=True)
+    names = {
+        way: library_paths.slot_name(dataclasses.replace(alone, way=way))
+        for way in ("", library_paths.WHOLE, library_paths.BLOCKS)
+    }
     assert len({len(name) for name in names.values()}) == 1, names
     assert len(set(names.values())) == 3, names

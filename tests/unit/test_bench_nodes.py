@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from bench import nodes
+from bench import nodes, nodes_result, nodes_steps
 
 
-def _chat(n: int, node_before: str, seconds: float, *, agent: bool = False, slower: float = 0.0) -> nodes.Chat:
+def _chat(n: int, node_before: str, seconds: float, *, agent: bool = False, slower: float = 0.0) -> nodes_steps.Chat:
     """``slower``: seconds the turn's generation took more than its neighbours' (the machine's load, not the move)."""
-    chat = nodes.Chat(n, "first", answer_tokens=nodes.ANSWER_TOKENS if agent else None)
+    chat = nodes_steps.Chat(n, "first", answer_tokens=nodes_result.ANSWER_TOKENS if agent else None)
     chat.nodes = [node_before, "node-b"]
     chat.seconds = [1.0, seconds + slower]
     chat.server_seconds = [0.9, seconds + slower - 0.05]
@@ -20,21 +20,23 @@ def _chat(n: int, node_before: str, seconds: float, *, agent: bool = False, slow
     chat.prompts = [1000, 1100]
     chat.cached = [0, 1000]
     chat.fetched = [False, node_before == "node-a"]
-    chat.answered = [4, nodes.ANSWER_TOKENS if agent else 4]
+    chat.answered = [4, nodes_result.ANSWER_TOKENS if agent else 4]
     return chat
 
 
-def _result(short: float, agent: float, *, slower: float = 0.0) -> nodes.Result:
+def _result(short: float, agent: float, *, slower: float = 0.0) -> nodes_result.Result:
     """Short turns of 0.2 s and agents' turns of 2 s that stayed; the moved ones ``short`` and ``agent`` times
     theirs, sent in one round mixed together (``slower``: the moved agent's generation took that much longer)."""
     brief = [_chat(0, "node-a", 0.2 * short), _chat(1, "node-b", 0.2), _chat(2, "node-b", 0.2)]
     agents = [_chat(0, "node-a", 2.0 * agent, agent=True, slower=slower), _chat(1, "node-b", 2.0, agent=True)]
     sent = [brief[1], agents[1], brief[0], agents[0], brief[2]]
     steps = [{"placement": 0.01} for _ in sent]
-    kills = {name: nodes._kill(sent, kind, "node-a", 1, steps) for name, kind in (("short", brief), ("agents", agents))}
-    phase = nodes.Phase(nodes.SHIPPED, {"node-a": 1, "node-b": 2}, 3, 3, 0, 1.0)
+    kills = {
+        name: nodes_steps.kill(sent, kind, "node-a", 1, steps) for name, kind in (("short", brief), ("agents", agents))
+    }
+    phase = nodes_result.Phase(nodes_result.SHIPPED, {"node-a": 1, "node-b": 2}, 3, 3, 0, 1.0)
     short_kill = kills["short"]
-    return nodes.Result(
+    return nodes_result.Result(
         3, 1, [phase, phase], "node-a", short_kill.moved_reused, short_kill.moved_fetched,
         short_kill.moved_seconds, short_kill.stayed_seconds, [1.0], short_kill.moved_server_seconds,
         short_kill.stayed_server_seconds, short_kill.moved_steps, short_kill.stayed_placing, {"node-a": 4, "node-b": 4},
@@ -42,7 +44,7 @@ def _result(short: float, agent: float, *, slower: float = 0.0) -> nodes.Result:
     )  # fmt: skip
 
 
-def _time_line(result: nodes.Result) -> str:
+def _time_line(result: nodes_result.Result) -> str:
     return next(line for line in nodes.verdicts(result) if "without a failure" in line)
 
 
@@ -53,7 +55,7 @@ def test_each_moved_turn_is_paired_with_the_turns_of_its_own_kind_that_stayed_be
     assert result.agents.paired == [1.1]
     assert len(result.agents.moved_seconds) == 1
     assert len(result.agents.stayed_seconds) == 1
-    assert result.agents.answer_tokens == nodes.ANSWER_TOKENS
+    assert result.agents.answer_tokens == nodes_result.ANSWER_TOKENS
 
 
 def test_the_time_goal_is_the_agents_turns_and_the_short_turns_are_printed_as_the_worst_case() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,28 @@ def test_every_module_that_measures_a_section_is_in_the_table() -> None:
         if measures:
             names = [alias for alias in imported if alias in (path.stem, f"{path.stem}_mod")]
             assert names, f"bench/{path.name} has no row in sections.TABLE"
+
+
+def _readme_rows() -> dict[str, list[str]]:
+    """The rows of bench/README.md's table of sections, by section name (the first `code` of the section cell)."""
+    text = (BENCH / "README.md").read_text(encoding="utf-8")
+    table = text.split("\n## The sections\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0].isdigit():
+            found = re.match(r"`([a-z_]+)`", cells[1])
+            assert found, f"bench/README.md: row {cells[0]} does not begin with the section's name in `code`"
+            rows[found.group(1)] = cells
+    return rows
+
+
+def test_the_readme_has_one_row_for_every_section_with_its_number_goal_and_figure() -> None:
+    rows = _readme_rows()
+    assert set(rows) == set(sections.NAMES), "bench/README.md's table of sections vs sections.TABLE"
+    for entry in sections.TABLE:
+        number, _, run, goal, figure = rows[entry.name]
+        assert entry.title.startswith(f"{number}. "), f"{entry.name}: numbered {number} in the README, {entry.title!r}"
+        assert run, f"{entry.name}: say how to run it"
+        assert goal, f"{entry.name}: say its goal (or none)"
+        assert re.search(r"\b20\d\d-\d\d-\d\d\b", figure), f"{entry.name}: its latest figure has no date"

@@ -1,6 +1,6 @@
 """The free-space floor in the snapshotter: what it checks on which disk, and the room it makes (LRU).
 
-The disk is faked at its seams, ``SnapshotStore.usage`` and ``free_bytes`` (and ``staging_room`` for the slot dir
+The disk is faked at its seams, ``Disk.usage`` and ``free_bytes`` (and ``staging_room`` for the slot dir
 of a block store): a filesystem of ``capacity`` bytes whose free space is what the files really on it leave.
 """
 
@@ -47,7 +47,7 @@ class Bed:
         return sorted(m.file for m in self.snapshots.snapshots())
 
     def used(self) -> int:
-        return self.snapshots.usage().used_bytes
+        return self.snapshots.disk.usage().used_bytes
 
     def evicted(self) -> float:
         return self.registry.get_sample_value("llama_sidecar_gc_deleted_total", {"reason": "space"}) or 0.0
@@ -69,15 +69,15 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, blocks: bool) -> Be
         clock=clock,
     )
     bed = Bed(server, snapshots, saver, registry)
-    measure = snapshots.usage
+    measure = snapshots.disk.usage
 
     def usage() -> store.Usage:
         real = measure()
         return dataclasses.replace(real, free_bytes=max(0, bed.capacity - real.used_bytes))
 
-    monkeypatch.setattr(snapshots, "usage", usage)
-    monkeypatch.setattr(snapshots, "free_bytes", lambda: usage().free_bytes)
-    monkeypatch.setattr(snapshots, "staging_room", lambda: (bed.staging_free, False) if blocks else None)
+    monkeypatch.setattr(snapshots.disk, "usage", usage)
+    monkeypatch.setattr(snapshots.disk, "free_bytes", lambda: usage().free_bytes)
+    monkeypatch.setattr(snapshots.disk, "staging_room", lambda: (bed.staging_free, False) if blocks else None)
     return bed
 
 
@@ -178,22 +178,22 @@ async def test_the_check_before_a_save_measures_free_space_only_and_never_lists_
     bed = make(tmp_path, monkeypatch, blocks=True)
     assert (await bed.save(0, task=1)).result is R.OK
     listed: list[int] = []
-    measure = bed.snapshots.usage
+    measure = bed.snapshots.disk.usage
 
     def usage() -> store.Usage:
         listed.append(1)
         return measure()
 
-    monkeypatch.setattr(bed.snapshots, "usage", usage)
-    free = bed.snapshots.free_bytes
-    monkeypatch.setattr(bed.snapshots, "free_bytes", lambda: bed.capacity - measure().used_bytes)
+    monkeypatch.setattr(bed.snapshots.disk, "usage", usage)
+    free = bed.snapshots.disk.free_bytes
+    monkeypatch.setattr(bed.snapshots.disk, "free_bytes", lambda: bed.capacity - measure().used_bytes)
     assert (await bed.save(0, task=2, tokens=TOKENS * 2)).result is R.OK
     assert listed == []
     bed.capacity = measure().used_bytes + FLOOR  # no room above the floor: skipped, still without a listing
     record = await bed.save(1, task=3)
     assert (record.result, record.cause) == (R.SKIPPED, C.LOW_DISK)
     assert listed == []
-    monkeypatch.setattr(bed.snapshots, "free_bytes", free)
+    monkeypatch.setattr(bed.snapshots.disk, "free_bytes", free)
     assert isinstance(free(), int)  # the real one: a statvfs of the store's filesystem
 
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import ast
-import dataclasses
 import re
 import subprocess
 import sys
 import tomllib
-import typing
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,7 +23,7 @@ from prometheus_client.metrics_core import Metric
 
 from sidecar.app import server
 from sidecar.cli import main as cli
-from sidecar.cli import options
+from sidecar.cli import options, schema
 from sidecar.core import config, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,21 +74,6 @@ def pages_with(pattern: str) -> list[str]:
 # ---- flags ---------------------------------------------------------------------------
 
 
-def _code_default(option: options.Option) -> str | None:
-    """The default as ``run --help`` shows it; None for switches and settings without a default."""
-    if option.switch:
-        return None
-    groups = typing.get_type_hints(config.Settings)
-    shown = []
-    for field in option.fields:
-        group, name = field.split(".")
-        default = next(f.default for f in dataclasses.fields(groups[group]) if f.name == name)
-        if default is None or default is dataclasses.MISSING:
-            return None
-        shown.append(str(default))
-    return ":".join(shown)
-
-
 def run_rows() -> dict[str, list[str]]:
     rows = table_rows(section(page("configuration.md"), "## `run`"))
     return {first_code(r[0]): r for r in rows if r[0].startswith("`--")}
@@ -98,44 +81,46 @@ def run_rows() -> dict[str, list[str]]:
 
 def test_configuration_lists_every_run_flag_with_its_variable_and_default() -> None:
     rows = run_rows()
-    assert set(rows) == {o.flag for o in options.OPTIONS}, "docs/configuration.md `run` table vs options.OPTIONS"
-    for option in options.OPTIONS:
+    run = options.of(schema.Command.RUN)
+    assert set(rows) == {o.flag for o in run}, "docs/configuration.md `run` table vs the options table"
+    for option in run:
         _, env, default, meaning = rows[option.flag]
         assert env == f"`{option.env}`", option.flag
-        shown = _code_default(option)
+        shown = option.shown_default  # as `run --help` shows it
         if shown is not None:
             assert default.startswith(f"`{shown}`"), f"{option.flag}: the code's default is {shown}, the page {default}"
         else:
-            # a default computed at start (the state dir's path, launcher mode's picks) is said in brackets
+            # a switch, or a default computed at start (the state dir's path, launcher mode's picks) is said in brackets
             assert default.split(" (")[0] in {"off", "none", "required"}, f"{option.flag}: no default in the code, "
             f"page {default}"
         assert meaning.endswith("."), f"{option.flag}: say what it does in a sentence"
 
 
-def subcommand_flags() -> dict[str, argparse.Action]:
-    parser = cli.build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    found = {}
-    for name, command in sub.choices.items():
-        if name == "run":
-            continue
-        for action in command._actions:
-            if action.option_strings and not isinstance(action, argparse._HelpAction):
-                found[f"{name} {action.option_strings[0]}"] = action
-    return found
-
-
 def test_configuration_lists_every_flag_of_the_other_commands() -> None:
     rows = table_rows(section(page("configuration.md"), "## `ls`, `verify`, `gc`"))
     listed = {first_code(r[0]): r for r in rows if r[0].startswith("`") and " --" in r[0]}
-    flags = subcommand_flags()
-    assert set(listed) == set(flags), "docs/configuration.md subcommand table vs the parser"
-    for key, action in flags.items():
+    flags = {
+        f"{command} {option.flag}": option
+        for command in schema.Command
+        if command is not schema.Command.RUN
+        for option in options.of(command)
+    }
+    assert set(listed) == set(flags), "docs/configuration.md subcommand table vs the options table"
+    for key, option in flags.items():
         _, env, default, _ = listed[key]
-        variable = re.search(r"\[([A-Z0-9_]+)\]$", action.help or "")  # options.add names it in the help
-        assert env == (f"`{variable.group(1)}`" if variable else ""), key
-        if isinstance(action.default, float | int) and not isinstance(action.default, bool):
-            assert default == f"`{action.default}`", f"{key}: the code's default is {action.default}"
+        assert env == (f"`{option.env}`" if option.env else ""), key
+        if isinstance(option.own_default, float | int) and not isinstance(option.own_default, bool):
+            assert default == f"`{option.own_default}`", f"{key}: the code's default is {option.own_default}"
+
+
+def test_the_parser_is_built_from_the_options_table() -> None:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for command in schema.Command:
+        actions = [a for a in sub.choices[command.value]._actions if not isinstance(a, argparse._HelpAction)]
+        assert [a.option_strings[0] for a in actions] == [o.flag for o in options.of(command)], command
+        for action, option in zip(actions, options.of(command), strict=True):
+            assert action.help == option.help_text.replace("%", "%%"), option.flag
 
 
 def test_no_flag_is_documented_outside_the_configuration_page() -> None:

@@ -127,3 +127,20 @@ async def test_a_router_with_router_mode_forced_off_is_said_once(server: MemLlam
             obs, _ = await watcher.step()
     assert obs.identity is None
     assert [e["event"] for e in logs if e["event"] in ("server_is_router", "props_unreadable")] == ["server_is_router"]
+
+
+class FallsAsleepWhileFactsAreRead(MemLlama):
+    """llama-server with a short --sleep-idle-seconds: asleep by the time the model's facts are read."""
+
+    async def model_meta(self) -> tuple[int | None, int | None]:
+        self.sleeping = True
+        return None, None
+
+
+async def test_a_server_that_fell_asleep_while_its_model_was_read_is_not_woken(tmp_path: Path) -> None:
+    server = FallsAsleepWhileFactsAreRead(tmp_path)
+    watcher = make_poller(server)
+    obs, reads = await slot_reads(watcher, server)
+    assert obs.sleeping
+    assert reads == 0  # /slots is a task on llama-server's loop: reading it would wake the server
+    assert "adapters" not in server.names()  # /lora-adapters too

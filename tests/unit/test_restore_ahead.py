@@ -110,7 +110,7 @@ async def test_the_round_restores_the_files_rebuilt_while_the_server_loaded(bed:
     assert len(bed.restored[1]) == second.bytes
     assert len(bed.restored[0]) == first.bytes
     await bed.settled()
-    assert bed.snapshots.usage().staged_bytes == 0
+    assert bed.snapshots.disk.usage().staged_bytes == 0
 
 
 async def test_a_snapshot_committed_after_the_rebuild_wins_and_the_stale_file_is_deleted(bed: Bed) -> None:

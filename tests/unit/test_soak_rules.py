@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -125,9 +126,7 @@ def figures(**changed: object) -> report.Figures:
         reuse_beyond=0, peaks={"rss_bytes": 1e8}, breaches=[], orphans=0, sigterm_status=[0], back_seconds=[4.0],
         verify_status=0, verify_summary="{}", store={"missing": 0}, budget=1 << 30, notes=[], rss_growth=1.01,
     )  # fmt: skip
-    for name, value in changed.items():
-        setattr(base, name, value)
-    return base
+    return dataclasses.replace(base, **changed)  # type: ignore[arg-type]
 
 
 def test_the_report_says_missed_for_each_broken_invariant_and_prints_the_seed_and_schedule() -> None:

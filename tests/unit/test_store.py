@@ -264,14 +264,14 @@ def test_delete_unpublishes_the_manifest_before_the_file(snaps: store.SnapshotSt
 
 
 def test_usage_counts_bytes_and_files(snaps: store.SnapshotStore) -> None:
-    assert snaps.usage().used_bytes == 0
-    assert snaps.usage().snapshot_files == 0
+    assert snaps.disk.usage().used_bytes == 0
+    assert snaps.disk.usage().snapshot_files == 0
     commit(snaps, 0, data=b"a" * 1000)
     commit(snaps, 1, data=b"b" * 3000)
     (snaps.dir / ".tmp-slot2-000000000000.bin").write_bytes(b"c" * 500)
     (snaps.dir / "sub").mkdir()  # not a regular file: not counted
     on_disk = sum(p.stat().st_size for p in snaps.dir.iterdir() if p.is_file())
-    usage = snaps.usage()
+    usage = snaps.disk.usage()
     assert usage.used_bytes == on_disk
     assert usage.used_bytes >= 4500
     assert usage.snapshot_files == 2
@@ -279,8 +279,8 @@ def test_usage_counts_bytes_and_files(snaps: store.SnapshotStore) -> None:
 
 
 def test_check_writable(tmp_path: Path) -> None:
-    assert store.SnapshotStore(tmp_path, clock=clocks.stepping()).check_writable() is None
-    problem = store.SnapshotStore(tmp_path / "nope", clock=clocks.stepping()).check_writable()
+    assert store.SnapshotStore(tmp_path, clock=clocks.stepping()).disk.check_writable() is None
+    problem = store.SnapshotStore(tmp_path / "nope", clock=clocks.stepping()).disk.check_writable()
     assert problem is not None
     assert "does not exist" in problem
 
@@ -586,9 +586,9 @@ def test_a_removed_slot_dir_is_reported_not_raised_and_recovers(tmp_path: Path) 
     record = commit(snaps)
     io = told.io
     slot_dir.rename(tmp_path / "moved")
-    usage = snaps.usage()  # statvfs of a missing dir: reported in the result, not raised
+    usage = snaps.disk.usage()  # statvfs of a missing dir: reported in the result, not raised
     assert "No such file or directory" in usage.problem
-    problem = snaps.check_writable()
+    problem = snaps.disk.check_writable()
     assert problem is not None
     assert "does not exist" in problem
     assert snaps.loader.scan(clean=False) == []
@@ -598,19 +598,19 @@ def test_a_removed_slot_dir_is_reported_not_raised_and_recovers(tmp_path: Path) 
     assert [op for op, _, _ in io.calls] == ["scan"]  # said once, not at every call
     (tmp_path / "moved").rename(slot_dir)
     snaps.loader.scan(clean=False)
-    assert snaps.check_writable() is None
-    assert snaps.usage().problem == ""
+    assert snaps.disk.check_writable() is None
+    assert snaps.disk.usage().problem == ""
     assert snaps.snapshots() == [record]
 
 
 def test_a_blocked_store_lists_and_commits_nothing(snaps: store.SnapshotStore) -> None:
     record = commit(snaps)
-    snaps.block("another llama-kv-sidecar holds the slot dir")
+    snaps.disk.block("another llama-kv-sidecar holds the slot dir")
     assert snaps.snapshots() == []
-    assert snaps.check_writable() == "another llama-kv-sidecar holds the slot dir"
+    assert snaps.disk.check_writable() == "another llama-kv-sidecar holds the slot dir"
     with pytest.raises(errors.SnapshotError, match="another llama-kv-sidecar"):
         commit(snaps)
-    snaps.block("")
+    snaps.disk.block("")
     assert snaps.snapshots() == [record]
 
 
@@ -660,9 +660,9 @@ def test_model_views_share_the_index_of_a_scan(tmp_path: Path) -> None:
 def test_a_blocked_store_blocks_its_model_views(snaps: store.SnapshotStore) -> None:
     view = snaps.for_model("alpha")
     commit(view)
-    snaps.block("another sidecar holds the directory")
+    snaps.disk.block("another sidecar holds the directory")
     assert view.snapshots() == []
-    assert view.check_writable() == "another sidecar holds the directory"
+    assert view.disk.check_writable() == "another sidecar holds the directory"
 
 
 def test_a_manifest_whose_file_is_not_of_its_model_is_refused(snaps: store.SnapshotStore) -> None:

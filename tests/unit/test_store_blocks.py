@@ -58,7 +58,7 @@ def test_a_commit_is_ingested_its_staged_file_deleted_and_its_manifest_names_the
     _commit(snaps, _bytes(1), slot=1)  # the same bytes again: no block written
     assert snaps.blocks.figures.block_bytes_written == SIZE
     assert snaps.blocks.figures.deduplicated_bytes == SIZE
-    usage = snaps.usage()
+    usage = snaps.disk.usage()
     assert usage.unique_bytes == SIZE
     assert usage.represented_bytes == 2 * SIZE
 
@@ -70,10 +70,10 @@ def test_stage_rebuilds_the_exact_file_under_a_fresh_name_and_unstage_deletes_it
     name = snaps.staged.stage(record)
     assert name != record.file
     assert (dirs[0] / name).read_bytes() == data
-    assert snaps.usage().staged_bytes == SIZE
+    assert snaps.disk.usage().staged_bytes == SIZE
     snaps.staged.unstage(name, record)
     assert list(dirs[0].iterdir()) == []
-    assert snaps.usage().staged_bytes == 0
+    assert snaps.disk.usage().staged_bytes == 0
 
 
 def test_a_corrupt_block_refuses_its_snapshot_and_names_the_block_while_others_stage(dirs: tuple[Path, Path]) -> None:
@@ -130,11 +130,11 @@ def test_delete_drops_the_recipe_and_collection_frees_only_unshared_blocks(dirs:
     one = _commit(snaps, shared + _bytes(8))
     two = _commit(snaps, shared + _bytes(9), slot=1)
     assert snaps.blocks is not None
-    before = snaps.usage().unique_bytes
+    before = snaps.disk.usage().unique_bytes
     assert before < 4 * SIZE  # the shared first MiB is stored once (give or take a chunk at the seam)
     assert snaps.curator.delete(one)
     snaps.curator.collect_blocks()
-    after = snaps.usage()
+    after = snaps.disk.usage()
     assert after.represented_bytes == two.bytes
     assert two.bytes <= after.unique_bytes < before
     name = snaps.staged.stage(two)
@@ -184,7 +184,7 @@ def test_a_rebuild_given_back_is_the_spare_the_next_rebuild_reuses_and_there_is_
     inode = os.stat(dirs[0] / first).st_ino
     snaps.staged.unstage(first, one)
     assert sorted(p.name for p in dirs[0].iterdir()) == [staging.SPARE]
-    assert snaps.usage().staged_bytes == SIZE  # the spare's RAM is shown
+    assert snaps.disk.usage().staged_bytes == SIZE  # the spare's RAM is shown
 
     second = snaps.staged.stage(two)
     assert (dirs[0] / second).read_bytes() == _bytes(8, 5000)
@@ -222,4 +222,4 @@ def test_a_spare_no_rebuild_takes_is_deleted_so_an_idle_slot_dir_holds_nothing(d
     assert sorted(p.name for p in dirs[0].iterdir()) == [taken]
     snaps.staged.unstage(taken, two)  # kept again, waiting anew
     wait.wait_until(lambda: not any(dirs[0].iterdir()), timeout=10, what="the spare deleted once unused")
-    assert snaps.usage().staged_bytes == 0
+    assert snaps.disk.usage().staged_bytes == 0
