@@ -65,7 +65,7 @@ IDLE_SECONDS = "0.5"
 """The sidecar's ``--idle-seconds`` here (default 2.0): the user's pause between two turns, which waits for the
 slot's snapshot, is shorter; nothing timed depends on it."""
 MARGIN = 3
-"""A boundary snapshot ends this many tokens before its prompt's end (``act.boundary.MARGIN``)."""
+"""A boundary snapshot ends this many tokens before its prompt's end (``save.boundary.MARGIN``)."""
 
 
 def _commits(side: sidecarbed.SidecarProcess) -> int:

@@ -74,7 +74,7 @@ async def _measure(url: str, *, prompt_tokens: int, chats: int, turns: int, api_
     text_bytes = asked = last_tokens = 0
     async with aiohttp.ClientSession() as session:  # keep-alive, as the proxy's one session
         client = upstream.LlamaClient(session, config.UpstreamSettings(url=url, api_key=api_key))
-        cached = tokens.Cached(client)
+        cached = tokens.Cached(client.prompts)
         for chat in range(chats):
             first = llamabed.make_prompt(url, prompt_tokens, 100 + chat, api_key)
             messages: list[dict[str, Any]] = [
@@ -83,13 +83,13 @@ async def _measure(url: str, *, prompt_tokens: int, chats: int, turns: int, api_
             ]
             for turn in range(turns):
                 start = time.perf_counter()
-                text = await client.apply_template({"messages": messages})
+                text = await client.prompts.apply_template({"messages": messages})
                 rendered = time.perf_counter()
                 before = cached.asked_bytes
                 order = (True, False) if turn % 2 else (False, True)  # alternate which goes first
                 for use_cache in order:
                     began = time.perf_counter()
-                    ids = await (cached.tokenize(text) if use_cache else client.tokenize(text))
+                    ids = await (cached.tokenize(text) if use_cache else client.prompts.tokenize(text))
                     took = time.perf_counter() - began
                     if use_cache:
                         got, cached_took = ids, took

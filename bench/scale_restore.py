@@ -9,7 +9,7 @@ the other order than the one before):
 * **rebuilt**: a restore of a snapshot whose file was not rebuilt ahead: the
   file rebuilt from its blocks into the slot dir (the staging tmpfs) under a
   fresh name and checked against its checksum, by the sidecar's own code
-  (``SnapshotStore.stage``, as its restore path calls it), then the server's
+  (``Staging.stage``, as its restore path calls it), then the server's
   restore call of that name; the staged file is deleted once the clock has
   stopped, as the sidecar deletes it off the restore's path;
 * **staged**: the server's restore call of the same whole file, already in
@@ -73,12 +73,12 @@ def run(url: str, slot_dir: Path, store_dir: Path, *, reps: int, say: rig.Say) -
     """Time both ways on the server at ``url`` (its ``--slot-save-path`` ``slot_dir``), from ``store_dir``'s largest
     snapshot. Nothing else may use the store or the server's slot 0 meanwhile (the sidecar is stopped)."""
     snaps = store.SnapshotStore(slot_dir, clock=protocols.SystemClock(), store_dir=store_dir, read_only=True)
-    snaps.scan(clean=False)
+    snaps.loader.scan(clean=False)
     found = snaps.snapshots()
     if not found:
         raise rig.BenchError(f"the block store {store_dir} holds no snapshot to restore")
     record = max(found, key=lambda m: (m.bytes, m.generation))
-    whole = snaps.stage(record)
+    whole = snaps.staged.stage(record)
     rebuilt: list[tuple[float, float, float]] = []
     staged: list[tuple[float, float]] = []
     try:
@@ -91,7 +91,7 @@ def run(url: str, slot_dir: Path, store_dir: Path, *, reps: int, say: rig.Say) -
                 rebuilt.append(first)
                 staged.append(second)
     finally:
-        snaps.unstage(whole, record)
+        snaps.staged.unstage(whole, record)
     found_restores = Restores(
         record.tokens,
         record.bytes,
@@ -109,12 +109,12 @@ def run(url: str, slot_dir: Path, store_dir: Path, *, reps: int, say: rig.Say) -
 def _rebuilt(url: str, snaps: store.SnapshotStore, record: manifest.Manifest) -> tuple[float, float, float]:
     """(rebuild + call, rebuild, the server's restore_ms) in seconds."""
     started = time.perf_counter()
-    name = snaps.stage(record)
+    name = snaps.staged.stage(record)
     try:
         built = time.perf_counter() - started
         call, server = _restore(url, name, record)
     finally:
-        snaps.unstage(name, record)
+        snaps.staged.unstage(name, record)
     return built + call, built, server
 
 

@@ -79,10 +79,10 @@ class _Node:
 
 async def _through(way: Way, a: _Node, b: _Node, saved: Path, *, slot: int, tokens: int) -> None:
     """Commit ``saved`` on node A, upload it, fetch it on node B; add the bytes each moved to ``way``."""
-    temp = a.snaps.temp_name(slot)
+    temp = a.snaps.writer.temp_name(slot)
     shutil.copyfile(saved, a.snaps.staging / temp)
     record = await asyncio.to_thread(
-        a.snaps.commit, temp, slot=slot, tokens=tokens, written=saved.stat().st_size, task=None,
+        a.snaps.writer.commit, temp, slot=slot, tokens=tokens, written=saved.stat().st_size, task=None,
         fingerprint=sharednodes.FP,
     )  # fmt: skip
     up, down = a.moved("up"), b.moved("down")

@@ -60,9 +60,9 @@ def measure_size(bed: rig.Rig, where: location.Location, tokens: int, say: rig.S
     prompt = beds.llamabed.make_prompt(server.url, tokens, seed=tokens)
     say(f"[shared_ttft] {tokens} tokens: node A prefills and saves")
     beds.llamabed.complete(server.url, prompt, n_predict=1)
-    temp = snaps_a.temp_name(0)
+    temp = snaps_a.writer.temp_name(0)
     saved = beds.llamabed.slot_action(server.url, 0, "save", temp)
-    record = snaps_a.commit(
+    record = snaps_a.writer.commit(
         temp,
         slot=0,
         tokens=int(saved["n_saved"]),

@@ -140,9 +140,9 @@ def _timed(work: Callable[[], object]) -> tuple[float, object]:
 
 
 def _commit(snapshots: store.SnapshotStore, url: str, fingerprint: manifest.Fingerprint) -> manifest.Manifest:
-    temp = snapshots.temp_name(0)
+    temp = snapshots.writer.temp_name(0)
     saved = llamabed.slot_action(url, 0, "save", temp)
-    return snapshots.commit(
+    return snapshots.writer.commit(
         temp, slot=0, tokens=saved["n_saved"], written=saved["n_written"], task=None, fingerprint=fingerprint
     )
 
@@ -164,11 +164,11 @@ def _swap_whole(snapshots: store.SnapshotStore, record: manifest.Manifest, url: 
 def _swap_blocks(snapshots: store.SnapshotStore, record: manifest.Manifest, url: str, *, spare: bool) -> Swap:
     keeps, snapshots.staged.keeps_spare = snapshots.staged.keeps_spare, spare
     try:
-        check_s, _ = _timed(lambda: snapshots.check(record))
-        rebuild_s, name = _timed(lambda: snapshots.stage(record))
+        check_s, _ = _timed(lambda: snapshots.curator.check(record))
+        rebuild_s, name = _timed(lambda: snapshots.staged.stage(record))
         assert isinstance(name, str)
         restore_s, server_ms = _restore(url, name)
-        give_back_s, _ = _timed(lambda: snapshots.unstage(name, record))
+        give_back_s, _ = _timed(lambda: snapshots.staged.unstage(name, record))
     finally:
         snapshots.staged.keeps_spare = keeps
     return Swap(BLOCKS if spare == keeps else FRESH, check_s, rebuild_s, restore_s, server_ms, give_back_s)
@@ -245,7 +245,7 @@ def run(bed: rig.Rig, *, tokens: int, reps: int, staging_root: Path, quick: bool
         blocks_record = _commit(blocks, server.url, fingerprint)
         assert blocks.blocks is not None
         assert blocks_record.recipe is not None
-        first_check_s, _ = _timed(lambda: whole.check(whole_record))
+        first_check_s, _ = _timed(lambda: whole.curator.check(whole_record))
         count = len(blocks.blocks.recipe(blocks_record.recipe).blocks())
         spare = blocks.staged.keeps_spare
         ways: dict[str, Callable[[], Swap]] = {

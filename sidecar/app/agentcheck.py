@@ -16,8 +16,8 @@ from typing import Protocol
 
 import structlog
 
-from sidecar.act import report
 from sidecar.app import standing
+from sidecar.engine import report
 
 log = structlog.get_logger("sidecar.agent")
 

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import report
 from sidecar.app import history
 from sidecar.core import metrics
+from sidecar.engine import report
 
 _P = metrics.NAMESPACE + "_"
 SUMS: Mapping[str, tuple[str, Mapping[str, str]]] = {

@@ -13,8 +13,8 @@ from typing import Any
 
 import structlog
 
-from sidecar.act import gate
 from sidecar.core import metrics
+from sidecar.engine import gate
 from sidecar.launch import argv, supervisor
 
 log = structlog.get_logger("sidecar.app")

@@ -13,8 +13,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from sidecar.act import gate, report
 from sidecar.core import config
+from sidecar.engine import gate, report
 from sidecar.library import reads
 from sidecar.proxy import placing
 from sidecar.shared import service

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sidecar.act import spawn
 from sidecar.app import parts
 from sidecar.core import config, events, metrics, protocols
+from sidecar.engine import spawn
 from sidecar.library import placer, ramtier, reads, tokens
 from sidecar.observe import upstream, weights
 from sidecar.shared import service
@@ -40,7 +40,7 @@ def wire(
             latest = watched.engine.slots.seen()[0]  # the newest poll's own reading, never an earlier one's
             return latest.identity if latest is not None else None
 
-        tokenizer = tokens.Cached(client, stats=stats, vocabulary=vocabulary)
+        tokenizer = tokens.Cached(client.prompts, stats=stats, vocabulary=vocabulary)
         slots_reader = reads.SlotsReader(settings.upstream, stats=stats)
     watched = spawn.watch(
         client=client,
@@ -51,7 +51,7 @@ def wire(
         weights=weights.WeightsIdentifier(parts.cache_dir(settings)).identify,
         before_restore=shared.warm if shared is not None else None,
         detect_router=settings.upstream.router is None,
-        prompts=client,
+        prompts=client.prompts,
         starting=starting,
         read_fresh=slots_reader.slots if slots_reader is not None else None,
         # A restart forgets the tokenizer's remembered ids, unless the model and build are the same.

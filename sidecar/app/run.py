@@ -27,9 +27,9 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 import sidecar
-from sidecar.act import report
 from sidecar.app import doors, figures, history, launcher, parts, plain, routermode, server, signals, startup, storelog
 from sidecar.core import config, errors, logfold, metrics, protocols
+from sidecar.engine import report
 from sidecar.launch import argv, supervisor
 from sidecar.observe import upstream
 from sidecar.snapshots import dirlock, store, watcher
@@ -66,8 +66,8 @@ async def main(
         store_dir=settings.snapshots.store_dir,
     )
     if snapshots.blocks is not None:  # measured at each scrape: what is staged now, never a stale count
-        stats.store_staged.set_function(snapshots.staged_bytes)
-    problem = snapshots.check_writable()
+        stats.store_staged.set_function(snapshots.staged.staged_bytes)
+    problem = snapshots.disk.check_writable()
     if problem:
         raise errors.ConfigError(problem + ": create it, or fix --slot-dir / LLAMA_SIDECAR_SLOT_DIR")
     lock = dirlock.DirLock(settings.snapshots.slot_dir)

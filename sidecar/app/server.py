@@ -27,9 +27,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 import sidecar
-from sidecar.act import lifecycle, report
 from sidecar.app import figures, history, page, view
 from sidecar.core import config, events, parse, protocols, tries
+from sidecar.engine import lifecycle, report
 from sidecar.launch import supervisor
 from sidecar.snapshots import store
 
@@ -136,7 +136,7 @@ def _readiness(ctx: _Context, st: report.Status) -> list[str]:
             f"llama-server at {st.server_url} refuses the sidecar ({'; '.join(latest.denied)}): give the sidecar "
             "one of llama-server's API keys (--api-key-file / LLAMA_API_KEY_FILE, or --api-key / LLAMA_API_KEY)"
         )
-    writable = ctx.snapshots.check_writable()
+    writable = ctx.snapshots.disk.check_writable()
     if writable:
         problems.append(writable)
     if st.link_ok is False:
@@ -160,7 +160,7 @@ async def _status(request: web.Request) -> web.Response:
         return denied
     st = ctx.engines.status()
     latest = st.observation
-    usage = await asyncio.to_thread(ctx.snapshots.usage)
+    usage = await asyncio.to_thread(ctx.snapshots.disk.usage)
     by_slot: dict[str, list[dict[str, Any]]] = {}
     for m in ctx.snapshots.snapshots():
         by_slot.setdefault(str(m.slot), []).append(
@@ -209,7 +209,7 @@ async def _page(request: web.Request) -> web.Response:
     if ctx.settings.status_requires_token and (denied := _authorized(request)) is not None:
         return denied
     st = ctx.engines.status()
-    usage = await asyncio.to_thread(ctx.snapshots.usage)
+    usage = await asyncio.to_thread(ctx.snapshots.disk.usage)
     inputs = view.Inputs(
         status=st,
         library=[(m, ctx.snapshots.last_used(m.file)) for m in ctx.snapshots.library()],

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from sidecar.act import lifecycle, report
 from sidecar.core import events, outcomes
+from sidecar.engine import lifecycle, report
 
 FULL = 100
 """The weight, in percent of the server line's ``weight``, while a slot is free."""

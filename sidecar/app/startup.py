@@ -76,7 +76,7 @@ async def load(settings: config.Settings, snapshots: store.SnapshotStore, stats:
             spare="until then the last file rebuilt for a restore is kept (one slot file of RAM, in "
             "store_staged_bytes) so the next rebuild writes over its pages instead of allocating new ones",
         )
-    for finding in await asyncio.to_thread(snapshots.scan, clean=True):
+    for finding in await asyncio.to_thread(snapshots.loader.scan, clean=True):
         log.info("slot_dir_cleaned", finding=finding)
     log.info(
         "snapshots_loaded",

@@ -14,10 +14,11 @@ import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 
-from sidecar.act import lifecycle, report, restorer
 from sidecar.app import history
 from sidecar.core import events, outcomes
+from sidecar.engine import lifecycle, report
 from sidecar.launch import supervisor
+from sidecar.restore import restorer
 from sidecar.snapshots import manifest, store
 
 LIBRARY_ROWS = 50

@@ -123,7 +123,7 @@ def _open_store(ns: argparse.Namespace, *, read_only: bool, events: storeevents.
 
 def _ls(ns: argparse.Namespace) -> int:
     snapshots = _open_store(ns, read_only=True, events=_Listed())
-    snapshots.scan(clean=False)
+    snapshots.loader.scan(clean=False)
     found = snapshots.snapshots()
     if ns.model is not None:
         found = [m for m in found if m.model == ns.model]
@@ -166,18 +166,18 @@ def _verify(ns: argparse.Namespace) -> int:
                 lock.release()
                 raise
     try:
-        snapshots.scan(clean=False)
+        snapshots.loader.scan(clean=False)
         checked = snapshots.snapshots()
         unreadable = 0
         for m in checked:
             try:
-                snapshots.check(m)
+                snapshots.curator.check(m)
                 if snapshots.blocks is not None:  # rebuilt and checked against its checksum, then deleted
-                    snapshots.release_whole(snapshots.whole_file(m), m)
+                    snapshots.staged.release_whole(snapshots.staged.whole_file(m), m)
                 print(f"ok  {m.file} ({m.tokens} tokens, {m.bytes} bytes)")
             except errors.SnapshotError as exc:
                 if exc.reason in outcomes.BAD_CONTENT:
-                    snapshots.quarantine(m.file, exc.reason, detail=str(exc))
+                    snapshots.curator.quarantine(m.file, exc.reason, detail=str(exc))
                 else:
                     unreadable += 1
     finally:

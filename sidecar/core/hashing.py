@@ -29,7 +29,7 @@ fast as 8 MiB (9.0 vs 4.2 GB/s for a 14 MB snapshot here); the kernel's read-ahe
 PACE = 0.002
 """Seconds to sleep after each chunk when a commit's hash runs while slots generate.
 
-A commit normally waits until no slot generates (see :mod:`sidecar.act.snapshotter`);
+A commit normally waits until no slot generates (see :mod:`sidecar.save.snapshotter`);
 one that waited its longest is made meanwhile, paced. Generation on the CPU is
 bound by memory bandwidth, and a hash streams the file through memory:
 unpaced, it lengthened the token gap it fell in by about 6 ms for a 20 MB

@@ -17,9 +17,9 @@ import time
 
 import structlog
 
-from sidecar.act import savings
 from sidecar.core import events, metrics, outcomes
 from sidecar.library import routing, seams
+from sidecar.restore import savings
 from sidecar.shared import decide, records
 from sidecar.snapshots import manifest, slotfile, store
 

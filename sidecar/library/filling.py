@@ -13,9 +13,9 @@ import time
 
 import structlog
 
-from sidecar.act import policy
 from sidecar.core import events, metrics, outcomes
 from sidecar.library import fetching, prompt, ramtier, ramuse, routing, seams, slotbook, slotstate
+from sidecar.save import policy
 from sidecar.shared import records
 from sidecar.snapshots import manifest, store
 
@@ -148,7 +148,7 @@ class Filler:
         # for the longer of the two, not for both.
         ahead = decision.save_first and self._engine.rebuild_ahead(record)
         try:
-            with self._snapshots.using(record.file):
+            with self._snapshots.recency.using(record.file):
                 if decision.save_first and not await self._save(view):
                     return None
                 result = await self._engine.swap_in(decision.slot, record, counters=counters, checked=checked)
@@ -159,7 +159,7 @@ class Filler:
             return None
         seconds = time.perf_counter() - started
         self._book.slot(decision.slot).seen = None  # restored: its (task, tokens) are read afresh next time
-        self._snapshots.touch(record.file)
+        self._snapshots.recency.touch(record.file)
         self._stats.swap_duration.observe(seconds)  # its tokens count as served once the answer shows them reused
         log.info(
             "conversation_swapped_in",

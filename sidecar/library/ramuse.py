@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import structlog
 
-from sidecar.act import savings
 from sidecar.core import events, metrics
 from sidecar.library import ramtier, slotstate
+from sidecar.restore import savings
 from sidecar.snapshots import slotfile, store
 
 log = structlog.get_logger("sidecar.library")

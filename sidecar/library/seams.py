@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from sidecar.act import listeners, policy, restorer
 from sidecar.core import events
+from sidecar.engine import listeners
+from sidecar.restore import restorer
+from sidecar.save import policy
 from sidecar.shared import catalog, decide, records
 from sidecar.snapshots import manifest
 

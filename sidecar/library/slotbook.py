@@ -83,7 +83,7 @@ class SlotBook:
         if shared == len(state.chain):
             state.holds(chain, state.turn, owner)  # the prompt routed there plus what the server generated after it
         elif shared == len(chain) and seen is not None:
-            # Brought back to its prompt's boundary before the save (``act.boundary``): the engine's own
+            # Brought back to its prompt's boundary before the save (``save.boundary``): the engine's own
             # turn on the slot, not another client's.
             state.holds(chain, state.turn, owner)
         else:

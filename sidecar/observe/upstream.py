@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import urllib.parse
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.core import config, errors, events, protocols, rates
-
-_T = TypeVar("_T")
+from sidecar.observe import promptcalls, replies, routercalls
 
 _ACTIVITY = (
     "llamacpp:n_decode_total",
@@ -28,8 +27,6 @@ _ACTIVITY = (
     "llamacpp:tokens_predicted_total",
     "llamacpp:requests_deferred",
 )
-MAX_COUNT = 2**53 - 1
-"""Largest size or count (and absolute LoRA scale) taken from a reply: what every JSON reader reads exactly."""
 MAX_BODY = 8 << 20
 """Largest reply read from llama-server, in bytes (a /slots reply with prompts is big)."""
 
@@ -52,6 +49,14 @@ class LlamaClient:
         """The slot count the last /props announced: a /slots reply listing more is refused."""
         self.rates = rates.Ledger()
         """The windows of llama-server's rate gauges this client's /metrics reads ended (see :mod:`rates`)."""
+        self.router = routercalls.RouterCalls(
+            self._json, self._request, timeout=self._timeout, action_timeout=self._action_timeout
+        )
+        """Router mode's own calls: the models listed and their states, a model loaded."""
+        self.prompts = promptcalls.PromptCalls(
+            self._json, timeout=self._timeout, action_timeout=self._action_timeout, model=model
+        )
+        """The calls about prompts: a chat's template, token ids and their pieces, ids run on a slot."""
 
     @property
     def url(self) -> str:
@@ -66,28 +71,6 @@ class LlamaClient:
         if not self._query:
             return path
         return path + ("&" if "?" in path else "?") + self._query
-
-    def _bound(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """A POST body with the model it is for, for a model view (a router routes a POST by its body's
-        ``model``, and refuses one without it)."""
-        return payload if self.model is None else {**payload, "model": self.model}
-
-    async def models(self) -> dict[str, events.ModelStatus]:
-        """The router's models and their states (``GET /models``), by name."""
-        body = _as_dict(await self._json("GET", "/models", self._timeout), "/models")
-        data = body.get("data")
-        if not isinstance(data, list):
-            raise errors.UpstreamProtocolError("/models: field 'data' is not a list", endpoint="/models")
-        found: dict[str, events.ModelStatus] = {}
-        for item in data:
-            entry = _as_dict(item, "/models")
-            status = _field(entry, "status", dict, "/models")
-            found[_field(entry, "id", str, "/models")] = events.ModelStatus.parse(str(status.get("value", "")))
-        return found
-
-    async def load_model(self, model: str) -> None:
-        """Have the router load ``model`` (``POST /models/load``); 400 if it runs already."""
-        await self._request("POST", "/models/load", self._action_timeout, {"model": model})
 
     async def health(self) -> tuple[events.Health, str]:
         """The server's state, and what went wrong when it is not OK."""
@@ -106,7 +89,7 @@ class LlamaClient:
     async def _model_health(self, model: str) -> tuple[events.Health, str]:
         """A router-mode model's state: OK while its server runs loaded (or asleep), DOWN while unloaded."""
         try:
-            status = (await self.models()).get(model)
+            status = (await self.router.models()).get(model)
         except errors.UpstreamError as exc:
             return events.Health.DOWN, str(exc)
         if status is None:
@@ -130,12 +113,12 @@ class LlamaClient:
                 "llama-server runs in router mode (several models; /props says role router)",
                 endpoint="/props",
             )
-        settings = _field(props, "default_generation_settings", dict, "/props")
+        settings = replies.field(props, "default_generation_settings", dict, "/props")
         identity = events.Identity(
             build_info=str(props.get("build_info", "")),
-            model_path=_field(props, "model_path", str, "/props"),
-            total_slots=_field(props, "total_slots", int, "/props"),
-            n_ctx=_field(settings, "n_ctx", int, "/props"),
+            model_path=replies.field(props, "model_path", str, "/props"),
+            total_slots=replies.field(props, "total_slots", int, "/props"),
+            n_ctx=replies.field(settings, "n_ctx", int, "/props"),
         )
         self.total_slots = identity.total_slots
         return identity, bool(props.get("is_sleeping", False))
@@ -150,7 +133,7 @@ class LlamaClient:
             return None, None  # older servers: the model size is then not part of the fingerprint
         size = meta.get("size") if isinstance(meta, dict) else None
         params = meta.get("n_params") if isinstance(meta, dict) else None
-        return _count(size), _count(params)
+        return replies.count(size), replies.count(params)
 
     async def adapters(self) -> tuple[events.Adapter, ...] | None:
         """LoRA adapters and their scales (``GET /lora-adapters``); None if the server does not say.
@@ -166,14 +149,18 @@ class LlamaClient:
             raise errors.UpstreamProtocolError("/lora-adapters did not return a list", endpoint="/lora-adapters")
         found: list[events.Adapter] = []
         for item in body:
-            entry = _as_dict(item, "/lora-adapters")
+            entry = replies.as_dict(item, "/lora-adapters")
             scale = entry.get("scale")
-            if not isinstance(scale, int | float) or isinstance(scale, bool) or not -MAX_COUNT <= scale <= MAX_COUNT:
+            if (
+                not isinstance(scale, int | float)
+                or isinstance(scale, bool)
+                or not -replies.MAX_COUNT <= scale <= replies.MAX_COUNT
+            ):
                 raise errors.UpstreamProtocolError(f"/lora-adapters: scale is {scale!r:.40}", endpoint="/lora-adapters")
             found.append(
                 events.Adapter(
-                    id=_field(entry, "id", int, "/lora-adapters"),
-                    path=_field(entry, "path", str, "/lora-adapters"),
+                    id=replies.field(entry, "id", int, "/lora-adapters"),
+                    path=replies.field(entry, "path", str, "/lora-adapters"),
                     scale=float(scale),
                 )
             )
@@ -213,17 +200,17 @@ class LlamaClient:
     async def erase(self, slot: int) -> int:
         endpoint = "/slots erase"
         payload = {} if self.model is None else {"model": self.model}
-        body = _as_dict(
+        body = replies.as_dict(
             await self._json("POST", self._at(f"/slots/{slot}?action=erase"), self._action_timeout, payload), endpoint
         )
-        return _field(body, "n_erased", int, endpoint)
+        return replies.field(body, "n_erased", int, endpoint)
 
     async def _action(
         self, slot: int, action: str, filename: str, keys: tuple[str, str, str]
     ) -> protocols.ActionResult:
         endpoint = f"/slots {action}"
         payload = {"filename": filename} if self.model is None else {"filename": filename, "model": self.model}
-        body = _as_dict(
+        body = replies.as_dict(
             await self._json("POST", self._at(f"/slots/{slot}?action={action}"), self._action_timeout, payload),
             endpoint,
         )
@@ -232,62 +219,15 @@ class LlamaClient:
         return protocols.ActionResult(
             slot=slot,
             filename=filename,
-            tokens=_field(body, keys[0], int, endpoint),
-            bytes=_field(body, keys[1], int, endpoint),
+            tokens=replies.field(body, keys[0], int, endpoint),
+            bytes=replies.field(body, keys[1], int, endpoint),
             server_ms=float(server_ms) if isinstance(server_ms, int | float) else 0.0,
         )
-
-    async def apply_template(self, body: dict[str, Any]) -> str:
-        """The prompt text a chat request becomes (``/apply-template`` takes the chat request's own body)."""
-        answer = await self._json("POST", self._at("/apply-template"), self._timeout, self._bound(body))
-        return _field(_as_dict(answer, "/apply-template"), "prompt", str, "/apply-template")
-
-    async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
-        """The token ids a completion of ``text`` starts from (with BOS and special tokens, as completions do)."""
-        body = self._bound({"content": text, "add_special": add_special, "parse_special": True})
-        answer = _as_dict(await self._json("POST", self._at("/tokenize"), self._timeout, body), "/tokenize")
-        ids = _field(answer, "tokens", list, "/tokenize")
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise errors.UpstreamProtocolError(
-                "/tokenize answered something other than token ids", endpoint="/tokenize"
-            )
-        return ids
-
-    async def complete_ids(self, slot: int, ids: list[int]) -> tuple[int, int]:
-        """Run ``ids`` on ``slot`` and sample one token; returns the server's (processed, reused) prompt tokens.
-
-        The slot's state then ends at exactly ``ids`` (the sampled token is never evaluated).
-        """
-        payload = self._bound({"prompt": ids, "n_predict": 1, "id_slot": slot, "cache_prompt": True})
-        body = _as_dict(await self._json("POST", self._at("/completion"), self._action_timeout, payload), "/completion")
-        timings = body.get("timings")
-        if not isinstance(timings, dict):
-            raise errors.UpstreamProtocolError("/completion answered without timings", endpoint="/completion")
-        processed, reused = timings.get("prompt_n"), timings.get("cache_n")
-        return (processed if isinstance(processed, int) else 0, reused if isinstance(reused, int) else 0)
-
-    async def pieces(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[tuple[int, bytes]]:
-        """The token ids of ``text`` and the bytes each stands for (``/tokenize`` with ``with_pieces``)."""
-        body = {"content": text, "add_special": add_special, "parse_special": parse_special, "with_pieces": True}
-        answer = _as_dict(await self._json("POST", "/tokenize", self._timeout, body), "/tokenize")
-        out: list[tuple[int, bytes]] = []
-        for entry in _field(answer, "tokens", list, "/tokenize"):
-            token = entry.get("id") if isinstance(entry, dict) else None
-            piece = entry.get("piece") if isinstance(entry, dict) else None
-            if not isinstance(token, int) or isinstance(token, bool):
-                raise errors.UpstreamProtocolError("/tokenize answered a piece without an id", endpoint="/tokenize")
-            if isinstance(piece, str):
-                out.append((token, piece.encode()))
-            elif isinstance(piece, list) and all(isinstance(b, int) and 0 <= b < 256 for b in piece):
-                out.append((token, bytes(piece)))
-            else:
-                raise errors.UpstreamProtocolError("/tokenize answered a piece that is no text", endpoint="/tokenize")
-        return out
 
     async def _json(self, method: str, path: str, timeout: aiohttp.ClientTimeout, payload: Any = None) -> Any:
         _, _, text = await self._request(method, path, timeout, payload)
         try:
-            return json.loads(text, parse_constant=_no_constant)
+            return json.loads(text, parse_constant=replies.no_constant)
         except ValueError as exc:
             raise errors.UpstreamProtocolError(f"{path} did not return JSON: {text[:120]!r}", endpoint=path) from exc
 
@@ -323,7 +263,7 @@ class LlamaClient:
 
 def status_error(endpoint: str, status: int, text: str) -> errors.UpstreamError:
     """The error a reply of ``endpoint`` with HTTP ``status`` (not 200) and body ``text`` stands for."""
-    message = f"{endpoint}: HTTP {status}: {_error_message(text)}"
+    message = f"{endpoint}: HTTP {status}: {replies.error_message(text)}"
     if status == 501:
         return errors.UpstreamNotSupported(message, endpoint=endpoint, status=status)
     if status in (401, 403):
@@ -347,7 +287,7 @@ def slot_views(body: Any, *, total_slots: int | None = None) -> tuple[events.Slo
             f"/slots lists {len(body)} slots, more than the {total_slots} /props announced (total_slots)",
             endpoint="/slots",
         )
-    views = tuple(_slot_view(item) for item in body)
+    views = tuple(replies.slot_view(item) for item in body)
     return views if total_slots is None else announced(views, total_slots)
 
 
@@ -361,57 +301,3 @@ def announced(views: tuple[events.SlotView, ...], total_slots: int) -> tuple[eve
             endpoint="/slots",
         )
     return views
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is no JSON number")  # llama-server writes null for a float it cannot represent
-
-
-def _count(value: Any) -> int | None:
-    """A size or a count as the fingerprint keeps it; None (unknown) for anything but an integer a JSON reader
-    reads exactly (a reply of 2**63 or 10**400 parameters is not a model, and would break the page)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
-        return value
-    return None
-
-
-def _error_message(text: str) -> str:
-    try:
-        body = json.loads(text)
-        return str(body["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return text[:200]
-
-
-def _as_dict(body: Any, endpoint: str) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise errors.UpstreamProtocolError(f"{endpoint} did not return an object", endpoint=endpoint)
-    return body
-
-
-def _field(body: dict[str, Any], key: str, kind: type[_T], endpoint: str) -> _T:
-    value = body.get(key)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise errors.UpstreamProtocolError(
-            f"{endpoint}: field {key!r} is missing or not {kind.__name__} (got {value!r:.80})",
-            endpoint=endpoint,
-        )
-    return value
-
-
-def _slot_view(item: Any) -> events.SlotView:
-    endpoint = "/slots"
-    entry = _as_dict(item, endpoint)
-    task = entry.get("id_task")
-    if task is not None and (not isinstance(task, int) or isinstance(task, bool)):
-        raise errors.UpstreamProtocolError(f"/slots: id_task is {task!r:.40}", endpoint=endpoint)
-    tokens = entry.get("n_prompt_tokens", 0) if task is not None else 0
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
-        raise errors.UpstreamProtocolError(f"/slots: n_prompt_tokens is {tokens!r:.40}", endpoint=endpoint)
-    return events.SlotView(
-        id=_field(entry, "id", int, endpoint),
-        n_ctx=_field(entry, "n_ctx", int, endpoint),
-        processing=_field(entry, "is_processing", bool, endpoint),
-        task=task,
-        tokens=tokens,
-    )

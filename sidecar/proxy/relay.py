@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from sidecar.act import gate
 from sidecar.core import apikeys, config, metrics, outcomes, protocols, tries
 from sidecar.core import rates as rates_of
+from sidecar.engine import gate
 from sidecar.proxy import (
     bodies,
     cors,

@@ -18,9 +18,9 @@ from typing import Literal
 import structlog
 from aiohttp import web
 
-from sidecar.act import gate
 from sidecar.core import config, metrics, outcomes, protocols
 from sidecar.core import rates as rates_of
+from sidecar.engine import gate
 from sidecar.proxy import answer, bodies, held, keepalive, passon, placing, refusals, routes, tickets, upclient
 
 log = structlog.get_logger("sidecar.proxy")

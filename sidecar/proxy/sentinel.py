@@ -11,8 +11,8 @@ import enum
 import structlog
 import yarl
 
-from sidecar.act import gate
 from sidecar.core import parse
+from sidecar.engine import gate
 from sidecar.proxy import backoff
 
 log = structlog.get_logger("sidecar.proxy.sentinel")

@@ -139,7 +139,7 @@ class Ticket:
         self.slot: int | None = None
         """The slot the library reserved or pinned it to, while it holds it; None otherwise."""
         self.within: frozenset[int] | None = None
-        """The slots restored so far by the restore round that let it through early (:mod:`sidecar.act.early`);
+        """The slots restored so far by the restore round that let it through early (:mod:`sidecar.restore.early`);
         None: let through by an open gate."""
         self._whole_round = False
         """Let through early but placed only after the whole restore round (:attr:`Move.LATER`)."""

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 import structlog
 
-from sidecar.act import lifecycle
 from sidecar.core import config, errors, events, metrics, outcomes, protocols, tasks
+from sidecar.engine import lifecycle
 from sidecar.observe import upstream
 from sidecar.proxy import refusals, relay
 from sidecar.router import fleet
@@ -59,7 +59,7 @@ class Admission:
         if model is None or member is None:
             return None
         try:
-            states = await self._client.models()  # now, not as of the last poll: it may have been unloaded since
+            states = await self._client.router.models()  # now, not as of the last poll: it may have been unloaded since
         except errors.UpstreamError:
             return None  # the router does not answer: the request gets its own answer from it
         running = {name for name, state in states.items() if state.running}
@@ -113,7 +113,7 @@ class Admission:
         said = False
         while True:
             try:
-                await self._client.load_model(model)
+                await self._client.router.load_model(model)
             except errors.UpstreamRejected as exc:
                 log.info("model_load_not_needed", model=model, answer=str(exc))  # loaded by someone else meanwhile
                 return

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 
 import structlog
 
-from sidecar.act import engine, gate, lifecycle, report, restorer, savings, spawn
 from sidecar.core import config, errors, events, metrics, protocols, redact
+from sidecar.engine import engine, gate, lifecycle, report, spawn
 from sidecar.observe import poller, upstream
+from sidecar.restore import restorer, savings
 from sidecar.router import plan
 from sidecar.snapshots import store
 
@@ -87,7 +88,7 @@ class Fleet:
         # The engines see their models down on their own; the list is kept as it was.
         self.gate.see(lifecycle.Up(at, ready=False))
         try:
-            listed = await self._client.models()
+            listed = await self._client.router.models()
         except errors.UpstreamError as exc:
             log.warning("router_models_unreadable", error=str(exc), effect="the engines running stay as they are")
             return
@@ -117,7 +118,7 @@ class Fleet:
             settings=self._settings,
             clock=self._clock,
             weights=self._weights,
-            prompts=client,  # a recurrent, hybrid or sliding-window model's slots are saved at the prompt's boundary
+            prompts=client.prompts,  # a windowed, hybrid or recurrent model: saved at the prompt's boundary
         )
         member = Member(model, watched.engine, watched.gate)
         context = contextvars.copy_context()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from sidecar.act import savings
+from sidecar.restore import savings
 
 DEFAULT_BANDWIDTH = 25e6
 """Bytes per second assumed before any transfer was measured (a modest network link)."""

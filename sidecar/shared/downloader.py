@@ -44,7 +44,7 @@ async def fetch(
 ) -> manifest.Manifest:
     """Download ``shared`` into the slot dir as a snapshot of ``slot``; raise SharedStoreError or SnapshotError."""
     want = shared.snapshot
-    temp = snapshots.temp_name(slot)
+    temp = snapshots.writer.temp_name(slot)
     path = snapshots.staging / temp
     started = time.perf_counter()
     moved: int | None = None
@@ -65,7 +65,7 @@ async def fetch(
         if digest != want.checksum.digest:
             raise _corrupt(f"{shared.blob} does not match its shared manifest's {want.checksum.algorithm} checksum")
         committed = await asyncio.to_thread(
-            snapshots.commit,
+            snapshots.writer.commit,
             temp,
             slot=slot,
             tokens=want.tokens,
@@ -79,7 +79,7 @@ async def fetch(
             path.unlink()
         raise
     if committed.checksum.algorithm is want.checksum.algorithm and committed.checksum.digest != digest:
-        await asyncio.to_thread(snapshots.delete, committed)  # changed on disk between the two hashes
+        await asyncio.to_thread(snapshots.curator.delete, committed)  # changed on disk between the two hashes
         raise errors.SnapshotError(
             f"{committed.file} changed while it was committed", reason=outcomes.SnapshotProblem.CHECKSUM
         )

@@ -119,10 +119,10 @@ class Uploader:
             return False  # published before (by us or by another node)
         if self._snapshots.blocks is not None:
             return await self._publish_blocks(record, ns, manifest_key)
-        with self._snapshots.using(record.file):  # retention leaves it alone while it is read
+        with self._snapshots.recency.using(record.file):  # retention leaves it alone while it is read
             try:
-                await asyncio.to_thread(self._snapshots.check, record)
-                path = await asyncio.to_thread(self._snapshots.whole_file, record)  # a block store's: rebuilt
+                await asyncio.to_thread(self._snapshots.curator.check, record)
+                path = await asyncio.to_thread(self._snapshots.staged.whole_file, record)  # a block store's: rebuilt
             except errors.SnapshotError as exc:
                 log.info("shared_upload_skipped", file=record.file, reason=str(exc), effect="not uploaded")
                 return False
@@ -133,7 +133,7 @@ class Uploader:
                 written = await self._store.put_file(blob_key, path)
                 seconds = time.perf_counter() - started
             finally:
-                await asyncio.to_thread(self._snapshots.release_whole, path, record)
+                await asyncio.to_thread(self._snapshots.staged.release_whole, path, record)
         shared = records.SharedRecord(
             snapshot=record, blob=blob_key, chain=chain, block_tokens=slotfile.BLOCK_TOKENS, uploaded=self._clock.wall()
         )
@@ -157,9 +157,9 @@ class Uploader:
 
     async def _publish_blocks(self, record: manifest.Manifest, ns: str, manifest_key: str) -> bool:
         """Upload the blocks of ``record`` the store lacks, then its shared manifest (see ``blockup``)."""
-        with self._snapshots.using(record.file):  # retention leaves it (and so its blocks) alone meanwhile
+        with self._snapshots.recency.using(record.file):  # retention leaves it (and so its blocks) alone meanwhile
             try:
-                await asyncio.to_thread(self._snapshots.check, record)
+                await asyncio.to_thread(self._snapshots.curator.check, record)
                 started = time.perf_counter()
                 sent = await blockup.upload(
                     self._store, prefix=self._prefix, ns=ns, record=record, snapshots=self._snapshots, clock=self._clock

@@ -1,4 +1,4 @@
-"""The checks and names of a commit: what :meth:`SnapshotStore.commit` does before a file is visible.
+"""The checks and names of a commit: what :meth:`Writer.commit` does before a file is visible.
 
 Pure of state: each function works on the slot dir it is given and raises
 ``errors.SnapshotError`` (with a :class:`outcomes.SnapshotProblem` reason) when a

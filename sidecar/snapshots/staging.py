@@ -85,6 +85,10 @@ class Staging:
             return self._dir.spill.dir
         return self._dir.staging
 
+    def staged_path(self, name: str) -> Path:
+        """Where the staged file ``name`` is: in the slot dir, or the store's staging folder."""
+        return self.staged_in(name).path / name
+
     @contextlib.contextmanager
     def released_if_failed(self, name: str) -> Iterator[None]:
         try:

@@ -1,21 +1,22 @@
 """The snapshot directory: one view of the slot dir (or the block store) over its parts. Blocking I/O.
 
-:class:`SnapshotStore` lists the committed snapshots and hands out its parts: :class:`Writer` (commits),
-:class:`Loader` (scans), :class:`Curator` (checks, quarantine, deletion), :class:`Staging` (the server's files).
+:class:`SnapshotStore` lists the committed snapshots and hands out its parts, which callers use directly:
+:class:`Writer` (commits), :class:`Loader` (scans), :class:`Curator` (checks, quarantine, deletion),
+:class:`Staging` (the server's files), :class:`recency.Recency` (last use, in-use holds), :class:`Disk`
+(usage, free space, the writable check).
 Invariants and trade-offs: docs/modules.md, `sidecar/snapshots/store.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-from sidecar.core import apikeys, outcomes, protocols
+from sidecar.core import protocols
 from sidecar.snapshots import backing, manifest, recency, slotdir, slotfile, spill, storeevents
 from sidecar.snapshots.curator import QUARANTINE_KEEP, Curator
 from sidecar.snapshots.directory import FILE_MODE, PROBE_PREFIX, QUARANTINE_SUFFIX, TEMP_PREFIX, Directory
+from sidecar.snapshots.disk import Disk, Usage
 from sidecar.snapshots.loader import READ_ATTEMPTS, RETRY_PAUSE, Loader
 from sidecar.snapshots.staging import Staging
 from sidecar.snapshots.writer import PROBE_BYTES, Writer
@@ -33,24 +34,6 @@ __all__ = [
     "SnapshotStore",
     "Usage",
 ]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Usage:
-    used_bytes: int
-    """Bytes of every regular file in the slot dir (snapshots, temp, quarantine)."""
-    snapshot_files: int
-    """Committed snapshots (those with a manifest)."""
-    free_bytes: int
-    """Bytes free for unprivileged users on the slot dir's filesystem (0 when unknown)."""
-    problem: str = ""
-    """Why the slot dir could not be measured; empty when it could."""
-    unique_bytes: int = 0
-    """With a block store: bytes of its blocks, each stored once (0 without one)."""
-    represented_bytes: int = 0
-    """With a block store: the sum of its files' sizes, what whole files would take."""
-    staged_bytes: int = 0
-    """With a block store: bytes staged in the slot dir now (saves not yet ingested, rebuilds for restores)."""
 
 
 class SnapshotStore:
@@ -103,6 +86,11 @@ class SnapshotStore:
         """Scans and re-reads of the manifests on disk."""
         self.writer = Writer(self._dir, self.staged, self.model)
         """Commits."""
+        self.recency = self._dir.recency
+        """When each snapshot was last used, and those in use now (kept off retention)."""
+        self.disk = Disk(self._dir, self.staged)
+        """What the directory's disk holds and has free, whether it takes writes; being kept off it."""
+        """When each snapshot was last used, and those in use now (kept off retention)."""
 
     def for_model(self, model: str | None) -> SnapshotStore:
         """A view of the same directory and index that lists and writes only ``model``'s snapshots.
@@ -128,11 +116,6 @@ class SnapshotStore:
     @property
     def blocks(self) -> backing.Blocks | None:
         return self._dir.blocks
-
-    @property
-    def keeps(self) -> Path:
-        """Where the snapshots' bytes are kept: the block store's root, or the slot dir."""
-        return self._dir.path if self._dir.blocks is None else self._dir.blocks.root
 
     @property
     def _prefix(self) -> str:
@@ -171,155 +154,6 @@ class SnapshotStore:
     def last_used(self, file: str) -> float:
         """Unix time ``file`` was last used: committed, or touched (kept across restarts as its manifest's mtime)."""
         return self._dir.recency.last_used(file, self._dir.index.get(file))
-
-    def touch(self, file: str) -> None:
-        """Note that a snapshot was used now (restored into a slot for a request)."""
-        self._dir.recency.touch(file)
-
-    @contextlib.contextmanager
-    def using(self, file: str) -> Iterator[None]:
-        """Keep retention off ``file`` while the block runs."""
-        with self._dir.recency.using(file):
-            yield
-
-    def in_use(self) -> frozenset[str]:
-        return self._dir.recency.in_use()
-
-    def usage(self) -> Usage:
-        """Bytes and files in the slot dir and free space; never raises (see ``Usage.problem``)."""
-        measured = self._dir.fs.measure()
-        count = self._dir.index.count()
-        if isinstance(measured, str):
-            return Usage(0, count, 0, measured)
-        if self._dir.blocks is None:
-            return Usage(used_bytes=measured[0], snapshot_files=count, free_bytes=measured[1])
-        try:
-            held = self._dir.blocks.usage()
-        except OSError as exc:
-            return Usage(0, count, 0, f"cannot measure the block store: {slotdir.describe(exc)}")
-        return Usage(
-            used_bytes=measured[0] + held.unique_bytes,
-            snapshot_files=count,
-            free_bytes=measured[1],
-            unique_bytes=held.unique_bytes,
-            represented_bytes=held.represented_bytes,
-            staged_bytes=self.staged.staged_bytes(),
-        )
-
-    def free_bytes(self) -> int | str:
-        """Free bytes on the slot dir's filesystem, or what stopped the measure: :meth:`usage` without listing
-        the slot dir or the block store's changed folders and recipes, for a check made before every save."""
-        return self._dir.fs.free()
-
-    def staging_room(self) -> tuple[int, bool] | None:
-        """With a block store: the slot dir's free bytes and whether the store's disk is its filesystem
-        (None without a block store, or if unmeasurable)."""
-        return None if self._dir.spill is None else self._dir.spill.slot_dir_room()
-
-    def check_writable(self) -> str | None:
-        """None if the slot dir is a writable directory, else what is wrong (for /readyz)."""
-        return self._dir.index.blocked or self._dir.fs.check()
-
-    def block(self, reason: str) -> None:
-        """Stay off the directory: list no snapshots, commit nothing, until called with an empty reason."""
-        self._dir.index.blocked = reason
-
-    def dir_identity(self) -> tuple[int, int] | None:
-        """(device, inode) of the slot dir, None while it is missing: tells a dir put back from a new one."""
-        return self._dir.fs.identity()
-
-    # ---- the parts' methods, for callers given the whole store -----------------------
-
-    def scan(self, *, clean: bool) -> list[str]:
-        return self.loader.scan(clean=clean)
-
-    def refresh(self, name: str) -> None:
-        self.loader.refresh(name)
-
-    def temp_name(self, slot: int) -> str:
-        return self.writer.temp_name(slot)
-
-    def probe_name(self) -> str:
-        return self.writer.probe_name()
-
-    def probe_write(self) -> str | None:
-        return self.writer.probe_write()
-
-    def commit(
-        self,
-        temp: str,
-        *,
-        slot: int,
-        tokens: int,
-        written: int,
-        task: int | None,
-        fingerprint: manifest.Fingerprint,
-        pause: float = 0.0,
-        created: float | None = None,
-        prefill_rate: float | None = None,
-        owner: str = apikeys.NOBODY,
-    ) -> manifest.Manifest:
-        return self.writer.commit(
-            temp,
-            slot=slot,
-            tokens=tokens,
-            written=written,
-            task=task,
-            fingerprint=fingerprint,
-            pause=pause,
-            created=created,
-            prefill_rate=prefill_rate,
-            owner=owner,
-        )
-
-    def check_written(self, temp: str, *, tokens: int, written: int) -> None:
-        self.writer.check_written(temp, tokens=tokens, written=written)
-
-    def check(self, record: manifest.Manifest) -> None:
-        self.curator.check(record)
-
-    def quarantine(self, file: str, reason: str, *, detail: str = "") -> None:
-        self.curator.quarantine(file, reason, detail=detail)
-
-    def delete(self, record: manifest.Manifest) -> bool:
-        return self.curator.delete(record)
-
-    def collect_blocks(self) -> None:
-        self.curator.collect_blocks()
-
-    def staged_bytes(self) -> int:
-        return self.staged.staged_bytes()
-
-    def staged_path(self, name: str) -> Path:
-        """Where the staged file ``name`` is: in the slot dir, or the store's staging folder."""
-        return self.staged.staged_in(name).path / name
-
-    def remove(self, name: str) -> None:
-        self.staged.remove(name)
-
-    def exists(self, name: str) -> bool:
-        return self.staged.exists(name)
-
-    def place_save(self, temp: str, estimated_bytes: int) -> outcomes.StagingFallback | None:
-        return self.staged.place_save(temp, estimated_bytes)
-
-    def read_tokens(self, record: manifest.Manifest) -> slotfile.SlotTokens:
-        return self.staged.read_tokens(record)
-
-    def stage(self, record: manifest.Manifest) -> str:
-        return self.staged.stage(record)
-
-    def unstage(self, name: str, record: manifest.Manifest) -> None:
-        self.staged.unstage(name, record)
-
-    def drop_spare(self) -> bool:
-        return self.staged.drop_spare()
-
-    def whole_file(self, record: manifest.Manifest) -> Path:
-        return self.staged.whole_file(record)
-
-    def release_whole(self, path: Path, record: manifest.Manifest) -> None:
-        self.staged.release_whole(path, record)
 
 
 class ModelStore(SnapshotStore):

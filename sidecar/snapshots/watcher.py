@@ -70,7 +70,7 @@ class Watcher:
         """The block store's running totals last added to the metrics."""
 
     def start(self) -> None:
-        self._dir_id = self._snapshots.dir_identity()
+        self._dir_id = self._snapshots.disk.dir_identity()
         self._observe()
 
     def _observe(self) -> None:
@@ -108,7 +108,7 @@ class Watcher:
                 await self.check_dir()
                 next_check = loop.time() + CHECK_EVERY
             if loop.time() >= next_rescan:
-                await asyncio.to_thread(self._snapshots.scan, clean=False)
+                await asyncio.to_thread(self._snapshots.loader.scan, clean=False)
                 await self.update_gauges()
                 next_rescan = loop.time() + RESCAN_EVERY
 
@@ -120,12 +120,12 @@ class Watcher:
         for name in names:
             path = Path(name)
             if path.parent == self._snapshots.dir:
-                await asyncio.to_thread(self._snapshots.refresh, path.name)
+                await asyncio.to_thread(self._snapshots.loader.refresh, path.name)
         await self.update_gauges()
 
     async def check_dir(self) -> None:
         """Notice the slot dir going away or coming back, and recover; never raises for the filesystem."""
-        current = await asyncio.to_thread(self._snapshots.dir_identity)
+        current = await asyncio.to_thread(self._snapshots.disk.dir_identity)
         unchanged = current is not None and current == self._dir_id and not self._lost
         if unchanged and (self._lock is None or self._lock.holds()):
             return
@@ -139,19 +139,19 @@ class Watcher:
                     f"and checks every {CHECK_EVERY:g} s for the directory to come back",
                     hint="restore the directory (or its volume mount) at this path",
                 )
-                await asyncio.to_thread(self._snapshots.scan, clean=False)
+                await asyncio.to_thread(self._snapshots.loader.scan, clean=False)
                 await self.update_gauges()
             return
         if self._lock is not None and not self._lock.holds():
             try:
                 await asyncio.to_thread(self._lock.acquire)
             except (errors.ConfigError, OSError) as exc:
-                self._snapshots.block(str(exc))
+                self._snapshots.disk.block(str(exc))
                 if not self._lost:
                     self._lost = True
                     log.error("slot_dir_taken", slot_dir=str(self._snapshots.dir), error=str(exc))
                 return
-            self._snapshots.block("")
+            self._snapshots.disk.block("")
         await self.stop()
         try:
             self._observe()
@@ -159,7 +159,7 @@ class Watcher:
             log.warning("slot_dir_unwatchable", slot_dir=str(self._snapshots.dir), error=str(exc))
             return
         self._dir_id = current
-        await asyncio.to_thread(self._snapshots.scan, clean=False)
+        await asyncio.to_thread(self._snapshots.loader.scan, clean=False)
         await self.update_gauges()
         log.info(
             "slot_dir_back" if self._lost else "slot_dir_replaced",
@@ -169,7 +169,7 @@ class Watcher:
         self._lost = False
 
     async def update_gauges(self) -> None:
-        usage = await asyncio.to_thread(self._snapshots.usage)
+        usage = await asyncio.to_thread(self._snapshots.disk.usage)
         if usage.problem:
             return  # reported by the store; the last good figures stay
         self._metrics.disk_used.set(usage.used_bytes)

@@ -12,7 +12,7 @@ The added cell sits at ``pos_max - n_swa``: every position from ``pos_max + 1`` 
 content is never read: zeros), and it makes the server reuse the file's tokens when the next prompt
 extends all of them. A prompt that diverges inside the file still re-prefills (it would need the
 positions the window dropped), so snapshots of these models end at the prompt's boundary
-(``sidecar.act.rewind``). Anything that does not parse as expected leaves the file as it is.
+(``sidecar.save.rewind``). Anything that does not parse as expected leaves the file as it is.
 
 Invariants and trade-offs: docs/modules.md, `sidecar/snapshots/windowcell.py`.
 """

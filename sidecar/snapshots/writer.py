@@ -34,7 +34,7 @@ class Writer:
     def probe_write(self) -> str | None:
         """None if a small file can be written and synced where manifests are kept, else why not.
 
-        Asked while that disk refuses saves (see :mod:`sidecar.act.storefault`); the file is removed at once,
+        Asked while that disk refuses saves (see :mod:`sidecar.save.storefault`); the file is removed at once,
         and a probe file left by a crash goes at the next start-up's scan.
         """
         path = self._dir.path / self.probe_name()
@@ -69,7 +69,7 @@ class Writer:
 
         ``pause``: the hash's pause after each chunk (``hashing.PACE`` while other slots generate).
         ``created``: Unix time of the server's save (None: now); a commit made later than the save
-        (see :mod:`sidecar.act.snapshotter`) still dates the snapshot by its content.
+        (see :mod:`sidecar.save.snapshotter`) still dates the snapshot by its content.
         ``prefill_rate``: the writing server's measured prompt tokens per second (see ``Manifest``).
         ``owner``: whose conversation the slot held (see ``Manifest``).
         """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sidecar.cli import main, options
+from sidecar.cli import main, parsing
 from sidecar.core import config
 from sidecar.launch import argv
 from sidecar.proxy import conns
@@ -102,9 +102,9 @@ def test_the_launcher_units_command_is_accepted_by_the_sidecar() -> None:
     ours, command = main._split(words[2:])
     assert command is not None
     ns = main.build_parser().parse_args(["run", *ours])
-    settings = options.settings_from(ns, launching=True)
+    settings = parsing.settings_from(ns, launching=True)
     # The one command: no slot dir given (RAM staging), the state dir is systemd's StateDirectory=.
-    assert settings.snapshots.slot_dir == options.PENDING_SLOT_DIR
+    assert settings.snapshots.slot_dir == parsing.PENDING_SLOT_DIR
     state = "/var/lib/" + unit["Service.StateDirectory"][0]
     assert unit["Service.Environment"] == [f"LLAMA_SIDECAR_STATE_DIR={state}"]
     assert unit["Service.ReadWritePaths"] == [state]

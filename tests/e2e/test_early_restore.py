@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.act import early
+from sidecar.restore import early
 from tests.support import agents, tinymodels
 from tests.support.llamabed import MakeServer, make_prompt
 from tests.support.sidecarbed import MakeSidecar, SidecarProcess, proxied

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar.act import saves
+from sidecar.engine import saves
 from tests.support.llamabed import MakeServer, complete, http_json, make_prompt
 from tests.support.sidecarbed import MakeSidecar
 

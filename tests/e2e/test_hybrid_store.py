@@ -1,7 +1,7 @@
 """What one turn of a hybrid model writes to disk, with the block store (``--store-dir``) and without it.
 
 On a recurrent or hybrid model llama-server saves the slot twice per turn
-(``act.rewind``): a scratch save that shows the sidecar the slot's token ids
+(``save.rewind``): a scratch save that shows the sidecar the slot's token ids
 (prompt and reply), then, once the slot is back at its prompt's boundary, the
 snapshot. Without the block store both are whole files in the slot dir, on
 its disk. With it the slot dir is a tmpfs: both saves land in RAM, and only

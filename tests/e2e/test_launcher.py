@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.act import gate
+from sidecar.engine import gate
 from sidecar.launch import restarts
 from tests.support.environ import child_env
 from tests.support.llamabed import call, cpu_has_amx, make_prompt

@@ -37,7 +37,7 @@ REUSED = 0.99
 """Share of the previous prompt the turn after a kill -9 must reuse."""
 MARGIN = 3
 N_PREDICT = 4
-"""Tokens before the prompt's end a windowed slot is saved at (``sidecar.act.boundary``)."""
+"""Tokens before the prompt's end a windowed slot is saved at (``sidecar.save.boundary``)."""
 
 
 @dataclasses.dataclass

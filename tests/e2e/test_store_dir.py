@@ -259,10 +259,10 @@ def test_a_restart_restores_the_files_rebuilt_while_the_server_loaded_unless_a_n
     server.kill()
     side.wait_for(lambda: len(side.log_events("restore_ahead_built")) == 2, what="a second rebuild ahead")
     writer = store.SnapshotStore(slot_dir, clock=protocols.SystemClock(), store_dir=store_dir)
-    writer.scan(clean=False)
+    writer.loader.scan(clean=False)
     theirs = next(m for m in writer.snapshots() if m.slot == 1)
-    staged = writer.stage(theirs)
-    newer = writer.commit(
+    staged = writer.staged.stage(theirs)
+    newer = writer.writer.commit(
         staged, slot=0, tokens=theirs.tokens, written=theirs.bytes, task=theirs.task, fingerprint=theirs.fingerprint
     )
     side.wait_for(lambda: side.metric("llama_sidecar_snapshot_files") == 3, what="the newer snapshot seen")

@@ -78,9 +78,9 @@ async def _chat(server: LlamaServer) -> tuple[tokens.Cached, list[tuple[int, int
     seen: list[tuple[int, int]] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
         client = upstream.LlamaClient(session, config.UpstreamSettings(url=server.url))
-        cached = tokens.Cached(client)
+        cached = tokens.Cached(client.prompts)
         for turn in range(TURNS):
-            text = await client.apply_template({"messages": messages})
+            text = await client.prompts.apply_template({"messages": messages})
             before = cached.asked_bytes
             got = await cached.tokenize(text)
             assert got == _whole(server.url, text), f"turn {turn}: the cached ids differ from /tokenize"
@@ -135,7 +135,7 @@ def test_a_cut_the_next_text_does_not_go_on_from_is_not_trusted(llama: MakeServe
 
     async def run() -> tuple[list[int], int, tokens.Cached]:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-            cached = tokens.Cached(upstream.LlamaClient(session, config.UpstreamSettings(url=server.url)))
+            cached = tokens.Cached(upstream.LlamaClient(session, config.UpstreamSettings(url=server.url)).prompts)
             await cached.tokenize(first)
             before = cached.asked_bytes
             got = await cached.tokenize(second)

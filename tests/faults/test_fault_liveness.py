@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from sidecar.act import report
 from sidecar.core import config
-from sidecar.snapshots import store
+from sidecar.engine import report
+from sidecar.snapshots import writer
 from tests.support.fakellama import FakeLlama, SaveFault, SaveKind
 from tests.support.faultbed import Sidecar, make_settings, run_sidecar
 from tests.support.wait import eventually, until
@@ -75,13 +75,13 @@ async def test_a_loop_stuck_on_a_hung_disk_is_reported_by_healthz(
     fake: FakeLlama, slot_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = threading.Event()
-    commit = store.SnapshotStore.commit
+    commit = writer.Writer.commit
 
-    def hung_commit(self: store.SnapshotStore, *args: Any, **kwargs: Any) -> Any:
+    def hung_commit(self: writer.Writer, *args: Any, **kwargs: Any) -> Any:
         gate.wait(60)  # a disk that does not answer, until the test opens the gate
         return commit(self, *args, **kwargs)
 
-    monkeypatch.setattr(store.SnapshotStore, "commit", hung_commit)
+    monkeypatch.setattr(writer.Writer, "commit", hung_commit)
     settings = _settings(fake, slot_dir, action_timeout=1.0)
     bound = report.Liveness.of(settings)
     async with run_sidecar(settings) as car:

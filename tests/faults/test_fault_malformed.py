@@ -229,9 +229,9 @@ async def test_numbers_that_are_not_make_a_manifest_corrupt_and_the_page_and_sta
     fp = manifest.Fingerprint("b1", "/models/m.gguf", 100, 200, 4096, 2)
     doctored = {"created": "NaN", "tokens": str(2**63), "prefill_rate": "Infinity", "generation": "1e400"}
     for field, value in doctored.items():
-        temp = snaps.temp_name(0)
+        temp = snaps.writer.temp_name(0)
         (slot_dir / temp).write_bytes(b"kv" * 500)
-        record = snaps.commit(temp, slot=0, tokens=300, written=1000, task=3, fingerprint=fp, prefill_rate=10.0)
+        record = snaps.writer.commit(temp, slot=0, tokens=300, written=1000, task=3, fingerprint=fp, prefill_rate=10.0)
         path = slot_dir / record.file.replace(".bin", ".json")
         text = re.sub(rf'"{field}": [^,\n]+', f'"{field}": {value}', path.read_text(), count=1)
         assert value in text

@@ -21,8 +21,8 @@ import pytest
 import structlog
 from aiohttp.test_utils import RawTestServer
 
-from sidecar.act import gate
 from sidecar.core import tries
+from sidecar.engine import gate
 from sidecar.proxy import held, routes, tickets
 from tests.support.proxybed import Upstream, json_body, raw_exchange, run_proxy, status_of
 from tests.support.sidecarbed import SidecarProcess

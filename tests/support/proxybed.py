@@ -35,8 +35,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import gate
 from sidecar.core import config, metrics, tries
+from sidecar.engine import gate
 from sidecar.proxy import listener, placing, relay, upclient
 
 

@@ -24,9 +24,9 @@ def slot_file(ids: list[int], kv_bytes: int) -> bytes:
 
 
 def committed(snaps: store.SnapshotStore, data: bytes, *, slot: int = 0, tokens: int = 600) -> manifest.Manifest:
-    temp = snaps.temp_name(slot)
+    temp = snaps.writer.temp_name(slot)
     (snaps.staging / temp).write_bytes(data)
-    return snaps.commit(temp, slot=slot, tokens=tokens, written=len(data), task=1, fingerprint=FP)
+    return snaps.writer.commit(temp, slot=slot, tokens=tokens, written=len(data), task=1, fingerprint=FP)
 
 
 class Samples:

@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import gate, report
 from sidecar.app import agentcheck, standing
 from sidecar.core import errors, events, metrics, outcomes, protocols
+from sidecar.engine import gate, report
 from sidecar.router import fleet as router_fleet
 from tests.support.wait import until
 
@@ -133,6 +133,10 @@ class _Router:
 
     async def health(self) -> tuple[events.Health, str]:
         return events.Health.OK, ""
+
+    @property
+    def router(self) -> _Router:  # the router-mode calls are the client's part: the same fake
+        return self
 
     async def models(self) -> list[str]:
         raise errors.UpstreamUnavailable("not listed in this test", endpoint="/models")

@@ -237,10 +237,10 @@ def test_empty_api_key_means_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def _snapshot(slot_dir: Path) -> manifest.Manifest:
     snaps = store.SnapshotStore(slot_dir, clock=clocks.reading(lambda: 1_764_414_733.0))
-    temp = snaps.temp_name(0)
+    temp = snaps.writer.temp_name(0)
     (slot_dir / temp).write_bytes(b"kv" * 1000)
     fp = manifest.Fingerprint.of(events.Identity("b1", "/m.gguf", 1, 4096), n_ctx=4096)
-    return snaps.commit(temp, slot=0, tokens=500, written=2000, task=3, fingerprint=fp)
+    return snaps.writer.commit(temp, slot=0, tokens=500, written=2000, task=3, fingerprint=fp)
 
 
 @pytest.mark.parametrize("command", ["ls", "verify"])

@@ -17,9 +17,9 @@ FP = manifest.Fingerprint("b1", "/models/m.gguf", 100, 200, 4096, 1)
 
 def _snapshot(directory: Path, slot: int, size: int, model: str | None = None) -> manifest.Manifest:
     snaps = store.SnapshotStore(directory, clock=protocols.SystemClock()).for_model(model)
-    temp = snaps.temp_name(slot)
+    temp = snaps.writer.temp_name(slot)
     (directory / temp).write_bytes(os.urandom(size))
-    return snaps.commit(temp, slot=slot, tokens=size // 10, written=size, task=3, fingerprint=FP)
+    return snaps.writer.commit(temp, slot=slot, tokens=size // 10, written=size, task=3, fingerprint=FP)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -89,9 +89,9 @@ def test_ls_names_conversations_by_hash_and_shows_no_token_ids(tmp_path: Path) -
     words = struct.pack("<iII", -1, slotfile.PACKED_VERSION, len(ids)) + slotfile.pack_ids(ids) + b"\0" * 4
     data = struct.pack("<III", slotfile.MAGIC, slotfile.VERSION, len(words) // 4) + words + b"\x07" * 64
     snaps = store.SnapshotStore(tmp_path, clock=protocols.SystemClock())
-    temp = snaps.temp_name(0)
+    temp = snaps.writer.temp_name(0)
     (tmp_path / temp).write_bytes(data)
-    indexed = snaps.commit(temp, slot=0, tokens=len(ids), written=len(data), task=3, fingerprint=FP)
+    indexed = snaps.writer.commit(temp, slot=0, tokens=len(ids), written=len(data), task=3, fingerprint=FP)
     plain = _snapshot(tmp_path, 0, 5000)
     out = _run("ls", "--slot-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr

@@ -81,9 +81,9 @@ def test_a_replaced_directory_is_no_longer_held(tmp_path: Path) -> None:
 
 def _snapshot(directory: Path) -> manifest.Manifest:
     snaps = store.SnapshotStore(directory, clock=protocols.SystemClock())
-    temp = snaps.temp_name(0)
+    temp = snaps.writer.temp_name(0)
     (directory / temp).write_bytes(os.urandom(3000))
-    return snaps.commit(temp, slot=0, tokens=300, written=3000, task=3, fingerprint=FP)
+    return snaps.writer.commit(temp, slot=0, tokens=300, written=3000, task=3, fingerprint=FP)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

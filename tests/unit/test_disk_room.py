@@ -1,6 +1,6 @@
 """The free-space floor in the snapshotter: what it checks on which disk, and the room it makes (LRU).
 
-The disk is faked at its seams, ``SnapshotStore.usage`` and ``free_bytes`` (and ``staging_room`` for the slot dir
+The disk is faked at its seams, ``Disk.usage`` and ``free_bytes`` (and ``staging_room`` for the slot dir
 of a block store): a filesystem of ``capacity`` bytes whose free space is what the files really on it leave.
 """
 
@@ -14,8 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from sidecar.act import actions, diskroom, policy, snapshotter
 from sidecar.core import config, events, metrics, outcomes
+from sidecar.save import diskroom, policy, records, snapshotter
+from sidecar.slots import actions
 from sidecar.snapshots import store
 from tests.support import clocks
 from tests.unit import memllama
@@ -35,18 +36,18 @@ class Bed:
     capacity: int = 1 << 40
     staging_free: int = 1 << 40
 
-    async def save(self, slot: int, task: int, tokens: int = TOKENS) -> snapshotter.SaveRecord:
+    async def save(self, slot: int, task: int, tokens: int = TOKENS) -> records.SaveRecord:
         self.server.set_slot(slot, task=task, tokens=tokens)
         action = policy.Save(slot, events.SlotContent(task, tokens), tokens, policy.SaveReason.IDLE)
         record = await self.saver.save(action, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX)
-        assert isinstance(record, snapshotter.SaveRecord)
+        assert isinstance(record, records.SaveRecord)
         return record
 
     def files(self) -> list[str]:
         return sorted(m.file for m in self.snapshots.snapshots())
 
     def used(self) -> int:
-        return self.snapshots.usage().used_bytes
+        return self.snapshots.disk.usage().used_bytes
 
     def evicted(self) -> float:
         return self.registry.get_sample_value("llama_sidecar_gc_deleted_total", {"reason": "space"}) or 0.0
@@ -68,15 +69,15 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, blocks: bool) -> Be
         clock=clock,
     )
     bed = Bed(server, snapshots, saver, registry)
-    measure = snapshots.usage
+    measure = snapshots.disk.usage
 
     def usage() -> store.Usage:
         real = measure()
         return dataclasses.replace(real, free_bytes=max(0, bed.capacity - real.used_bytes))
 
-    monkeypatch.setattr(snapshots, "usage", usage)
-    monkeypatch.setattr(snapshots, "free_bytes", lambda: usage().free_bytes)
-    monkeypatch.setattr(snapshots, "staging_room", lambda: (bed.staging_free, False) if blocks else None)
+    monkeypatch.setattr(snapshots.disk, "usage", usage)
+    monkeypatch.setattr(snapshots.disk, "free_bytes", lambda: usage().free_bytes)
+    monkeypatch.setattr(snapshots.disk, "staging_room", lambda: (bed.staging_free, False) if blocks else None)
     return bed
 
 
@@ -121,7 +122,7 @@ async def test_a_disk_at_the_floor_deletes_the_least_recently_used_and_saves(
     for slot, task in ((0, 1), (1, 2), (0, 3), (1, 4)):  # four conversations, two per slot
         assert (await bed.save(slot, task)).result is R.OK
     oldest, second, newest0, newest1 = (bed.snapshots.snapshots()[i].file for i in (3, 2, 1, 0))
-    bed.snapshots.touch(oldest)  # restored since: used more recently than the slot-1 conversation
+    bed.snapshots.recency.touch(oldest)  # restored since: used more recently than the slot-1 conversation
     bed.capacity = bed.used() + FLOOR + 400_000  # a new 1 MB conversation: one snapshot must go
     with capture_logs() as logs:
         record = await bed.save(0, task=5)
@@ -136,7 +137,7 @@ async def test_a_disk_at_the_floor_deletes_the_least_recently_used_and_saves(
     assert line["free_bytes_after"] - line["free_bytes_before"] >= line["freed_bytes"] > 400_000
     assert "--max-bytes" in line["hint"]
     for m in bed.snapshots.snapshots():
-        bed.snapshots.check(m)  # what stays is whole
+        bed.snapshots.curator.check(m)  # what stays is whole
 
 
 @pytest.mark.parametrize("blocks", [False, True], ids=["whole-files", "block-store"])
@@ -163,7 +164,7 @@ async def test_a_snapshot_in_use_is_never_deleted_for_space(tmp_path: Path, monk
         await bed.save(slot, task)
     oldest, middle, _ = (m.file for m in reversed(bed.snapshots.snapshots()))
     bed.capacity = bed.used() + FLOOR + 400_000
-    with bed.snapshots.using(oldest):
+    with bed.snapshots.recency.using(oldest):
         assert (await bed.save(0, task=4)).result is R.OK
     assert oldest in bed.files()
     assert middle not in bed.files()
@@ -177,22 +178,22 @@ async def test_the_check_before_a_save_measures_free_space_only_and_never_lists_
     bed = make(tmp_path, monkeypatch, blocks=True)
     assert (await bed.save(0, task=1)).result is R.OK
     listed: list[int] = []
-    measure = bed.snapshots.usage
+    measure = bed.snapshots.disk.usage
 
     def usage() -> store.Usage:
         listed.append(1)
         return measure()
 
-    monkeypatch.setattr(bed.snapshots, "usage", usage)
-    free = bed.snapshots.free_bytes
-    monkeypatch.setattr(bed.snapshots, "free_bytes", lambda: bed.capacity - measure().used_bytes)
+    monkeypatch.setattr(bed.snapshots.disk, "usage", usage)
+    free = bed.snapshots.disk.free_bytes
+    monkeypatch.setattr(bed.snapshots.disk, "free_bytes", lambda: bed.capacity - measure().used_bytes)
     assert (await bed.save(0, task=2, tokens=TOKENS * 2)).result is R.OK
     assert listed == []
     bed.capacity = measure().used_bytes + FLOOR  # no room above the floor: skipped, still without a listing
     record = await bed.save(1, task=3)
     assert (record.result, record.cause) == (R.SKIPPED, C.LOW_DISK)
     assert listed == []
-    monkeypatch.setattr(bed.snapshots, "free_bytes", free)
+    monkeypatch.setattr(bed.snapshots.disk, "free_bytes", free)
     assert isinstance(free(), int)  # the real one: a statvfs of the store's filesystem
 
 

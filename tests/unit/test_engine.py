@@ -11,9 +11,10 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import engine, policy, probe, saves, slotservice, snapshotter
 from sidecar.core import config, errors, events, hashing, metrics, outcomes
+from sidecar.engine import engine, probe, saves, slotservice
 from sidecar.observe import poller
+from sidecar.save import policy, snapshotter
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
 from tests.unit import memllama
@@ -340,14 +341,14 @@ async def test_files_are_checked_while_the_server_loads_not_once_it_is_up(
     bed.server.run_turn(0, task=1, tokens=500)
     await bed.cycle()
     await bed.cycle(after=3.0)
-    check = bed.snapshots.check
+    check = bed.snapshots.curator.check
     checked: list[events.Health] = []
 
     def recorded_verify(record: manifest.Manifest) -> None:
         checked.append(bed.server.health_state)
         check(record)
 
-    monkeypatch.setattr(bed.snapshots, "check", recorded_verify)
+    monkeypatch.setattr(bed.snapshots.curator, "check", recorded_verify)
     bed.server.health_state = events.Health.DOWN  # killed
     await bed.cycle(after=1.0)
     bed.server.health_state = events.Health.LOADING

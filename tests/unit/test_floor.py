@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.act import policy
+from sidecar.save import policy
 from sidecar.snapshots import floor, retention, spill
 from tests.unit.test_policy import snap
 

@@ -20,8 +20,10 @@ import pytest
 import xxhash
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import actions, report, restorer
 from sidecar.core import errors, events, hashing, metrics, protocols, safeio
+from sidecar.engine import report
+from sidecar.restore import restorer
+from sidecar.slots import actions
 from sidecar.snapshots import manifest, store
 from tests.support import clocks, told
 from tests.unit import memllama
@@ -38,9 +40,9 @@ def fresh(path: Path) -> tuple[store.SnapshotStore, told.Calls]:
 
 def good(snaps: store.SnapshotStore) -> manifest.Manifest:
     data = b"kv" * 500
-    temp = snaps.temp_name(0)
+    temp = snaps.writer.temp_name(0)
     (snaps.dir / temp).write_bytes(data)
-    return snaps.commit(temp, slot=0, tokens=300, written=len(data), task=9, fingerprint=FP)
+    return snaps.writer.commit(temp, slot=0, tokens=300, written=len(data), task=9, fingerprint=FP)
 
 
 def manifest_for(name: str, data_size: int, digest: str, *, slot: int = 1) -> str:
@@ -64,7 +66,7 @@ def test_a_bin_linked_to_dev_zero_with_a_zero_byte_manifest_is_refused_and_never
     name = f"slot1-{STAMP}.bin"
     (tmp_path / name).symlink_to("/dev/zero")
     (tmp_path / name.replace(".bin", ".json")).write_text(manifest_for(name, 0, xxhash.xxh3_128_hexdigest(b"")))
-    snaps.scan(clean=True)
+    snaps.loader.scan(clean=True)
     assert snaps.snapshots() == [kept]
     assert [(n, r) for n, r, _ in bad.calls] == [(name, "not_regular")]
     assert "symbolic link" in bad.calls[0][2]
@@ -73,7 +75,7 @@ def test_a_bin_linked_to_dev_zero_with_a_zero_byte_manifest_is_refused_and_never
     (tmp_path / name).symlink_to("/dev/zero")  # put back: a check of it must refuse, not hash forever
     started = time.monotonic()
     with pytest.raises(errors.SnapshotError) as refused:
-        snaps.check(lying)
+        snaps.curator.check(lying)
     assert refused.value.reason == "not_regular"
     assert time.monotonic() - started < 1.0
 
@@ -87,8 +89,8 @@ def test_a_fifo_named_like_a_manifest_neither_blocks_a_refresh_nor_a_scan(tmp_pa
     done = threading.Event()
 
     def refresh() -> None:
-        snaps.refresh(name)
-        snaps.scan(clean=False)
+        snaps.loader.refresh(name)
+        snaps.loader.scan(clean=False)
         done.set()
 
     worker = threading.Thread(target=refresh, daemon=True)
@@ -116,12 +118,12 @@ def test_a_bin_linked_outside_the_dir_with_a_consistent_manifest_is_refused(tmp_
     (slot_dir / name).symlink_to(outside)
     text = manifest_for(name, outside.stat().st_size, xxhash.xxh3_128_hexdigest(outside.read_bytes()))
     (slot_dir / name.replace(".bin", ".json")).write_text(text)
-    snaps.scan(clean=False)
+    snaps.loader.scan(clean=False)
     assert snaps.snapshots() == [kept]
     assert [(n, r) for n, r, _ in bad.calls] == [(name, "not_regular")]
     (slot_dir / name).symlink_to(outside)  # and if it came back between a scan and a check
     with pytest.raises(errors.SnapshotError) as refused:
-        snaps.check(manifest.Manifest.from_json(text))
+        snaps.curator.check(manifest.Manifest.from_json(text))
     assert refused.value.reason == "not_regular"
     assert outside.read_bytes().startswith(b"root:")  # never written to, never renamed
 
@@ -134,7 +136,7 @@ def test_a_manifest_of_a_gigabyte_is_refused_unread(tmp_path: Path) -> None:
     with (tmp_path / name).open("wb") as fh:
         fh.truncate(1 << 30)  # sparse: a gigabyte to read, nothing on disk
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    snaps.scan(clean=False)
+    snaps.loader.scan(clean=False)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert snaps.snapshots() == [kept]
     assert [(n, r) for n, r, _ in bad.calls] == [(name.replace(".json", ".bin"), "oversized")]
@@ -186,9 +188,9 @@ async def test_a_check_that_hangs_is_seen_by_liveness_once_past_its_deadline(
         stats=metrics.Metrics(CollectorRegistry(), version="t"),
         clock=clock,
         identity=lambda: memllama.IDENTITY,
-    )
+    ).checks
     release = threading.Event()
-    monkeypatch.setattr(snaps, "check", lambda _record: release.wait(10.0))
+    monkeypatch.setattr(snaps.curator, "check", lambda _record: release.wait(10.0))
     checking = asyncio.create_task(worker.precheck())
     while worker.checking is None:
         await asyncio.sleep(0.01)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.act import policy
 from sidecar.core import events, outcomes
 from sidecar.library import prompt, routing
+from sidecar.save import policy
 from sidecar.snapshots import manifest, slotfile, store
 from tests.support import clocks
 from tests.support.told import Told
@@ -47,9 +47,9 @@ def snaps(tmp_path: Path) -> store.SnapshotStore:
 
 
 def commit(snaps: store.SnapshotStore, data: bytes, slot: int = 0) -> manifest.Manifest:
-    temp = snaps.temp_name(slot)
+    temp = snaps.writer.temp_name(slot)
     (snaps.dir / temp).write_bytes(data)
-    return snaps.commit(temp, slot=slot, tokens=300, written=len(data), task=9, fingerprint=FP)
+    return snaps.writer.commit(temp, slot=slot, tokens=300, written=len(data), task=9, fingerprint=FP)
 
 
 def test_commit_records_token_count_and_chain_and_nothing_of_the_ids(snaps: store.SnapshotStore) -> None:
@@ -60,7 +60,7 @@ def test_commit_records_token_count_and_chain_and_nothing_of_the_ids(snaps: stor
     text = (snaps.dir / record.file.replace(".bin", ".json")).read_text()
     assert json.loads(text)["index"]["chain"] == list(record.index.chain)
     assert str(ids[7]) not in text  # hashes only
-    snaps.scan(clean=False)
+    snaps.loader.scan(clean=False)
     assert snaps.snapshots()[0].index == record.index  # read back at start-up
 
 
@@ -113,12 +113,12 @@ def test_a_conversation_in_use_is_never_evicted_and_the_least_recently_used_goes
     a = commit(snaps, slot_file(conversation(1, 2)), slot=0)
     b = commit(snaps, slot_file(conversation(2, 2)), slot=0)
     c = commit(snaps, slot_file(conversation(3, 2)), slot=0)
-    snaps.touch(a.file)  # a was used last: b is the least recently used
+    snaps.recency.touch(a.file)  # a was used last: b is the least recently used
     cap = a.bytes + c.bytes
-    with snaps.using(b.file):
+    with snaps.recency.using(b.file):
         doomed = policy.select_for_deletion(
             snaps.snapshots(), keep_per_slot=1, max_bytes=cap, max_age=0, now=0,
-            in_use=snaps.in_use(), last_used=snaps.last_used,
+            in_use=snaps.recency.in_use(), last_used=snaps.last_used,
         )  # fmt: skip
         assert doomed == [(a, outcomes.GcReason.BYTES)]  # b in use, c the slot's newest
     doomed = policy.select_for_deletion(
@@ -276,10 +276,10 @@ def test_a_new_conversation_saves_a_changed_victim_first() -> None:
 def test_last_use_survives_a_restart_of_the_sidecar(snaps: store.SnapshotStore, tmp_path: Path) -> None:
     a = commit(snaps, slot_file(conversation(1, 2)))
     commit(snaps, slot_file(conversation(2, 2)))
-    snaps.touch(a.file)
+    snaps.recency.touch(a.file)
     touched = snaps.last_used(a.file)
     again = store.SnapshotStore(tmp_path, clock=after_real_time())
-    again.scan(clean=False)
+    again.loader.scan(clean=False)
     assert again.last_used(a.file) == pytest.approx(touched, abs=0.01)
     assert again.last_used(a.file) > a.created
 

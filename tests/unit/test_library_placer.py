@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import engine
 from sidecar.core import config, errors, events, metrics, outcomes, protocols
+from sidecar.engine import engine
 from sidecar.library import fetching, placer, prompt, ramtier, turns
 from sidecar.observe import memory, poller
 from sidecar.proxy import answer, tickets
@@ -280,13 +280,13 @@ class FakeShared:
         ids = ids_of(conversation)
         other = store.SnapshotStore(tmp_path / "node-a", clock=clocks.reading(lambda: 1_700_000_000.0))
         other.dir.mkdir()
-        temp = other.temp_name(0)
+        temp = other.writer.temp_name(0)
         data = slot_bytes(ids)
         (other.dir / temp).write_bytes(data)
         _, identity = bed.engine.slots.seen()
         assert identity is not None
         fingerprint = manifest.Fingerprint.of(identity, n_ctx=self._n_ctx())
-        made = other.commit(temp, slot=0, tokens=len(ids), written=len(data), task=None, fingerprint=fingerprint)
+        made = other.writer.commit(temp, slot=0, tokens=len(ids), written=len(data), task=None, fingerprint=fingerprint)
         chain = slotfile.prefix_hashes(slotfile.pack_ids(ids))
         self.record = records.SharedRecord(made, "blobs/a", chain, BLOCK, 1_700_000_000.0)
         self.data = data
@@ -322,9 +322,9 @@ class FakeShared:
         if self.fail_fetch:
             return None  # the real store counts and logs its own failures
         snapshots = self.bed.snapshots
-        temp = snapshots.temp_name(slot)
+        temp = snapshots.writer.temp_name(slot)
         (snapshots.dir / temp).write_bytes(self.data)
-        return snapshots.commit(
+        return snapshots.writer.commit(
             temp,
             slot=slot,
             tokens=shared.snapshot.tokens,
@@ -395,13 +395,13 @@ async def test_the_fetch_runs_while_the_slot_is_saved_and_what_it_committed_is_n
 
     bed.server.hooks["save"] = save_waits_for_the_fetch
     hashed: list[str] = []
-    check = bed.snapshots.check
+    check = bed.snapshots.curator.check
 
     def counted(record: manifest.Manifest) -> None:
         hashed.append(record.file)
         check(record)
 
-    monkeypatch.setattr(bed.snapshots, "check", counted)
+    monkeypatch.setattr(bed.snapshots.curator, "check", counted)
     async with bed.request("A") as slot:
         assert slot == 0
     assert bed.actions() == [("save", 0), ("restore", 0)]

@@ -1,4 +1,4 @@
-"""One watched server's life (act.lifecycle): every row of its tables, its guards, and properties over any history."""
+"""One watched server's life (engine.lifecycle): every row of its tables, its guards, properties over any history."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.act import lifecycle
-from sidecar.act.lifecycle import Kind, Round, Stage
 from sidecar.core import events
+from sidecar.engine import lifecycle
+from sidecar.engine.lifecycle import Kind, Round, Stage
 
 T = TypeVar("T", Stage, Round)
 DOCS = Path(__file__).resolve().parents[2] / "docs"

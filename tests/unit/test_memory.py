@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.act import boundary, restorer
 from sidecar.core import events
 from sidecar.observe import memory
+from sidecar.restore import restorer
+from sidecar.save import boundary
 
 
 def _gguf(path: Path, kv: list[tuple[str, int, bytes]]) -> Path:

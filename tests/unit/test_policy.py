@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.act import policy
 from sidecar.core import config, events, hashing, outcomes
+from sidecar.restore import plan
+from sidecar.save import policy
 from sidecar.snapshots import manifest
 from tests.support.views import slot
 
@@ -311,23 +312,23 @@ def test_final_idle_first_then_busy_and_only_changed_slots_worth_a_file() -> Non
     ids=["busy virgin", "busy cleared", "idle holding tokens"],
 )
 def test_restore_never_into_a_busy_or_non_empty_slot(view: events.SlotView) -> None:
-    plan = policy.plan_restore(view, [snap(0, 100.0)], IDENTITY)
-    assert plan == policy.RestorePlan(0, (), outcomes.RestoreOutcome.SLOT_BUSY)
+    chosen = plan.plan_restore(view, [snap(0, 100.0)], IDENTITY)
+    assert chosen == plan.RestorePlan(0, (), outcomes.RestoreOutcome.SLOT_BUSY)
 
 
 def test_busy_wins_over_no_snapshot() -> None:
-    plan = policy.plan_restore(slot(0, busy=True), [], IDENTITY)
-    assert plan.outcome is outcomes.RestoreOutcome.SLOT_BUSY
+    chosen = plan.plan_restore(slot(0, busy=True), [], IDENTITY)
+    assert chosen.outcome is outcomes.RestoreOutcome.SLOT_BUSY
 
 
 def test_no_snapshot() -> None:
-    assert policy.plan_restore(slot(0), [], IDENTITY) == policy.RestorePlan(0, (), outcomes.RestoreOutcome.NO_SNAPSHOT)
+    assert plan.plan_restore(slot(0), [], IDENTITY) == plan.RestorePlan(0, (), outcomes.RestoreOutcome.NO_SNAPSHOT)
 
 
 def test_slot_cleared_by_cache_idle_slots_may_be_restored() -> None:
     s = snap(0, 100.0)
-    plan = policy.plan_restore(slot(0, task=7, tokens=0), [s], IDENTITY)
-    assert plan == policy.RestorePlan(0, (s,), None)
+    chosen = plan.plan_restore(slot(0, task=7, tokens=0), [s], IDENTITY)
+    assert chosen == plan.RestorePlan(0, (s,), None)
 
 
 def test_all_incompatible_names_each_field() -> None:
@@ -340,11 +341,11 @@ def test_all_incompatible_names_each_field() -> None:
         fingerprint=manifest.Fingerprint.of(events.Identity("b1", "/other.gguf", 4, 8192, 1000, 10), n_ctx=4096),
     )
     too_long = snap(0, 100.0, tokens=5000)
-    plan = policy.plan_restore(slot(0, n_ctx=4096), [other_build, other_model, too_long], IDENTITY)
-    assert plan.outcome is outcomes.RestoreOutcome.INCOMPATIBLE
-    assert plan.candidates == ()
-    assert [file for file, _ in plan.refusals] == [other_build.file, other_model.file, too_long.file]
-    whys = [why for _, why in plan.refusals]
+    chosen = plan.plan_restore(slot(0, n_ctx=4096), [other_build, other_model, too_long], IDENTITY)
+    assert chosen.outcome is outcomes.RestoreOutcome.INCOMPATIBLE
+    assert chosen.candidates == ()
+    assert [file for file, _ in chosen.refusals] == [other_build.file, other_model.file, too_long.file]
+    whys = [why for _, why in chosen.refusals]
     assert whys[0].startswith("build_info:")
     assert "'b0'" in whys[0]
     assert "'b1'" in whys[0]
@@ -353,28 +354,28 @@ def test_all_incompatible_names_each_field() -> None:
 
 
 def test_slot_beyond_server_slots_is_incompatible() -> None:
-    plan = policy.plan_restore(slot(5), [snap(5, 1.0)], IDENTITY)
-    assert plan.outcome is outcomes.RestoreOutcome.INCOMPATIBLE
-    assert plan.refusals[0][1].startswith("total_slots:")
+    chosen = plan.plan_restore(slot(5), [snap(5, 1.0)], IDENTITY)
+    assert chosen.outcome is outcomes.RestoreOutcome.INCOMPATIBLE
+    assert chosen.refusals[0][1].startswith("total_slots:")
 
 
 def test_newest_compatible_first() -> None:
     old_fp = manifest.Fingerprint.of(events.Identity("b0", "/m.gguf", 4, 8192, 1000, 10), n_ctx=4096)
     newest_bad = snap(0, 400.0, fingerprint=old_fp)
     newer, older, oldest = snap(0, 300.0), snap(0, 200.0), snap(0, 100.0)
-    plan = policy.plan_restore(slot(0), [newest_bad, newer, older, oldest], IDENTITY)
-    assert plan.outcome is None
-    assert plan.candidates == (newer, older, oldest)
-    assert [file for file, _ in plan.refusals] == [newest_bad.file]
+    chosen = plan.plan_restore(slot(0), [newest_bad, newer, older, oldest], IDENTITY)
+    assert chosen.outcome is None
+    assert chosen.candidates == (newer, older, oldest)
+    assert [file for file, _ in chosen.refusals] == [newest_bad.file]
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_newest_compatible_first_whatever_the_input_order(seed: int) -> None:
     snaps = [snap(0, 100.0), snap(0, 300.0), snap(0, 200.0), snap(0, 400.0, tokens=10**6)]
     random.Random(seed).shuffle(snaps)
-    plan = policy.plan_restore(slot(0), snaps, IDENTITY)
-    assert [m.created for m in plan.candidates] == [300.0, 200.0, 100.0]
-    assert [file for file, _ in plan.refusals] == [snap(0, 400.0).file]
+    chosen = plan.plan_restore(slot(0), snaps, IDENTITY)
+    assert [m.created for m in chosen.candidates] == [300.0, 200.0, 100.0]
+    assert [file for file, _ in chosen.refusals] == [snap(0, 400.0).file]
 
 
 # ---- select_for_deletion -------------------------------------------------------------

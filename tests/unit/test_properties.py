@@ -22,9 +22,10 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.act import policy
 from sidecar.core import config, errors, events, hashing, outcomes, protocols
 from sidecar.observe import poller
+from sidecar.restore import plan
+from sidecar.save import policy
 from sidecar.snapshots import manifest
 from tests.support import clocks
 
@@ -375,13 +376,13 @@ class Checker:
                     0, _manifest(action.slot, obs.at, action.tokens, obs.identity)
                 )
         for view in obs.slots:  # the restorer's plan, for every slot as it is now
-            plan = policy.plan_restore(view, self.snapshots.get(view.id, []), obs.identity)
-            if plan.candidates:
+            chosen = plan.plan_restore(view, self.snapshots.get(view.id, []), obs.identity)
+            if chosen.candidates:
                 assert not view.processing
-                assert view.empty, (view, plan)
-                assert plan.outcome is None
+                assert view.empty, (view, chosen)
+                assert chosen.outcome is None
             if view.processing or not view.empty:
-                assert plan.outcome is outcomes.RestoreOutcome.SLOT_BUSY
+                assert chosen.outcome is outcomes.RestoreOutcome.SLOT_BUSY
 
 
 # ---- the properties ------------------------------------------------------------------

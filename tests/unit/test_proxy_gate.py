@@ -7,8 +7,8 @@ import asyncio
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import gate, lifecycle
 from sidecar.core import events, metrics
+from sidecar.engine import gate, lifecycle
 from sidecar.proxy import routes
 from tests.support import clocks
 

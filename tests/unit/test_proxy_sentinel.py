@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import structlog
 
-from sidecar.act import gate
+from sidecar.engine import gate
 from sidecar.proxy import backoff, sentinel
 
 OK = b'HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{"status":"ok"}'

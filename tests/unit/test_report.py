@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar.act import report
 from sidecar.core import config, events
+from sidecar.engine import report
 
 SETTINGS = config.Settings(
     upstream=config.UpstreamSettings(request_timeout=5.0, action_timeout=300.0),

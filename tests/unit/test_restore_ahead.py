@@ -1,4 +1,4 @@
-"""Rebuilding ahead (sidecar.act.ahead): how many files fit, and the restorer taking them, never a stale one."""
+"""Rebuilding ahead (sidecar.restore.ahead): how many files fit, and the restorer taking them, never a stale one."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import actions, ahead, restoreplan, restorer
 from sidecar.core import hashing, metrics
+from sidecar.restore import ahead, plan, restorer
+from sidecar.slots import actions
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
 from tests.unit import memllama
@@ -39,10 +40,12 @@ class Bed:
     """What each restore call found under the name it was given."""
 
     def saved(self, slot: int, tokens: int, *, task: int = 1) -> manifest.Manifest:
-        temp = self.snapshots.temp_name(slot)
+        temp = self.snapshots.writer.temp_name(slot)
         data = bytes([slot]) * memllama.HEADER + bytes([task % 256]) * (tokens * memllama.BYTES_PER_TOKEN)
         (self.snapshots.staging / temp).write_bytes(data)  # what llama-server's save does
-        return self.snapshots.commit(temp, slot=slot, tokens=tokens, written=len(data), task=task, fingerprint=FP)
+        return self.snapshots.writer.commit(
+            temp, slot=slot, tokens=tokens, written=len(data), task=task, fingerprint=FP
+        )
 
     def staged(self) -> list[str]:
         return sorted(p.name for p in self.snapshots.staging.iterdir())
@@ -55,7 +58,7 @@ class Bed:
 
     async def round(self) -> list[tuple[int, str]]:
         await self.restorer.restore_all(memllama.IDENTITY, healthy_at=None, counters=None)
-        return [(r.slot, r.result.value) for r in self.restorer.last]
+        return [(r.slot, r.result.value) for r in self.restorer.verifier.last]
 
     async def settled(self) -> None:
         """Wait until the staged files given back after the restores are deleted."""
@@ -94,7 +97,7 @@ def bed(tmp_path: Path) -> Bed:
 
 async def test_the_round_restores_the_files_rebuilt_while_the_server_loaded(bed: Bed) -> None:
     first, second = bed.saved(0, 500), bed.saved(1, 300, task=2)
-    await bed.restorer.precheck(rebuild=True)  # while the server loads
+    await bed.restorer.checks.precheck(rebuild=True)  # while the server loads
     built = bed.staged()
     assert len(built) == 2
     assert bed.restorer.ahead
@@ -107,12 +110,12 @@ async def test_the_round_restores_the_files_rebuilt_while_the_server_loaded(bed:
     assert len(bed.restored[1]) == second.bytes
     assert len(bed.restored[0]) == first.bytes
     await bed.settled()
-    assert bed.snapshots.usage().staged_bytes == 0
+    assert bed.snapshots.disk.usage().staged_bytes == 0
 
 
 async def test_a_snapshot_committed_after_the_rebuild_wins_and_the_stale_file_is_deleted(bed: Bed) -> None:
     bed.saved(0, 500)
-    await bed.restorer.precheck(rebuild=True)
+    await bed.restorer.checks.precheck(rebuild=True)
     stale = bed.staged()
     newer = bed.saved(0, 700, task=5)  # a save committed after the rebuild, before the round
     at_restore: list[list[str]] = []
@@ -136,7 +139,7 @@ async def test_a_snapshot_committed_after_the_rebuild_wins_and_the_stale_file_is
 
 async def test_a_file_changed_after_its_rebuild_is_not_handed_to_the_server(bed: Bed) -> None:
     bed.saved(0, 500)
-    await bed.restorer.precheck(rebuild=True)
+    await bed.restorer.checks.precheck(rebuild=True)
     (name,) = bed.staged()
     path = bed.snapshots.staging / name
     data = bytearray(path.read_bytes())
@@ -153,7 +156,7 @@ async def test_a_file_changed_after_its_rebuild_is_not_handed_to_the_server(bed:
 
 async def test_files_no_round_took_are_deleted(bed: Bed) -> None:
     bed.saved(0, 500)
-    await bed.restorer.precheck(rebuild=True)
+    await bed.restorer.checks.precheck(rebuild=True)
     assert bed.staged()
     await bed.restorer.drop_ahead()
     assert bed.staged() == []
@@ -176,7 +179,7 @@ async def test_nothing_is_rebuilt_ahead_without_room_for_the_largest_beyond(bed:
             room=lambda _: ahead.Room(staging=2 * (memllama.HEADER + 500 * memllama.BYTES_PER_TOKEN), memory=None),
         ),
     )
-    await bed.restorer.precheck(rebuild=True)
+    await bed.restorer.checks.precheck(rebuild=True)
     assert len(bed.staged()) == 1  # slot 0's fits with room for the largest beyond; slot 1's does not
     assert bed.value("skipped") == 1
     assert await bed.round() == [(0, "ok"), (1, "ok")]
@@ -258,8 +261,8 @@ class _Wants:
         self._bed, self._file = bed, file
         self._done: set[str] = set()
 
-    async def next_step(self, pending: tuple[int, ...]) -> restoreplan.Step:
-        return restoreplan.plan(pending, (self._file,), self._bed.snapshots.snapshots(), done=self._done)[0]
+    async def next_step(self, pending: tuple[int, ...]) -> plan.Step:
+        return plan.plan(pending, (self._file,), self._bed.snapshots.snapshots(), done=self._done)[0]
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         self._done.add(record.file)
@@ -272,7 +275,7 @@ async def test_a_file_rebuilt_ahead_that_a_held_request_displaces_gives_its_page
     bed.saved(0, 600, task=2)
     bed.saved(1, 300, task=3)
     bed.snapshots.staged.keeps_spare = True  # as on a tmpfs of small pages
-    await bed.restorer.precheck(rebuild=True)  # each slot's newest, while the server loads
+    await bed.restorer.checks.precheck(rebuild=True)  # each slot's newest, while the server loads
     built = {name: (bed.snapshots.staging / name).stat().st_ino for name in bed.staged()}
     assert len(built) == 2
     inodes: dict[int, int] = {}
@@ -284,7 +287,7 @@ async def test_a_file_rebuilt_ahead_that_a_held_request_displaces_gives_its_page
 
     bed.server.hooks["restore"] = seen
     await bed.restorer.restore_all(memllama.IDENTITY, healthy_at=None, counters=None, order=_Wants(bed, wanted.file))
-    first = bed.restorer.last[0]
+    first = bed.restorer.verifier.last[0]
     assert (first.slot, first.result.value, first.file) == (0, "ok", wanted.file)
     assert len(bed.restored[0]) == wanted.bytes
     assert bed.restored[0][-1] == 1  # the wanted snapshot's exact bytes

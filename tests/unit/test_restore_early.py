@@ -1,4 +1,4 @@
-"""A restore round's order and the requests it lets through early (act.early, act.gate), without any network."""
+"""A restore round's order and the requests it lets through early (restore.early, engine.gate), without any network."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import early, gate
 from sidecar.core import hashing, metrics
+from sidecar.engine import gate
+from sidecar.restore import early
 from sidecar.snapshots import manifest
 
 SHORT = 0.05

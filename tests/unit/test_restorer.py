@@ -10,8 +10,9 @@ import pytest
 import structlog.testing
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import actions, restorer
 from sidecar.core import events, metrics, outcomes, protocols
+from sidecar.restore import restorer
+from sidecar.slots import actions
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
 from tests.unit import memllama
@@ -28,10 +29,10 @@ class Bed:
 
     def saved(self, slot: int, tokens: int, *, task: int = 1, created: float | None = None) -> manifest.Manifest:
         """A committed snapshot of ``slot``, as an earlier save left it (dated ``created``; None: the clock's)."""
-        temp = self.snapshots.temp_name(slot)
+        temp = self.snapshots.writer.temp_name(slot)
         data = bytes([slot]) * memllama.HEADER + bytes([task % 256]) * (tokens * memllama.BYTES_PER_TOKEN)
         (self.snapshots.dir / temp).write_bytes(data)
-        return self.snapshots.commit(
+        return self.snapshots.writer.commit(
             temp, slot=slot, tokens=tokens, written=len(data), task=task, fingerprint=FP, created=created
         )
 
@@ -41,7 +42,7 @@ class Bed:
 
     async def round(self) -> list[tuple[int, outcomes.RestoreOutcome]]:
         await self.restorer.restore_all(memllama.IDENTITY, healthy_at=None, counters=None)
-        return [(r.slot, r.result) for r in self.restorer.last]
+        return [(r.slot, r.result) for r in self.restorer.verifier.last]
 
 
 @pytest.fixture
@@ -49,13 +50,13 @@ def bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Bed:
     server = memllama.MemLlama(tmp_path)
     stamps = itertools.count(1_764_000_000)
     snapshots = store.SnapshotStore(tmp_path, clock=clocks.reading(lambda: float(next(stamps))))
-    check = snapshots.check
+    check = snapshots.curator.check
 
     def recorded_verify(record: manifest.Manifest) -> None:
         server.calls.append(("verify", record.file))
         check(record)
 
-    monkeypatch.setattr(snapshots, "check", recorded_verify)
+    monkeypatch.setattr(snapshots.curator, "check", recorded_verify)
     registry = CollectorRegistry()
     stats = metrics.Metrics(registry, version="t")
     stats.init_slots(range(2))
@@ -81,13 +82,13 @@ async def test_a_request_that_runs_on_the_slot_during_the_restore_call_is_counte
     assert bed.value("llama_sidecar_restores_total", slot="0", result="raced") == 1
     assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 0
     assert bed.value("llama_sidecar_restored_tokens_total", slot="0") == 0
-    assert bed.restorer.unverified == {}
+    assert bed.restorer.verifier.unverified == {}
 
 
 async def test_files_checked_ahead_are_not_hashed_between_the_slot_read_and_the_restore(bed: Bed) -> None:
     newest = bed.saved(0, 500)
     bed.saved(1, 300)
-    await bed.restorer.precheck()  # while the server loads
+    await bed.restorer.checks.precheck()  # while the server loads
     assert sorted(str(f) for name, f in bed.server.calls if name == "verify") == sorted(
         m.file for m in bed.snapshots.snapshots()
     )
@@ -100,7 +101,7 @@ async def test_files_checked_ahead_are_not_hashed_between_the_slot_read_and_the_
         if name == "restore":
             assert names[i - 1] == "slots"  # read right before
             assert names[i + 1] == "slots"  # and right after
-    assert bed.restorer.unverified[0].tokens == newest.tokens
+    assert bed.restorer.verifier.unverified[0].tokens == newest.tokens
 
 
 async def test_the_precheck_checks_the_newest_snapshot_by_generation_whatever_the_wall_clock_said(bed: Bed) -> None:
@@ -108,14 +109,14 @@ async def test_the_precheck_checks_the_newest_snapshot_by_generation_whatever_th
     older = bed.saved(0, 400, task=1)
     newer = bed.saved(0, 500, task=2, created=older.created - 3600.0)
     assert bed.snapshots.snapshots(0) == [newer, older]
-    await bed.restorer.precheck()
+    await bed.restorer.checks.precheck()
     assert [f for name, f in bed.server.calls if name == "verify"] == [newer.file]
 
 
 async def test_a_file_changed_after_its_check_is_checked_again_and_the_older_one_restored(bed: Bed) -> None:
     older = bed.saved(0, 400, task=1)
     newest = bed.saved(0, 500, task=2)
-    await bed.restorer.precheck()
+    await bed.restorer.checks.precheck()
     path = bed.snapshots.dir / newest.file
     data = bytearray(path.read_bytes())
     data[100] ^= 0xFF
@@ -136,13 +137,13 @@ async def test_a_slot_taken_while_its_file_is_hashed_is_left_to_the_request(
     bed: Bed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bed.saved(0, 500)  # not checked ahead (the sidecar started with the server already up)
-    check = bed.snapshots.check
+    check = bed.snapshots.curator.check
 
     def slow_verify(record: manifest.Manifest) -> None:
         check(record)
         bed.server.set_slot(0, task=3, tokens=60, processing=True)  # a request arrives meanwhile
 
-    monkeypatch.setattr(bed.snapshots, "check", slow_verify)
+    monkeypatch.setattr(bed.snapshots.curator, "check", slow_verify)
     assert await bed.round() == [(0, "slot_busy"), (1, "no_snapshot")]
     assert "restore" not in bed.server.names()
 
@@ -160,7 +161,7 @@ async def test_a_slot_is_read_again_once_the_round_has_hashed_or_restored(bed: B
 
 async def test_each_restore_round_hashes_its_files_anew(bed: Bed) -> None:
     bed.saved(0, 500)
-    await bed.restorer.precheck()
+    await bed.restorer.checks.precheck()
     assert await bed.round() == [(0, "ok"), (1, "no_snapshot")]
     bed.server.set_slot(0, tokens=0)
     bed.server.calls.clear()
@@ -175,24 +176,24 @@ async def test_a_swap_judged_effective_is_listed_and_its_saved_prefill_counted_a
     result, after = await bed.restorer.swap_in(0, record, counters=counters)
     assert result.result is outcomes.RestoreOutcome.OK
     assert after is not None
-    assert [(d.by, d.slot, d.tokens, d.verdict) for d in bed.restorer.recent] == [
+    assert [(d.by, d.slot, d.tokens, d.verdict) for d in bed.restorer.verifier.recent] == [
         (outcomes.SavedBy.SWAP, 0, 1000, None)
     ]
     bed.server.run_turn(0, task=(after.task or 0) + 1, tokens=1010, cached=1000)
     obs = events.Observation(
-        at=bed.restorer.unverified[0].at + 1.0,
+        at=bed.restorer.verifier.unverified[0].at + 1.0,
         health=events.Health.OK,
         slots=tuple(bed.server.slot_views),
         counters=await bed.server.counters(),
         counters_fresh=True,
     )
-    bed.restorer.observe(obs, memllama.IDENTITY)
-    bed.restorer.judge(obs)
+    bed.restorer.verifier.observe(obs, memllama.IDENTITY)
+    bed.restorer.verifier.judge(obs)
     rate = 4010 / 8.0
     assert bed.value("llama_sidecar_prefill_saved_seconds_total", by="swap") == pytest.approx(1000 / rate)
     assert bed.value("llama_sidecar_prefill_saved_tokens_total", by="swap") == 1000
     assert bed.value("llama_sidecar_prefill_saved_seconds_total", by="restore") == 0
-    (done,) = bed.restorer.recent
+    (done,) = bed.restorer.verifier.recent
     assert (done.verdict, done.reused_tokens) == (outcomes.Verification.EFFECTIVE, 1000)
     assert done.saved_seconds == pytest.approx(1000 / rate)
 
@@ -220,10 +221,10 @@ async def test_a_swap_of_a_snapshot_that_does_not_fit_the_server_is_refused_befo
         identity=lambda: fits,
     )
     fingerprint = manifest.Fingerprint.of(dataclasses.replace(fits, **foreign), n_ctx=memllama.N_CTX)  # type: ignore[arg-type]
-    temp = bed.snapshots.temp_name(1)
+    temp = bed.snapshots.writer.temp_name(1)
     data = bytes(memllama.HEADER) + bytes(300 * memllama.BYTES_PER_TOKEN)
     (bed.snapshots.dir / temp).write_bytes(data)
-    other = bed.snapshots.commit(temp, slot=1, tokens=300, written=len(data), task=1, fingerprint=fingerprint)
+    other = bed.snapshots.writer.commit(temp, slot=1, tokens=300, written=len(data), task=1, fingerprint=fingerprint)
     with structlog.testing.capture_logs() as logs:
         record, after = await bed.restorer.swap_in(0, other, counters=None)
     assert (record.result, after) == (outcomes.RestoreOutcome.INCOMPATIBLE, None)
@@ -273,7 +274,7 @@ async def _sliding_round(bed: Bed) -> None:
     await bed.restorer.restore_all(
         SLIDING, healthy_at=None, counters=events.Counters(start_time=None, prompt_tokens=0.0, cached_tokens=0.0)
     )
-    assert [(r.slot, r.result) for r in bed.restorer.last] == [(0, "unverified"), (1, "no_snapshot")]
+    assert [(r.slot, r.result) for r in bed.restorer.verifier.last] == [(0, "unverified"), (1, "no_snapshot")]
     assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 0
     assert bed.value("llama_sidecar_restores_total", slot="0", result="unverified") == 0  # not yet: undecided
 
@@ -288,11 +289,11 @@ async def test_a_restore_on_a_sliding_window_model_is_counted_only_once_its_next
 ) -> None:
     """/props does not say whether --swa-full is on: the first request after the restore decides."""
     await _sliding_round(bed)
-    bed.restorer.judge(_after_a_task(bed, 0, cached=reused))
+    bed.restorer.verifier.judge(_after_a_task(bed, 0, cached=reused))
     assert bed.value("llama_sidecar_restores_total", slot="0", result=verdict) == 1
     assert _counted(bed, "0") == 1
-    assert bed.restorer.last[0].result == verdict
-    assert ("extends all of its tokens" in bed.restorer.last[0].detail) is (verdict == "ineffective")
+    assert bed.restorer.verifier.last[0].result == verdict
+    assert ("extends all of its tokens" in bed.restorer.verifier.last[0].detail) is (verdict == "ineffective")
 
 
 @pytest.mark.parametrize(("reused", "verdict"), [(500, "ok"), (3, "ineffective")])
@@ -301,26 +302,26 @@ async def test_a_sliding_window_restore_is_decided_by_the_proxied_answer_too(
 ) -> None:
     """The per-request verdict (the answer's own cache_n through the proxy) decides it as a poll would."""
     await _sliding_round(bed)
-    bed.restorer.answered(0, reused)
+    bed.restorer.verifier.answered(0, reused)
     assert bed.value("llama_sidecar_restores_total", slot="0", result=verdict) == 1
     assert _counted(bed, "0") == 1
-    assert bed.restorer.last[0].result == verdict
+    assert bed.restorer.verifier.last[0].result == verdict
 
 
 async def test_a_sliding_window_restore_lost_before_any_request_is_counted_unverified(bed: Bed) -> None:
     await _sliding_round(bed)
-    bed.restorer.forget_pending()  # the server restarted before a request came
+    bed.restorer.verifier.forget_pending()  # the server restarted before a request came
     assert bed.value("llama_sidecar_restores_total", slot="0", result="unverified") == 1
     assert _counted(bed, "0") == 1
-    assert bed.restorer.last[0].result == "unverified"
-    assert bed.restorer.unverified == {}
+    assert bed.restorer.verifier.last[0].result == "unverified"
+    assert bed.restorer.verifier.unverified == {}
 
 
 async def test_a_restore_on_a_full_attention_model_is_counted_ok_at_once(bed: Bed) -> None:
     bed.saved(0, 500)
     assert await bed.round() == [(0, "ok"), (1, "no_snapshot")]
     assert bed.value("llama_sidecar_restores_total", slot="0", result="ok") == 1
-    bed.restorer.forget_pending()
+    bed.restorer.verifier.forget_pending()
     assert _counted(bed, "0") == 1  # counted once, never again by its verdict
 
 

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import structlog
 
-from sidecar.act import boundary, rewind, saves
 from sidecar.core import errors, events, protocols
+from sidecar.engine import saves
+from sidecar.save import boundary, rewind
 
 MARKER = [7, 8, 9]
 PROMPT = [*range(100, 300), *MARKER]
@@ -47,7 +48,15 @@ class Server:
     async def view(self, slot: int) -> events.SlotView | None:
         return events.SlotView(slot, 4096, False, 2, len(self.held))
 
-    # the snapshot store's part
+    # the snapshot store's parts: its writer's temp names, its staging's removal
+    @property
+    def writer(self) -> Server:
+        return self
+
+    @property
+    def staged(self) -> Server:
+        return self
+
     def temp_name(self, slot: int) -> str:
         return f".tmp-{slot}.bin"
 

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from sidecar.act import savings
 from sidecar.core import events, outcomes
+from sidecar.restore import savings
 from tests.unit import memllama
 
 By = outcomes.SavedBy

@@ -59,9 +59,9 @@ async def test_a_second_snapshot_sharing_a_prefix_uploads_and_fetches_only_new_b
     fetched_second = stats_b("shared_store_bytes_total", direction="down") - fetched_first
     assert fetched_second < 0.3 * second.bytes, (fetched_second, second.bytes)
     for got, data in ((got_first, first_bytes), (got_second, second_bytes)):
-        name = snaps_b.stage(got)
+        name = snaps_b.staged.stage(got)
         assert (snaps_b.staging / name).read_bytes() == data
-        snaps_b.unstage(name, got)
+        snaps_b.staged.unstage(name, got)
     assert not [p for p in snaps_b.staging.iterdir()]  # nothing of the fetch left in the slot dir
     await shared_a.close()
     await shared_b.close()
@@ -86,9 +86,9 @@ async def test_nodes_with_and_without_a_block_store_read_each_others_snapshots(t
     assert not [p for p in snaps_whole.dir.iterdir() if p.name.startswith(".")]  # its temporary blocks are gone
     got_blocks = await shared_blocks.fetch(whole_record, slot=1)  # a node with --store-dir, a whole blob
     assert got_blocks is not None
-    name = snaps_blocks.stage(got_blocks)
+    name = snaps_blocks.staged.stage(got_blocks)
     assert (snaps_blocks.staging / name).read_bytes() == from_whole
-    snaps_blocks.unstage(name, got_blocks)
+    snaps_blocks.staged.unstage(name, got_blocks)
     await shared_blocks.close()
     await shared_whole.close()
 

@@ -134,9 +134,9 @@ async def test_a_snapshot_of_other_weights_under_this_servers_prefix_is_refused_
     snaps_a, shared_a, _ = node(tmp_path / "a", where)
     snaps_b, shared_b, stats_b = node(tmp_path / "b", where)
     ids = list(range(2000, 2600))
-    temp = snaps_a.temp_name(0)
+    temp = snaps_a.writer.temp_name(0)
     (snaps_a.dir / temp).write_bytes(slot_file(ids, 4096))
-    foreign = snaps_a.commit(
+    foreign = snaps_a.writer.commit(
         temp,
         slot=0,
         tokens=600,

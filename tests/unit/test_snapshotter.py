@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.act import actions, policy, snapshotter
 from sidecar.core import config, errors, events, metrics, outcomes, protocols
+from sidecar.save import policy, records, snapshotter
+from sidecar.slots import actions
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
 from tests.unit import memllama
@@ -27,7 +28,7 @@ def make(
     min_free_bytes: int = 0,
     server_dir: Path | None = None,
     clock: clocks.FakeClock | None = None,
-    ended: list[tuple[snapshotter.Written, snapshotter.SaveRecord]] | None = None,
+    ended: list[tuple[snapshotter.Written, records.SaveRecord]] | None = None,
 ) -> tuple[memllama.MemLlama, snapshotter.Snapshotter, CollectorRegistry]:
     """``ended``: where the saves whose commit waited are told, once committed."""
     server = memllama.MemLlama(server_dir or tmp_path)
@@ -49,13 +50,13 @@ def make(
 def committed(tmp_path: Path, slot: int) -> list[manifest.Manifest]:
     """The slot's snapshots as a fresh scan of the directory finds them, newest first."""
     found = store.SnapshotStore(tmp_path, clock=clocks.reading(lambda: 0.0))
-    found.scan(clean=False)
+    found.loader.scan(clean=False)
     return found.snapshots(slot)
 
 
-async def save(saver: snapshotter.Snapshotter) -> snapshotter.SaveRecord:
+async def save(saver: snapshotter.Snapshotter) -> records.SaveRecord:
     record = await saver.save(SAVE, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX)
-    assert isinstance(record, snapshotter.SaveRecord)
+    assert isinstance(record, records.SaveRecord)
     return record
 
 
@@ -118,7 +119,7 @@ async def test_a_file_that_does_not_match_the_servers_size_fails_its_check_at_on
 
     server.save = short_write  # type: ignore[method-assign,assignment]
     record = await saver.save(SAVE, identity=memllama.IDENTITY, slot_n_ctx=memllama.N_CTX, others_busy=others_busy)
-    assert isinstance(record, snapshotter.SaveRecord)
+    assert isinstance(record, records.SaveRecord)
     assert (record.result, record.cause, saver.pending) == (R.FAILED, C.CHECK, collections.deque())
     assert [p.name for p in tmp_path.iterdir()] == []
 
@@ -170,7 +171,7 @@ async def test_a_background_save_leaves_its_commit_for_later_while_other_slots_g
         assert [p.name for p in tmp_path.iterdir()] == [outcome.temp]  # no manifest: nobody restores it
         assert (hash_pauses, counted(registry, R.OK), pending) == ([], 0, 1)
     else:
-        assert isinstance(outcome, snapshotter.SaveRecord)
+        assert isinstance(outcome, records.SaveRecord)
         assert (outcome.result, hash_pauses, counted(registry, R.OK), pending) == (R.OK, [0.0], 1, 0)
 
 
@@ -184,7 +185,7 @@ async def wait_commit(saver: snapshotter.Snapshotter, action: policy.Save = SAVE
 async def test_commits_keep_the_order_of_the_saves_and_date_each_snapshot_by_its_save(tmp_path: Path) -> None:
     """A save committed at once commits the waiting ones first: the older content never ranks newer."""
     clock = clocks.FakeClock()
-    ended: list[tuple[snapshotter.Written, snapshotter.SaveRecord]] = []
+    ended: list[tuple[snapshotter.Written, records.SaveRecord]] = []
     server, saver, registry = make(tmp_path, clock=clock, ended=ended)
     older = await wait_commit(saver)
     clock.now += 30.0
@@ -194,7 +195,7 @@ async def test_commits_keep_the_order_of_the_saves_and_date_each_snapshot_by_its
         identity=memllama.IDENTITY,
         slot_n_ctx=memllama.N_CTX,
     )
-    assert isinstance(newer, snapshotter.SaveRecord)
+    assert isinstance(newer, records.SaveRecord)
     assert [(w, r.result) for w, r in ended] == [(older, R.OK)]
     newest_first = committed(tmp_path, 0)
     assert [(m.task, m.tokens) for m in newest_first] == [(5, 600), (4, 500)]
@@ -222,7 +223,7 @@ async def test_a_commit_waits_for_quiet_or_for_commit_wait_then_only_the_overdue
 
 
 async def test_a_waiting_commit_that_fails_is_reported_to_the_caller(tmp_path: Path) -> None:
-    ended: list[tuple[snapshotter.Written, snapshotter.SaveRecord]] = []
+    ended: list[tuple[snapshotter.Written, records.SaveRecord]] = []
     _, saver, registry = make(tmp_path, ended=ended)
     written = await wait_commit(saver)
     with (tmp_path / written.temp).open("ab") as f:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.act import stallweigh
+from sidecar.save import stallweigh
 
 W = stallweigh.Weight
 PACE = 0.4 / 1000

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from sidecar.act import report, restorer, savings
 from sidecar.app import history, page, view
 from sidecar.core import events, outcomes
+from sidecar.engine import report
+from sidecar.restore import restorer, savings
 from sidecar.snapshots import store
 from tests.unit import memllama
 

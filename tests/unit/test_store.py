@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from sidecar.act import policy
 from sidecar.core import errors, events, hashing, outcomes, safeio
+from sidecar.restore import plan
+from sidecar.save import policy
 from sidecar.snapshots import commit as checks
 from sidecar.snapshots import manifest, store, storeevents
 from tests.support import clocks
@@ -34,7 +35,7 @@ def snaps(tmp_path: Path, told: Told) -> store.SnapshotStore:
 
 def server_writes(snaps: store.SnapshotStore, slot: int, data: bytes) -> str:
     """What llama-server does on POST /slots/{slot}?action=save with the store's temp name."""
-    name = snaps.temp_name(slot)
+    name = snaps.writer.temp_name(slot)
     (snaps.dir / name).write_bytes(data)
     return name
 
@@ -43,7 +44,7 @@ def commit(
     snaps: store.SnapshotStore, slot: int = 0, data: bytes = b"kv" * 500, tokens: int = 300
 ) -> manifest.Manifest:
     temp = server_writes(snaps, slot, data)
-    return snaps.commit(temp, slot=slot, tokens=tokens, written=len(data), task=9, fingerprint=FP)
+    return snaps.writer.commit(temp, slot=slot, tokens=tokens, written=len(data), task=9, fingerprint=FP)
 
 
 def names(path: Path) -> set[str]:
@@ -56,7 +57,7 @@ def names(path: Path) -> set[str]:
 def test_commit_publishes_file_and_manifest(snaps: store.SnapshotStore) -> None:
     data = os.urandom(4096)
     temp = server_writes(snaps, 1, data)
-    record = snaps.commit(temp, slot=1, tokens=321, written=len(data), task=9, fingerprint=FP)
+    record = snaps.writer.commit(temp, slot=1, tokens=321, written=len(data), task=9, fingerprint=FP)
     stem = record.file.removesuffix(".bin")
     assert names(snaps.dir) == {record.file, stem + ".json"}
     assert manifest.NAME_RE.match(record.file)
@@ -80,7 +81,7 @@ def test_committed_files_are_mode_0640(snaps: store.SnapshotStore) -> None:
 def test_size_mismatch_is_refused_and_the_temp_file_removed(snaps: store.SnapshotStore) -> None:
     temp = server_writes(snaps, 0, b"x" * 100)  # a crash mid-save: truncated
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.commit(temp, slot=0, tokens=300, written=4096, task=9, fingerprint=FP)
+        snaps.writer.commit(temp, slot=0, tokens=300, written=4096, task=9, fingerprint=FP)
     assert info.value.reason == "size"
     assert "100" in str(info.value)
     assert "4096" in str(info.value)
@@ -91,7 +92,7 @@ def test_size_mismatch_is_refused_and_the_temp_file_removed(snaps: store.Snapsho
 def test_zero_tokens_is_refused_as_empty(snaps: store.SnapshotStore) -> None:
     temp = server_writes(snaps, 0, b"x" * 44)  # llama-server "saves" an empty slot as 44 bytes
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.commit(temp, slot=0, tokens=0, written=44, task=9, fingerprint=FP)
+        snaps.writer.commit(temp, slot=0, tokens=0, written=44, task=9, fingerprint=FP)
     assert info.value.reason == "empty"
     assert names(snaps.dir) == set()
 
@@ -99,7 +100,7 @@ def test_zero_tokens_is_refused_as_empty(snaps: store.SnapshotStore) -> None:
 def test_missing_temp_file_points_at_slot_dir(snaps: store.SnapshotStore) -> None:
     # The server wrote into its own --slot-save-path, which is not our --slot-dir.
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.commit(snaps.temp_name(0), slot=0, tokens=300, written=1000, task=9, fingerprint=FP)
+        snaps.writer.commit(snaps.writer.temp_name(0), slot=0, tokens=300, written=1000, task=9, fingerprint=FP)
     assert info.value.reason == "missing"
     assert "--slot-dir" in str(info.value)
     assert "--slot-save-path" in str(info.value)
@@ -128,7 +129,7 @@ def test_scan_clean_removes_leftovers_and_keeps_good_snapshots(tmp_path: Path) -
         (tmp_path / name).write_bytes(b"junk")
     (tmp_path / "README.txt").write_text("not ours")
     fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping())
-    findings = fresh.scan(clean=True)
+    findings = fresh.loader.scan(clean=True)
     assert names(tmp_path) == {good.file, good.file.removesuffix(".bin") + ".json", "README.txt"}
     assert fresh.snapshots() == [good]
     assert len(findings) == len(leftovers)
@@ -141,7 +142,7 @@ def test_scan_without_clean_keeps_leftovers(tmp_path: Path) -> None:
     (tmp_path / ".tmp-slot0-0123456789ab.bin").write_bytes(b"in flight")
     (tmp_path / "slot3-20250101T000000000000Z.bin").write_bytes(b"being committed")
     fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping())
-    assert fresh.scan(clean=False) == []
+    assert fresh.loader.scan(clean=False) == []
     assert fresh.snapshots() == [good]
     assert ".tmp-slot0-0123456789ab.bin" in names(tmp_path)
     assert "slot3-20250101T000000000000Z.bin" in names(tmp_path)
@@ -155,7 +156,7 @@ def test_scan_quarantines_a_truncated_snapshot(tmp_path: Path) -> None:
     told = Told()
     fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping(), events=told)
     seen = told.bad
-    fresh.scan(clean=True)
+    fresh.loader.scan(clean=True)
     assert fresh.snapshots() == [keep]
     assert [(name, reason) for name, reason, _ in seen.calls] == [(bad.file, "size")]
     stem = bad.file.removesuffix(".bin")
@@ -171,7 +172,7 @@ def test_scan_quarantines_a_corrupt_manifest(tmp_path: Path) -> None:
     told = Told()
     fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping(), events=told)
     seen = told.bad
-    fresh.scan(clean=True)
+    fresh.loader.scan(clean=True)
     assert fresh.snapshots() == []
     assert [(name, reason) for name, reason, _ in seen.calls] == [(bad.file, "manifest")]
     assert names(tmp_path) == {stem + ".bin.quarantined", stem + ".json.quarantined"}
@@ -180,7 +181,7 @@ def test_scan_quarantines_a_corrupt_manifest(tmp_path: Path) -> None:
 def test_refresh_drops_a_snapshot_whose_file_vanished(snaps: store.SnapshotStore) -> None:
     record = commit(snaps)
     (snaps.dir / record.file).unlink()
-    snaps.refresh(record.file)
+    snaps.loader.refresh(record.file)
     assert snaps.snapshots() == []
 
 
@@ -188,7 +189,7 @@ def test_refresh_drops_a_snapshot_whose_file_vanished(snaps: store.SnapshotStore
 
 
 def test_verify_passes_an_intact_file(snaps: store.SnapshotStore) -> None:
-    snaps.check(commit(snaps))
+    snaps.curator.check(commit(snaps))
 
 
 def test_verify_catches_a_flipped_byte(snaps: store.SnapshotStore) -> None:
@@ -198,7 +199,7 @@ def test_verify_catches_a_flipped_byte(snaps: store.SnapshotStore) -> None:
     data[1000] ^= 0x01
     path.write_bytes(bytes(data))
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.check(record)
+        snaps.curator.check(record)
     assert info.value.reason == "checksum"
 
 
@@ -211,19 +212,19 @@ def test_verify_catches_a_size_change(snaps: store.SnapshotStore, damage: str) -
     else:
         path.unlink()
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.check(record)
+        snaps.curator.check(record)
     assert info.value.reason == "size"
 
 
 def test_quarantine_renames_both_files_and_unindexes(snaps: store.SnapshotStore, told: Told) -> None:
     record = commit(snaps)
     seen = told.bad
-    snaps.quarantine(record.file, "checksum", detail="flipped byte")
+    snaps.curator.quarantine(record.file, "checksum", detail="flipped byte")
     stem = record.file.removesuffix(".bin")
     assert names(snaps.dir) == {stem + ".bin.quarantined", stem + ".json.quarantined"}
     assert snaps.snapshots() == []
     assert seen.calls == [(record.file, "checksum", "flipped byte")]
-    snaps.scan(clean=True)  # a quarantined file is never offered again
+    snaps.loader.scan(clean=True)  # a quarantined file is never offered again
     assert snaps.snapshots() == []
 
 
@@ -233,7 +234,7 @@ def test_quarantine_keeps_at_most_quarantine_keep(snaps: store.SnapshotStore) ->
         when = 1_700_000_000 + age
         os.utime(snaps.dir / record.file, (when, when))
     for record in records:
-        snaps.quarantine(record.file, "checksum")
+        snaps.curator.quarantine(record.file, "checksum")
     kept_bins = {n for n in names(snaps.dir) if n.endswith(".bin.quarantined")}
     kept_jsons = {n for n in names(snaps.dir) if n.endswith(".json.quarantined")}
     newest = records[-store.QUARANTINE_KEEP :]
@@ -244,7 +245,7 @@ def test_quarantine_keeps_at_most_quarantine_keep(snaps: store.SnapshotStore) ->
 
 def test_delete_removes_manifest_and_file(snaps: store.SnapshotStore) -> None:
     keep, gone = commit(snaps, 0), commit(snaps, 0)
-    snaps.delete(gone)
+    snaps.curator.delete(gone)
     assert names(snaps.dir) == {keep.file, keep.file.removesuffix(".bin") + ".json"}
     assert snaps.snapshots() == [keep]
 
@@ -256,21 +257,21 @@ def test_delete_unpublishes_the_manifest_before_the_file(snaps: store.SnapshotSt
     # Make the .bin impossible to unlink (a directory in its place): the manifest must already be gone.
     (snaps.dir / record.file).unlink()
     (snaps.dir / record.file).mkdir()
-    assert snaps.delete(record) is False  # reported, not raised: retention must not end the process
+    assert snaps.curator.delete(record) is False  # reported, not raised: retention must not end the process
     assert [(op, name) for op, name, _ in errors_seen.calls] == [("write", record.file)]
     assert json_name not in names(snaps.dir)
     assert snaps.snapshots() == []
 
 
 def test_usage_counts_bytes_and_files(snaps: store.SnapshotStore) -> None:
-    assert snaps.usage().used_bytes == 0
-    assert snaps.usage().snapshot_files == 0
+    assert snaps.disk.usage().used_bytes == 0
+    assert snaps.disk.usage().snapshot_files == 0
     commit(snaps, 0, data=b"a" * 1000)
     commit(snaps, 1, data=b"b" * 3000)
     (snaps.dir / ".tmp-slot2-000000000000.bin").write_bytes(b"c" * 500)
     (snaps.dir / "sub").mkdir()  # not a regular file: not counted
     on_disk = sum(p.stat().st_size for p in snaps.dir.iterdir() if p.is_file())
-    usage = snaps.usage()
+    usage = snaps.disk.usage()
     assert usage.used_bytes == on_disk
     assert usage.used_bytes >= 4500
     assert usage.snapshot_files == 2
@@ -278,8 +279,8 @@ def test_usage_counts_bytes_and_files(snaps: store.SnapshotStore) -> None:
 
 
 def test_check_writable(tmp_path: Path) -> None:
-    assert store.SnapshotStore(tmp_path, clock=clocks.stepping()).check_writable() is None
-    problem = store.SnapshotStore(tmp_path / "nope", clock=clocks.stepping()).check_writable()
+    assert store.SnapshotStore(tmp_path, clock=clocks.stepping()).disk.check_writable() is None
+    problem = store.SnapshotStore(tmp_path / "nope", clock=clocks.stepping()).disk.check_writable()
     assert problem is not None
     assert "does not exist" in problem
 
@@ -312,7 +313,7 @@ def test_read_only_store_reports_but_renames_nothing(tmp_path: Path) -> None:
     told = Told()
     seen = told.bad
     ro = store.SnapshotStore(tmp_path, clock=clocks.stepping(), read_only=True, events=told)
-    ro.scan(clean=False)
+    ro.loader.scan(clean=False)
     assert [(name, reason) for name, reason, _ in seen.calls] == [(record.file, "size")]
     assert names(tmp_path) == before
 
@@ -334,7 +335,7 @@ def test_a_clock_stepped_back_neither_deletes_nor_hides_the_new_snapshot(tmp_pat
     assert [(m.file, reason) for m, reason in doomed] == [(before.file, outcomes.GcReason.KEEP)]
     view = events.SlotView(id=0, n_ctx=4096, processing=False, task=None, tokens=0)
     identity = events.Identity("b1", "/m.gguf", 4, 8192, 1000, 10)
-    assert policy.plan_restore(view, snaps.snapshots(0), identity).candidates == (after, before)
+    assert plan.plan_restore(view, snaps.snapshots(0), identity).candidates == (after, before)
     # The byte cap too takes the older generation first.
     capped = policy.select_for_deletion(
         [before, dataclasses.replace(after, slot=0), commit(snaps, 1)],
@@ -351,10 +352,10 @@ def test_generations_continue_after_a_sidecar_restart(tmp_path: Path) -> None:
     first = store.SnapshotStore(tmp_path, clock=clock)
     records = [commit(first, slot) for slot in (0, 1, 0)]
     assert [r.generation for r in records] == [1, 2, 3]
-    first.delete(records[0])
+    first.curator.delete(records[0])
     clock.now = 1_000_000_000.0  # and the clock is far behind at the next start
     again = store.SnapshotStore(tmp_path, clock=clock)
-    again.scan(clean=True)
+    again.loader.scan(clean=True)
     newer = commit(again, 1)
     assert newer.generation == 4
     assert again.snapshots(1) == [newer, records[1]]
@@ -411,17 +412,17 @@ def test_format_1_snapshots_stay_restorable_and_untouched_and_new_ones_sort_abov
     old = _format_1(tmp_path, 0, "20991231T235959000000Z", data, created=4_000_000_000.0)  # a future clock
     text_before = (tmp_path / old.replace(".bin", ".json")).read_text()
     snaps = store.SnapshotStore(tmp_path, clock=clocks.FakeClock(epoch=0.0, now=2_000_000_000.0))
-    assert snaps.scan(clean=True) == []
+    assert snaps.loader.scan(clean=True) == []
     (loaded,) = snaps.snapshots()
     assert (loaded.generation, loaded.checksum.algorithm) == (0, hashing.Algorithm.SHA256)
-    snaps.check(loaded)  # checked with its own sha256
+    snaps.curator.check(loaded)  # checked with its own sha256
     new = commit(snaps, 0)
     assert snaps.snapshots(0) == [new, loaded]  # generation 1 beats generation 0 whatever the clocks said
     assert (tmp_path / old.replace(".bin", ".json")).read_text() == text_before  # never rewritten
     with (tmp_path / old).open("r+b") as fh:
         fh.write(bytes([data[0] ^ 0xFF]))
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.check(loaded)
+        snaps.curator.check(loaded)
     assert info.value.reason == "checksum"
     assert "sha256" in str(info.value)
 
@@ -460,7 +461,7 @@ def test_an_unreadable_manifest_is_reported_and_kept_not_quarantined(
     told = Told()
     fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping(), events=told)
     bad, io = told.bad, told.io
-    fresh.scan(clean=True)
+    fresh.loader.scan(clean=True)
     assert bad.calls == []
     assert names(tmp_path) == before  # nothing renamed, nothing deleted
     assert flaky.failures == store.READ_ATTEMPTS  # retried before it was reported
@@ -468,7 +469,7 @@ def test_an_unreadable_manifest_is_reported_and_kept_not_quarantined(
     assert os.strerror(code) in io.calls[0][2]
     assert fresh.snapshots() == []
     flaky.left = 0  # the disk recovers: the next scan finds the snapshot again
-    fresh.scan(clean=False)
+    fresh.loader.scan(clean=False)
     assert fresh.snapshots() == [record]
 
 
@@ -480,7 +481,7 @@ def test_a_read_error_that_clears_on_retry_is_not_even_reported(
     told = Told()
     fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping(), events=told)
     io = told.io
-    fresh.scan(clean=True)
+    fresh.loader.scan(clean=True)
     assert fresh.snapshots() == [record]
     assert io.calls == []
 
@@ -490,8 +491,8 @@ def test_a_snapshot_known_before_stays_indexed_while_its_manifest_is_unreadable(
 ) -> None:
     record = commit(snaps)
     FlakyReads(monkeypatch, record.file.replace(".bin", ".json"), errno.EIO, times=None)
-    snaps.scan(clean=False)
-    snaps.refresh(record.file)
+    snaps.loader.scan(clean=False)
+    snaps.loader.refresh(record.file)
     assert snaps.snapshots() == [record]
 
 
@@ -507,10 +508,10 @@ def test_an_io_error_while_verifying_is_not_proof(
     monkeypatch.setattr(hashing, "fd_digest", broken)
     io, bad = told.io, told.bad
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.check(record)
+        snaps.curator.check(record)
     assert info.value.reason == "io"
     assert info.value.reason not in outcomes.BAD_CONTENT
-    snaps.quarantine(record.file, info.value.reason, detail=str(info.value))  # a careless caller
+    snaps.curator.quarantine(record.file, info.value.reason, detail=str(info.value))  # a careless caller
     assert bad.calls == []
     assert names(snaps.dir) == before
     assert [op for op, _, _ in io.calls] == ["read", "read"]
@@ -531,7 +532,7 @@ def test_files_vanishing_during_a_scan_are_a_race_not_damage(
 
     monkeypatch.setattr(safeio, "read_bounded", read_then_lose)
     bad = told.bad
-    snaps.scan(clean=False)
+    snaps.loader.scan(clean=False)
     assert bad.calls == []
     assert snaps.snapshots() == []
     assert names(snaps.dir) == set()
@@ -549,8 +550,8 @@ def test_a_manifest_of_a_newer_format_is_left_alone_with_one_warning(tmp_path: P
     fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping(), events=told)
     newer, bad = told.newer, told.bad
     for _ in range(3):
-        fresh.scan(clean=True)
-    fresh.refresh(json_path.name)
+        fresh.loader.scan(clean=True)
+    fresh.loader.refresh(json_path.name)
     assert newer == [(json_path.name, manifest.FORMAT + 1)]
     assert bad.calls == []
     assert fresh.snapshots() == []
@@ -567,9 +568,9 @@ def test_quarantine_trimming_never_touches_files_kept_for_io_errors(
         monkeypatch.undo()
     FlakyReads(monkeypatch, keep[0].file.replace(".bin", ".json"), errno.EIO, times=None)
     fresh = store.SnapshotStore(tmp_path, clock=clocks.stepping())
-    fresh.scan(clean=True)
+    fresh.loader.scan(clean=True)
     for record in keep[1:]:
-        fresh.quarantine(record.file, "checksum")
+        fresh.curator.quarantine(record.file, "checksum")
     assert keep[0].file in names(tmp_path)
     assert keep[0].file.replace(".bin", ".json") in names(tmp_path)
 
@@ -585,31 +586,31 @@ def test_a_removed_slot_dir_is_reported_not_raised_and_recovers(tmp_path: Path) 
     record = commit(snaps)
     io = told.io
     slot_dir.rename(tmp_path / "moved")
-    usage = snaps.usage()  # statvfs of a missing dir: reported in the result, not raised
+    usage = snaps.disk.usage()  # statvfs of a missing dir: reported in the result, not raised
     assert "No such file or directory" in usage.problem
-    problem = snaps.check_writable()
+    problem = snaps.disk.check_writable()
     assert problem is not None
     assert "does not exist" in problem
-    assert snaps.scan(clean=False) == []
+    assert snaps.loader.scan(clean=False) == []
     assert snaps.snapshots() == []
     with pytest.raises(errors.SnapshotError):
-        snaps.commit(snaps.temp_name(0), slot=0, tokens=300, written=1000, task=9, fingerprint=FP)
+        snaps.writer.commit(snaps.writer.temp_name(0), slot=0, tokens=300, written=1000, task=9, fingerprint=FP)
     assert [op for op, _, _ in io.calls] == ["scan"]  # said once, not at every call
     (tmp_path / "moved").rename(slot_dir)
-    snaps.scan(clean=False)
-    assert snaps.check_writable() is None
-    assert snaps.usage().problem == ""
+    snaps.loader.scan(clean=False)
+    assert snaps.disk.check_writable() is None
+    assert snaps.disk.usage().problem == ""
     assert snaps.snapshots() == [record]
 
 
 def test_a_blocked_store_lists_and_commits_nothing(snaps: store.SnapshotStore) -> None:
     record = commit(snaps)
-    snaps.block("another llama-kv-sidecar holds the slot dir")
+    snaps.disk.block("another llama-kv-sidecar holds the slot dir")
     assert snaps.snapshots() == []
-    assert snaps.check_writable() == "another llama-kv-sidecar holds the slot dir"
+    assert snaps.disk.check_writable() == "another llama-kv-sidecar holds the slot dir"
     with pytest.raises(errors.SnapshotError, match="another llama-kv-sidecar"):
         commit(snaps)
-    snaps.block("")
+    snaps.disk.block("")
     assert snaps.snapshots() == [record]
 
 
@@ -619,8 +620,8 @@ def test_other_json_files_in_the_slot_dir_are_not_manifests(snaps: store.Snapsho
     (snaps.dir / "notes.json").write_text("[]")
     before = names(snaps.dir)
     bad = told.bad
-    snaps.scan(clean=True)
-    snaps.refresh(".llama-kv-sidecar.weights.json")
+    snaps.loader.scan(clean=True)
+    snaps.loader.refresh(".llama-kv-sidecar.weights.json")
     assert bad.calls == []
     assert names(snaps.dir) == before
     assert snaps.snapshots() == [record]
@@ -651,7 +652,7 @@ def test_model_views_share_the_index_of_a_scan(tmp_path: Path) -> None:
     a = commit(first.for_model("alpha"))
     second = store.SnapshotStore(tmp_path, clock=clocks.stepping())
     view = second.for_model("alpha")  # made before the scan, as the engines are
-    assert second.scan(clean=True) == []
+    assert second.loader.scan(clean=True) == []
     assert view.snapshots() == [a]
     assert second.for_model("beta").snapshots() == []
 
@@ -659,9 +660,9 @@ def test_model_views_share_the_index_of_a_scan(tmp_path: Path) -> None:
 def test_a_blocked_store_blocks_its_model_views(snaps: store.SnapshotStore) -> None:
     view = snaps.for_model("alpha")
     commit(view)
-    snaps.block("another sidecar holds the directory")
+    snaps.disk.block("another sidecar holds the directory")
     assert view.snapshots() == []
-    assert view.check_writable() == "another sidecar holds the directory"
+    assert view.disk.check_writable() == "another sidecar holds the directory"
 
 
 def test_a_manifest_whose_file_is_not_of_its_model_is_refused(snaps: store.SnapshotStore) -> None:
@@ -689,7 +690,7 @@ def test_a_link_planted_at_the_temp_name_after_the_hash_gets_no_chmod_and_is_not
 
     monkeypatch.setattr(checks, "read_index", planted)
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.commit(temp, slot=0, tokens=300, written=1000, task=9, fingerprint=FP)
+        snaps.writer.commit(temp, slot=0, tokens=300, written=1000, task=9, fingerprint=FP)
     assert info.value.reason == outcomes.SnapshotProblem.NOT_REGULAR
     assert stat.S_IMODE(outside.stat().st_mode) == 0o600
     assert names(snaps.dir) == set()
@@ -702,10 +703,10 @@ def test_a_hard_link_to_a_file_elsewhere_at_the_temp_name_is_refused_and_keeps_i
     outside = tmp_path.parent / f"{tmp_path.name}-outside.bin"
     outside.write_bytes(b"kv" * 500)
     outside.chmod(0o600)
-    temp = snaps.temp_name(0)
+    temp = snaps.writer.temp_name(0)
     os.link(outside, snaps.dir / temp)
     with pytest.raises(errors.SnapshotError) as info:
-        snaps.commit(temp, slot=0, tokens=300, written=1000, task=9, fingerprint=FP)
+        snaps.writer.commit(temp, slot=0, tokens=300, written=1000, task=9, fingerprint=FP)
     assert info.value.reason == outcomes.SnapshotProblem.NOT_REGULAR
     assert "2 names" in str(info.value)
     assert stat.S_IMODE(outside.stat().st_mode) == 0o600

@@ -35,9 +35,9 @@ def _open(dirs: tuple[Path, Path], told: Told | None = None) -> store.SnapshotSt
 
 
 def _commit(snaps: store.SnapshotStore, data: bytes, slot: int = 0) -> manifest.Manifest:
-    temp = snaps.temp_name(slot)
+    temp = snaps.writer.temp_name(slot)
     (snaps.staging / temp).write_bytes(data)  # what llama-server's save does
-    return snaps.commit(temp, slot=slot, tokens=300, written=len(data), task=1, fingerprint=FP)
+    return snaps.writer.commit(temp, slot=slot, tokens=300, written=len(data), task=1, fingerprint=FP)
 
 
 def test_a_commit_is_ingested_its_staged_file_deleted_and_its_manifest_names_the_recipe(
@@ -58,7 +58,7 @@ def test_a_commit_is_ingested_its_staged_file_deleted_and_its_manifest_names_the
     _commit(snaps, _bytes(1), slot=1)  # the same bytes again: no block written
     assert snaps.blocks.figures.block_bytes_written == SIZE
     assert snaps.blocks.figures.deduplicated_bytes == SIZE
-    usage = snaps.usage()
+    usage = snaps.disk.usage()
     assert usage.unique_bytes == SIZE
     assert usage.represented_bytes == 2 * SIZE
 
@@ -67,13 +67,13 @@ def test_stage_rebuilds_the_exact_file_under_a_fresh_name_and_unstage_deletes_it
     snaps = _open(dirs)
     data = _bytes(2)
     record = _commit(snaps, data)
-    name = snaps.stage(record)
+    name = snaps.staged.stage(record)
     assert name != record.file
     assert (dirs[0] / name).read_bytes() == data
-    assert snaps.usage().staged_bytes == SIZE
-    snaps.unstage(name, record)
+    assert snaps.disk.usage().staged_bytes == SIZE
+    snaps.staged.unstage(name, record)
     assert list(dirs[0].iterdir()) == []
-    assert snaps.usage().staged_bytes == 0
+    assert snaps.disk.usage().staged_bytes == 0
 
 
 def test_a_corrupt_block_refuses_its_snapshot_and_names_the_block_while_others_stage(dirs: tuple[Path, Path]) -> None:
@@ -86,15 +86,15 @@ def test_a_corrupt_block_refuses_its_snapshot_and_names_the_block_while_others_s
     data[0] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(errors.SnapshotError) as refused:
-        snaps.stage(bad)
+        snaps.staged.stage(bad)
     assert refused.value.reason == outcomes.SnapshotProblem.CHECKSUM
     assert victim in str(refused.value)
     assert list(dirs[0].iterdir()) == []  # no partial file
-    name = snaps.stage(good)
-    snaps.unstage(name, good)
+    name = snaps.staged.stage(good)
+    snaps.staged.unstage(name, good)
     path.unlink()
     with pytest.raises(errors.SnapshotError) as missing:
-        snaps.check(bad)
+        snaps.curator.check(bad)
     assert missing.value.reason == outcomes.SnapshotProblem.SIZE
 
 
@@ -107,7 +107,7 @@ def test_a_restarted_store_finds_its_snapshots_and_cleans_what_died_midway(dirs:
     first.blocks.store.ingest("slot3-20250101T000000000000Z", source)  # an ingest killed before its manifest
     (dirs[0] / ".tmp-restore-abc.bin").write_bytes(b"x")  # a staged rebuild of a killed sidecar
     second = _open(dirs)
-    findings = second.scan(clean=True)
+    findings = second.loader.scan(clean=True)
     assert [m.file for m in second.snapshots()] == [record.file]
     assert any("slot3-20250101T000000000000Z" in f for f in findings)
     assert not (dirs[1] / "recipes" / "slot3-20250101T000000000000Z.json").exists()
@@ -119,7 +119,7 @@ def test_a_missing_recipe_quarantines_its_manifest_at_scan(dirs: tuple[Path, Pat
     snaps = _open(dirs, told)
     record = _commit(snaps, _bytes(6))
     (dirs[1] / "recipes" / f"{record.recipe}.json").unlink()
-    snaps.scan(clean=False)
+    snaps.loader.scan(clean=False)
     assert snaps.snapshots() == []
     assert (dirs[1] / "snapshots" / (Path(record.file).stem + ".json.quarantined")).exists()
 
@@ -130,23 +130,23 @@ def test_delete_drops_the_recipe_and_collection_frees_only_unshared_blocks(dirs:
     one = _commit(snaps, shared + _bytes(8))
     two = _commit(snaps, shared + _bytes(9), slot=1)
     assert snaps.blocks is not None
-    before = snaps.usage().unique_bytes
+    before = snaps.disk.usage().unique_bytes
     assert before < 4 * SIZE  # the shared first MiB is stored once (give or take a chunk at the seam)
-    assert snaps.delete(one)
-    snaps.collect_blocks()
-    after = snaps.usage()
+    assert snaps.curator.delete(one)
+    snaps.curator.collect_blocks()
+    after = snaps.disk.usage()
     assert after.represented_bytes == two.bytes
     assert two.bytes <= after.unique_bytes < before
-    name = snaps.stage(two)
+    name = snaps.staged.stage(two)
     assert (dirs[0] / name).read_bytes() == shared + _bytes(9)
 
 
 def test_whole_file_snapshots_are_converted_into_the_store(dirs: tuple[Path, Path]) -> None:
     plain = store.SnapshotStore(dirs[0], clock=clocks.stepping())
     data = _bytes(10)
-    temp = plain.temp_name(0)
+    temp = plain.writer.temp_name(0)
     (dirs[0] / temp).write_bytes(data)
-    old = plain.commit(temp, slot=0, tokens=300, written=len(data), task=1, fingerprint=FP)
+    old = plain.writer.commit(temp, slot=0, tokens=300, written=len(data), task=1, fingerprint=FP)
     assert "recipe" not in json.loads((dirs[0] / (Path(old.file).stem + ".json")).read_text())
     snaps = _open(dirs)
     assert snaps.blocks is not None
@@ -156,10 +156,10 @@ def test_whole_file_snapshots_are_converted_into_the_store(dirs: tuple[Path, Pat
     )
     assert (done.files, done.bytes, done.findings) == (1, SIZE, ())
     assert list(dirs[0].iterdir()) == []
-    snaps.scan(clean=True)
+    snaps.loader.scan(clean=True)
     [moved] = snaps.snapshots()
     assert (moved.file, moved.generation, moved.recipe) == (old.file, old.generation, Path(old.file).stem)
-    name = snaps.stage(moved)
+    name = snaps.staged.stage(moved)
     assert (dirs[0] / name).read_bytes() == data
 
 
@@ -180,31 +180,31 @@ def test_a_rebuild_given_back_is_the_spare_the_next_rebuild_reuses_and_there_is_
     one = _commit(snaps, _bytes(7))
     two = _commit(snaps, _bytes(8, 5000))
 
-    first = snaps.stage(one)
+    first = snaps.staged.stage(one)
     inode = os.stat(dirs[0] / first).st_ino
-    snaps.unstage(first, one)
+    snaps.staged.unstage(first, one)
     assert sorted(p.name for p in dirs[0].iterdir()) == [staging.SPARE]
-    assert snaps.usage().staged_bytes == SIZE  # the spare's RAM is shown
+    assert snaps.disk.usage().staged_bytes == SIZE  # the spare's RAM is shown
 
-    second = snaps.stage(two)
+    second = snaps.staged.stage(two)
     assert (dirs[0] / second).read_bytes() == _bytes(8, 5000)
     assert os.stat(dirs[0] / second).st_ino == inode
-    third = snaps.stage(one)  # no spare left: a new file
+    third = snaps.staged.stage(one)  # no spare left: a new file
     assert (dirs[0] / third).read_bytes() == _bytes(7)
-    snaps.unstage(second, two)
-    snaps.unstage(third, one)  # a spare is there already: deleted
+    snaps.staged.unstage(second, two)
+    snaps.staged.unstage(third, one)  # a spare is there already: deleted
     assert sorted(p.name for p in dirs[0].iterdir()) == [staging.SPARE]
-    assert snaps.drop_spare()
+    assert snaps.staged.drop_spare()
     assert list(dirs[0].iterdir()) == []
-    assert not snaps.drop_spare()
+    assert not snaps.staged.drop_spare()
 
 
 def test_no_spare_is_kept_where_pages_are_cheap(dirs: tuple[Path, Path]) -> None:
     snaps = _open(dirs)
     snaps.staged.keeps_spare = False
     record = _commit(snaps, _bytes(9))
-    name = snaps.stage(record)
-    snaps.unstage(name, record)
+    name = snaps.staged.stage(record)
+    snaps.staged.unstage(name, record)
     assert list(dirs[0].iterdir()) == []
 
 
@@ -216,10 +216,10 @@ def test_a_spare_no_rebuild_takes_is_deleted_so_an_idle_slot_dir_holds_nothing(d
     one = _commit(snaps, _bytes(7))
     two = _commit(snaps, _bytes(8, 5000))
 
-    snaps.unstage(snaps.stage(one), one)
+    snaps.staged.unstage(snaps.staged.stage(one), one)
     assert sorted(p.name for p in dirs[0].iterdir()) == [staging.SPARE]
-    taken = snaps.stage(two)  # a rebuild within the wait takes the spare's pages
+    taken = snaps.staged.stage(two)  # a rebuild within the wait takes the spare's pages
     assert sorted(p.name for p in dirs[0].iterdir()) == [taken]
-    snaps.unstage(taken, two)  # kept again, waiting anew
+    snaps.staged.unstage(taken, two)  # kept again, waiting anew
     wait.wait_until(lambda: not any(dirs[0].iterdir()), timeout=10, what="the spare deleted once unused")
-    assert snaps.usage().staged_bytes == 0
+    assert snaps.disk.usage().staged_bytes == 0

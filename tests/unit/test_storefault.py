@@ -6,8 +6,8 @@ import errno
 
 import pytest
 
-from sidecar.act import storefault
 from sidecar.core import errors, outcomes
+from sidecar.save import storefault
 
 
 def _wrapped(code: int) -> errors.SnapshotError:

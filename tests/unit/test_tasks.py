@@ -21,9 +21,9 @@ AWAITED = {
     ("library/reads.py", "slots-read-again"): "awaited by _drop, which retrieves its exception",
     ("library/slotbook.py", "placer-early-read"): "its done-callback retrieved retrieves it",
     ("library/filling.py", "placer-fetch"): "awaited by _fetch_in (cancelled if the save fails); retrieved too",
-    ("act/gate.py", "event.wait()"): "cancelled after asyncio.wait; an Event's wait cannot fail",
-    ("act/gate.py", "self._open.wait()"): "cancelled after asyncio.wait; an Event's wait cannot fail",
-    ("act/gate.py", "after"): "the router's load task, made with tasks.watch in router/admission.py",
+    ("engine/gate.py", "event.wait()"): "cancelled after asyncio.wait; an Event's wait cannot fail",
+    ("engine/gate.py", "self._open.wait()"): "cancelled after asyncio.wait; an Event's wait cannot fail",
+    ("engine/gate.py", "after"): "the router's load task, made with tasks.watch in router/admission.py",
 }
 """Tasks started outside tasks.watch and TaskGroups, each with who retrieves its outcome."""
 

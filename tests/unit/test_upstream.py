@@ -595,9 +595,9 @@ async def test_the_rewinds_calls_name_the_model_and_never_autoload(fake: FakeLla
     fake.json("POST", "/tokenize", {"tokens": [2, 7]})
     fake.json("POST", "/completion", {"timings": {"prompt_n": 1, "cache_n": 1}})
     client = bound(connect, "alpha")
-    assert await client.apply_template({"messages": [{"role": "user", "content": "x"}]}) == "<start>x"
-    assert await client.tokenize("x") == [2, 7]
-    assert await client.complete_ids(0, [2, 7]) == (1, 1)
+    assert await client.prompts.apply_template({"messages": [{"role": "user", "content": "x"}]}) == "<start>x"
+    assert await client.prompts.tokenize("x") == [2, 7]
+    assert await client.prompts.complete_ids(0, [2, 7]) == (1, 1)
     assert len(fake.seen) == 3
     for seen in fake.seen:
         assert json.loads(seen.body)["model"] == "alpha", seen
@@ -612,13 +612,13 @@ async def test_a_plain_client_sends_no_model(fake: FakeLlama, connect: Connect) 
 
 async def test_the_router_list_parses_unknown_states_as_unknown(fake: FakeLlama, connect: Connect) -> None:
     fake.json("GET", "/models", {"data": [{"id": "a", "status": {"value": "teleporting"}}]})
-    assert await connect().models() == {"a": events.ModelStatus.UNKNOWN}
+    assert await connect().router.models() == {"a": events.ModelStatus.UNKNOWN}
 
 
 async def test_a_malformed_router_list_is_a_protocol_error(fake: FakeLlama, connect: Connect) -> None:
     fake.json("GET", "/models", {"data": [{"id": 7, "status": {}}]})
     with pytest.raises(errors.UpstreamProtocolError, match="/models"):
-        await connect().models()
+        await connect().router.models()
 
 
 async def test_a_router_is_recognised_by_its_props(fake: FakeLlama, connect: Connect) -> None:

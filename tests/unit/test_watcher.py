@@ -165,11 +165,11 @@ async def test_a_slot_dir_moved_away_is_reported_and_a_new_one_is_taken_over(
     first = _write_pair(snaps.dir, 0, "20260101T000000000000Z", 1000)
     await until(lambda: [m.file for m in snaps.snapshots()] == [first.file], timeout=1.0)
     snaps.dir.rename(tmp_path / "away")
-    await until(lambda: "does not exist" in (snaps.check_writable() or ""), timeout=1.0)
+    await until(lambda: "does not exist" in (snaps.disk.check_writable() or ""), timeout=1.0)
     await until(lambda: snaps.snapshots() == [], timeout=1.0)
     assert not task.done()  # the watcher (and with it the process) keeps running
     snaps.dir.mkdir()  # a new, empty directory at the path: a volume mounted again
-    await until(lambda: snaps.check_writable() is None and lock.holds(), timeout=1.0)
+    await until(lambda: snaps.disk.check_writable() is None and lock.holds(), timeout=1.0)
     second = _write_pair(snaps.dir, 1, "20260101T000001000000Z", 1000)
     await until(lambda: [m.file for m in snaps.snapshots()] == [second.file], timeout=1.0)  # watched again
 
@@ -181,9 +181,9 @@ async def test_a_slot_dir_put_back_brings_its_snapshots_back(
     first = _write_pair(snaps.dir, 0, "20260101T000000000000Z", 1000)
     await until(lambda: [m.file for m in snaps.snapshots()] == [first.file], timeout=1.0)
     snaps.dir.rename(tmp_path / "away")
-    await until(lambda: snaps.check_writable() is not None, timeout=1.0)
+    await until(lambda: snaps.disk.check_writable() is not None, timeout=1.0)
     (tmp_path / "away").rename(snaps.dir)
-    await until(lambda: snaps.check_writable() is None, timeout=1.0)
+    await until(lambda: snaps.disk.check_writable() is None, timeout=1.0)
     await until(lambda: [m.file for m in snaps.snapshots()] == [first.file], timeout=1.0)
     assert lock.holds()
 
@@ -197,8 +197,8 @@ async def test_a_new_slot_dir_taken_by_another_sidecar_is_left_to_it(
     other = dirlock.DirLock(snaps.dir)
     other.acquire()  # another sidecar got there first
     theirs = _write_pair(snaps.dir, 0, "20260101T000000000000Z", 1000)
-    await until(lambda: "another llama-kv-sidecar holds" in (snaps.check_writable() or ""), timeout=1.0)
+    await until(lambda: "another llama-kv-sidecar holds" in (snaps.disk.check_writable() or ""), timeout=1.0)
     assert snaps.snapshots() == []  # its conversations are not ours to restore
     other.release()
-    await until(lambda: snaps.check_writable() is None and lock.holds(), timeout=1.0)
+    await until(lambda: snaps.disk.check_writable() is None and lock.holds(), timeout=1.0)
     await until(lambda: [m.file for m in snaps.snapshots()] == [theirs.file], timeout=1.0)

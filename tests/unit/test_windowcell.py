@@ -9,9 +9,9 @@ import prometheus_client
 import pytest
 import structlog
 
-from sidecar.act import policy, snapshotter, windowsave
 from sidecar.core import config, events, metrics, outcomes, protocols
 from sidecar.observe import memory
+from sidecar.save import policy, snapshotter, windowsave
 from sidecar.snapshots import windowcell
 
 ROW = 8
@@ -205,10 +205,10 @@ def test_a_slot_that_fits_in_the_window_is_not_saved(tmp_path: Path) -> None:
     def save(tokens: int) -> policy.Save:
         return policy.Save(0, events.SlotContent(1, tokens), tokens, policy.SaveReason.IDLE)
 
-    record = saver.within_window(save(512), identity)
+    record = saver.records.within_window(save(512), identity)
     assert record is not None
     assert record.cause is outcomes.SaveCause.WITHIN_WINDOW
     assert record.result is outcomes.SaveResult.SKIPPED
-    assert saver.within_window(save(513), identity) is None
+    assert saver.records.within_window(save(513), identity) is None
     full = events.Identity("b1", identity.model_path, 1, 4096, memory=events.Memory.SWA_FULL)
-    assert saver.within_window(save(100), full) is None
+    assert saver.records.within_window(save(100), full) is None
