@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import structlog
 
@@ -20,6 +20,7 @@ from sidecar.core import apikeys, errors, events, metrics, outcomes, protocols
 from sidecar.library import (
     fetching,
     filling,
+    holding,
     prompt,
     ramtier,
     ramuse,
@@ -40,9 +41,6 @@ log = structlog.get_logger("sidecar.library")
 PLACE_TRIES = 3
 """Placements of one request when the slot it was given is taken before its content is saved (a request
 llama-server had queued started there): past them it goes as it came (``Unrouted.SWAP``)."""
-RECHECK = 0.5
-"""Seconds between two reads of ``/slots`` for a request held while every slot is busy: a slot a client of
-llama-server's own ran in frees with no word to the placer (one that a routed request held frees at once)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,8 +72,8 @@ class Chooser:
         fetcher: fetching.Fetcher | None,
         hold_seconds: float = 120.0,
     ) -> None:
-        """``hold_seconds``: the longest a request waits for a slot while every one reads busy (:meth:`_held`)."""
-        self._hold = hold_seconds
+        """``hold_seconds``: the longest a request waits for a slot while every one reads busy (:mod:`.holding`)."""
+        self._holding = holding.Holding(engine=engine, book=book, clock=clock, hold_seconds=hold_seconds)
         self._engine = engine
         self._tokenizer = tokenizer
         self._snapshots = snapshots
@@ -244,11 +242,12 @@ class Chooser:
             since = self._book.ends
             route = await again(early=early if by_ram and attempt == 0 else None)
             if isinstance(route, filling.Route) and (route.decision.slot is None or self._book.queue.locked()):
-                route = await self._held(again, since)  # no slot now, or requests held before it: it waits its turn
+                # No slot now, or requests held before it: it waits its turn.
+                route = await self._holding.until_free(again, since)
             if not isinstance(route, filling.Route):
                 return route
             decision = route.decision
-            if decision.slot is None:  # held past the bound: llama-server queues it (see _held)
+            if decision.slot is None:  # held past the bound: llama-server queues it (see holding.Holding)
                 return Plan(verdict.Planned(decision.source, None), chain, turn, b"", owner)  # b"": as it came
             state = self._book.slot(decision.slot)
             ticket.reserve(decision.slot)
@@ -264,7 +263,7 @@ class Chooser:
                         state.holds(())  # unknown now: the restore may or may not have run
             if restored is not None:
                 break
-            if attempt + 1 < PLACE_TRIES and await self._taken(decision.slot):
+            if attempt + 1 < PLACE_TRIES and await self._holding.taken(decision.slot):
                 continue  # a request llama-server queued took the slot between its read and its save: placed again
             self._tally.unrouted(
                 outcomes.Unrouted.SWAP, "the slot could not be saved or restored (see the snapshot and restore logs)"
@@ -290,46 +289,6 @@ class Chooser:
                 owner, route.views, slot=decision.slot, keep=source is not outcomes.Source.COLD
             )
         return Plan(planned, chain, turn, prompt.pinned(request, decision.slot) or b"", owner, placed)
-
-    async def _taken(self, slot: int) -> bool:
-        """Whether ``slot`` runs a request now (its save was skipped as busy: another request took it)."""
-        polled, _ = self._engine.seen()
-        if polled is None:
-            return False
-        obs = await self._book.fresh(polled)
-        return obs is not None and any(v.id == slot and v.processing for v in obs.slots or ())
-
-    async def _held(
-        self, again: Callable[[], Awaitable[filling.Route | outcomes.Unrouted | None]], since: int
-    ) -> filling.Route | outcomes.Unrouted | None:
-        """Place a request no slot can take now (every slot it could go to is busy) once one frees.
-
-        It is not sent unpinned: llama-server would give it the first slot to free, and run it over what
-        the request that ran there left, which no snapshot may hold yet. Held instead, as llama-server
-        queues a request while every slot is busy, and placed again, first in first out, once a request
-        ends (or at the next read of ``/slots``, :data:`RECHECK`): the slot it then takes has its content
-        saved first if it changed. A streamed request gets its keep-alives meanwhile (``proxy.keepalive``).
-        Bounded by ``hold_seconds``: past it (the slots read busy all along) it goes as it came.
-        """
-        started = self._clock.monotonic()
-        async with self._book.queue:
-            while True:
-                route = await again()
-                if not isinstance(route, filling.Route) or route.decision.slot is not None:
-                    if self._clock.monotonic() - started >= RECHECK:
-                        log.debug("request_held_for_a_slot", seconds=round(self._clock.monotonic() - started, 3))
-                    return route
-                if self._clock.monotonic() - started >= self._hold:
-                    log.warning(
-                        "request_held_for_a_slot_too_long",
-                        seconds=round(self._clock.monotonic() - started, 1),
-                        effect="every slot read busy all along: the request goes to llama-server unpinned, which "
-                        "may give it a slot whose conversation is not saved yet",
-                        hint="see /status for the slots' requests; raise --proxy-hold-seconds for long generations",
-                    )
-                    return route
-                await self._book.freed(since, RECHECK)
-                since = self._book.ends
 
     async def _route(
         self,
