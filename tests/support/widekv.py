@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,24 +39,43 @@ _lock = threading.Lock()
 
 def model(*, tokenizer_from: Path) -> Path:
     """The path of the model, written on first use (about a minute: the vocabulary and 233 MB)."""
+    return cached("wide-kv", "qwen3-8b-class-kv.gguf", (Path(__file__),), lambda path: _write(path, tokenizer_from))
+
+
+def cached(folder: str, name: str, sources: tuple[Path, ...], write: Callable[[Path], None]) -> Path:
+    """A written model in the user cache dir, under a folder named for the source of what writes it."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    version = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
-    path = root / "llama-kv-sidecar" / f"wide-kv-{version}" / "qwen3-8b-class-kv.gguf"
+    version = hashlib.sha256(b"".join(source.read_bytes() for source in sources)).hexdigest()[:12]
+    path = root / "llama-kv-sidecar" / f"{folder}-{version}" / name
     with _lock:
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            _write(temp, tokenizer_from)
+            write(temp)
             temp.replace(path)
     return path
 
 
 def _write(path: Path, tokenizer_from: Path) -> None:
+    write(path, tokenizer_from, arch="qwen3", name="random qwen3 with an 8B-class KV")
+
+
+def write(
+    path: Path,
+    tokenizer_from: Path,
+    *,
+    arch: str,
+    name: str,
+    u32: tuple[tuple[str, int], ...] = (),
+    f32: tuple[tuple[str, float], ...] = (),
+    norms: tuple[str, ...] = ("attn_norm", "ffn_norm"),
+) -> None:
+    """A GGUF of ``arch`` with this module's attention and little else; ``u32``/``f32``: its own header keys
+    (after the shared ones), ``norms``: the per-layer norms its graph reads."""
     rng = np.random.default_rng(0)
-    a = "qwen3"
-    writer = gguf.GGUFWriter(str(path), a)
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_uint32("general.file_type", 1)
-    writer.add_string("general.name", "random qwen3 with an 8B-class KV")
+    writer.add_string("general.name", name)
     for key, value in (
         ("context_length", CONTEXT),
         ("embedding_length", N_EMBD),
@@ -66,10 +86,11 @@ def _write(path: Path, tokenizer_from: Path) -> None:
         ("attention.key_length", HEAD),
         ("attention.value_length", HEAD),
         ("rope.dimension_count", HEAD),
+        *u32,
     ):
-        writer.add_uint32(f"{a}.{key}", value)
-    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    writer.add_float32(f"{a}.rope.freq_base", 1000000.0)
+        writer.add_uint32(f"{arch}.{key}", value)
+    for key, number in (("attention.layer_norm_rms_epsilon", 1e-6), ("rope.freq_base", 1000000.0), *f32):
+        writer.add_float32(f"{arch}.{key}", number)
     vocab = tinymodels._copy_tokenizer(writer, tokenizer_from)
     writer.add_string("tokenizer.chat_template", tinymodels.CHATML)
     tensors: dict[str, np.ndarray[Any, Any]] = {}
@@ -83,8 +104,8 @@ def _write(path: Path, tokenizer_from: Path) -> None:
     weight("token_embd.weight", N_EMBD, vocab)
     vector("output_norm.weight", N_EMBD)
     for il in range(N_LAYER):
-        vector(f"blk.{il}.attn_norm.weight", N_EMBD)
-        vector(f"blk.{il}.ffn_norm.weight", N_EMBD)
+        for norm in norms:
+            vector(f"blk.{il}.{norm}.weight", N_EMBD)
         weight(f"blk.{il}.attn_q.weight", N_EMBD, N_HEAD * HEAD)
         weight(f"blk.{il}.attn_k.weight", N_EMBD, N_HEAD_KV * HEAD)
         weight(f"blk.{il}.attn_v.weight", N_EMBD, N_HEAD_KV * HEAD)
@@ -94,8 +115,8 @@ def _write(path: Path, tokenizer_from: Path) -> None:
         weight(f"blk.{il}.ffn_gate.weight", N_EMBD, N_FF)
         weight(f"blk.{il}.ffn_up.weight", N_EMBD, N_FF)
         weight(f"blk.{il}.ffn_down.weight", N_FF, N_EMBD)
-    for name, data in tensors.items():
-        writer.add_tensor(name, data)
+    for tensor, data in tensors.items():
+        writer.add_tensor(tensor, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
