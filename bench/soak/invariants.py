@@ -75,8 +75,12 @@ def classify(
     cached: int,
     windows: Sequence[Window],
     allowance: float,
+    ended: float | None = None,
 ) -> Verdict:
-    """The verdict on a turn sent at ``started`` that reused ``cached`` tokens, after the turns ``before``."""
+    """The verdict on a turn sent at ``started`` that reused ``cached`` tokens, after the turns ``before``.
+
+    ``ended``: when its answer ended. A process killed while it was under way counts as one killed before it:
+    the proxy sent it again after the restart, and its answer reused what the restore brought back."""
     if not before:
         return Verdict.FIRST
     if cached < 0:
@@ -89,7 +93,8 @@ def classify(
         return Verdict.COLD_EVICTED
     if any(w.fault is schedule.Fault.DISK_FULL for w in since):
         return Verdict.COLD_STORE_FULL  # it left its slot while no save could be written
-    kills = [w for w in since if w.fault in schedule.PROCESS and w.at >= last.ended]
+    until = started if ended is None else max(started, ended)
+    kills = [w for w in windows if w.fault in schedule.PROCESS and last.ended <= w.at < until]
     for kill in kills:
         grace = 1.0 if kill.fault is schedule.Fault.SIGTERM else allowance  # SIGTERM saves every slot first
         saved = [done.prompt for done in before if done.ended <= kill.at - grace]

@@ -64,6 +64,22 @@ def test_a_cold_turn_after_a_kill_is_allowed_only_for_the_turns_within_the_allow
     )
 
 
+def test_a_kill_while_the_turn_was_under_way_counts_as_one_before_it() -> None:
+    """Sent just before a ``kill -9`` and sent again by the proxy after the restart: its answer's reuse is what the
+    restore brought back, so the kill may cost it the turns that ended within the allowance before the kill."""
+    before = done((15, 472), (38.8, 538))
+    kill = [invariants.Window(KILL, 40, 40)]
+    assert invariants.classify(before, started=39.5, ended=48.9, cached=475, windows=kill, allowance=8) is (
+        invariants.Verdict.COLD_UNSAVED
+    )
+    assert invariants.classify(before, started=39.5, ended=48.9, cached=336, windows=kill, allowance=8) is (
+        invariants.Verdict.LOST  # it lost more than the turns within the allowance
+    )
+    assert invariants.classify(before, started=39.5, ended=39.9, cached=475, windows=kill, allowance=8) is (
+        invariants.Verdict.LOST  # it ended before the kill: the kill did not cost it
+    )
+
+
 def test_a_cold_turn_without_a_fault_is_lost_unless_a_burst_or_a_full_disk_explains_it() -> None:
     before = done((10, 1000))
     assert invariants.classify(before, started=20, cached=0, windows=[], allowance=8) is invariants.Verdict.LOST
