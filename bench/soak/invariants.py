@@ -45,6 +45,11 @@ class Verdict(enum.StrEnum):
     before a process was killed."""
     COLD_EVICTED = "cold_evicted"
     """A burst past the store's byte budget came since its previous turn."""
+    COLD_RAM = "cold_ram"
+    """Reused an earlier turn of its own, with a process killed or stopped since its previous turn, after the
+    allowance: a conversation may leave its slot for llama-server's RAM cache with no save, as long as what a
+    crash would lose of it re-prefills within ``--max-unsaved-seconds`` (re-prefill seconds the soak does not
+    see), and the RAM cache is gone with the process, SIGTERM or not."""
     UNKNOWN = "unknown"
     """The answer did not say what it reused."""
     LOST = "lost"
@@ -103,6 +108,8 @@ def classify(
         full = [w for w in windows if w.fault is schedule.Fault.DISK_FULL and w.at <= kill.at]
         if any(w.until >= kill.at - grace - allowance for w in full):
             return Verdict.COLD_STORE_FULL
+    if kills and any(cached >= WARM_SHARE * done.prompt for done in before[:-1]):
+        return Verdict.COLD_RAM
     return Verdict.LOST
 
 
