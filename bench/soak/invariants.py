@@ -45,6 +45,11 @@ class Verdict(enum.StrEnum):
     before a process was killed."""
     COLD_EVICTED = "cold_evicted"
     """A burst past the store's byte budget came since its previous turn."""
+    COLD_RAM = "cold_ram"
+    """Reused an earlier turn of its own, with a process killed or stopped since its previous turn, after the
+    allowance: a conversation may leave its slot for llama-server's RAM cache with no save, as long as what a
+    crash would lose of it re-prefills within ``--max-unsaved-seconds`` (re-prefill seconds the soak does not
+    see), and the RAM cache is gone with the process, SIGTERM or not."""
     UNKNOWN = "unknown"
     """The answer did not say what it reused."""
     LOST = "lost"
@@ -75,8 +80,12 @@ def classify(
     cached: int,
     windows: Sequence[Window],
     allowance: float,
+    ended: float | None = None,
 ) -> Verdict:
-    """The verdict on a turn sent at ``started`` that reused ``cached`` tokens, after the turns ``before``."""
+    """The verdict on a turn sent at ``started`` that reused ``cached`` tokens, after the turns ``before``.
+
+    ``ended``: when its answer ended. A process killed while it was under way counts as one killed before it:
+    the proxy sent it again after the restart, and its answer reused what the restore brought back."""
     if not before:
         return Verdict.FIRST
     if cached < 0:
@@ -89,7 +98,8 @@ def classify(
         return Verdict.COLD_EVICTED
     if any(w.fault is schedule.Fault.DISK_FULL for w in since):
         return Verdict.COLD_STORE_FULL  # it left its slot while no save could be written
-    kills = [w for w in since if w.fault in schedule.PROCESS and w.at >= last.ended]
+    until = started if ended is None else max(started, ended)
+    kills = [w for w in windows if w.fault in schedule.PROCESS and last.ended <= w.at < until]
     for kill in kills:
         grace = 1.0 if kill.fault is schedule.Fault.SIGTERM else allowance  # SIGTERM saves every slot first
         saved = [done.prompt for done in before if done.ended <= kill.at - grace]
@@ -98,6 +108,8 @@ def classify(
         full = [w for w in windows if w.fault is schedule.Fault.DISK_FULL and w.at <= kill.at]
         if any(w.until >= kill.at - grace - allowance for w in full):
             return Verdict.COLD_STORE_FULL
+    if kills and any(cached >= WARM_SHARE * done.prompt for done in before[:-1]):
+        return Verdict.COLD_RAM
     return Verdict.LOST
 
 

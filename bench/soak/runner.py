@@ -257,7 +257,12 @@ class Run:
             return
         windows = self._tally_windows()
         verdict = invariants.classify(
-            agent.done, started=sent.started, cached=sent.reply.cached, windows=windows, allowance=ALLOWANCE
+            agent.done,
+            started=sent.started,
+            ended=sent.ended,
+            cached=sent.reply.cached,
+            windows=windows,
+            allowance=ALLOWANCE,
         )
         beyond = invariants.reuse_beyond_history(agent.done, sent.reply.cached)
         self._say(

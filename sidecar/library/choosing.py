@@ -340,10 +340,13 @@ class Chooser:
         found = await fetcher.find(identity, chain, decision, obs, owner) if fetcher is not None else None
         if found is not None:  # the slots may have changed while the store answered
             obs = await self._book.fresh(obs) or obs
+        if fetcher is not None:
+            # Chosen again after the store's answer (up to its lookup bound), with no wait until the slot is
+            # reserved: a request placed meanwhile holds a slot this one chose, or swapped another conversation in.
             held = [
                 self._book.held(v, packed if exact else None, owner=owner, going_on=going_on) for v in obs.slots or ()
             ]
-            decision = routing.route(chain, held, entries, shared=found[0], ram=ram)
+            decision = routing.route(chain, held, entries, shared=found[0] if found is not None else None, ram=ram)
         views = {v.id: v for v in obs.slots or ()}
         return filling.Route(decision, views, obs.counters, library, found[1] if found is not None else None, in_ram)
 

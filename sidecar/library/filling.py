@@ -8,8 +8,10 @@ slot actions, unless it leaves for llama-server's RAM cache within ``--max-unsav
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
+from collections.abc import AsyncIterator
 
 import structlog
 
@@ -74,8 +76,7 @@ class Filler:
         if source is outcomes.Source.SHARED:
             assert decision.entry is not None
             assert route.shared is not None
-            state.holds(decision.entry.prefix, owner=owner)  # its requests wait at the lock below
-            async with state.lock:
+            async with self._leaving(state, decision, owner):
                 restored, source = await self._fetch_in(decision, route.shared, views[decision.slot], counters)
             if source is outcomes.Source.COLD:
                 state.holds(())
@@ -83,8 +84,7 @@ class Filler:
         if source is outcomes.Source.LIBRARY:
             assert decision.entry is not None
             record = route.library[decision.entry.file][0]
-            state.holds(decision.entry.prefix, owner=owner)  # its requests wait at the lock below
-            async with state.lock:
+            async with self._leaving(state, decision, owner):
                 restored = await self._swap(decision, record, views[decision.slot], counters)
             state.restored = record.index if restored is not None else None
             return restored, source
@@ -99,6 +99,21 @@ class Filler:
                 self._ram.loaded(route.in_ram)  # and takes this one out of it, into the slot
                 state.holds(route.in_ram.chain, owner=owner)
         return restored, source
+
+    @contextlib.asynccontextmanager
+    async def _leaving(self, state: slotstate.SlotState, decision: routing.Decision, owner: str) -> AsyncIterator[None]:
+        """Hold the slot's lock for a swap of ``decision.entry`` (of ``owner``'s) into it; while the swap saves what
+        the slot held first, that conversation is said to be leaving it (:attr:`.slotstate.SlotState.leaving`):
+        its next request, routed meanwhile, waits for the save instead of taking an older snapshot of it."""
+        assert decision.entry is not None
+        previous = (state.chain, state.owner) if decision.save_first and state.chain else None
+        state.holds(decision.entry.prefix, owner=owner)  # its requests wait at the lock
+        async with state.lock:
+            state.leaving = previous
+            try:
+                yield
+            finally:
+                state.leaving = None
 
     async def _fetch_in(
         self,

@@ -203,7 +203,9 @@ class SlotBook:
         the slots whose conversation the request is (:meth:`slotstate.SlotState.same_conversation`)."""
         state = self.slot(view.id)
         prefix = state.holds_for(owner)
-        if (
+        if state.lock.locked() and state.leaving_for(owner):
+            prefix = state.leaving_for(owner)  # busy: its request waits for the save under way, not an older one
+        elif (
             exact_for is not None
             and state.restored is not None
             and not slotstate.exact_prefix(state.restored, exact_for)

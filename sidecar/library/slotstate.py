@@ -35,6 +35,9 @@ class SlotState:
     owner: str | None = None
     """Whose conversation ``chain`` is (``apikeys.owner_of``; ``apikeys.NOBODY`` without API keys); None: unknown.
     Only a request of the same owner is routed to what the slot holds."""
+    leaving: tuple[tuple[str, ...], str | None] | None = None
+    """While a swap saves what the slot held before another conversation is restored there: that content's
+    chain and owner (``chain`` already names the one swapped in). A request of it waits for the save."""
 
     def holds(self, chain: tuple[str, ...], turn: turns.Key | None = None, owner: str | None = None) -> None:
         """The slot holds ``chain`` of ``owner`` now (and, with ``turn``, the prompt of the request of that key)."""
@@ -53,6 +56,12 @@ class SlotState:
     def holds_for(self, owner: str) -> tuple[str, ...]:
         """What the slot holds as a request of ``owner`` may use it: nothing of another owner's."""
         return self.chain if self.owner == owner else ()
+
+    def leaving_for(self, owner: str) -> tuple[str, ...]:
+        """What a swap is saving of the slot as it leaves, as a request of ``owner`` may use it."""
+        if self.leaving is None or self.leaving[1] != owner:
+            return ()
+        return self.leaving[0]
 
 
 def exact_prefix(index: manifest.Index | None, packed: bytes) -> bool:

@@ -815,3 +815,71 @@ async def test_a_slot_taken_between_its_read_and_its_save_sends_the_request_else
     assert taken == [0]
     assert bed.actions() == [("save", 1)]
     assert bed.value("llama_sidecar_conversation_unrouted_total", reason="swap") == 0
+
+
+async def test_requests_that_chose_a_slot_while_the_shared_store_answered_do_not_both_take_it(
+    bed: Bed, tmp_path: Path
+) -> None:
+    """Each request chooses its slot, then asks the shared store (up to its lookup bound): a slot another request
+    took meanwhile is taken no more. Pinned there anyway, llama-server would queue it behind that request and run
+    it over the turn it leaves, which no snapshot holds yet."""
+    shared = FakeShared(bed, tmp_path, "A")
+    shared.lookup_wait = asyncio.Event()
+    with_shared(bed, shared)
+    inside = {name: asyncio.Event() for name in ("B", "C")}
+    leave = asyncio.Event()
+    slots: dict[str, int | None] = {}
+
+    async def turn(name: str) -> None:
+        async with bed.request(name) as slot:
+            slots[name] = slot
+            inside[name].set()
+            await leave.wait()
+
+    runs = [asyncio.create_task(turn(name)) for name in ("B", "C")]
+    for _ in range(200):
+        if shared.lookups == 2:
+            break
+        await asyncio.sleep(0)
+    assert shared.lookups == 2, "both chose a slot, and wait for the store"
+    shared.lookup_wait.set()
+    await asyncio.wait_for(asyncio.gather(inside["B"].wait(), inside["C"].wait()), timeout=2)
+    assert sorted(s for s in slots.values() if s is not None) == [0, 1], f"one request per slot, got {slots}"
+    leave.set()
+    await asyncio.gather(*runs)
+
+
+async def test_a_conversation_whose_slot_is_being_saved_for_a_swap_waits_for_that_save_not_an_older_snapshot(
+    bed: Bed,
+) -> None:
+    """A swap saves the slot's conversation first; a request of that conversation that comes meanwhile waits for
+    the save and is swapped in from it, not placed from an older snapshot (or cold) beside it."""
+    for name in ("A", "B", "C"):  # A in slot 0, B in slot 1, then C in slot 0 (A saved first)
+        async with bed.request(name):
+            pass
+    saving = asyncio.Event()
+    release = asyncio.Event()
+
+    async def held_save(slot_id: int, filename: str) -> None:
+        if slot_id == 1 and not saving.is_set():
+            saving.set()
+            await release.wait()
+
+    bed.server.hooks["save"] = held_save
+    slots: dict[str, int | None] = {}
+
+    async def turn(name: str) -> None:
+        async with bed.request(name, then=("and then?",)) as slot:
+            slots[name] = slot
+
+    back = asyncio.create_task(turn("A"))  # A swaps into slot 1, the least recently used: B is saved first
+    await asyncio.wait_for(saving.wait(), timeout=2)
+    leaving = asyncio.create_task(turn("B"))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert not leaving.done(), "B waits for its own save, under way"
+    release.set()
+    await asyncio.wait_for(asyncio.gather(back, leaving), timeout=5)
+    assert slots == {"A": 1, "B": 0}
+    assert bed.actions()[-2:] == [("save", 0), ("restore", 0)], "B came back from the save made as it left"
+    assert bed.value("llama_sidecar_conversation_requests_total", source="cold") == 3  # A, B and C's first turns

@@ -59,8 +59,48 @@ def test_a_cold_turn_after_a_kill_is_allowed_only_for_the_turns_within_the_allow
     )
     assert invariants.classify(before, started=40, cached=300, windows=kill, allowance=8) is invariants.Verdict.LOST
     sigterm = [invariants.Window(schedule.Fault.SIGTERM, 35, 35)]
+    assert invariants.classify(before, started=40, cached=1195, windows=sigterm, allowance=8) is (
+        invariants.Verdict.WARM  # a SIGTERM saves every slot first
+    )
     assert invariants.classify(before, started=40, cached=995, windows=sigterm, allowance=8) is (
-        invariants.Verdict.LOST  # a SIGTERM saves every slot first: nothing is allowed
+        invariants.Verdict.COLD_RAM  # but not llama-server's RAM cache, where a turn may have left unsaved
+    )
+    assert invariants.classify(before, started=40, cached=300, windows=sigterm, allowance=8) is (
+        invariants.Verdict.LOST
+    )
+
+
+def test_a_kill_while_the_turn_was_under_way_counts_as_one_before_it() -> None:
+    """Sent just before a ``kill -9`` and sent again by the proxy after the restart: its answer's reuse is what the
+    restore brought back, so the kill may cost it the turns that ended within the allowance before the kill."""
+    before = done((15, 472), (38.8, 538))
+    kill = [invariants.Window(KILL, 40, 40)]
+    assert invariants.classify(before, started=39.5, ended=48.9, cached=475, windows=kill, allowance=8) is (
+        invariants.Verdict.COLD_UNSAVED
+    )
+    assert invariants.classify(before, started=39.5, ended=48.9, cached=336, windows=kill, allowance=8) is (
+        invariants.Verdict.LOST  # it lost more than the turns within the allowance
+    )
+    assert invariants.classify(before, started=39.5, ended=39.9, cached=475, windows=kill, allowance=8) is (
+        invariants.Verdict.LOST  # it ended before the kill: the kill did not cost it
+    )
+
+
+def test_an_earlier_turn_of_its_own_after_a_process_fault_is_what_a_ram_cache_leave_allows() -> None:
+    """A conversation that left its slot for llama-server's RAM cache unsaved (``--max-unsaved-seconds``) falls
+    back to its newest snapshot when the process goes, however long after its turn: counted apart, not lost."""
+    before = done((10, 743), (20, 794))
+    sigterm = [invariants.Window(schedule.Fault.SIGTERM, 21.7, 21.7)]
+    assert invariants.classify(before, started=50, cached=746, windows=sigterm, allowance=8) is (
+        invariants.Verdict.COLD_RAM
+    )
+    kill = [invariants.Window(KILL, 60, 60)]
+    assert invariants.classify(before, started=70, cached=746, windows=kill, allowance=8) is invariants.Verdict.COLD_RAM
+    assert invariants.classify(before, started=50, cached=336, windows=sigterm, allowance=8) is (
+        invariants.Verdict.LOST  # less than any turn of its own: nothing explains it
+    )
+    assert invariants.classify(before, started=50, cached=746, windows=[], allowance=8) is (
+        invariants.Verdict.LOST  # no process went: its newest turn should still be there
     )
 
 
