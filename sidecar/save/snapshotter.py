@@ -289,7 +289,7 @@ class Snapshotter:
 
     async def _may_write(self, episode: storefault.Episode, free_bytes: int) -> bool:
         """Whether a save may be tried while the disk refused the last one (free space back, a probe written)."""
-        if not storefault.worth_probing(episode, free_bytes=free_bytes):
+        if not storefault.worth_probing(episode, free_bytes=free_bytes, now=self._clock.monotonic()):
             return False
         return await asyncio.to_thread(self._snapshots.writer.probe_write) is None
 
@@ -299,8 +299,10 @@ class Snapshotter:
         """The record of a commit the disk refused; saves are skipped until it may take one again."""
         await asyncio.to_thread(self._snapshots.curator.collect_blocks)  # the failed ingest's new blocks
         usage = await asyncio.to_thread(self._snapshots.disk.usage)
-        first = self._unwritable is None
-        self._unwritable = storefault.Episode(fault, usage.free_bytes, str(exc))
+        before = self._unwritable
+        first = before is None
+        retries = 0 if before is None or before.fault is not fault else before.retries + 1
+        self._unwritable = storefault.Episode(fault, usage.free_bytes, str(exc), self._clock.monotonic(), retries)
         keeps = self._snapshots.disk.keeps
         if first:
             log.error(

@@ -7,9 +7,12 @@ every save until that changes would make llama-server serialise a whole slot
 that finds the fault fails, later saves are skipped without calling the
 server, and a save is tried again as soon as the disk looks able to take it:
 for a full disk, once its free space has grown by :data:`ROOM` since the
-failed save's leftovers were collected; for a read-only or refused one, once
-a small probe file can be written there. A retry that fails again only
-starts a new baseline. Committed snapshots are never touched by any of it.
+failed save's leftovers were collected, or once :func:`backoff` has passed
+(the space may have come back before the baseline was read: a file that
+filled the disk for a moment and went away; a quota); for a read-only or
+refused one, once a small probe file can be written there. A retry that
+fails again starts a new baseline and doubles the wait. Committed snapshots
+are never touched by any of it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from sidecar.core import outcomes
 
 ROOM = 8 << 20
 """Bytes of free space that must come back on a full disk before a save is tried again."""
+RETRY_FIRST = 30.0
+"""Seconds after which a full disk's save is tried again even if no :data:`ROOM` came back; doubled at each
+failed retry, up to :data:`RETRY_MOST`."""
+RETRY_MOST = 300.0
 
 _FAULTS = {
     errno.ENOSPC: outcomes.StoreFault.NO_SPACE,
@@ -58,12 +65,22 @@ class Episode:
     fault: outcomes.StoreFault
     free_bytes: int
     detail: str
+    at: float
+    """When the save was refused (monotonic seconds)."""
+    retries: int = 0
+    """Retries refused the same way since the episode began."""
     skipped: int = 0
     """Saves skipped since, without calling the server."""
 
 
-def worth_probing(episode: Episode, *, free_bytes: int) -> bool:
-    """Whether the disk may take a save again (then a probe write decides): a full one needs :data:`ROOM` back."""
+def backoff(retries: int) -> float:
+    """Seconds a full disk waits before a save is tried again whatever its free space says."""
+    return min(RETRY_FIRST * 2.0 ** min(retries, 16), RETRY_MOST)
+
+
+def worth_probing(episode: Episode, *, free_bytes: int, now: float) -> bool:
+    """Whether the disk may take a save again (then a probe write decides): a full one needs :data:`ROOM` back,
+    or :func:`backoff` seconds gone by."""
     if episode.fault is outcomes.StoreFault.NO_SPACE:
-        return free_bytes >= episode.free_bytes + ROOM
+        return free_bytes >= episode.free_bytes + ROOM or now - episode.at >= backoff(episode.retries)
     return True

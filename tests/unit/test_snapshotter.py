@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.core import config, errors, events, metrics, outcomes, protocols
-from sidecar.save import policy, records, snapshotter
+from sidecar.save import policy, records, snapshotter, storefault
 from sidecar.slots import actions
 from sidecar.snapshots import manifest, store
 from tests.support import clocks
@@ -232,3 +232,43 @@ async def test_a_waiting_commit_that_fails_is_reported_to_the_caller(tmp_path: P
     assert [(w, r.result, r.cause) for w, r in ended] == [(written, R.FAILED, C.CHECK)]
     assert (counted(registry, R.FAILED), registry.get_sample_value("llama_sidecar_snapshot_commits_pending")) == (1, 0)
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+async def test_a_full_disk_whose_space_never_grows_past_its_baseline_is_tried_again_after_a_doubling_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The free space read after the refused commit is the baseline; a disk that was full only for a moment
+    is back before that read, so the free space never grows past it. Saves used to stay skipped until
+    retention freed 8 MiB; now one is tried again after storefault.backoff."""
+    clock = clocks.FakeClock()
+    server, saver, registry = make(tmp_path, clock=clock)
+    refusals = 0
+
+    def refuse(*_args: object, **_kwargs: object) -> manifest.Manifest:
+        nonlocal refusals
+        refusals += 1
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as exc:
+            raise errors.SnapshotError("committing failed", reason=outcomes.SnapshotProblem.IO) from exc
+
+    monkeypatch.setattr(saver._snapshots.writer, "commit", refuse)
+
+    def saves_called() -> int:
+        return server.names().count("save")
+
+    assert (await save(saver)).cause is C.STORE_UNWRITABLE
+    assert (refusals, saves_called()) == (1, 1)
+    clock.advance(storefault.RETRY_FIRST - 1)
+    assert (await save(saver)).result is R.SKIPPED
+    assert saves_called() == 1, "skipped without asking llama-server to save"
+    clock.advance(1)
+    await save(saver)
+    assert (refusals, saves_called()) == (2, 2), "tried again once the wait passed"
+    clock.advance(storefault.RETRY_FIRST)
+    assert (await save(saver)).result is R.SKIPPED
+    assert saves_called() == 2, "the wait doubled after a failed retry"
+    clock.advance(storefault.RETRY_FIRST)
+    monkeypatch.undo()
+    assert (await save(saver)).result is R.OK
+    assert registry.get_sample_value("llama_sidecar_snapshot_write_errors_total", {"reason": "no_space"}) == 2
