@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import signal
@@ -25,6 +26,9 @@ ORPHAN_WAIT = 10.0
 """Seconds a killed sidecar's llama-server has to end by itself."""
 FILL_LEFT = 1 << 20
 """Bytes left free on the store's disk while it is full."""
+FILL_TRIES = 3
+"""Fills of the store's disk tried, each after measuring its free space again, before it counts as full for a
+moment only."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -149,12 +153,7 @@ class Faults:
             case schedule.Fault.SIGTERM:
                 return "" if self.restarting() else self._sigterm()
             case schedule.Fault.DISK_FULL:
-                free = product_free(self.disk)
-                if free <= FILL_LEFT:
-                    return ""
-                with self._filler.open("wb") as out:
-                    os.posix_fallocate(out.fileno(), 0, free - FILL_LEFT)
-                return f"store disk filled ({(free - FILL_LEFT) >> 20} MiB)"
+                return self._fill()
             case schedule.Fault.S3_DOWN:
                 self.s3.stop()
                 return "S3 server stopped"
@@ -167,6 +166,27 @@ class Faults:
                 return self._leave() or ""
             case schedule.Fault.BURST:
                 return f"{self._burst()} new conversations"
+
+    def _fill(self) -> str:
+        """Fill the store's disk but :data:`FILL_LEFT`, measured again when a fill races the product's writes.
+
+        A fill that runs out of space was full for a moment all the same (the product's writes then may fail),
+        so it stays a fault, with its window; it used to be dropped as not done, and what it did went
+        unexplained."""
+        for _ in range(FILL_TRIES):
+            free = product_free(self.disk)
+            if free <= FILL_LEFT:
+                return ""
+            try:
+                with self._filler.open("wb") as out:
+                    os.posix_fallocate(out.fileno(), 0, free - FILL_LEFT)
+            except OSError as exc:
+                self._filler.unlink(missing_ok=True)
+                if exc.errno != errno.ENOSPC:
+                    raise
+                continue
+            return f"store disk filled ({(free - FILL_LEFT) >> 20} MiB)"
+        return f"store disk full for a moment ({FILL_TRIES} fills raced the product's writes and ran out of space)"
 
     def outages_now(self, now: float) -> list[tuple[float, float]]:
         """The sidecar's outages so far, one still running included (until ``now``)."""
