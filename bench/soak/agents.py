@@ -24,8 +24,10 @@ TOP = 5
 """Top log-probabilities asked for the first token of a Chat Completions turn."""
 RETIRE_TOKENS = 3000
 """A conversation whose prompt passes this is done (a slot holds 4,096 tokens): a new one takes its place."""
-PREAMBLE_TOKENS = 300
-"""The preamble every conversation shares (its blocks are stored once)."""
+PREAMBLE_TOKENS = 600
+"""The preamble every conversation shares (its blocks are stored once): past the test model's sliding window
+(512), as agents' system prompts and tool lists are past real models' windows; a conversation within its
+window is counted apart (``cold_window``)."""
 TASK_TOKENS = 120
 
 

@@ -50,6 +50,10 @@ class Verdict(enum.StrEnum):
     allowance: a conversation may leave its slot for llama-server's RAM cache with no save, as long as what a
     crash would lose of it re-prefills within ``--max-unsaved-seconds`` (re-prefill seconds the soak does not
     see), and the RAM cache is gone with the process, SIGTERM or not."""
+    COLD_WINDOW = "cold_window"
+    """Its previous prompt fit in the model's sliding window (no ``--swa-full``): llama-server reuses a cache
+    that short only through its own context checkpoints, which no slot file holds, so no save could give it
+    back; the library leaves it to the server's cache and at most a window's tokens re-prefill."""
     UNKNOWN = "unknown"
     """The answer did not say what it reused."""
     LOST = "lost"
@@ -81,11 +85,13 @@ def classify(
     windows: Sequence[Window],
     allowance: float,
     ended: float | None = None,
+    window: int = 0,
 ) -> Verdict:
     """The verdict on a turn sent at ``started`` that reused ``cached`` tokens, after the turns ``before``.
 
     ``ended``: when its answer ended. A process killed while it was under way counts as one killed before it:
-    the proxy sent it again after the restart, and its answer reused what the restore brought back."""
+    the proxy sent it again after the restart, and its answer reused what the restore brought back.
+    ``window``: the model's sliding window (0: none, or ``--swa-full``)."""
     if not before:
         return Verdict.FIRST
     if cached < 0:
@@ -93,6 +99,8 @@ def classify(
     last = before[-1]
     if cached >= WARM_SHARE * last.prompt:
         return Verdict.WARM
+    if last.prompt <= window:
+        return Verdict.COLD_WINDOW
     since = [w for w in windows if last.ended <= w.at < started or (w.at < last.ended < w.until)]
     if any(w.fault is schedule.Fault.BURST for w in since):
         return Verdict.COLD_EVICTED

@@ -93,7 +93,7 @@ class Product:
 
     def _argv(self) -> list[str]:
         server = [str(self._binary), "-m", str(self._model), "-np", str(SLOTS), "-c", str(SLOTS * CTX_PER_SLOT)]
-        server += ["-t", "2", "--swa-full"] + ([] if llamabed.cpu_has_amx() else ["--no-repack"])
+        server += ["-t", "2"] + ([] if llamabed.cpu_has_amx() else ["--no-repack"])
         return [
             sys.executable, "-m", "sidecar", "run",
             "--proxy-listen", f"127.0.0.1:{self._proxy_port}",

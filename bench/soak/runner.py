@@ -23,6 +23,7 @@ from bench.beds import llamabed, s3bed
 from bench.soak import agents, faults, invariants, product, report, schedule
 from sidecar.blocks import blockdir, recipedir
 from sidecar.core import errors
+from sidecar.observe import memory
 from tests.support import agents as sdk_agents
 from tests.support import mounts
 
@@ -81,6 +82,8 @@ class Run:
         self._doer: faults.Faults | None = None
         self._reference = ""
         self._shared = ""
+        self._window = 0
+        """The model's sliding window (llama-server runs without ``--swa-full``, as users run it)."""
 
     def run(self, stack: contextlib.ExitStack) -> report.Figures:
         work = Path(tempfile.mkdtemp(prefix="llama-kv-soak-"))
@@ -88,6 +91,8 @@ class Run:
             f"soak: seed {self._seed}, {self._minutes:g} min, {len(self._events)} faults scheduled; files in {work}"
         )
         binary, model = llamabed.cached_binary(), llamabed.model_path()
+        window = memory.window_of_file(str(model))
+        self._window = 0 if window is None else window.size
         s3 = s3bed.S3Server(work / "s3")
         stack.callback(s3.stop)
         s3.start()
@@ -263,6 +268,7 @@ class Run:
             cached=sent.reply.cached,
             windows=windows,
             allowance=ALLOWANCE,
+            window=self._window,
         )
         beyond = invariants.reuse_beyond_history(agent.done, sent.reply.cached)
         self._say(

@@ -125,6 +125,23 @@ def test_a_cold_turn_without_a_fault_is_lost_unless_a_burst_or_a_full_disk_expla
     )
 
 
+def test_a_cold_turn_whose_previous_prompt_fit_in_the_sliding_window_is_counted_apart_and_only_then() -> None:
+    """llama-server reuses a cache no longer than its window only through its own checkpoints, which no slot
+    file holds: nothing the sidecar saves could give it back."""
+    assert invariants.classify(done((10, 512)), started=20, cached=21, windows=[], allowance=8, window=512) is (
+        invariants.Verdict.COLD_WINDOW
+    )
+    assert invariants.classify(done((10, 513)), started=20, cached=21, windows=[], allowance=8, window=512) is (
+        invariants.Verdict.LOST
+    )
+    assert invariants.classify(done((10, 512)), started=20, cached=21, windows=[], allowance=8) is (
+        invariants.Verdict.LOST  # no window: --swa-full, or a model without one
+    )
+    assert invariants.classify(done((10, 500)), started=20, cached=500, windows=[], allowance=8, window=512) is (
+        invariants.Verdict.WARM
+    )
+
+
 def test_a_reuse_past_the_conversations_history_is_flagged() -> None:
     before = done((10, 500))
     assert not invariants.reuse_beyond_history(before, 500 + invariants.REUSE_SLACK)
