@@ -86,7 +86,10 @@ class Filler:
             record = route.library[decision.entry.file][0]
             async with self._leaving(state, decision, owner):
                 restored = await self._swap(decision, record, views[decision.slot], counters)
-            state.restored = record.index if restored is not None else None
+            state.restored = record.index if restored else None
+            if restored == 0:  # the snapshot did not go in, the slot's own content is saved: it runs cold there
+                state.holds(())
+                return 0, outcomes.Source.COLD
             return restored, source
         async with state.lock:  # a swap into this slot in flight ends first
             restored = 0 if await self._save_for(request, decision, views, counters) else None
@@ -143,7 +146,7 @@ class Filler:
             return 0, outcomes.Source.COLD  # the slot's own content is saved: it runs cold there
         later = dataclasses.replace(decision, save_first=False)
         restored = await self._swap(later, record, view, counters, checked=True)
-        return restored, outcomes.Source.SHARED
+        return restored, outcomes.Source.SHARED if restored != 0 else outcomes.Source.COLD
 
     async def _swap(
         self,
@@ -154,7 +157,12 @@ class Filler:
         *,
         checked: bool = False,
     ) -> int | None:
-        """Save the slot's own content if it changed, then restore ``record`` into it: the tokens restored, or None.
+        """Save the slot's own content if it changed, then restore ``record`` into it: the tokens restored; 0: the
+        restore failed with the slot's content saved (the request runs cold there, pinned); None: the save failed,
+        or a request took the slot meanwhile (it is placed again).
+
+        A failed restore used to send the request as it came: llama-server then gave it the idle slot of its
+        choice, and another conversation's newest turn there, not saved yet, was lost.
 
         ``checked``: ``record`` was committed just now (fetched from the shared store), not hashed again."""
         assert decision.slot is not None
@@ -171,7 +179,18 @@ class Filler:
             if ahead:
                 self._engine.rebuilt_ahead_done(record)
         if not result.restored:
-            return None
+            if result.result in (outcomes.RestoreOutcome.SLOT_BUSY, outcomes.RestoreOutcome.RACED):
+                return None
+            log.warning(
+                "swap_failed_runs_cold",
+                slot=decision.slot,
+                file=record.file,
+                result=result.result.value,
+                reason=result.detail,
+                effect="the request runs in that slot without the snapshot, prefilled by llama-server; what the slot "
+                "held was saved first",
+            )
+            return 0
         seconds = time.perf_counter() - started
         self._book.slot(decision.slot).seen = None  # restored: its (task, tokens) are read afresh next time
         self._snapshots.recency.touch(record.file)

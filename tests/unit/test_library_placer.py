@@ -772,8 +772,11 @@ async def test_a_slot_counts_busy_while_a_live_ticket_holds_it_and_is_free_once_
         placed.answered(answer.Ended(0, outcomes.ProxyOutcome.CANCELLED, None))
 
 
-async def test_a_swap_that_fails_leaves_its_request_holding_no_slot(bed: Bed) -> None:
-    for name in ("A", "B", "C"):  # A goes to the library, B is in a slot and in no snapshot
+async def test_a_swap_whose_restore_fails_runs_its_request_cold_in_the_slot_it_saved_never_unpinned(bed: Bed) -> None:
+    """The slot's own content was saved before the restore was refused: the request runs cold there. It used to
+    go as it came, and llama-server gave it the idle slot of its choice: in the soak, another conversation's
+    newest turn, not saved yet, was lost that way."""
+    for name in ("A", "B", "C"):  # A goes to the library, B is in a slot and in no snapshot, C in the other
         async with bed.request(name):
             pass
 
@@ -783,12 +786,16 @@ async def test_a_swap_that_fails_leaves_its_request_holding_no_slot(bed: Bed) ->
     bed.server.hooks["restore"] = refused
     ticket = tickets.Ticket()
     ticket.let_through(None)
+    cold = bed.value("llama_sidecar_conversation_requests_total", source="cold")
     body = json.dumps({"messages": [{"role": "user", "content": "A"}]}).encode()
     async with bed.library.pin("/v1/chat/completions", body, ticket=ticket) as placed:
-        assert "id_slot" not in json.loads(placed.body), "forwarded as it came"
-        assert ticket.slot is None
-    assert bed.actions()[-1][0] == "restore"
-    assert bed.value("llama_sidecar_conversation_unrouted_total", reason="swap") == 1
+        slot = json.loads(placed.body).get("id_slot")
+        assert slot == 1, "pinned to the slot whose content was saved (B's), not sent as it came"
+        assert ticket.slot == 1
+        placed.answered(OK)
+    assert bed.actions()[-2:] == [("save", 1), ("restore", 1)]
+    assert bed.value("llama_sidecar_conversation_unrouted_total", reason="swap") == 0
+    assert bed.value("llama_sidecar_conversation_requests_total", source="cold") == cold + 1
 
 
 async def test_a_slot_taken_between_its_read_and_its_save_sends_the_request_elsewhere_not_unpinned(
