@@ -91,7 +91,8 @@ def render(f: Figures) -> str:
         *(f"    cut: {e}" for e in f.errors_cut[:10]),
         "",
         "## wrong KV (checked against a cold reference server)",
-        f"  checks {f.kv_checks}, worst move {f.kv_worst:.3f} nats (bound {invariants.WRONG_KV_NATS}), "
+        f"  checks {f.kv_checks}, worst move {f.kv_worst:.3f} of the first token's probability (bound "
+        f"{invariants.WRONG_KV}), "
         f"wrong {len(f.kv_wrong)}, reuse beyond the conversation's history {f.reuse_beyond}",
         *(f"    {e}" for e in f.kv_wrong[:10]),
         "",

@@ -303,9 +303,10 @@ class Run:
         with self._tally.lock:
             self._tally.kv_checks += 1
             self._tally.kv_worst = max(self._tally.kv_worst, moved)
-            if moved > invariants.WRONG_KV_NATS:
+            if moved > invariants.WRONG_KV:
                 self._tally.kv_wrong.append(
-                    f"{sent.started:.1f} s conversation {agent.conversation.n}: first token moved {moved:.2f} nats "
+                    f"{sent.started:.1f} s conversation {agent.conversation.n}: the first token's distribution "
+                    f"moved {moved:.3f} "
                     f"(reused {sent.reply.cached} of {sent.reply.prompt}); product {sent.top}, reference {want}"
                 )
 
