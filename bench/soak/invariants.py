@@ -111,7 +111,7 @@ def classify(
     kills = [w for w in windows if w.fault in schedule.PROCESS and last.ended <= w.at < until]
     for kill in kills:
         grace = 1.0 if kill.fault is schedule.Fault.SIGTERM else allowance  # SIGTERM saves every slot first
-        saved = [done.prompt for done in before if done.ended <= kill.at - grace]
+        saved = [done.prompt for done in before if done.ended <= kill.at - grace and done.prompt > window]
         if cached >= WARM_SHARE * max(saved, default=0):
             return Verdict.COLD_UNSAVED
         full = [w for w in windows if w.fault is schedule.Fault.DISK_FULL and w.at <= kill.at]

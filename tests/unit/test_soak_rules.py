@@ -140,6 +140,13 @@ def test_a_cold_turn_whose_previous_prompt_fit_in_the_sliding_window_is_counted_
     assert invariants.classify(done((10, 500)), started=20, cached=500, windows=[], allowance=8, window=512) is (
         invariants.Verdict.WARM
     )
+    # A turn within the window, then one past it killed within the allowance: nothing saved could come back.
+    killed = [invariants.Window(KILL, 31, 31)]
+    before = done((10, 472), (30, 533))
+    assert invariants.classify(before, started=35, cached=0, windows=killed, allowance=8, window=512) is (
+        invariants.Verdict.COLD_UNSAVED
+    )
+    assert invariants.classify(before, started=35, cached=0, windows=killed, allowance=8) is invariants.Verdict.LOST
 
 
 def test_a_reuse_past_the_conversations_history_is_flagged() -> None:
