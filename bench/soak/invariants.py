@@ -111,12 +111,14 @@ def classify(
     kills = [w for w in windows if w.fault in schedule.PROCESS and last.ended <= w.at < until]
     for kill in kills:
         grace = 1.0 if kill.fault is schedule.Fault.SIGTERM else allowance  # SIGTERM saves every slot first
-        saved = [done.prompt for done in before if done.ended <= kill.at - grace and done.prompt > window]
-        if cached >= WARM_SHARE * max(saved, default=0):
+        due = [done for done in before if done.ended <= kill.at - grace and done.prompt > window]
+        if cached >= WARM_SHARE * max((done.prompt for done in due), default=0):
             return Verdict.COLD_UNSAVED
         full = [w for w in windows if w.fault is schedule.Fault.DISK_FULL and w.at <= kill.at]
         if any(w.until >= kill.at - grace - allowance for w in full):
             return Verdict.COLD_STORE_FULL
+        if due and any(w.at <= due[-1].ended + allowance and w.until >= due[-1].ended for w in full):
+            return Verdict.COLD_STORE_FULL  # the newest turn it should have saved was due while the disk was full
     if kills and any(cached >= WARM_SHARE * done.prompt for done in before[:-1]):
         return Verdict.COLD_RAM
     return Verdict.LOST

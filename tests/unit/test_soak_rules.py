@@ -119,6 +119,14 @@ def test_a_cold_turn_without_a_fault_is_lost_unless_a_burst_or_a_full_disk_expla
     assert invariants.classify(before, started=20, cached=0, windows=while_full, allowance=8) is (
         invariants.Verdict.COLD_STORE_FULL
     )
+    # The turn a kill should have found saved ended while the disk was full, long before the kill.
+    early = [invariants.Window(schedule.Fault.DISK_FULL, 9, 15), invariants.Window(KILL, 40, 40)]
+    two = done((10, 1000), (35, 1100))
+    assert invariants.classify(two, started=45, cached=0, windows=early, allowance=8) is (
+        invariants.Verdict.COLD_STORE_FULL
+    )
+    saved_after = [invariants.Window(schedule.Fault.DISK_FULL, 1, 5), invariants.Window(KILL, 40, 40)]
+    assert invariants.classify(two, started=45, cached=0, windows=saved_after, allowance=8) is (invariants.Verdict.LOST)
     before_it = [invariants.Window(schedule.Fault.DISK_FULL, 2, 8)]
     assert invariants.classify(before, started=20, cached=0, windows=before_it, allowance=8) is (
         invariants.Verdict.LOST
