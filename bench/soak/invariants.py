@@ -50,7 +50,9 @@ class Verdict(enum.StrEnum):
     """Reused an earlier turn of its own, with a process killed or stopped since its previous turn, after the
     allowance: a conversation may leave its slot for llama-server's RAM cache with no save, as long as what a
     crash would lose of it re-prefills within ``--max-unsaved-seconds`` (re-prefill seconds the soak does not
-    see), and the RAM cache is gone with the process, SIGTERM or not."""
+    see), and the RAM cache is gone with the process, SIGTERM or not. On a sliding-window model (no
+    ``--swa-full``) also with no fault: llama-server's RAM copy of a windowed slot serves a next turn only up to
+    its newest context checkpoint, which a short turn does not move (``--checkpoint-min-step``)."""
     COLD_WINDOW = "cold_window"
     """Its previous prompt fit in the model's sliding window (no ``--swa-full``): llama-server reuses a cache
     that short only through its own context checkpoints, which no slot file holds, so no save could give it
@@ -102,12 +104,14 @@ def classify(
         return Verdict.WARM
     if last.prompt <= window:
         return Verdict.COLD_WINDOW
-    since = [w for w in windows if last.ended <= w.at < started or (w.at < last.ended < w.until)]
+    until = started if ended is None else max(started, ended)
+    # A fault that began while the turn was under way may have cost it too: its placement (a swap's save) runs
+    # after it was sent.
+    since = [w for w in windows if last.ended <= w.at < until or (w.at < last.ended < w.until)]
     if any(w.fault is schedule.Fault.BURST for w in since):
         return Verdict.COLD_EVICTED
     if any(w.fault is schedule.Fault.DISK_FULL for w in since):
         return Verdict.COLD_STORE_FULL  # it left its slot while no save could be written
-    until = started if ended is None else max(started, ended)
     kills = [w for w in windows if w.fault in schedule.PROCESS and last.ended <= w.at < until]
     for kill in kills:
         grace = 1.0 if kill.fault is schedule.Fault.SIGTERM else allowance  # SIGTERM saves every slot first
@@ -119,7 +123,7 @@ def classify(
             return Verdict.COLD_STORE_FULL
         if due and any(w.at <= due[-1].ended + allowance and w.until >= due[-1].ended for w in full):
             return Verdict.COLD_STORE_FULL  # the newest turn it should have saved was due while the disk was full
-    if kills and any(cached >= WARM_SHARE * done.prompt for done in before[:-1]):
+    if (kills or window) and any(cached >= WARM_SHARE * done.prompt for done in before[:-1]):
         return Verdict.COLD_RAM
     return Verdict.LOST
 

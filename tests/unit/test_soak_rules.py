@@ -127,6 +127,11 @@ def test_a_cold_turn_without_a_fault_is_lost_unless_a_burst_or_a_full_disk_expla
     )
     saved_after = [invariants.Window(schedule.Fault.DISK_FULL, 1, 5), invariants.Window(KILL, 40, 40)]
     assert invariants.classify(two, started=45, cached=0, windows=saved_after, allowance=8) is (invariants.Verdict.LOST)
+    # The disk filled while the turn was under way (its swap's save came after it was sent).
+    under_way = [invariants.Window(schedule.Fault.DISK_FULL, 22, 30)]
+    assert invariants.classify(before, started=20, ended=28, cached=0, windows=under_way, allowance=8) is (
+        invariants.Verdict.COLD_STORE_FULL
+    )
     before_it = [invariants.Window(schedule.Fault.DISK_FULL, 2, 8)]
     assert invariants.classify(before, started=20, cached=0, windows=before_it, allowance=8) is (
         invariants.Verdict.LOST
@@ -148,6 +153,12 @@ def test_a_cold_turn_whose_previous_prompt_fit_in_the_sliding_window_is_counted_
     assert invariants.classify(done((10, 500)), started=20, cached=500, windows=[], allowance=8, window=512) is (
         invariants.Verdict.WARM
     )
+    # On a windowed model, a fall back to an earlier turn of its own needs no fault: the RAM copy's checkpoint.
+    three = done((10, 1010), (20, 1062))
+    assert invariants.classify(three, started=25, cached=1007, windows=[], allowance=8, window=512) is (
+        invariants.Verdict.COLD_RAM
+    )
+    assert invariants.classify(three, started=25, cached=1007, windows=[], allowance=8) is invariants.Verdict.LOST
     # A turn within the window, then one past it killed within the allowance: nothing saved could come back.
     killed = [invariants.Window(KILL, 31, 31)]
     before = done((10, 472), (30, 533))
