@@ -48,6 +48,11 @@ class Figures:
     notes: list[str]
     rss_growth: float | None
     """RSS over the last 2/3 of the run: last sample over the first (one sidecar process), None if unknown."""
+    history: list[dict[str, float | int | str]] = dataclasses.field(default_factory=list)
+    """Every judged turn (conversation, started, ended, cached, prompt, verdict): the JSON report's, so that a
+    run's verdicts can be judged again by a later classifier."""
+    windows: list[dict[str, float | str]] = dataclasses.field(default_factory=list)
+    """Every fault as done (fault, at, until), as the verdicts saw them."""
 
     def judged(self) -> int:
         """Turns after a conversation's first: the ones whose reuse says something."""

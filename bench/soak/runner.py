@@ -63,6 +63,7 @@ class Tally:
     rss: list[tuple[float, int, float]] = dataclasses.field(default_factory=list)
     """(time, sidecar start, RSS) samples."""
     notes: list[str] = dataclasses.field(default_factory=list)
+    history: list[dict[str, float | int | str]] = dataclasses.field(default_factory=list)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
@@ -174,6 +175,8 @@ class Run:
             budget=BUDGET,
             notes=[*seen.notes, *self._tally.notes],
             rss_growth=self._rss_growth(),
+            history=self._tally.history,
+            windows=[{"fault": w.fault.value, "at": w.at, "until": w.until} for w in seen.windows_now()],
         )
 
     def _now(self) -> float:
@@ -277,6 +280,16 @@ class Run:
         )
         with self._tally.lock:
             self._tally.turns[verdict] += 1
+            self._tally.history.append(
+                {
+                    "conversation": agent.conversation.n,
+                    "started": round(sent.started, 3),
+                    "ended": round(sent.ended, 3),
+                    "cached": sent.reply.cached,
+                    "prompt": sent.reply.prompt,
+                    "verdict": verdict.value,
+                }
+            )
             self._tally.reuse_beyond += beyond
             if verdict is invariants.Verdict.LOST:
                 self._tally.notes.append(
