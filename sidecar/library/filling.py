@@ -235,8 +235,9 @@ class Filler:
         """
         assert decision.slot is not None
         view = views[decision.slot]
+        _, identity = self._engine.seen()
         leaves = decision.source is not outcomes.Source.SLOT and self._ram.leaves_unsaved(
-            self._book.slot(view.id), view, counters
+            self._book.slot(view.id), view, counters, identity.memory if identity is not None else None
         )
         if decision.save_first and not leaves and not await self._save(view):
             return False

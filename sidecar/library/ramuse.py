@@ -9,6 +9,7 @@ import structlog
 
 from sidecar.core import events, metrics
 from sidecar.library import ramtier, slotstate
+from sidecar.observe import memory
 from sidecar.restore import savings
 from sidecar.snapshots import slotfile, store
 
@@ -45,12 +46,23 @@ class RamUse:
         self._stats.ram_conversations.set(len(self.tier))
 
     def leaves_unsaved(
-        self, state: slotstate.SlotState, view: events.SlotView, counters: events.Counters | None
+        self,
+        state: slotstate.SlotState,
+        view: events.SlotView,
+        counters: events.Counters | None,
+        kind: events.Memory | None,
     ) -> bool:
         """Whether ``view``'s slot (``state``) may go to another conversation with no save first: llama-server
         copies what it holds into its RAM cache (shown to work on this server), the conversation has a snapshot
         already, and what a crash would lose of it (the tokens past its newest snapshot) re-prefills within
-        ``--max-unsaved-seconds`` at the server's measured rate."""
+        ``--max-unsaved-seconds`` at the server's measured rate.
+
+        Never on a model whose state cannot be cut back (``kind``: sliding-window without ``--swa-full``,
+        hybrid, recurrent): the RAM copy of such a slot serves the next turn only up to its newest context
+        checkpoint, which a short turn does not move, so the conversation would fall back a turn with no crash
+        at all (the soak saw it)."""
+        if not memory.cuts_back(kind):
+            return False
         if self.tier.state is not ramtier.State.CONFIRMED or self._max_unsaved <= 0 or not state.chain:
             return False
         rate = savings.measured_rate(counters) if counters is not None else None
