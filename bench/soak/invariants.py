@@ -50,9 +50,7 @@ class Verdict(enum.StrEnum):
     """Reused an earlier turn of its own, with a process killed or stopped since its previous turn, after the
     allowance: a conversation may leave its slot for llama-server's RAM cache with no save, as long as what a
     crash would lose of it re-prefills within ``--max-unsaved-seconds`` (re-prefill seconds the soak does not
-    see), and the RAM cache is gone with the process, SIGTERM or not. On a sliding-window model (no
-    ``--swa-full``) also with no fault: llama-server's RAM copy of a windowed slot serves a next turn only up to
-    its newest context checkpoint, which a short turn does not move (``--checkpoint-min-step``)."""
+    see), and the RAM cache is gone with the process, SIGTERM or not."""
     COLD_WINDOW = "cold_window"
     """Its previous prompt fit in the model's sliding window (no ``--swa-full``): llama-server reuses a cache
     that short only through its own context checkpoints, which no slot file holds, so no save could give it
@@ -123,7 +121,7 @@ def classify(
             return Verdict.COLD_STORE_FULL
         if due and any(w.at <= due[-1].ended + allowance and w.until >= due[-1].ended for w in full):
             return Verdict.COLD_STORE_FULL  # the newest turn it should have saved was due while the disk was full
-    if (kills or window) and any(cached >= WARM_SHARE * done.prompt for done in before[:-1]):
+    if kills and any(cached >= WARM_SHARE * done.prompt for done in before[:-1]):
         return Verdict.COLD_RAM
     return Verdict.LOST
 
