@@ -123,6 +123,8 @@ class Agent:
     api: agents.Api
     done: list[invariants.Done] = dataclasses.field(default_factory=list)
     retired: bool = False
+    failed: bool = False
+    """An attempt of its next turn failed: the same request goes again, and may have reached the server."""
 
     def send(self, clock: Any) -> Sent:
         """Its next turn; ``clock()`` is the run's clock."""
@@ -139,6 +141,7 @@ class Agent:
     def answered(self, sent: Sent, rng: random.Random) -> None:
         assert sent.reply is not None
         self.done.append(invariants.Done(sent.ended, sent.reply.prompt))
+        self.failed = False
         follow = f"Tool output {len(self.done)}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 40)))
         self.conversation.answered(sent.reply, follow)
         self.retired = sent.reply.prompt > RETIRE_TOKENS

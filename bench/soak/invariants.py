@@ -126,11 +126,14 @@ def classify(
     return Verdict.LOST
 
 
-def reuse_beyond_history(before: Sequence[Done], cached: int) -> bool:
-    """The turn reused more tokens than its conversation ever sent: they came from another."""
+def reuse_beyond_history(before: Sequence[Done], cached: int, *, again: int = 0) -> bool:
+    """The turn reused more tokens than its conversation ever sent: they came from another.
+
+    ``again``: the turn's own prompt when an earlier attempt of it failed (an error on the sidecar's outage, an
+    answer cut): that attempt reached llama-server, and the retry may reuse all of it."""
     if not before or cached < 0:
         return False
-    return cached > max(done.prompt for done in before) + REUSE_SLACK
+    return cached > max(again, *(done.prompt for done in before)) + REUSE_SLACK
 
 
 def kv_distance(product: Mapping[str, float], reference: Mapping[str, float]) -> float:

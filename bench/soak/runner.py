@@ -251,6 +251,7 @@ class Run:
         sent = agent.send(self._clock)
         if sent.reply is None or not sent.reply.complete:
             why = sent.error or "the answer did not end as its API ends one"
+            agent.failed = True
             outages = self._doer_outages()
             with self._tally.lock:
                 if invariants.error_allowed(sent.started, sent.ended, outages):
@@ -273,7 +274,9 @@ class Run:
             allowance=ALLOWANCE,
             window=self._window,
         )
-        beyond = invariants.reuse_beyond_history(agent.done, sent.reply.cached)
+        beyond = invariants.reuse_beyond_history(
+            agent.done, sent.reply.cached, again=sent.reply.prompt if agent.failed else 0
+        )
         self._say(
             f"{sent.ended:7.1f} s  conversation {agent.conversation.n:<3} {agent.api.name:<19} "
             f"reused {sent.reply.cached:>5} of {sent.reply.prompt:>5}: {verdict.value}"

@@ -168,6 +168,15 @@ def test_a_cold_turn_whose_previous_prompt_fit_in_the_sliding_window_is_counted_
     assert invariants.classify(before, started=35, cached=0, windows=killed, allowance=8) is invariants.Verdict.LOST
 
 
+def test_a_retry_of_a_failed_attempt_may_reuse_all_of_its_own_prompt() -> None:
+    """The 60-minute soak: an attempt failed on the sidecar's own outage had reached llama-server and was saved;
+    its retry reused 1,206 of its 1,209 tokens, past the 1,137 of the turn before, and was called a wrong KV."""
+    before = done((10, 1137))
+    assert invariants.reuse_beyond_history(before, 1206)
+    assert not invariants.reuse_beyond_history(before, 1206, again=1209)
+    assert invariants.reuse_beyond_history(before, 1209 + invariants.REUSE_SLACK + 1, again=1209)
+
+
 def test_a_reuse_past_the_conversations_history_is_flagged() -> None:
     before = done((10, 500))
     assert not invariants.reuse_beyond_history(before, 500 + invariants.REUSE_SLACK)
