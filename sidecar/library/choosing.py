@@ -338,6 +338,11 @@ class Chooser:
             return None  # let through before the round ended: only a restored slot holding its prefix will do
         fetcher = self._fetcher if within is None and not by_ram else None
         found = await fetcher.find(identity, chain, decision, obs, owner) if fetcher is not None else None
+        if found is not None and exact and not slotstate.exact_prefix(found[1].snapshot.index, packed):
+            # A windowed or recurrent state serves only a request that holds all its tokens: another
+            # conversation's snapshot that shares the request's first blocks would be fetched and restored for
+            # nothing (the server re-prefills the whole prompt).
+            found = None
         if found is not None:  # the slots may have changed while the store answered
             obs = await self._book.fresh(obs) or obs
         if fetcher is not None:

@@ -267,7 +267,10 @@ async def test_with_every_slot_busy_a_request_is_held_then_placed_in_the_first_t
 class FakeShared:
     """A shared store holding one conversation, snapshotted on another node (``seams.Shared``)."""
 
-    def __init__(self, bed: Bed, tmp_path: Path, conversation: str, *, bandwidth: float = 1e9) -> None:
+    def __init__(
+        self, bed: Bed, tmp_path: Path, conversation: str, *, bandwidth: float = 1e9, ids: list[int] | None = None
+    ) -> None:
+        """``ids``: the snapshot's tokens, when not the whole of ``conversation``'s."""
         self.bed = bed
         self.bandwidth = bandwidth
         self.lookups = 0
@@ -277,7 +280,7 @@ class FakeShared:
         self.fail_fetch = False
         self.fetching = asyncio.Event()
         """Set once a fetch has started."""
-        ids = ids_of(conversation)
+        ids = ids_of(conversation) if ids is None else ids
         other = store.SnapshotStore(tmp_path / "node-a", clock=clocks.reading(lambda: 1_700_000_000.0))
         other.dir.mkdir()
         temp = other.writer.temp_name(0)
@@ -367,6 +370,34 @@ async def test_a_conversation_only_the_shared_store_holds_is_fetched_into_an_idl
     async with bed.request("A") as slot:
         pass
     assert bed.value("llama_sidecar_conversation_requests_total", source="slot") == 2
+
+
+@pytest.mark.parametrize("kind", [events.Memory.SWA, events.Memory.HYBRID])
+async def test_on_a_model_that_cannot_cut_back_only_a_shared_snapshot_the_request_holds_whole_is_fetched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: events.Memory
+) -> None:
+    """Another conversation's snapshot that shares the request's first blocks was fetched and restored for
+    nothing on a windowed model (the soak: llama-server re-prefilled every token, ``restore_ineffective``)."""
+    monkeypatch.setattr(memory, "of_file", lambda path: kind)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    bed = await _bed(tmp_path / "a")
+    ids = ids_of("A")
+    other = FakeShared(bed, tmp_path / "a", "A", ids=ids[: 2 * BLOCK] + [7] * (BLOCK + 7))
+    with_shared(bed, other)
+    async with bed.request("A") as slot:
+        assert slot is not None
+    assert (other.lookups, other.fetches) == (1, 0), "another conversation's snapshot is not fetched"
+    assert bed.actions() == []
+    assert bed.value("llama_sidecar_conversation_requests_total", source="cold") == 1
+
+    bed = await _bed(tmp_path / "b")
+    own = FakeShared(bed, tmp_path / "b", "A", ids=ids[:-3])
+    with_shared(bed, own)
+    async with bed.request("A") as slot:
+        assert slot is not None
+    assert own.fetches == 1, "a snapshot whose every token the request holds is fetched"
+    assert bed.actions() == [("restore", slot)]
 
 
 async def test_the_shared_snapshot_replaces_a_changed_slot_only_after_saving_it(bed: Bed, tmp_path: Path) -> None:
