@@ -21,7 +21,7 @@ from tests.support import tinymodels
 from tests.support.chatturns import WARM, Chat
 from tests.support.llamabed import LlamaServer, MakeServer, http_json, make_prompt
 from tests.support.net import free_port
-from tests.support.sidecarbed import MakeSidecar, SidecarProcess, manifests
+from tests.support.sidecarbed import MakeSidecar, SidecarProcess, manifest_records, manifests
 
 PROMPT_TOKENS = 900
 ARCHS = [tinymodels.Arch.QWEN35, tinymodels.Arch.LFM2]
@@ -70,7 +70,7 @@ def _saved_at_boundary(chat: Chat, server: str, slot_dir: Path) -> bool:
     body = {"content": templated["prompt"], "add_special": True, "parse_special": True}
     _, ids = http_json("POST", server + "/tokenize", body)
     want = slotfile.whole_hash(slotfile.pack_ids(ids["tokens"][: chat.prompt_tokens - 3]))
-    indexes = [json.loads((slot_dir / name).read_text()).get("index") or {} for name in manifests(slot_dir)]
+    indexes = [record.get("index") or {} for record in manifest_records(slot_dir)]  # a pruned one left out
     return any(index.get("whole") == want for index in indexes)
 
 
