@@ -107,6 +107,9 @@ class Faults:
                 self.seen.windows.remove(window)
             self.seen.skipped[event.fault.value] += 1
             return
+        if event.fault is schedule.Fault.DISK_FULL and not self._filler.exists():
+            with self.seen.lock:
+                window.until = self.clock()  # full for a moment only: its window is not the scheduled length
         self.seen.done[event.fault.value] += 1
         self.say(f"{at:7.1f} s  {event.fault.value}: {did}")
 
@@ -171,8 +174,8 @@ class Faults:
         """Fill the store's disk but :data:`FILL_LEFT`, measured again when a fill races the product's writes.
 
         A fill that runs out of space was full for a moment all the same (the product's writes then may fail),
-        so it stays a fault, with its window; it used to be dropped as not done, and what it did went
-        unexplained."""
+        so it stays a fault, its window ending as it was done; it used to be dropped as not done, and what it
+        did went unexplained."""
         for _ in range(FILL_TRIES):
             free = product_free(self.disk)
             if free <= FILL_LEFT:

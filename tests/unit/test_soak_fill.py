@@ -1,9 +1,10 @@
 """The soak's disk-full fault: a fill that races the product's writes is measured again, and one that never
-fits still counts as a fault with its window (it filled the disk for a moment)."""
+fits still counts as a fault, with a window of that moment (it filled the disk for a moment)."""
 
 from __future__ import annotations
 
 import errno
+import math
 import os
 from pathlib import Path
 from typing import Any, cast
@@ -51,7 +52,7 @@ def test_a_fill_that_raced_the_products_writes_is_measured_again_and_done(
     done.begin(schedule.Event(50.0, schedule.Fault.DISK_FULL, 5.0))
     assert done.seen.done["disk_full"] == 1
     assert (tmp_path / "soak-filler").stat().st_size == FREE - faults.FILL_LEFT
-    assert [w.fault for w in done.seen.windows_now()] == [schedule.Fault.DISK_FULL]
+    assert [(w.fault, w.until) for w in done.seen.windows_now()] == [(schedule.Fault.DISK_FULL, math.inf)]
     assert done.seen.notes == []
 
 
@@ -66,5 +67,5 @@ def test_a_fill_that_never_fits_still_counts_as_a_fault_with_its_window_and_leav
     done.begin(schedule.Event(50.0, schedule.Fault.DISK_FULL, 5.0))
     assert done.seen.done["disk_full"] == 1
     assert done.seen.skipped["disk_full"] == 0
-    assert [w.fault for w in done.seen.windows_now()] == [schedule.Fault.DISK_FULL]
+    assert [(w.fault, w.at, w.until) for w in done.seen.windows_now()] == [(schedule.Fault.DISK_FULL, 50.0, 50.0)]
     assert not (tmp_path / "soak-filler").exists()
