@@ -187,8 +187,8 @@ class Filler:
                 file=record.file,
                 result=result.result.value,
                 reason=result.detail,
-                effect="the request runs in that slot without the snapshot, prefilled by llama-server; what the slot "
-                "held was saved first",
+                effect="the request goes to that slot without the snapshot, prefilled by llama-server (if llama-server "
+                "is down, it waits for the restart and is placed again); what the slot held was saved first",
             )
             return 0
         seconds = time.perf_counter() - started
