@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,27 @@ from prometheus_client import CollectorRegistry
 from sidecar.core import errors, metrics, outcomes
 from sidecar.launch import argv, restarts, supervisor
 from tests.support.wait import until
+
+
+def children() -> set[int]:
+    """The pids of this process's children, reaped or not (a zombie is still listed)."""
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            pids.update(int(pid) for pid in (task / "children").read_text().split())
+    return pids
+
+
+@pytest.fixture(autouse=True)
+async def no_child_outlives_its_test() -> AsyncIterator[None]:
+    """Each test ends with its children ended and reaped while its event loop still runs.
+
+    A child reaped after its loop closed leaves asyncio's record of it open; once its pid is used again,
+    that record's next poll reaps the new process, whose end then reads ``exit status 255``.
+    """
+    before = children()
+    yield
+    await until(lambda: not children() - before, timeout=10, what="every child this test started to be reaped")
 
 
 def launch(script: str) -> argv.Launch:
@@ -88,6 +111,7 @@ async def test_a_child_that_served_then_cannot_come_up_is_a_crash_loop_said_once
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            await sup.stop()
     looped = [line for line in logs if line["event"] == "server_crash_loop"]
     assert len(looped) == 1
     assert looped[0]["hint"]
