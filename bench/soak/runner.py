@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,9 +86,11 @@ class Run:
         self._shared = ""
         self._window = 0
         """The model's sliding window (llama-server runs without ``--swa-full``, as users run it)."""
+        self.work: Path | None = None
+        """The run's files: logs, slot files, the store's disk, the S3 server's data."""
 
     def run(self, stack: contextlib.ExitStack) -> report.Figures:
-        work = Path(tempfile.mkdtemp(prefix="llama-kv-soak-"))
+        work = self.work = Path(tempfile.mkdtemp(prefix="llama-kv-soak-"))
         self._say(
             f"soak: seed {self._seed}, {self._minutes:g} min, {len(self._events)} faults scheduled; files in {work}"
         )
@@ -422,4 +425,20 @@ def main(*, seed: int, minutes: float, out: Path | None, clients: int = WORKERS)
     print(text, flush=True)
     if out is not None:
         out.write_text(json.dumps(report.as_json(figures), indent=1, default=str))
-    return 0 if all(report.verdicts(figures).values()) else 1
+    met = all(report.verdicts(figures).values())
+    if run.work is not None:
+        say(tidy(run.work, met=met))
+    return 0 if met else 1
+
+
+def tidy(work: Path, *, met: bool) -> str:
+    """After a run that met every goal, only the logs stay in ``work`` (its slot files and S3 data can reach
+    gigabytes); after a MISSED one, everything stays for a look. What was done, said in a line."""
+    if not met:
+        return f"soak: every file of the run kept in {work} (logs, slot files, S3 data): remove it once read"
+    for entry in work.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        elif entry.suffix != ".log":
+            entry.unlink(missing_ok=True)
+    return f"soak: logs kept in {work}; its slot files and S3 data were removed (every goal met)"

@@ -53,3 +53,9 @@ def test_a_short_soak_keeps_kv_right_leaves_no_orphan_and_verifies_clean(tmp_pat
     assert work is not None, done.stderr[:500]
     left = subprocess.run(["pgrep", "-f", work.group(1)], capture_output=True, text=True, check=False)
     assert not left.stdout.strip(), f"processes of the soak left running: {left.stdout}"
+    kept = sorted(entry.name for entry in Path(work.group(1)).iterdir())
+    if done.returncode == 0:  # every goal met: only the logs stay
+        assert kept, "the soak's logs were removed too"
+        assert all(name.endswith(".log") for name in kept), kept
+    else:  # MISSED: every file stays for a look
+        assert "slots" in kept, kept
