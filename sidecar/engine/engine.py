@@ -62,7 +62,9 @@ class Engine:
         self._saves = saves.Saves(
             wiring,
             settings=settings.snapshots,
-            rewinder=rewind.Rewinder(prompts=prompts, slot_actions=slot_actions, snapshots=snapshots),
+            rewinder=rewind.Rewinder(
+                prompts=prompts, slot_actions=slot_actions, snapshots=snapshots, rewound=wiring.told.rewound
+            ),
         )
         self._runner = runner.Runner(wiring, wake=wake, saving=self._saves, before_restore=before_restore)
         self._consumer = consumer.Consumer(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from sidecar.core import apikeys
+from sidecar.core import apikeys, events
 from sidecar.snapshots import manifest
 
 
@@ -17,6 +17,10 @@ class SlotListener(Protocol):
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         """The restore round put ``record`` into ``slot``."""
+
+    def rewound(self, slot: int, before: events.SlotContent, after: events.SlotContent) -> None:
+        """A save brought ``slot`` back to its prompt's boundary: its content went from ``before`` to ``after`` by
+        the sidecar's own request on it (``save.rewind``), not by another client's turn."""
 
     def owner(self, slot: int) -> str | None:
         """Whose conversation ``slot`` holds (``apikeys.owner_of``), recorded in its next snapshot; None: unknown."""
@@ -40,6 +44,10 @@ class Listeners:
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         for listener in self._listeners:
             listener.restored(slot, record)
+
+    def rewound(self, slot: int, before: events.SlotContent, after: events.SlotContent) -> None:
+        for listener in self._listeners:
+            listener.rewound(slot, before, after)
 
     def owner(self, slot: int) -> str:
         """Whose conversation ``slot`` holds, as the listeners know it; ``apikeys.NOBODY`` if none knows."""

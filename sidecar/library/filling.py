@@ -15,13 +15,15 @@ from collections.abc import AsyncIterator
 
 import structlog
 
-from sidecar.core import events, metrics, outcomes
+from sidecar.core import errors, events, metrics, outcomes
 from sidecar.library import fetching, prompt, ramtier, ramuse, routing, seams, slotbook, slotstate
 from sidecar.save import policy
 from sidecar.shared import records
 from sidecar.snapshots import manifest, store
 
 log = structlog.get_logger("sidecar.library")
+IDLE_READS = 3
+"""Reads of the slots before a request llama-server places itself is sent: each saves what the one before found."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -243,11 +245,40 @@ class Filler:
             return False
         if request.pin is not prompt.Pin.PLACED or decision.source is not outcomes.Source.COLD:
             return True
-        others = [self._book.held(v) for v in views.values() if v.id != decision.slot]
-        for held in others:
-            if not held.busy and held.dirty and not await self._save(views[held.slot]):
-                return False
-        return True
+        return await self._save_idle(views, but=decision.slot)
+
+    async def _save_idle(self, views: dict[int, events.SlotView], *, but: int) -> bool:
+        """Save every slot but ``but`` that is idle with changed content, read afresh until a read finds none; True
+        if nothing is lost.
+
+        llama-server gives a request it places itself the idle slot of its choice when the request reaches it. A
+        routed turn may end on another slot meanwhile (during the save above, under load for a second): that slot
+        is idle by then, its turn unsaved, though its request is still relayed (its ticket is live). The route's
+        views predate that, so each pass reads the slots again. A slot a swap is filling is left to the swap; one
+        that turned busy before its save is not saved (the server cannot give it away), the next read says so.
+        """
+        for _ in range(IDLE_READS):
+            views = await self._read(views)
+            unsaved = self._unsaved_idle(views, but)
+            if not unsaved:
+                return True
+            for view in unsaved:
+                await self._save(view)
+        return not self._unsaved_idle(await self._read(views), but)
+
+    async def _read(self, views: dict[int, events.SlotView]) -> dict[int, events.SlotView]:
+        """The slots read afresh; ``views`` if they cannot be read (what was last read is all there is)."""
+        try:
+            return {v.id: v for v in await self._engine.fresh_slots()}
+        except errors.UpstreamError:
+            return views
+
+    def _unsaved_idle(self, views: dict[int, events.SlotView], but: int) -> list[events.SlotView]:
+        return [
+            v
+            for v in views.values()
+            if v.id != but and not v.processing and not self._book.slot(v.id).lock.locked() and self._book.held(v).dirty
+        ]
 
     async def clear_for(self, owner: str, views: dict[int, events.SlotView], *, slot: int, keep: bool) -> None:
         """Empty every idle slot that holds another owner's KV, for a request the server places itself.

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 
-from sidecar.core import apikeys, config, errors, metrics, outcomes, protocols
+from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols
 from sidecar.library import (
     choosing,
     fetching,
@@ -123,6 +123,9 @@ class Placer:
 
     def restored(self, slot: int, record: manifest.Manifest) -> None:
         self._book.restored(slot, record)
+
+    def rewound(self, slot: int, before: events.SlotContent, after: events.SlotContent) -> None:
+        self._book.slot(slot).rewound(before, after)
 
     def owner(self, slot: int) -> str | None:
         return self._book.owner(slot)

@@ -53,6 +53,14 @@ class SlotState:
         edited (:meth:`turns.Key.same_conversation`): what it cuts off of the slot is not kept for later."""
         return self.turn is not None and self.owner == owner and self.turn.same_conversation(turn, text)
 
+    def rewound(self, before: tuple[int, int], after: tuple[int, int]) -> None:
+        """The engine's rewind before a save changed the slot from ``before`` to ``after``: as last seen, it still
+        holds the prefix routed there (cut back to that prompt's boundary). A read of it before the save commits
+        would otherwise take the change for another client's turn and forget the prefix: a request of that
+        conversation routed then went to an older snapshot of it, and lost its newest turn."""
+        if self.seen == before:
+            self.seen = after
+
     def holds_for(self, owner: str) -> tuple[str, ...]:
         """What the slot holds as a request of ``owner`` may use it: nothing of another owner's."""
         return self.chain if self.owner == owner else ()

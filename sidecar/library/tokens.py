@@ -84,6 +84,9 @@ class Cached:
             self._forget()
         self._recheck = True
 
+    def rewound(self, slot: int, before: events.SlotContent, after: events.SlotContent) -> None:
+        """Nothing to do: a slot's content says nothing of how the server tokenizes."""
+
     def _forget(self) -> None:
         self._known.clear()
         self._special.clear()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Protocol
 
 import structlog
 
@@ -25,10 +26,22 @@ REPREFILL_SAID = 64
 """Prompt tokens a rewind may process before it is said that the server had no checkpoint to use."""
 
 
+class Rewound(Protocol):
+    def __call__(self, slot: int, before: events.SlotContent, after: events.SlotContent, /) -> None:
+        """``slot``'s content went from ``before`` to ``after`` by the sidecar's own request: a rewind, not a turn."""
+
+
 class Rewinder:
     def __init__(
-        self, *, prompts: boundary.Prompts | None, slot_actions: actions.SlotActions, snapshots: store.SnapshotStore
+        self,
+        *,
+        prompts: boundary.Prompts | None,
+        slot_actions: actions.SlotActions,
+        snapshots: store.SnapshotStore,
+        rewound: Rewound | None = None,
     ) -> None:
+        """``rewound``: told of each slot brought back, before its save (the library's book of what slots hold)."""
+        self._rewound = rewound
         self._prompts = prompts
         """How the engine brings a slot back to its prompt's boundary (None: it saves slots as they are)."""
         self._marker: list[int] | None = None
@@ -80,6 +93,8 @@ class Rewinder:
                 effect="a request ran on the slot meanwhile: it is saved as it holds it now",
             )
             return after if after is not None and not after.processing else view
+        if self._rewound is not None and view.signature is not None and after.signature is not None:
+            self._rewound(view.id, view.signature, after.signature)
         if processed > REPREFILL_SAID and reused == 0:  # the server had no checkpoint to cut back from
             log.warning(
                 "boundary_rewind_reprefilled",

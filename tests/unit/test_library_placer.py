@@ -921,3 +921,51 @@ async def test_a_conversation_whose_slot_is_being_saved_for_a_swap_waits_for_tha
     assert slots == {"A": 1, "B": 0}
     assert bed.actions()[-2:] == [("save", 0), ("restore", 0)], "B came back from the save made as it left"
     assert bed.value("llama_sidecar_conversation_requests_total", source="cold") == 3  # A, B and C's first turns
+
+
+async def test_a_turn_that_ends_elsewhere_while_a_request_the_server_places_is_saved_for_is_saved_too(
+    bed: Bed,
+) -> None:
+    """Soak finding: an Anthropic request (llama-server picks its slot) saved the idle slot it was placed in; a
+    routed turn ended on the other slot meanwhile, and the server gave the request that slot, over the turn."""
+    for name in ("A", "B"):  # A in slot 0, B in slot 1
+        async with bed.request(name):
+            pass
+    longer = ids_of("A", blocks=4)  # A's next turn, running on slot 0 as C comes
+
+    async def a_turn_ends_on_slot_0(slot_id: int, filename: str) -> None:
+        if slot_id == 1 and bed.server.slot_views[0].processing:
+            bed.server.serve(0, longer)  # ended on the server; its answer is still relayed (its ticket is live)
+
+    body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "C"}]}).encode()
+    async with bed.request("A", then=("and then?",)) as slot:
+        assert slot == 0
+        bed.server.set_slot(0, processing=True)
+        await bed.poll()
+        bed.server.hooks["save"] = a_turn_ends_on_slot_0
+        async with bed.library.pin("/v1/messages", body) as placed:
+            assert placed.header.startswith("source=cold; slot=1;")
+            assert bed.actions() == [("save", 1), ("save", 0)], "slot 0 went idle during slot 1's save: saved too"
+            placed.answered(OK)
+    newest = bed.snapshots.snapshots(0)[0]
+    assert newest.tokens == len(longer), "the snapshot holds A's newest turn"
+
+
+async def test_a_slot_rewound_to_its_prompts_boundary_before_a_save_still_holds_its_conversation(bed: Bed) -> None:
+    """Soak finding: the engine's rewind before a save (sliding-window and hybrid models) runs a request on the
+    slot. Read before the save committed, the slot's new content read as another client's turn: the placer forgot
+    what it held, and the conversation's next turn went to an older snapshot of it, losing its newest turn."""
+    for name in ("A", "B"):
+        async with bed.request(name):
+            pass
+    await bed.library._book.fresh(bed.engine.slots.seen()[0])  # type: ignore[arg-type]  # the read after a turn
+    before = bed.server.slot_views[0].signature
+    assert before is not None
+    bed.server.set_slot(0, task=before.task + 50, tokens=before.tokens - 3)  # the rewind's own request ran there
+    after = bed.server.slot_views[0].signature
+    assert after is not None
+    bed.library.rewound(0, before, after)
+    body = json.dumps({"messages": [{"role": "user", "content": "A"}, {"role": "user", "content": "on"}]}).encode()
+    async with bed.library.pin("/v1/chat/completions", body) as placed:
+        assert placed.header.startswith("source=slot; slot=0;"), placed.header
+        placed.answered(OK)

@@ -102,3 +102,28 @@ async def test_a_rewind_without_a_checkpoint_is_said_with_what_to_do(tmp_path: P
 def test_only_models_that_cannot_cut_back_a_restore_are_rewound(kind: events.Memory) -> None:
     assert kind not in saves.REWOUND
     assert events.Memory.SWA in saves.REWOUND
+
+
+async def test_the_rewind_is_told_with_the_slots_content_before_and_after_so_no_one_takes_it_for_a_turn(
+    tmp_path: Path,
+) -> None:
+    server = Server(tmp_path)
+    told: list[tuple[int, events.SlotContent, events.SlotContent]] = []
+    rewinder = rewind.Rewinder(
+        prompts=server,
+        slot_actions=server,  # type: ignore[arg-type]
+        snapshots=server,  # type: ignore[arg-type]
+        rewound=lambda slot, before, after: told.append((slot, before, after)),
+    )
+    after = await rewinder.to_boundary(VIEW)
+    assert VIEW.signature is not None
+    assert after.signature is not None
+    assert told == [(0, VIEW.signature, after.signature)]
+    refused = Server(tmp_path, refuse=True)
+    await rewind.Rewinder(
+        prompts=refused,
+        slot_actions=refused,  # type: ignore[arg-type]
+        snapshots=refused,  # type: ignore[arg-type]
+        rewound=lambda slot, before, after: told.append((slot, before, after)),
+    ).to_boundary(VIEW)
+    assert len(told) == 1, "a slot left as it was is not said to be rewound"
