@@ -51,7 +51,7 @@ class Figures:
     history: list[dict[str, float | int | str]] = dataclasses.field(default_factory=list)
     """Every judged turn (conversation, started, ended, cached, prompt, verdict): the JSON report's, so that a
     run's verdicts can be judged again by a later classifier."""
-    windows: list[dict[str, float | str]] = dataclasses.field(default_factory=list)
+    windows: list[dict[str, float | str | None]] = dataclasses.field(default_factory=list)
     """Every fault as done (fault, at, until), as the verdicts saw them."""
 
     def judged(self) -> int:

@@ -10,6 +10,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import math
 import random
 import shutil
 import subprocess
@@ -179,7 +180,10 @@ class Run:
             notes=[*seen.notes, *self._tally.notes],
             rss_growth=self._rss_growth(),
             history=self._tally.history,
-            windows=[{"fault": w.fault.value, "at": w.at, "until": w.until} for w in seen.windows_now()],
+            windows=[
+                {"fault": w.fault.value, "at": w.at, "until": w.until if math.isfinite(w.until) else None}
+                for w in seen.windows_now()
+            ],  # None: still on when the run ended (JSON has no infinity)
         )
 
     def _now(self) -> float:
