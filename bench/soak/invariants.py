@@ -32,6 +32,10 @@ WRONG_KV = 0.2
 cold reference's, is a wrong KV (noise: hundredths; another conversation's KV: most of the probability)."""
 REUSE_SLACK = 32
 """Tokens a turn may reuse past its conversation's previous prompt: the previous answer, re-rendered."""
+ANSWER_SLACK = 1.0
+"""Seconds a process fault may come before the previous turn's end as its client saw it and still have cost that
+turn: the client reads the answer's end after llama-server finished the turn, and the turn's save (its rewind
+first) runs after that; a ``kill -9`` in between leaves the turn unsaved."""
 
 
 class Verdict(enum.StrEnum):
@@ -110,12 +114,14 @@ def classify(
         return Verdict.COLD_EVICTED
     if any(w.fault is schedule.Fault.DISK_FULL for w in since):
         return Verdict.COLD_STORE_FULL  # it left its slot while no save could be written
-    kills = [w for w in windows if w.fault in schedule.PROCESS and last.ended <= w.at < until]
+    kills = [w for w in windows if w.fault in schedule.PROCESS and last.ended - ANSWER_SLACK <= w.at < until]
     for kill in kills:
         grace = 1.0 if kill.fault is schedule.Fault.SIGTERM else allowance  # SIGTERM saves every slot first
         due = [done for done in before if done.ended <= kill.at - grace and done.prompt > window]
         if cached >= WARM_SHARE * max((done.prompt for done in due), default=0):
             return Verdict.COLD_UNSAVED
+        if due and any(w.fault is schedule.Fault.BURST and due[-1].ended <= w.at <= kill.at for w in windows):
+            return Verdict.COLD_EVICTED  # the snapshot the kill should have left was evicted by a burst first
         full = [w for w in windows if w.fault is schedule.Fault.DISK_FULL and w.at <= kill.at]
         if any(w.until >= kill.at - grace - allowance for w in full):
             return Verdict.COLD_STORE_FULL

@@ -252,3 +252,25 @@ def test_the_report_says_missed_for_each_broken_invariant_and_prints_the_seed_an
         bad = figures(**broken)
         assert not all(report.verdicts(bad).values()), broken
         assert "MISSED" in report.render(bad)
+
+
+def test_a_kill_as_the_previous_turn_ended_counts_and_a_burst_before_it_explains_the_older_snapshot_gone() -> None:
+    """Soak, seed 7: a conversation's turn ended as llama-server was killed (its save's rewind was cut); the
+    client read the answer's end a moment after the kill. Its next turn found nothing: the turn before had been
+    evicted by a burst of new conversations. Both faults explain it; neither alone did to the old rule."""
+    before = done((34.4, 850), (152.45, 927))
+    kill = invariants.Window(KILL, 152.40, 152.40)
+    burst = invariants.Window(schedule.Fault.BURST, 140, 140)
+    assert invariants.classify(before, started=165, ended=171.6, cached=0, windows=[kill, burst], allowance=8) is (
+        invariants.Verdict.COLD_EVICTED
+    )
+    assert invariants.classify(before, started=165, ended=171.6, cached=0, windows=[kill], allowance=8) is (
+        invariants.Verdict.LOST  # without the burst, the turn the kill should have left was there to restore
+    )
+    assert invariants.classify(before, started=165, ended=171.6, cached=845, windows=[kill], allowance=8) is (
+        invariants.Verdict.COLD_UNSAVED
+    )
+    long_before = invariants.Window(KILL, 150.0, 150.0)  # 2.45 s before the turn's end: the turn ran after it
+    assert invariants.classify(before, started=165, ended=171.6, cached=845, windows=[long_before], allowance=8) is (
+        invariants.Verdict.LOST
+    )
