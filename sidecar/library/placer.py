@@ -207,7 +207,10 @@ class Placer:
         if plan.planned.source is outcomes.Source.COLD:
             forwarded = self._uncached(raw_path, forwarded)
         placed = Placed(forwarded, verdict.header(plan.planned), plan)
+        tasks_before: dict[int, int | None] = {}
         try:
+            if plan.placed:  # which slot the server gives it is read back after: see _ran_on
+                tasks_before = await self._tasks()
             yield placed
         except asyncio.CancelledError:
             if placed.ended is None:
@@ -219,7 +222,7 @@ class Placer:
             ok = ran_on is not None and ended is not None and ended.outcome is outcomes.ProxyOutcome.OK
             if plan.placed and ok:
                 assert ran_on is not None
-                ran_on = await self._ran_on(ran_on)
+                ran_on = await self._ran_on(ran_on, tasks_before)
             self._ended(plan, placed.ended, ran_on)
             if ok:
                 self._book.settle()
@@ -231,19 +234,34 @@ class Placer:
             return body
         return prompt.uncached(raw_path, body)
 
-    async def _ran_on(self, planned: int) -> int:
-        """The slot the server ran a placed request in: the idle one with the newest task (``planned`` if unknown).
+    async def _tasks(self) -> dict[int, int | None]:
+        """Each slot's last task as llama-server shows it now (empty if it cannot be read)."""
+        try:
+            return {v.id: v.task for v in await self._engine.fresh_slots()}
+        except errors.UpstreamError:
+            return {}
+
+    async def _ran_on(self, planned: int, before: dict[int, int | None]) -> int:
+        """The slot the server ran a placed request in (``planned`` if unknown).
 
         llama-server gives an unpinned request the idle slot with the longest
         common prefix, else its least recently used one, whose clock the sidecar
         cannot read: a new conversation may land beside the slot it was placed in.
+        It ran in an idle slot that ran a task since ``before`` (each slot's task
+        as the request was sent): ``planned`` if it did, else the one with the
+        newest task. The newest task alone misled when another slot's turn ended
+        at the same time: the conversation was recorded in the other slot, and
+        its next turn was swapped in from an older snapshot over its own newest.
         """
         try:
             views = await self._engine.fresh_slots()
         except errors.UpstreamError:
             return planned
         done = [v for v in views if v.task is not None and not v.processing]
-        return max(done, key=lambda v: v.task or 0).id if done else planned
+        ran = [v for v in done if v.task != before.get(v.id)] if before else done
+        if before and any(v.id == planned for v in ran):
+            return planned
+        return max(ran, key=lambda v: v.task or 0).id if ran else planned
 
     def _ended(self, plan: choosing.Plan, ended: answer.Ended | None, ran_on: int | None) -> None:
         """Count the request by its own answer, and record what the slot it ran in holds now."""

@@ -969,3 +969,24 @@ async def test_a_slot_rewound_to_its_prompts_boundary_before_a_save_still_holds_
     async with bed.library.pin("/v1/chat/completions", body) as placed:
         assert placed.header.startswith("source=slot; slot=0;"), placed.header
         placed.answered(OK)
+
+
+async def test_a_request_the_server_places_is_recorded_in_its_own_slot_when_another_slots_turn_ends_after_it(
+    bed: Bed,
+) -> None:
+    """Soak finding: an Anthropic turn ended in the slot it was placed in as another slot's turn ended with a newer
+    task; read back as the newest task, the turn was recorded in the other slot, and the conversation's next turn
+    was swapped in from an older snapshot over its own newest turn."""
+    for name in ("B", "C"):  # B in slot 0, C in slot 1
+        async with bed.request(name):
+            pass
+    body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "A"}]}).encode()
+    async with bed.library.pin("/v1/messages", body) as placed:
+        assert placed.header.startswith("source=cold; slot=0;")
+        bed.server.serve(0, ids_of("A"))  # it ran where it was placed
+        bed.server.serve(1, ids_of("C"))  # a turn sent straight to llama-server ended on slot 1 after it
+        placed.answered(OK)
+    await bed.poll()
+    async with bed.library.pin("/v1/messages", body) as placed:
+        assert placed.header.startswith("source=slot; slot=0;"), placed.header
+        placed.answered(OK)
