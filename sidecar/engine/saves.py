@@ -87,7 +87,10 @@ class Saves(part.Part):
             view = next((v for v in fresh if v.id == action.slot), None)
             if view is None or view.signature is None:
                 log.info("snapshot_postponed", slot=action.slot, reason="the slot holds nothing (any more)")
-                return False
+                # It ran no task in this process: empty, or what a restore put there, which a snapshot holds. A swap
+                # loses nothing giving it away (refused, the library sent its request unpinned, to a slot of the
+                # server's choice).
+                return action.reason is policy.SaveReason.SWAP
             # Newer than the poll's listing (carried over while other slots generate): the policy follows it.
             self._policy.observe([view], self._clock.monotonic(), read_at=read_at)
             if view.processing:

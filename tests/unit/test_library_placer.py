@@ -990,3 +990,16 @@ async def test_a_request_the_server_places_is_recorded_in_its_own_slot_when_anot
     async with bed.library.pin("/v1/messages", body) as placed:
         assert placed.header.startswith("source=slot; slot=0;"), placed.header
         placed.answered(OK)
+
+
+async def test_a_slot_the_server_shows_holding_nothing_is_given_to_a_swap_with_nothing_saved(bed: Bed) -> None:
+    """Soak finding: the book counted a turn as ended in a slot that, read afresh, had run no task in this process
+    (it only held a restore). The save for the swap was refused, "the slot holds nothing", and the request went
+    unpinned: llama-server gave it the slot of its choice, over another conversation's unsaved turn."""
+    for name in ("A", "B"):  # A in slot 0, B in slot 1
+        async with bed.request(name):
+            pass
+    bed.server.set_slot(0, task=None, tokens=0)  # as the server shows it now: no task ran there
+    async with bed.request("C") as slot:
+        assert slot == 0, "placed in the slot that holds nothing to lose, pinned"
+    assert ("save", 0) not in bed.actions()
