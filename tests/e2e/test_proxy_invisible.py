@@ -149,10 +149,15 @@ def _raw(url: str, head: bytes, body: bytes = b"") -> tuple[bytes, bytes]:
     with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=10) as sock:
         sock.sendall(head)
         sock.settimeout(1.5)
-        try:
-            interim = sock.recv(65536)
+        interim = b""
+        try:  # an interim answer may arrive in more than one TCP segment
+            while b"\r\n\r\n" not in interim:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                interim += chunk
         except TimeoutError:
-            interim = b""
+            pass
         sock.settimeout(10)
         sock.sendall(body)
         rest = b""
