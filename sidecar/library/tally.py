@@ -37,6 +37,17 @@ class Tally:
     def answered(self, planned: verdict.Planned, ended: answer.Ended, slot: int | None) -> None:
         """Count a routed request by its own answer; ``slot``: the one it ran in."""
         found = verdict.judge(planned, status=ended.status, outcome=ended.outcome, cached=ended.cached)
+        log.info(
+            "request_answered",
+            planned=planned.source.value,
+            planned_slot=planned.slot,
+            slot=slot,
+            restored_tokens=planned.restored,
+            reused_tokens=ended.cached,
+            source=found.source.value if found.source is not None else None,
+            unserved=found.unserved.value if found.unserved is not None else None,
+            status=ended.status,
+        )
         if planned.source is outcomes.Source.RAM and found.source is not None:
             self._ram.judged(found.source is outcomes.Source.RAM)
         if found.source is not None:

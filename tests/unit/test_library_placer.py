@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from prometheus_client import CollectorRegistry
 
 from sidecar.core import config, errors, events, metrics, outcomes, protocols
@@ -591,6 +592,26 @@ async def test_each_request_counts_by_its_own_answer_not_by_where_it_was_placed(
     assert _sources(bed)["library"] == 1
     assert bed.value("llama_sidecar_library_tokens_total") == 3 * BLOCK
     assert bed.value("llama_sidecar_restore_verifications_total", outcome="effective") == 1
+
+
+async def test_each_routed_request_leaves_one_info_line_with_where_it_ran_and_what_it_reused_and_no_prompt(
+    bed: Bed,
+) -> None:
+    for name in ("A", "B", "C"):
+        async with bed.request(name):
+            pass
+    with structlog.testing.capture_logs() as logs:
+        async with bed.request("A", answer.Ended(200, outcomes.ProxyOutcome.OK, 3 * BLOCK)) as slot:
+            assert slot == 1
+    lines = [line for line in logs if line["event"] == "request_answered"]
+    assert len(lines) == 1, logs
+    line = lines[0]
+    assert line["log_level"] == "info"
+    assert (line["planned"], line["planned_slot"], line["slot"], line["source"]) == ("library", 1, 1, "library")
+    assert line["restored_tokens"] >= 3 * BLOCK, line
+    assert (line["reused_tokens"], line["status"]) == (3 * BLOCK, 200)
+    assert line["unserved"] is None
+    assert not any("A" == str(v) or isinstance(v, list) for v in line.values()), "no prompt text or token ids"
 
 
 @pytest.mark.parametrize(
