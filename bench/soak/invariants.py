@@ -169,6 +169,16 @@ def error_allowed(started: float, ended: float, outages: Sequence[tuple[float, f
     return any(started <= until and ended >= at for at, until in outages)
 
 
+def rss_growth(samples: Sequence[tuple[float, int, float]], since: float) -> float | None:
+    """The sidecar's RSS at the end over its RSS at ``since``, both of the one process that ran from
+    ``since`` to the end; ``samples``: (time, which start of the sidecar, RSS) in time order. None when no
+    process lived through it (a start after ``since``), or no sample tells."""
+    after = [(at, start, rss) for at, start, rss in samples if at >= since]
+    if len(after) < 2 or after[0][1] != after[-1][1]:
+        return None
+    return after[-1][2] / after[0][2]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Bounds:
     """The stated bounds of the soak's resources."""
@@ -181,6 +191,10 @@ class Bounds:
     """``store_staged_bytes``: rebuilt slot files kept in RAM."""
     store_slack: float = 1.10
     """The store may pass its byte budget by this factor between a commit and the collection after it."""
+    rss_growth: float = 1.10
+    """The sidecar's RSS at the end over its RSS as the steady stretch began (one process)."""
+    rss_minutes: float = 20.0
+    """The least steady stretch that judges RSS growth: over a shorter one, growth is caches filling."""
 
 
 def breaches(peaks: Mapping[str, float], bounds: Bounds, budget: int) -> list[str]:

@@ -47,7 +47,8 @@ class Figures:
     budget: int
     notes: list[str]
     rss_growth: float | None
-    """RSS over the last 2/3 of the run: last sample over the first (one sidecar process), None if unknown."""
+    """The sidecar's RSS at the end over its RSS as the steady stretch began (the last
+    :data:`schedule.STEADY_SHARE` of the run, one process); None if no process lived through it."""
     history: list[dict[str, float | int | str]] = dataclasses.field(default_factory=list)
     """Every judged turn (conversation, started, ended, cached, prompt, verdict): the JSON report's, so that a
     run's verdicts can be judged again by a later classifier."""
@@ -62,8 +63,18 @@ class Figures:
         return self.turns.get(invariants.Verdict.WARM, 0) / self.judged() if self.judged() else 0.0
 
 
+def steady_minutes(f: Figures) -> float:
+    """Minutes of the run's steady stretch: no fault ends the sidecar there."""
+    return f.minutes * schedule.STEADY_SHARE
+
+
 def verdicts(f: Figures) -> dict[str, bool]:
     """Each invariant: True when it held."""
+    bounds = invariants.Bounds()
+    rss: dict[str, bool] = {}
+    if steady_minutes(f) >= bounds.rss_minutes:  # shorter: the growth is caches filling, not a leak
+        name = f"RSS growth at most {bounds.rss_growth - 1:.0%} over the last {steady_minutes(f):g} minutes"
+        rss[name] = f.rss_growth is not None and f.rss_growth <= bounds.rss_growth
     return {
         f"enough turns to judge (at least {MIN_JUDGED} after a first turn)": f.judged() >= MIN_JUDGED,
         "never a wrong KV": not f.kv_wrong and f.reuse_beyond == 0,
@@ -74,6 +85,7 @@ def verdicts(f: Figures) -> dict[str, bool]:
         "SIGTERM exits 0": all(code == 0 for code in f.sigterm_status),
         "verify clean": f.verify_status == 0,
         "every referenced block is there": f.store.get("missing", 0) == 0 and f.store.get("unreadable", 0) == 0,
+        **rss,
     }
 
 
@@ -104,7 +116,9 @@ def render(f: Figures) -> str:
         "## resources (peaks)",
         *(f"  {name:<16} {value:,.0f}" for name, value in sorted(f.peaks.items())),
         f"  store budget     {f.budget:,}",
-        f"  RSS growth       {'-' if f.rss_growth is None else f'{f.rss_growth:.3f}x'} (last third of one process)",
+        f"  RSS growth       {'-' if f.rss_growth is None else f'{f.rss_growth:.3f}x'} over the last "
+        f"{steady_minutes(f):g} minutes (one sidecar process; judged when at least "
+        f"{invariants.Bounds().rss_minutes:g} minutes)",
         f"  orphan servers   {f.orphans}",
         *(f"  breach: {b}" for b in f.breaches),
         "",

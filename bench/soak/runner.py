@@ -379,16 +379,10 @@ class Run:
                 self._tally.rss.append((self._clock(), self._rig.starts, now["rss_bytes"]))
 
     def _rss_growth(self) -> float | None:
-        """RSS at the end of the longest-lived sidecar process over its RSS a third into its life."""
-        by_start: dict[int, list[tuple[float, float]]] = collections.defaultdict(list)
-        for at, start, rss in self._tally.rss:
-            by_start[start].append((at, rss))
-        if not by_start:
-            return None
-        longest = max(by_start.values(), key=lambda s: s[-1][0] - s[0][0])
-        if len(longest) < 6:
-            return None
-        return longest[-1][1] / longest[len(longest) // 3][1]
+        """RSS at the end over RSS as the steady stretch began, of the one sidecar process between."""
+        with self._tally.lock:
+            samples = list(self._tally.rss)
+        return invariants.rss_growth(samples, schedule.steady_from(self._minutes * 60.0))
 
 
 def store_check(root: Path) -> dict[str, int]:

@@ -3,7 +3,9 @@
 The same seed and minutes give the same schedule, printed with the report, so a run that found a broken
 invariant can be run again. Faults that last (a full disk, the S3 server down or stopped) overlap the
 point faults that fall inside them; process faults keep :data:`PROCESS_GAP` seconds apart so that each
-restart is a restart and not a start that never finished.
+restart is a restart and not a start that never finished. The faults that end the sidecar itself come only
+before :func:`steady_from`: one sidecar process lives through the rest, every other fault included, so that
+its memory over that stretch says whether it leaks.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class Fault(enum.StrEnum):
 
 PROCESS = frozenset({Fault.SERVER_KILL, Fault.SIDECAR_KILL, Fault.SIGTERM})
 """Faults that end a process the conversations are served by."""
+OWN = frozenset({Fault.SIDECAR_KILL, Fault.SIGTERM})
+"""Faults that end the sidecar itself: none in the steady stretch."""
 LASTING = frozenset({Fault.DISK_FULL, Fault.S3_DOWN, Fault.S3_SLOW})
 """Faults with a duration: undone at its end."""
 
@@ -57,6 +61,13 @@ SETTLE = 15.0
 """Seconds at the end without new faults: every conversation gets a turn after the last one."""
 LASTS = (4.0, 14.0)
 """Bounds of a lasting fault's duration, in seconds."""
+STEADY_SHARE = 2 / 3
+"""The last share of a run with no fault that ends the sidecar: 40 of 60 minutes."""
+
+
+def steady_from(seconds: float) -> float:
+    """Seconds from the start of a run of ``seconds`` after which no fault ends the sidecar itself."""
+    return seconds * (1.0 - STEADY_SHARE)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,6 +88,9 @@ def plan(seed: int, seconds: float) -> tuple[Event, ...]:
     rng = random.Random(seed)
     kinds = list(WEIGHTS)
     weights = [WEIGHTS[kind] for kind in kinds]
+    steady = [kind for kind in kinds if kind not in OWN]
+    steady_weights = [WEIGHTS[kind] for kind in steady]
+    steady_at = steady_from(seconds)
     events: list[Event] = []
     busy_until = {kind: 0.0 for kind in LASTING}
     last_process = -PROCESS_GAP
@@ -87,6 +101,8 @@ def plan(seed: int, seconds: float) -> tuple[Event, ...]:
         if at >= end:
             break
         fault = rng.choices(kinds, weights)[0]
+        if fault in OWN and at >= steady_at:
+            fault = rng.choices(steady, steady_weights)[0]
         if fault in PROCESS:
             if at - last_process < PROCESS_GAP:
                 continue

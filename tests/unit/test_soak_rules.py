@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -37,6 +38,38 @@ def test_an_hour_has_every_kind_of_fault_and_over_two_hundred_of_them() -> None:
     events = schedule.plan(1, 3600)
     assert len(events) >= 200
     assert all(n > 0 for n in schedule.counts(events).values())
+
+
+@given(seed=st.integers(0, 10**6), seconds=st.floats(min_value=60, max_value=7200))
+def test_no_fault_ends_the_sidecar_in_the_steady_stretch(seed: int, seconds: float) -> None:
+    events = schedule.plan(seed, seconds)
+    assert all(e.at < schedule.steady_from(seconds) for e in events if e.fault in schedule.OWN)
+
+
+def test_an_hour_keeps_one_sidecar_process_for_its_last_forty_minutes_and_still_has_every_fault_kind() -> None:
+    events = schedule.plan(7, 3600)
+    assert schedule.steady_from(3600) == pytest.approx(1200)
+    assert len(events) >= 200
+    assert all(n > 0 for n in schedule.counts(events).values())
+    assert any(e.fault is schedule.Fault.SERVER_KILL and e.at > 3000 for e in events)
+
+
+def test_rss_growth_is_read_over_the_one_process_that_lived_through_the_steady_stretch() -> None:
+    samples = [(10.0, 1, 50.0), (1190.0, 2, 60.0), (1205.0, 3, 70.0), (2400.0, 3, 74.0), (3590.0, 3, 77.0)]
+    assert invariants.rss_growth(samples, 1200.0) == 77.0 / 70.0
+    restarted = [*samples, (3595.0, 4, 40.0)]
+    assert invariants.rss_growth(restarted, 1200.0) is None, "a process that started late says nothing"
+    assert invariants.rss_growth(samples[:2], 1200.0) is None
+
+
+def test_rss_growth_is_judged_over_a_long_steady_stretch_only() -> None:
+    hour = figures(minutes=60, rss_growth=1.12)
+    assert [name for name, ok in report.verdicts(hour).items() if not ok] == [
+        "RSS growth at most 10% over the last 40 minutes"
+    ]
+    assert all(report.verdicts(figures(minutes=60, rss_growth=1.08)).values())
+    assert not all(report.verdicts(figures(minutes=60, rss_growth=None)).values()), "no figure is no pass"
+    assert all(report.verdicts(figures(minutes=2, rss_growth=1.5)).values()), "two minutes: caches filling"
 
 
 def done(*pairs: tuple[float, int]) -> list[invariants.Done]:
