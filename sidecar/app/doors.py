@@ -7,6 +7,7 @@ Invariants and trade-offs: docs/modules.md, `sidecar/app/run.py`.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 
 import structlog
@@ -78,6 +79,20 @@ async def start_proxy(
         hold_seconds=settings.proxy.hold_seconds,
     )
     return proxy
+
+
+class Closing:
+    """Closes the doors once: on the stop flag while the watch still runs, or after the task group ended
+    otherwise (a crash); a close a cancellation cut short goes on, and the second call waits for it."""
+
+    def __init__(self, wired: parts.Parts, agent: agentcheck.Handle | None, proxy: listener.Listener | None) -> None:
+        self._doors = (wired, agent, proxy)
+        self._task: asyncio.Task[None] | None = None
+
+    async def close(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(close(*self._doors), name="doors-close")
+        await asyncio.shield(self._task)
 
 
 async def close(wired: parts.Parts, agent: agentcheck.Handle | None, proxy: listener.Listener | None) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -41,8 +41,14 @@ class Terminate(Exception):
     """Raised inside the task group to stop it on a signal."""
 
 
-async def _stopper(stop: asyncio.Event) -> None:
+async def _stopper(stop: asyncio.Event, closing: Callable[[], Awaitable[None]]) -> None:
+    """On the stop flag, close the doors while the watch still runs, then stop the group.
+
+    A request the proxy took before the signal is placed, its slot's content saved first, by an engine that
+    still runs: cancelled first, the engine left it unplaced, to run cold over a turn no snapshot held yet.
+    """
     await stop.wait()
+    await closing()
     raise Terminate
 
 
@@ -145,12 +151,14 @@ async def _run(
         if ready is not None:
             ready.set()
         launching = launcher.tasks(supervised, wired.restore_gate)
+        closing = doors.Closing(wired, agent, proxy)
+        sampler = _sample(samples, registry, wired.engines)
         try:
-            await _tasks(wired, dir_watcher, stop, _sample(samples, registry, wired.engines), folding, launching)
+            await _tasks(wired, dir_watcher, _stopper(stop, closing.close), sampler, folding, launching)
         except* Terminate:
             log.info("stopping", reason="signal")
         finally:
-            await doors.close(wired, agent, proxy)
+            await closing.close()
             await _shutdown(wired.engines, settings, dir_watcher, handle, supervised)
             if wired.shared is not None:
                 await wired.shared.close()
@@ -159,18 +167,18 @@ async def _run(
 async def _tasks(
     wired: parts.Parts,
     dir_watcher: watcher.Watcher,
-    stop: asyncio.Event,
+    stopper: Coroutine[Any, Any, None],
     sampler: Coroutine[Any, Any, None],
     folding: logfold.Folding | None,
     launching: dict[str, Coroutine[Any, Any, None]],
 ) -> None:
-    """Run every task until one fails or the stop flag is set (then :class:`Terminate` is raised)."""
+    """Run every task until one fails or the ``stopper`` raises :class:`Terminate`."""
     async with asyncio.TaskGroup() as group:
         group.create_task(sampler, name="history")
         for name, loop_ in (launching | wired.loops).items():
             group.create_task(loop_, name=name)
         group.create_task(dir_watcher.run(), name="watcher")
-        group.create_task(_stopper(stop), name="stopper")
+        group.create_task(stopper, name="stopper")
         if wired.shared is not None:
             group.create_task(wired.shared.run(), name="uploader")
         if folding is not None:
