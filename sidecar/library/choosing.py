@@ -353,7 +353,8 @@ class Chooser:
             ]
             decision = routing.route(chain, held, entries, shared=found[0] if found is not None else None, ram=ram)
         views = {v.id: v for v in obs.slots or ()}
-        return filling.Route(decision, views, obs.counters, library, found[1] if found is not None else None, in_ram)
+        shared = found[1] if found is not None else None
+        return filling.Route(decision, views, obs.counters, library, shared, in_ram, chain)
 
     def _library(
         self, identity: events.Identity, slots: Sequence[events.SlotView], owner: str

@@ -19,7 +19,7 @@ from sidecar.core import errors, events, metrics, outcomes
 from sidecar.library import fetching, prompt, ramtier, ramuse, routing, seams, slotbook, slotstate
 from sidecar.save import policy
 from sidecar.shared import records
-from sidecar.snapshots import manifest, store
+from sidecar.snapshots import manifest, slotfile, store
 
 log = structlog.get_logger("sidecar.library")
 IDLE_READS = 3
@@ -40,6 +40,8 @@ class Route:
     """The shared store's snapshot fetched for it, if any."""
     in_ram: ramtier.Held | None
     """The conversation llama-server's RAM prompt cache holds for it, if any."""
+    chain: tuple[str, ...] = ()
+    """The request's hash chain (the RAM copy's, for a turn placed by it)."""
 
 
 class Filler:
@@ -94,7 +96,7 @@ class Filler:
                 return 0, outcomes.Source.COLD
             return restored, source
         async with state.lock:  # a swap into this slot in flight ends first
-            restored = 0 if await self._save_for(request, decision, views, counters) else None
+            restored = 0 if await self._save_for(request, route) else None
         if restored is not None and source is not outcomes.Source.SLOT:
             # A task of another conversation starts there: the server copies what the slot held into
             # its RAM prompt cache first.
@@ -221,31 +223,45 @@ class Filler:
         signature = view.signature if view.signature is not None else events.UNREAD
         return await self._engine.save(policy.Save(view.id, signature, view.tokens, policy.SaveReason.SWAP))
 
-    async def _save_for(
-        self,
-        request: prompt.Prompt,
-        decision: routing.Decision,
-        views: dict[int, events.SlotView],
-        counters: events.Counters | None,
-    ) -> bool:
+    async def _save_for(self, request: prompt.Prompt, route: Route) -> bool:
         """Save what the slot a request goes to holds, if it changed; True if nothing is lost.
 
         Not saved when it leaves for llama-server's RAM cache and what a crash would lose of it re-prefills
         within ``--max-unsaved-seconds`` (:meth:`.ramuse.RamUse.leaves_unsaved`). A request the route cannot pin
-        (``Pin.PLACED``) that starts a new conversation may be given any idle slot by the server (its least
-        recently used), so every idle slot's changed content is saved first.
+        (``Pin.PLACED``) goes to the idle slot of the server's choice: the one with the longest common prefix,
+        else its least recently used. Unless the slot it was placed in holds more of it than any other idle
+        slot, every idle slot's changed content is saved first (:meth:`_contested`).
         """
+        decision, views = route.decision, route.views
         assert decision.slot is not None
         view = views[decision.slot]
         _, identity = self._engine.seen()
         leaves = decision.source is not outcomes.Source.SLOT and self._ram.leaves_unsaved(
-            self._book.slot(view.id), view, counters, identity.memory if identity is not None else None
+            self._book.slot(view.id), view, route.counters, identity.memory if identity is not None else None
         )
         if decision.save_first and not leaves and not await self._save(view):
             return False
-        if request.pin is not prompt.Pin.PLACED or decision.source is not outcomes.Source.COLD:
+        if request.pin is not prompt.Pin.PLACED or not self._contested(decision, views, route.chain):
             return True
         return await self._save_idle(views, but=decision.slot)
+
+    def _contested(self, decision: routing.Decision, views: dict[int, events.SlotView], chain: tuple[str, ...]) -> bool:
+        """Whether llama-server may give a request it places itself another idle slot than ``decision.slot``.
+
+        It gives the idle slot whose tokens share the longest prefix with the request's. The slot the request was
+        placed in wins only if it holds more whole blocks of it than any other idle slot, whose content is known:
+        a new conversation that shares only the common system prompt with both slots may go to either (the soak,
+        seed 7: it went to the other one, over a turn that had just ended there, in no snapshot).
+        """
+        if decision.source is not outcomes.Source.SLOT:
+            return True
+        for view in views.values():
+            if view.id == decision.slot or view.processing or view.tokens == 0:
+                continue
+            held = self._book.slot(view.id).chain
+            if not held or slotfile.shared_blocks(chain, held) >= decision.blocks:
+                return True
+        return False
 
     async def _save_idle(self, views: dict[int, events.SlotView], *, but: int) -> bool:
         """Save every slot but ``but`` that is idle with changed content, read afresh until a read finds none; True

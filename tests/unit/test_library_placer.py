@@ -31,7 +31,14 @@ LONG = "and then, " * 20
 """A message that makes a body long enough for the placer to send its /slots read as the request comes in."""
 
 
+SYSTEM = [900_000 + i for i in range(2 * BLOCK)]
+"""A system prompt of two whole blocks, shared by the conversations named ``sys:X``."""
+
+
 def ids_of(name: str, blocks: int = 3) -> list[int]:
+    """A conversation's ids; ``sys:X``: :data:`SYSTEM`, then X's own."""
+    if name.startswith("sys:"):
+        return SYSTEM + ids_of(name[4:], blocks=1)
     base = 1000 * (ord(name[0]) - ord("A") + 1)
     return [base + i for i in range(blocks * BLOCK + 7)]
 
@@ -970,6 +977,28 @@ async def test_a_turn_that_ends_elsewhere_while_a_request_the_server_places_is_s
             placed.answered(OK)
     newest = bed.snapshots.snapshots(0)[0]
     assert newest.tokens == len(longer), "the snapshot holds A's newest turn"
+
+
+async def test_a_request_the_server_places_that_shares_only_the_system_prompt_saves_every_idle_slot_first(
+    bed: Bed,
+) -> None:
+    """Soak finding: a new Anthropic conversation shares only the system prompt with both slots' conversations.
+    The placer put it in slot 1, saved slot 1 (its content is cut), and sent it; llama-server, whose slots tie on
+    the common prefix, gave it slot 0, over a turn that had just ended there, in no snapshot."""
+    async with bed.request("sys:A") as slot:  # A in slot 0
+        assert slot == 0
+        bed.server.set_slot(0, processing=True)  # A's turn runs: B goes to the empty slot
+        await bed.poll()
+        async with bed.request("sys:B") as other:
+            assert other == 1
+    assert bed.actions() == []
+    body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "sys:C"}]}).encode()
+    async with bed.library.pin("/v1/messages", body) as placed:
+        assert placed.header.startswith("source=slot;"), placed.header
+        assert sorted(bed.actions()) == [("save", 0), ("save", 1)], "whichever slot the server takes, it is saved"
+        bed.server.serve(0, ids_of("sys:C"))
+        placed.answered(OK)
+    assert {r.tokens for s in (0, 1) for r in bed.snapshots.snapshots(s)} == {len(ids_of("sys:A"))}
 
 
 async def test_a_slot_rewound_to_its_prompts_boundary_before_a_save_still_holds_its_conversation(bed: Bed) -> None:
