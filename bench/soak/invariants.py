@@ -46,8 +46,8 @@ class Verdict(enum.StrEnum):
     """Reused less than its previous prompt, but all a ``kill -9`` allows: the turns it lost ended within the
     allowance before it."""
     COLD_STORE_FULL = "cold_store_full"
-    """The store's disk was full since its previous turn (it left its slot unsaved), or when its save was due
-    before a process was killed."""
+    """The store's disk was full since its previous turn (it left its slot unsaved), or, before a process was
+    killed, when its save was due or after it (a full disk makes the sidecar delete its oldest snapshots)."""
     COLD_EVICTED = "cold_evicted"
     """A burst past the store's byte budget came since its previous turn."""
     COLD_RAM = "cold_ram"
@@ -125,8 +125,10 @@ def classify(
         full = [w for w in windows if w.fault is schedule.Fault.DISK_FULL and w.at <= kill.at]
         if any(w.until >= kill.at - grace - allowance for w in full):
             return Verdict.COLD_STORE_FULL
-        if due and any(w.at <= due[-1].ended + allowance and w.until >= due[-1].ended for w in full):
-            return Verdict.COLD_STORE_FULL  # the newest turn it should have saved was due while the disk was full
+        if due and any(w.until >= due[-1].ended for w in full):
+            # The newest turn it should have saved was due while the disk was full, or the disk filled after its
+            # save: the sidecar then deletes its oldest snapshots to keep --min-free-bytes (reason "space").
+            return Verdict.COLD_STORE_FULL
     if kills and any(cached >= WARM_SHARE * done.prompt for done in before[:-1]):
         return Verdict.COLD_RAM
     return Verdict.LOST

@@ -287,6 +287,25 @@ def test_the_report_says_missed_for_each_broken_invariant_and_prints_the_seed_an
         assert "MISSED" in report.render(bad)
 
 
+def test_a_disk_full_after_the_newest_due_turn_was_saved_explains_its_snapshot_gone_at_the_next_kill() -> None:
+    """Soak, seed 7: a turn saved at 226 s; the disk filled at 263.9 s and the sidecar deleted its oldest
+    snapshots for space, that one among them; the next turn ran cold (explained); the sidecar was killed 3 s
+    after that turn, within the allowance; the turn after found nothing."""
+    before = done((203.6, 934), (223.0, 1007), (292.8, 1084))
+    full = invariants.Window(schedule.Fault.DISK_FULL, 263.9, 274.0)
+    kill = invariants.Window(schedule.Fault.SIDECAR_KILL, 295.5, 295.5)
+    assert invariants.classify(before, started=300, ended=312.9, cached=0, windows=[full, kill], allowance=7) is (
+        invariants.Verdict.COLD_STORE_FULL
+    )
+    assert invariants.classify(before, started=300, ended=312.9, cached=0, windows=[kill], allowance=7) is (
+        invariants.Verdict.LOST
+    )
+    earlier = invariants.Window(schedule.Fault.DISK_FULL, 150.0, 160.0)  # before the turn: its save came after
+    assert invariants.classify(before, started=300, ended=312.9, cached=0, windows=[earlier, kill], allowance=7) is (
+        invariants.Verdict.LOST
+    )
+
+
 def test_a_kill_as_the_previous_turn_ended_counts_and_a_burst_before_it_explains_the_older_snapshot_gone() -> None:
     """Soak, seed 7: a conversation's turn ended as llama-server was killed (its save's rewind was cut); the
     client read the answer's end a moment after the kill. Its next turn found nothing: the turn before had been
