@@ -4,9 +4,9 @@
 every model it names (``--hf-repo``/``--hf-file``, ``--model``, ``--model-url``, a draft model) mapped
 to the local model (``$LLAMATESTS_MODEL``), so that both runs use the same weights and their content
 assertions fail alike. ``direct`` then becomes llama-server; ``sidecar`` becomes ``llama-kv-sidecar run
---slot-dir D --proxy-listen HOST:PORT -- llama-server ...`` with the test's own ``--host`` and
-``--port`` as the proxy's address (the launcher gives llama-server a free local port), as a user
-putting the sidecar in front of an existing command would.
+--slot-dir D -- llama-server ...`` with the test's own arguments, its address included: the launcher's
+proxy takes llama-server's own address (``--host``, a list of them, ``--port``, ``AIP_MODE``'s port) and
+gives llama-server a free local port, as a user putting the sidecar in front of an existing command would.
 """
 
 from __future__ import annotations
@@ -61,12 +61,10 @@ def command(mode: str, args: list[str], *, model: str, server: str, sidecar: str
         return [server, *rest, *(part for flag, value in address.items() for part in (flag, value))]
     rest = [arg for arg in rest if arg not in REFUSED_BY_LAUNCHER]
     slot_dir = tempfile.mkdtemp(prefix="slots-", dir=work)
-    host, port = address.get("--host", "127.0.0.1"), address.get("--port", "8080")
-    side = [sidecar, "run", "--slot-dir", slot_dir, "--proxy-listen", f"{host}:{port}"]
-    side += ["--listen", "127.0.0.1:0"]
+    side = [sidecar, "run", "--slot-dir", slot_dir, "--listen", "127.0.0.1:0"]
     if "--api-key" in rest:
         side += ["--api-key", rest[rest.index("--api-key") + 1].split(",")[0]]
-    return [*side, "--", server, *rest]
+    return [*side, "--", server, *rest, *(part for flag, value in address.items() for part in (flag, value))]
 
 
 def main(argv: list[str]) -> None:
