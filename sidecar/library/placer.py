@@ -247,21 +247,27 @@ class Placer:
         llama-server gives an unpinned request the idle slot with the longest
         common prefix, else its least recently used one, whose clock the sidecar
         cannot read: a new conversation may land beside the slot it was placed in.
-        It ran in an idle slot that ran a task since ``before`` (each slot's task
-        as the request was sent): ``planned`` if it did, else the one with the
-        newest task. The newest task alone misled when another slot's turn ended
-        at the same time: the conversation was recorded in the other slot, and
-        its next turn was swapped in from an older snapshot over its own newest.
+        It ran in a slot that ran a task since ``before`` (each slot's task
+        as the request was sent): ``planned`` if it did, else an idle one with
+        the newest task, else one busy again with the next request. The newest
+        task alone misled when another slot's turn ended at the same time: the
+        conversation was recorded in the other slot, and its next turn was
+        swapped in from an older snapshot over its own newest.
         """
         try:
             views = await self._engine.fresh_slots()
         except errors.UpstreamError:
             return planned
-        done = [v for v in views if v.task is not None and not v.processing]
-        ran = [v for v in done if v.task != before.get(v.id)] if before else done
-        if before and any(v.id == planned for v in ran):
+        if not before:
+            done = [v for v in views if v.task is not None and not v.processing]
+            return max(done, key=lambda v: v.task or 0).id if done else planned
+        ran = [v for v in views if v.task is not None and v.task != before.get(v.id)]
+        if any(v.id == planned for v in ran):
             return planned
-        return max(ran, key=lambda v: v.task or 0).id if ran else planned
+        # Idle first, the newest task first; a slot busy again ran it and took the request llama-server had
+        # queued behind it (read back as "planned", the turn was recorded in a slot it never ran in).
+        ran.sort(key=lambda v: (not v.processing, v.task or 0))
+        return ran[-1].id if ran else planned
 
     def _ended(self, plan: choosing.Plan, ended: answer.Ended | None, ran_on: int | None) -> None:
         """Count the request by its own answer, and record what the slot it ran in holds now."""

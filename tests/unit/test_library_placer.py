@@ -1042,6 +1042,27 @@ async def test_a_request_the_server_places_is_recorded_in_its_own_slot_when_anot
         placed.answered(OK)
 
 
+async def test_a_request_the_server_places_is_recorded_in_the_slot_it_ran_in_when_that_slot_is_busy_again(
+    bed: Bed,
+) -> None:
+    """Soak finding: an Anthropic turn placed in slot 1 ran in slot 0, and a request llama-server had queued for
+    slot 0 started there as it ended. Read back, slot 0 was busy and slot 1 had run nothing since: the turn was
+    recorded in slot 1, where it never ran, as if it held that conversation."""
+    for name in ("B", "C"):  # B in slot 0, C in slot 1
+        async with bed.request(name):
+            pass
+    states = bed.library._book.states  # what the placer records each slot holds
+    b_chain, c_chain = states[0].chain, states[1].chain
+    body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "A"}]}).encode()
+    async with bed.library.pin("/v1/messages", body) as placed:
+        assert placed.header.startswith("source=cold; slot=0;")
+        bed.server.serve(1, ids_of("A"))  # the server gave it slot 1
+        bed.server.set_slot(1, processing=True, task=next(bed.server.tasks))  # the next request started there
+        placed.answered(OK)
+    assert states[1].chain not in ((), b_chain, c_chain), "slot 1, where it ran, holds A"
+    assert states[0].chain != states[1].chain, "slot 0, where it was placed but never ran, does not hold A"
+
+
 async def test_a_slot_the_server_shows_holding_nothing_is_given_to_a_swap_with_nothing_saved(bed: Bed) -> None:
     """Soak finding: the book counted a turn as ended in a slot that, read afresh, had run no task in this process
     (it only held a restore). The save for the swap was refused, "the slot holds nothing", and the request went
