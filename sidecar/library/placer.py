@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from sidecar.core import apikeys, config, errors, events, metrics, outcomes, protocols
 from sidecar.library import (
     choosing,
+    claims,
     fetching,
     filling,
     prompt,
@@ -90,7 +91,10 @@ class Placer:
             max_unsaved=max_unsaved_seconds,
         )
         self._tally = tally.Tally(stats=stats, engine=engine, ram=use)
-        self._book = slotbook.SlotBook(engine=engine, snapshots=snapshots, ram=use, tally=self._tally, loop=loop)
+        self._claims = claims.Claims(engine)
+        self._book = slotbook.SlotBook(
+            engine=engine, snapshots=snapshots, ram=use, tally=self._tally, loop=loop, claim_book=self._claims
+        )
         filler = filling.Filler(
             engine=engine,
             snapshots=snapshots,
@@ -211,7 +215,9 @@ class Placer:
         try:
             if plan.placed:  # which slot the server gives it is read back after: see _ran_on
                 tasks_before = await self._tasks()
-            yield placed
+            others = frozenset(s for s in tasks_before if s != plan.planned.slot)
+            async with self._claims.holding(others, tasks_before):  # see claims: until the server took it
+                yield placed
         except asyncio.CancelledError:
             if placed.ended is None:
                 placed.ended = answer.Ended(0, outcomes.ProxyOutcome.CANCELLED, None)

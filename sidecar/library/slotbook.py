@@ -13,7 +13,7 @@ from collections.abc import Collection
 from typing import Any
 
 from sidecar.core import apikeys, errors, events, outcomes, tasks
-from sidecar.library import prompt, ramuse, routing, seams, slotstate, tally
+from sidecar.library import claims, prompt, ramuse, routing, seams, slotstate, tally
 from sidecar.proxy import tickets
 from sidecar.snapshots import manifest, slotfile, store
 
@@ -27,6 +27,7 @@ class SlotBook:
         ram: ramuse.RamUse,
         tally: tally.Tally,
         loop: asyncio.AbstractEventLoop,
+        claim_book: claims.Claims,
     ) -> None:
         self._engine = engine
         self._snapshots = snapshots
@@ -47,6 +48,9 @@ class SlotBook:
         """Requests inside ``Placer.pin`` that ended so far: a held request waits for the next (:meth:`freed`)."""
         self._freed = asyncio.Event()
         """Set when a request the placer knew of ended: a slot may have freed."""
+        self._claims = claim_book
+        """The slots a request llama-server places itself may be given, until it started: pinned meanwhile."""
+        claim_book.on_release(self._wake)
         snapshots.subscribe(self._committed)
 
     # ---- what the engine tells: listeners.SlotListener -----------------------------------
@@ -96,6 +100,9 @@ class SlotBook:
     def ended(self, ticket: tickets.Ticket) -> None:
         """A request inside ``Placer.pin`` ended: the slot it held may be free, a held request is placed again."""
         self.live.discard(ticket)
+        self._wake()
+
+    def _wake(self) -> None:
         self.ends += 1
         self._freed.set()
 
@@ -237,8 +244,9 @@ class SlotBook:
         return self._engine.unsaved(view.id)
 
     def pinned(self, slot: int) -> int:
-        """Routed requests on ``slot`` that have not ended: the live tickets that reserve it."""
-        return sum(1 for ticket in self.live if ticket.slot == slot)
+        """Requests that hold ``slot`` now: the live tickets that reserve it, and the claims of requests llama-server
+        places itself (:mod:`.claims`)."""
+        return sum(1 for ticket in self.live if ticket.slot == slot) + self._claims.count(slot)
 
     def slot(self, slot: int) -> slotstate.SlotState:
         return self.states.setdefault(slot, slotstate.SlotState())

@@ -1063,6 +1063,33 @@ async def test_a_request_the_server_places_is_recorded_in_the_slot_it_ran_in_whe
     assert states[0].chain != states[1].chain, "slot 0, where it was placed but never ran, does not hold A"
 
 
+async def test_a_request_the_server_places_keeps_the_other_idle_slots_from_other_requests_until_it_started(
+    bed: Bed,
+) -> None:
+    """Soak finding: an Anthropic turn placed in slot 1 was given slot 0 by llama-server; a request the library
+    had pinned to slot 0 meanwhile was queued there by the server and started the moment the turn ended, over
+    it, with no save between."""
+    for name in ("A", "B"):  # A in slot 0, B in slot 1
+        async with bed.request(name):
+            pass
+    body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "C"}]}).encode()
+    async with bed.library.pin("/v1/messages", body) as placed:
+        planned = int(placed.header.split("slot=")[1].split(";")[0])
+        other = 1 - planned
+        held = asyncio.create_task(_turn(bed, "A" if other == 0 else "B"))
+        await asyncio.sleep(0.25)
+        assert not held.done(), "the other idle slot is held while the server may still give it to this request"
+        bed.server.set_slot(planned, processing=True, task=next(bed.server.tasks))  # the server started it
+        assert await asyncio.wait_for(held, 2) == other, "placed once a read showed the request started"
+        bed.server.serve(planned, ids_of("C"))
+        placed.answered(OK)
+
+
+async def _turn(bed: Bed, name: str) -> int | None:
+    async with bed.request(name) as slot:
+        return slot
+
+
 async def test_a_slot_the_server_shows_holding_nothing_is_given_to_a_swap_with_nothing_saved(bed: Bed) -> None:
     """Soak finding: the book counted a turn as ended in a slot that, read afresh, had run no task in this process
     (it only held a restore). The save for the swap was refused, "the slot holds nothing", and the request went
