@@ -24,6 +24,8 @@ AWAITED = {
     ("engine/gate.py", "event.wait()"): "cancelled after asyncio.wait; an Event's wait cannot fail",
     ("engine/gate.py", "self._open.wait()"): "cancelled after asyncio.wait; an Event's wait cannot fail",
     ("engine/gate.py", "after"): "the router's load task, made with tasks.watch in router/admission.py",
+    ("app/doors.py", "doors-close"): "awaited, shielded, by every Closing.close; the lifecycle's own call after the "
+    "task group always awaits it",
 }
 """Tasks started outside tasks.watch and TaskGroups, each with who retrieves its outcome."""
 
