@@ -24,7 +24,7 @@ import uvloop
 import sidecar
 from sidecar.app import run as app
 from sidecar.cli import defaults, options, parsing, schema
-from sidecar.core import errors, logs, outcomes, protocols
+from sidecar.core import errors, logs, memtune, outcomes, protocols
 from sidecar.launch import places
 from sidecar.shared import connect, gc
 from sidecar.snapshots import dirlock, store, storeevents
@@ -254,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with defaults.prepared(ns, given, command, os.environ) as done:
             settings = done.settings
             folding = logs.configure(fmt=settings.logs.format, level=settings.logs.level, secrets=settings.secrets())
+            memtune.fix_mmap_threshold()  # freed slot-file buffers go back to the system (see memtune)
             # libuv's event loop: less CPU per proxied request than asyncio's own
             uvloop.run(app.main(settings, folding=folding, launch=done.launch))
     except errors.ConfigError as exc:
