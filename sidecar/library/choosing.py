@@ -321,7 +321,7 @@ class Chooser:
         library = {} if by_ram else self._library(identity, obs.slots, owner)
         if exact:  # a snapshot serves only a request that holds every one of its tokens
             library = {f: v for f, v in library.items() if slotstate.exact_prefix(v[0].index, packed)}
-        entries = [routing.Entry(f, c) for f, (_, c) in library.items()]
+        entries = [routing.Entry(f, c, v.index.tokens if exact and v.index else 0) for f, (v, c) in library.items()]
         text = request.text.encode() if request.kind is prompt.Kind.TEXT else b""
         going_on = {
             s

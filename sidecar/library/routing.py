@@ -35,6 +35,10 @@ class Entry:
 
     file: str
     prefix: tuple[str, ...]
+    exact_tokens: int = 0
+    """Tokens of the snapshot, where every one of them is known to begin the request (0: not known). Of two
+    entries that share as many of the request's blocks over chains of one length, the one with more such tokens
+    wins: its tail past the last whole block is the request's too (a turn saved after the other)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,11 +122,17 @@ def _best_entry(request: tuple[str, ...], library: Sequence[Entry]) -> tuple[Ent
     blocks = 0
     for entry in library:
         shared = slotfile.shared_blocks(request, entry.prefix)
-        if shared > blocks or (
-            shared == blocks and shared > 0 and best is not None and len(entry.prefix) < len(best.prefix)
-        ):
+        if shared > blocks or (shared == blocks and shared > 0 and best is not None and _closer(entry, best)):
             best, blocks = entry, shared
     return best, blocks
+
+
+def _closer(entry: Entry, best: Entry) -> bool:
+    """Of two entries that share as many of the request's blocks: the shorter chain cuts less off (a longer one
+    went on elsewhere); of two as long, the one known to hold more of the request's tokens."""
+    if len(entry.prefix) != len(best.prefix):
+        return len(entry.prefix) < len(best.prefix)
+    return entry.exact_tokens > best.exact_tokens
 
 
 def _victim(slots: Sequence[Held]) -> Held | None:

@@ -156,3 +156,17 @@ def test_a_shared_prefix_with_no_idle_slot_to_fetch_into_is_not_fetched() -> Non
     slots = [held(0, chain("a", 2), busy=True)]
     got = routing.route(chain("a", 9), slots, [], shared=routing.Entry("blobs/a", chain("a", 9)))
     assert (got.source, got.slot) == (outcomes.Source.SLOT, None)  # held until slot 0 frees
+
+
+def test_of_two_snapshots_as_long_in_blocks_the_one_holding_more_of_the_request_is_restored() -> None:
+    """Two turns of one conversation saved 74 tokens apart, both 4 whole blocks (seen in a soak: the older one,
+    first in the library, was restored and the turn reused 1,046 of 1,120 tokens)."""
+    slots = [held(0), held(1)]
+    older = routing.Entry("older.bin", chain("c", 4), exact_tokens=1046)
+    newer = routing.Entry("newer.bin", chain("c", 4), exact_tokens=1120)
+    for library in ([older, newer], [newer, older]):
+        got = routing.route(chain("c", 5), slots, library)
+        assert (got.source, got.entry) == (outcomes.Source.LIBRARY, newer)
+    branch = routing.Entry("branch.bin", (*chain("c", 4), "x"), exact_tokens=2000)  # went on elsewhere
+    got = routing.route(chain("c", 5), slots, [branch, older])
+    assert got.entry == older
