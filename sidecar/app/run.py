@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 import sidecar
 from sidecar.app import doors, figures, history, launcher, parts, plain, routermode, server, signals, startup, storelog
-from sidecar.core import config, errors, logfold, metrics, protocols
+from sidecar.core import config, errors, logfold, memtune, metrics, protocols
 from sidecar.engine import report
 from sidecar.launch import argv, supervisor
 from sidecar.observe import upstream
@@ -175,6 +175,7 @@ async def _tasks(
     """Run every task until one fails or the ``stopper`` raises :class:`Terminate`."""
     async with asyncio.TaskGroup() as group:
         group.create_task(sampler, name="history")
+        group.create_task(_trim(), name="memory-trim")
         for name, loop_ in (launching | wired.loops).items():
             group.create_task(loop_, name=name)
         group.create_task(dir_watcher.run(), name="watcher")
@@ -190,6 +191,14 @@ async def _sample(samples: history.History, registry: CollectorRegistry, engines
     while True:
         samples.add(figures.sample(registry, engines.status(), at=time.time()))
         await asyncio.sleep(history.SAMPLE_SECONDS)
+
+
+async def _trim() -> None:
+    """The ``memory-trim`` task: free heap pages given back every ``memtune.TRIM_SECONDS`` (see memtune)."""
+    while True:
+        if not await asyncio.to_thread(memtune.trim):
+            return  # not glibc: nothing to trim
+        await asyncio.sleep(memtune.TRIM_SECONDS)
 
 
 async def _shutdown(
