@@ -148,7 +148,7 @@ class Child:
         self.asked = True
         if self.running:
             with contextlib.suppress(ProcessLookupError):
-                self._process.send_signal(signal.SIGTERM)
+                os.kill(self._process.pid, signal.SIGTERM)  # not send_signal: its poll may reap the child (see kill)
             try:
                 async with asyncio.timeout(timeout):
                     await self._process.wait()
@@ -160,7 +160,10 @@ class Child:
         """SIGKILL to its process group (a router's model servers too), now; nothing if it has ended."""
         if not self.running:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:  # the child leads its group (a session of its own): this kills it too
             os.killpg(self._process.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            self._process.kill()
+        except (ProcessLookupError, PermissionError):
+            # Only where the group could not be signalled: not Popen.kill, whose poll may reap the child before
+            # asyncio's own wait (asyncio then reports exit status 255, not the SIGKILL).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._process.pid, signal.SIGKILL)
