@@ -251,12 +251,18 @@ class Filler:
         It gives the idle slot whose tokens share the longest prefix with the request's. The slot the request was
         placed in wins only if it holds more whole blocks of it than any other idle slot, whose content is known:
         a new conversation that shares only the common system prompt with both slots may go to either (the soak,
-        seed 7: it went to the other one, over a turn that had just ended there, in no snapshot).
+        seed 7: it went to the other one, over a turn that had just ended there, in no snapshot). A slot busy when
+        the route read the slots counts too: its turn may end before the request reaches the server (the soak,
+        seed 7, 60 minutes: it ended during the planned slot's save, and the server gave the request that slot).
         """
         if decision.source is not outcomes.Source.SLOT:
             return True
         for view in views.values():
-            if view.id == decision.slot or view.processing or view.tokens == 0:
+            if view.id == decision.slot:
+                continue
+            if view.processing:
+                return True
+            if view.tokens == 0:
                 continue
             held = self._book.slot(view.id).chain
             if not held or slotfile.shared_blocks(chain, held) >= decision.blocks:

@@ -1001,6 +1001,39 @@ async def test_a_request_the_server_places_that_shares_only_the_system_prompt_sa
     assert {r.tokens for s in (0, 1) for r in bed.snapshots.snapshots(s)} == {len(ids_of("sys:A"))}
 
 
+async def test_a_request_the_server_places_saves_a_slot_that_was_busy_when_routed_once_its_turn_ended(
+    bed: Bed,
+) -> None:
+    """Soak finding (60 minutes, seed 7, at 790 s): a new Anthropic conversation shares only the system prompt with
+    both slots. Routed while slot 0's turn still ran, it was placed in slot 1, whose save came first; slot 0's turn
+    ended meanwhile, and the busy slot had not counted as one the server could give the request: it was sent at
+    once, and the server gave it slot 0, over that turn, in no snapshot."""
+    async with bed.request("sys:A") as slot:  # A in slot 0
+        assert slot == 0
+        bed.server.set_slot(0, processing=True)  # A's turn runs: B goes to the empty slot
+        await bed.poll()
+        async with bed.request("sys:B") as other:
+            assert other == 1
+    longer = SYSTEM + ids_of("A", blocks=2)  # A's next turn, running on slot 0 as C comes
+
+    async def a_turn_ends_on_slot_0(slot_id: int, filename: str) -> None:
+        if slot_id == 1 and bed.server.slot_views[0].processing:
+            bed.server.serve(0, longer)  # ended on the server; its answer is still relayed (its ticket is live)
+
+    body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "sys:C"}]}).encode()
+    async with bed.request("sys:A", then=("and then?",)) as slot:
+        assert slot == 0
+        bed.server.set_slot(0, processing=True)
+        await bed.poll()
+        bed.server.hooks["save"] = a_turn_ends_on_slot_0
+        async with bed.library.pin("/v1/messages", body) as placed:
+            assert placed.header.startswith("source=slot; slot=1;"), placed.header
+            assert bed.actions() == [("save", 1), ("save", 0)], "slot 0 went idle during slot 1's save: saved too"
+            placed.answered(OK)
+    newest = bed.snapshots.snapshots(0)[0]
+    assert newest.tokens == len(longer), "the snapshot holds A's newest turn"
+
+
 async def test_a_slot_rewound_to_its_prompts_boundary_before_a_save_still_holds_its_conversation(bed: Bed) -> None:
     """Soak finding: the engine's rewind before a save (sliding-window and hybrid models) runs a request on the
     slot. Read before the save committed, the slot's new content read as another client's turn: the placer forgot
