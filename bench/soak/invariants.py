@@ -195,7 +195,7 @@ class Bounds:
     """The store may pass its byte budget by this factor between a commit and the collection after it."""
     rss_growth: float = 1.10
     """The sidecar's RSS at the end over its RSS as the steady stretch began (one process)."""
-    rss_minutes: float = 20.0
+    rss_minutes: float = schedule.JUDGED_STEADY / 60.0
     """The least steady stretch that judges RSS growth: over a shorter one, growth is caches filling."""
 
 

@@ -4,8 +4,10 @@ The same seed and minutes give the same schedule, printed with the report, so a 
 invariant can be run again. Faults that last (a full disk, the S3 server down or stopped) overlap the
 point faults that fall inside them; process faults keep :data:`PROCESS_GAP` seconds apart so that each
 restart is a restart and not a start that never finished. The faults that end the sidecar itself come only
-before :func:`steady_from`: one sidecar process lives through the rest, every other fault included, so that
-its memory over that stretch says whether it leaks.
+before :func:`own_until`: one sidecar process lives through the rest, every other fault included, so that
+its memory over the steady stretch (from :func:`steady_from`) says whether it leaks. In a run long enough to
+judge that (a steady stretch of 20 minutes or more), the last such fault comes :data:`OWN_SETTLE` seconds
+before the stretch, so the process judged has loaded its library and filled its caches when it begins.
 """
 
 from __future__ import annotations
@@ -62,12 +64,24 @@ SETTLE = 15.0
 LASTS = (4.0, 14.0)
 """Bounds of a lasting fault's duration, in seconds."""
 STEADY_SHARE = 2 / 3
-"""The last share of a run with no fault that ends the sidecar: 40 of 60 minutes."""
+"""The last share of a run whose one sidecar process's RSS growth is judged: 40 of 60 minutes."""
+OWN_SETTLE = 180.0
+"""Seconds before the steady stretch without a fault that ends the sidecar, in a run long enough to judge its
+RSS: a start loads the library and fills bounded caches, 102 to 147 MB in its first minute in a soak, then
+147-149 MB for the next 13."""
+JUDGED_STEADY = 1200.0
+"""The least steady stretch, in seconds, over which the RSS growth is judged (shorter: caches filling)."""
 
 
 def steady_from(seconds: float) -> float:
-    """Seconds from the start of a run of ``seconds`` after which no fault ends the sidecar itself."""
+    """Seconds from the start of a run of ``seconds`` from which the one sidecar process's RSS is judged."""
     return seconds * (1.0 - STEADY_SHARE)
+
+
+def own_until(seconds: float) -> float:
+    """Seconds from the start of a run of ``seconds`` after which no fault ends the sidecar itself."""
+    steady = steady_from(seconds)
+    return steady - OWN_SETTLE if seconds - steady >= JUDGED_STEADY else steady
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,7 +104,7 @@ def plan(seed: int, seconds: float) -> tuple[Event, ...]:
     weights = [WEIGHTS[kind] for kind in kinds]
     steady = [kind for kind in kinds if kind not in OWN]
     steady_weights = [WEIGHTS[kind] for kind in steady]
-    steady_at = steady_from(seconds)
+    steady_at = own_until(seconds)
     events: list[Event] = []
     busy_until = {kind: 0.0 for kind in LASTING}
     last_process = -PROCESS_GAP

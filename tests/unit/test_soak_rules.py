@@ -43,12 +43,17 @@ def test_an_hour_has_every_kind_of_fault_and_over_two_hundred_of_them() -> None:
 @given(seed=st.integers(0, 10**6), seconds=st.floats(min_value=60, max_value=7200))
 def test_no_fault_ends_the_sidecar_in_the_steady_stretch(seed: int, seconds: float) -> None:
     events = schedule.plan(seed, seconds)
-    assert all(e.at < schedule.steady_from(seconds) for e in events if e.fault in schedule.OWN)
+    assert all(e.at < schedule.own_until(seconds) for e in events if e.fault in schedule.OWN)
+    assert schedule.own_until(seconds) <= schedule.steady_from(seconds)
 
 
 def test_an_hour_keeps_one_sidecar_process_for_its_last_forty_minutes_and_still_has_every_fault_kind() -> None:
     events = schedule.plan(7, 3600)
     assert schedule.steady_from(3600) == pytest.approx(1200)
+    assert max(e.at for e in events if e.fault in schedule.OWN) < 1200 - schedule.OWN_SETTLE, (
+        "the process judged has started 3 minutes before the stretch"
+    )
+    assert schedule.own_until(120) == schedule.steady_from(120), "a short run (CI's) keeps its schedule"
     assert len(events) >= 200
     assert all(n > 0 for n in schedule.counts(events).values())
     assert any(e.fault is schedule.Fault.SERVER_KILL and e.at > 3000 for e in events)
