@@ -959,24 +959,38 @@ async def test_a_turn_that_ends_elsewhere_while_a_request_the_server_places_is_s
     for name in ("A", "B"):  # A in slot 0, B in slot 1
         async with bed.request(name):
             pass
-    longer = ids_of("A", blocks=4)  # A's next turn, running on slot 0 as C comes
+    await _a_turn_ends_on_slot_0_during_slot_1s_save(bed, "A", ids_of("A", blocks=4), "C", "source=cold; slot=1;")
+
+
+async def _a_turn_ends_on_slot_0_during_slot_1s_save(bed: Bed, a: str, longer: list[int], c: str, header: str) -> None:
+    """A's next turn (``longer``) runs on slot 0 as an Anthropic request ``c`` comes, is placed by ``header`` and
+    saves slot 1 first; A's turn ends during that save: slot 0 is saved too, before ``c`` is sent."""
 
     async def a_turn_ends_on_slot_0(slot_id: int, filename: str) -> None:
         if slot_id == 1 and bed.server.slot_views[0].processing:
             bed.server.serve(0, longer)  # ended on the server; its answer is still relayed (its ticket is live)
 
-    body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "C"}]}).encode()
-    async with bed.request("A", then=("and then?",)) as slot:
+    body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": c}]}).encode()
+    async with bed.request(a, then=("and then?",)) as slot:
         assert slot == 0
         bed.server.set_slot(0, processing=True)
         await bed.poll()
         bed.server.hooks["save"] = a_turn_ends_on_slot_0
         async with bed.library.pin("/v1/messages", body) as placed:
-            assert placed.header.startswith("source=cold; slot=1;")
+            assert placed.header.startswith(header), placed.header
             assert bed.actions() == [("save", 1), ("save", 0)], "slot 0 went idle during slot 1's save: saved too"
             placed.answered(OK)
     newest = bed.snapshots.snapshots(0)[0]
     assert newest.tokens == len(longer), "the snapshot holds A's newest turn"
+
+
+async def _a_and_b_share_the_system_prompt_in_slots_0_and_1(bed: Bed) -> None:
+    async with bed.request("sys:A") as slot:  # A in slot 0
+        assert slot == 0
+        bed.server.set_slot(0, processing=True)  # A's turn runs: B goes to the empty slot
+        await bed.poll()
+        async with bed.request("sys:B") as other:
+            assert other == 1
 
 
 async def test_a_request_the_server_places_that_shares_only_the_system_prompt_saves_every_idle_slot_first(
@@ -985,12 +999,7 @@ async def test_a_request_the_server_places_that_shares_only_the_system_prompt_sa
     """Soak finding: a new Anthropic conversation shares only the system prompt with both slots' conversations.
     The placer put it in slot 1, saved slot 1 (its content is cut), and sent it; llama-server, whose slots tie on
     the common prefix, gave it slot 0, over a turn that had just ended there, in no snapshot."""
-    async with bed.request("sys:A") as slot:  # A in slot 0
-        assert slot == 0
-        bed.server.set_slot(0, processing=True)  # A's turn runs: B goes to the empty slot
-        await bed.poll()
-        async with bed.request("sys:B") as other:
-            assert other == 1
+    await _a_and_b_share_the_system_prompt_in_slots_0_and_1(bed)
     assert bed.actions() == []
     body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "sys:C"}]}).encode()
     async with bed.library.pin("/v1/messages", body) as placed:
@@ -1008,30 +1017,9 @@ async def test_a_request_the_server_places_saves_a_slot_that_was_busy_when_route
     both slots. Routed while slot 0's turn still ran, it was placed in slot 1, whose save came first; slot 0's turn
     ended meanwhile, and the busy slot had not counted as one the server could give the request: it was sent at
     once, and the server gave it slot 0, over that turn, in no snapshot."""
-    async with bed.request("sys:A") as slot:  # A in slot 0
-        assert slot == 0
-        bed.server.set_slot(0, processing=True)  # A's turn runs: B goes to the empty slot
-        await bed.poll()
-        async with bed.request("sys:B") as other:
-            assert other == 1
-    longer = SYSTEM + ids_of("A", blocks=2)  # A's next turn, running on slot 0 as C comes
-
-    async def a_turn_ends_on_slot_0(slot_id: int, filename: str) -> None:
-        if slot_id == 1 and bed.server.slot_views[0].processing:
-            bed.server.serve(0, longer)  # ended on the server; its answer is still relayed (its ticket is live)
-
-    body = json.dumps({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "sys:C"}]}).encode()
-    async with bed.request("sys:A", then=("and then?",)) as slot:
-        assert slot == 0
-        bed.server.set_slot(0, processing=True)
-        await bed.poll()
-        bed.server.hooks["save"] = a_turn_ends_on_slot_0
-        async with bed.library.pin("/v1/messages", body) as placed:
-            assert placed.header.startswith("source=slot; slot=1;"), placed.header
-            assert bed.actions() == [("save", 1), ("save", 0)], "slot 0 went idle during slot 1's save: saved too"
-            placed.answered(OK)
-    newest = bed.snapshots.snapshots(0)[0]
-    assert newest.tokens == len(longer), "the snapshot holds A's newest turn"
+    await _a_and_b_share_the_system_prompt_in_slots_0_and_1(bed)
+    longer = SYSTEM + ids_of("A", blocks=2)
+    await _a_turn_ends_on_slot_0_during_slot_1s_save(bed, "sys:A", longer, "sys:C", "source=slot; slot=1;")
 
 
 async def test_a_slot_rewound_to_its_prompts_boundary_before_a_save_still_holds_its_conversation(bed: Bed) -> None:
