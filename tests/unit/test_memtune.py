@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
 import pytest
 
+from sidecar.app import run
 from sidecar.core import memtune
 
 PROBE = """
@@ -79,3 +81,18 @@ def test_freed_blocks_leave_the_threads_heaps_when_trimmed_side_by_side_without(
     print(f"the trim took {took:.4f} s")
     assert trimmed < 0.5 * left, (left, trimmed)
     assert took < 0.5
+
+
+async def test_runs_trim_task_trims_again_and_again_until_the_allocator_has_no_trim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+
+    def trim() -> bool:
+        calls.append(1)
+        return len(calls) < 3  # glibc twice, then "not glibc": the task ends
+
+    monkeypatch.setattr(memtune, "trim", trim)
+    monkeypatch.setattr(memtune, "TRIM_SECONDS", 0.0)
+    await asyncio.wait_for(run._trim(), timeout=5)
+    assert len(calls) == 3
